@@ -1,0 +1,55 @@
+# mojo_train -- builds the native libraries from one set of sources, one tier per -DMT_TIER.
+#
+#   make                      CPU libraries, all three tiers, into native/build/
+#   make SABOTAGE=optim       a deliberately broken identical CPU library (cards must fail)
+#   make test                 the test suite (builds first)
+#   make selfcheck            every card on every loadable vendor's identical tier
+#   make cuda / make hip      GPU libraries (need nvcc / hipcc)
+
+PYTHON ?= python3
+CC ?= cc
+BUILD ?= native/build
+UNAME := $(shell uname -s)
+SO := $(if $(filter Darwin,$(UNAME)),dylib,so)
+
+CPU_SRC := $(wildcard native/cpu_oracle/*.c)
+HDRS := $(wildcard native/include/*.h native/cpu_oracle/*.h)
+INCLUDES := -Inative/include -Inative/cpu_oracle
+BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
+LDLIBS := -lm -pthread
+
+# The tiers' flags (README "Tiers"): identical forbids contraction; the others allow it.
+TIER_FLAGS_identical := -DMT_TIER=0 -ffp-contract=off
+TIER_FLAGS_deterministic := -DMT_TIER=1 -ffp-contract=fast
+TIER_FLAGS_fast := -DMT_TIER=2 -ffp-contract=fast -fno-math-errno
+
+TIERS := identical deterministic fast
+CPU_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
+
+ifdef SABOTAGE
+SABOTAGE_FLAG := -DMT_SABOTAGE_$(shell echo $(SABOTAGE) | tr a-z A-Z)
+all: $(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cpu_identical.$(SO)
+else
+all: $(CPU_LIBS)
+endif
+
+$(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared -o $@ $(CPU_SRC) $(LDLIBS)
+
+$(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared -o $@ $(CPU_SRC) $(LDLIBS)
+
+test: all
+	$(PYTHON) -m pytest -q tests
+
+selfcheck: all
+	$(PYTHON) -m mojo_train selfcheck
+
+demo: selfcheck
+
+clean:
+	rm -rf $(BUILD)
+
+.PHONY: all test selfcheck demo clean

@@ -1,0 +1,337 @@
+"""mojo_train's own n-dimensional array, with no numpy needed.
+
+Contract: an ``Array`` owns a zero-filled ``bytearray`` holding its
+elements in C order, little-endian, for one of a few fixed dtypes.  Its
+data address is stable for its whole life (the bytearray is never
+resized), so native code may be handed ``Array.address``.  ``reshape``
+returns Arrays that share that memory; every other constructor copies.
+Arrays export their memory through ``memview()``, the Python 3.12 buffer
+protocol (``__buffer__``) and ``__array_interface__`` (zero-copy for
+numpy), and they pickle as bytes + shape + dtype.
+"""
+
+import operator
+import struct
+
+import cffi
+
+from ._errors import where_msg
+
+_FFI = cffi.FFI()
+
+# dtype name -> (struct format char, array-interface typestr, itemsize)
+_DTYPES = {
+    "float32": ("f", "<f4", 4),
+    "float64": ("d", "<f8", 8),
+    "int32": ("i", "<i4", 4),
+    "int64": ("q", "<i8", 8),
+    "uint32": ("I", "<u4", 4),
+    "uint8": ("B", "|u1", 1),
+}
+_FLOAT_DTYPES = ("float32", "float64")
+
+
+def _check_dtype(dtype, where="Array"):
+    """Return ``dtype`` if supported, else raise TypeError naming it."""
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
+        raise TypeError(where_msg(where, "unsupported dtype %r; expected one of %s"
+                                  % (dtype, ", ".join(_DTYPES))))
+    return dtype
+
+
+def _check_shape(shape, where="Array"):
+    """Return ``shape`` as a tuple of non-negative ints, else ValueError."""
+    dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    try:
+        if any(isinstance(d, bool) for d in dims):
+            raise TypeError
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise ValueError(where_msg(where, "bad shape %r; expected an int or a "
+                                   "tuple of ints" % (shape,))) from None
+    if any(d < 0 for d in dims):
+        raise ValueError(where_msg(where, "bad shape %r; dimensions must be "
+                                   "non-negative" % (shape,)))
+    return dims
+
+
+def _prod(dims):
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _nest(flat, shape):
+    """Split the flat list ``flat`` into nested lists following ``shape``."""
+    if not shape:
+        return flat[0]
+    if len(shape) == 1:
+        return list(flat)
+    step = _prod(shape[1:])
+    return [_nest(flat[i * step:(i + 1) * step], shape[1:])
+            for i in range(shape[0])]
+
+
+def _pack_one(fmt, dtype, value, where):
+    """Pack one Python scalar as ``dtype``; TypeError/ValueError if unfit."""
+    if dtype in _FLOAT_DTYPES:
+        if isinstance(value, (str, bytes, bytearray)):
+            raise TypeError(where_msg(where, "%r is not a number" % (value,)))
+        value = float(value)
+    else:
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise TypeError(where_msg(where, "%r is not an integer; dtype %s "
+                                      "takes integers only" % (value, dtype))) from None
+    try:
+        return struct.pack("<" + fmt, value)
+    except (struct.error, OverflowError):
+        raise ValueError(where_msg(where, "%r does not fit in dtype %s"
+                                   % (value, dtype))) from None
+
+
+class Array:
+    """An n-d array owning its memory (see the module docstring)."""
+
+    __slots__ = ("_buf", "_shape", "_dtype", "_address", "__weakref__")
+
+    def __init__(self, shape, dtype="float32"):
+        """Make a zero-filled array of ``shape`` (int or tuple) and ``dtype``."""
+        dtype = _check_dtype(dtype)
+        shape = _check_shape(shape)
+        self._init(bytearray(_prod(shape) * _DTYPES[dtype][2]), shape, dtype)
+
+    def _init(self, buf, shape, dtype):
+        self._buf = buf
+        self._shape = shape
+        self._dtype = dtype
+        self._address = None
+
+    @classmethod
+    def _wrap(cls, buf, shape, dtype):
+        """Make an Array over the bytearray ``buf`` without copying it."""
+        arr = cls.__new__(cls)
+        arr._init(buf, shape, dtype)
+        return arr
+
+    # ----- constructors -------------------------------------------------
+    @classmethod
+    def zeros(cls, shape, dtype="float32"):
+        """Return a zero-filled Array."""
+        return cls(shape, dtype)
+
+    @classmethod
+    def empty(cls, shape, dtype="float32"):
+        """Return an Array whose content is unspecified (here: zeros)."""
+        return cls(shape, dtype)
+
+    @classmethod
+    def from_list(cls, values, dtype="float32"):
+        """Return a 1-d Array holding ``values``; int dtypes take ints only."""
+        dtype = _check_dtype(dtype, "Array.from_list")
+        fmt = _DTYPES[dtype][0]
+        try:
+            items = list(values)
+        except TypeError:
+            raise TypeError(where_msg("Array.from_list", "values must be an "
+                                      "iterable of numbers, got %s"
+                                      % type(values).__name__)) from None
+        data = b"".join(_pack_one(fmt, dtype, v, "Array.from_list")
+                        for v in items)
+        return cls._wrap(bytearray(data), (len(items),), dtype)
+
+    @classmethod
+    def from_bytes(cls, data, shape, dtype="float32"):
+        """Return an Array of ``shape``/``dtype`` copied from raw bytes."""
+        dtype = _check_dtype(dtype, "Array.from_bytes")
+        shape = _check_shape(shape, "Array.from_bytes")
+        buf = bytearray(data)
+        need = _prod(shape) * _DTYPES[dtype][2]
+        if len(buf) != need:
+            raise ValueError(where_msg("Array.from_bytes", "got %d bytes; shape "
+                                       "%r of %s needs %d" % (len(buf), shape,
+                                                              dtype, need)))
+        return cls._wrap(buf, shape, dtype)
+
+    @classmethod
+    def from_buffer(cls, obj, dtype=None):
+        """Return a copy of any buffer-protocol object, keeping its shape.
+
+        The dtype is read from the buffer's format; passing a different
+        ``dtype`` is refused (TypeError) -- this never casts.
+        """
+        from ._buffer import probe  # late: _buffer imports this module
+        where = "Array.from_buffer"
+        p = probe(obj, "obj", where)
+        if p.dtype not in _DTYPES:
+            raise TypeError(where_msg(where, "obj has dtype %s, which Array "
+                                      "does not support" % p.dtype))
+        if dtype is not None and _check_dtype(dtype, where) != p.dtype:
+            raise TypeError(where_msg(where, "obj has dtype %s, not %s; "
+                                      "mojo_train never casts" % (p.dtype, dtype)))
+        return cls._wrap(bytearray(p.view.tobytes()), p.shape, p.dtype)
+
+    # ----- attributes ---------------------------------------------------
+    @property
+    def shape(self):
+        """The shape, a tuple of ints."""
+        return self._shape
+
+    @property
+    def dtype(self):
+        """The dtype name, e.g. ``"float32"``."""
+        return self._dtype
+
+    @property
+    def itemsize(self):
+        """Bytes per element."""
+        return _DTYPES[self._dtype][2]
+
+    @property
+    def size(self):
+        """Number of elements (1 for a 0-d array)."""
+        return _prod(self._shape)
+
+    @property
+    def nbytes(self):
+        """Number of data bytes."""
+        return len(self._buf)
+
+    @property
+    def ndim(self):
+        """Number of dimensions."""
+        return len(self._shape)
+
+    @property
+    def address(self):
+        """The data address as an int, valid while this Array lives."""
+        if self._address is None:
+            cdata = _FFI.from_buffer(self._buf)
+            try:
+                self._address = int(_FFI.cast("uintptr_t", cdata))
+            finally:
+                _FFI.release(cdata)
+        return self._address
+
+    # ----- conversions ------------------------------------------------
+    def memview(self):
+        """Return a writable memoryview with this Array's format and shape.
+
+        An Array with a zero in its shape gives a 1-d empty view, since
+        memoryview cannot express zeros in a shape.
+        """
+        fmt = _DTYPES[self._dtype][0]
+        view = memoryview(self._buf)
+        if self.size == 0:
+            return view.cast(fmt)
+        return view.cast(fmt, self._shape)
+
+    def tolist(self):
+        """Return the content as nested lists (a scalar for a 0-d Array)."""
+        flat = memoryview(self._buf).cast(_DTYPES[self._dtype][0]).tolist()
+        return _nest(flat, self._shape)
+
+    def tobytes(self):
+        """Return a copy of the raw data bytes."""
+        return bytes(self._buf)
+
+    def copy(self):
+        """Return an independent copy."""
+        return Array._wrap(bytearray(self._buf), self._shape, self._dtype)
+
+    def reshape(self, *shape):
+        """Return an Array of a new shape SHARING this one's memory.
+
+        Accepts ``reshape(2, 3)`` or ``reshape((2, 3))``; one -1 is inferred.
+        """
+        where = "Array.reshape"
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = list(shape)
+        if shape.count(-1) > 1:
+            raise ValueError(where_msg(where, "only one dimension may be -1"))
+        if -1 in shape:
+            i = shape.index(-1)
+            rest = _check_shape(shape[:i] + shape[i + 1:], where)
+            known = _prod(rest)
+            inferred = self.size // known if known else -1
+            dims = rest[:i] + (max(inferred, 0),) + rest[i:]
+        else:
+            dims = _check_shape(shape, where)
+        if _prod(dims) != self.size or (-1 in shape and not known):
+            raise ValueError(where_msg(where, "cannot reshape size %d into %r"
+                                       % (self.size, tuple(shape))))
+        arr = Array._wrap(self._buf, dims, self._dtype)
+        arr._address = self._address
+        return arr
+
+    # ----- 1-d element access -----------------------------------------
+    def _flat_index(self, index):
+        if len(self._shape) != 1:
+            raise TypeError(where_msg("Array", "int indexing works on 1-d "
+                                      "Arrays only; this one has shape %r"
+                                      % (self._shape,)))
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(where_msg("Array", "index must be an int, got %s"
+                                      % type(index).__name__)) from None
+        n = self._shape[0]
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(where_msg("Array", "index %d out of range for "
+                                       "length %d" % (index, n)))
+        return i * self.itemsize
+
+    def __getitem__(self, index):
+        """Return element ``index`` of a 1-d Array."""
+        off = self._flat_index(index)
+        return struct.unpack_from("<" + _DTYPES[self._dtype][0], self._buf, off)[0]
+
+    def __setitem__(self, index, value):
+        """Set element ``index`` of a 1-d Array."""
+        off = self._flat_index(index)
+        data = _pack_one(_DTYPES[self._dtype][0], self._dtype, value, "Array")
+        self._buf[off:off + len(data)] = data
+
+    def __len__(self):
+        """Length of the first dimension; TypeError for a 0-d Array."""
+        if not self._shape:
+            raise TypeError(where_msg("Array", "len() of a 0-d Array"))
+        return self._shape[0]
+
+    def __iter__(self):
+        """Iterate over the elements of a 1-d Array."""
+        if len(self._shape) != 1:
+            raise TypeError(where_msg("Array", "iteration works on 1-d Arrays "
+                                      "only; this one has shape %r"
+                                      % (self._shape,)))
+        return iter(memoryview(self._buf).cast(_DTYPES[self._dtype][0]).tolist())
+
+    def __repr__(self):
+        if self.size <= 16:
+            return "Array(%r, shape=%r, dtype=%r)" % (self.tolist(), self._shape,
+                                                      self._dtype)
+        return "Array(shape=%r, dtype=%r)" % (self._shape, self._dtype)
+
+    # ----- export protocols -------------------------------------------
+    def __buffer__(self, flags):
+        """Python >= 3.12 buffer protocol: export ``memview()``."""
+        return self.memview()
+
+    def __release_buffer__(self, view):
+        """Python >= 3.12 buffer protocol: release a view from ``__buffer__``."""
+        view.release()
+
+    @property
+    def __array_interface__(self):
+        """numpy array interface (v3): lets ``numpy.asarray`` share memory."""
+        return {"version": 3, "shape": self._shape,
+                "typestr": _DTYPES[self._dtype][1],
+                "data": (self.address, False), "strides": None}
+
+    def __reduce__(self):
+        return (Array.from_bytes, (bytes(self._buf), self._shape, self._dtype))

@@ -1,0 +1,297 @@
+"""The one place mojo_train looks inside user buffers.
+
+Contract: ``probe`` turns any buffer-protocol object (array.array,
+memoryview, bytearray, numpy array, ...) or a ``mojo_train.Array`` into a
+``Probe`` describing its dtype, shape, size, writability, contiguity and
+data address.  The tensor checks built on it refuse -- never cast, never
+copy silently -- anything that is not what native code needs, with an
+error naming the argument.  ``pack`` gives one flat float32 range over a
+list of tensors, borrowing their memory when they already lie end to end.
+Native byte order only: this library targets little-endian hosts.
+"""
+
+import sys
+
+from ._array import _FFI as _ffi
+from ._array import Array
+from ._errors import where_msg
+
+if sys.byteorder != "little":
+    raise ImportError("mojo_train supports little-endian hosts only; this "
+                      "host is %s-endian" % sys.byteorder)
+
+_INT32_MAX = 2 ** 31 - 1
+_BUFFER_KINDS = ("a buffer-protocol object (array.array, memoryview, numpy "
+                 "array, mojo_train.Array)")
+
+# struct char -> (canonical char, dtype name); 'l'/'L'/'n'/'N' go by itemsize
+_CHARS = {
+    "e": ("e", "float16"), "f": ("f", "float32"), "d": ("d", "float64"),
+    "b": ("b", "int8"), "h": ("h", "int16"), "i": ("i", "int32"),
+    "q": ("q", "int64"), "B": ("B", "uint8"), "H": ("H", "uint16"),
+    "I": ("I", "uint32"), "Q": ("Q", "uint64"), "?": ("?", "bool"),
+}
+_BY_SIZE = {("l", 4): "i", ("l", 8): "q", ("L", 4): "I", ("L", 8): "Q",
+            ("n", 4): "i", ("n", 8): "q", ("N", 4): "I", ("N", 8): "Q"}
+INT_DTYPES = frozenset(("int8", "int16", "int32", "int64",
+                        "uint8", "uint16", "uint32", "uint64"))
+
+
+def normalize_format(fmt, itemsize):
+    """Return ``(format, dtype)`` for a struct format string.
+
+    Native/little-endian prefixes are dropped and the char made canonical
+    (``'<f'`` -> ``('f', 'float32')``); big-endian formats keep their raw
+    format and get a dtype like ``'float32 (big-endian)'``; unknown formats
+    give ``(fmt, fmt)``.
+    """
+    body, big = fmt, False
+    if body[:1] in ("@", "=", "<"):
+        body = body[1:]
+    elif body[:1] in (">", "!"):
+        body, big = body[1:], True
+    char = _BY_SIZE.get((body, itemsize), body)
+    if char not in _CHARS:
+        return fmt, fmt
+    canon, dtype = _CHARS[char]
+    if big and itemsize > 1:
+        return fmt, dtype + " (big-endian)"
+    return canon, dtype
+
+
+class Probe:
+    """What mojo_train knows about one buffer; keeps it alive while it lives."""
+
+    __slots__ = ("obj", "view", "format", "dtype", "itemsize", "shape",
+                 "nelems", "nbytes", "readonly", "c_contiguous", "_address")
+
+    def __init__(self, obj, view, format, dtype, itemsize, shape, nelems,
+                 nbytes, readonly, c_contiguous, address=None):
+        """Store the fields; ``address=None`` means compute it on demand."""
+        self.obj = obj
+        self.view = view
+        self.format = format
+        self.dtype = dtype
+        self.itemsize = itemsize
+        self.shape = shape
+        self.nelems = nelems
+        self.nbytes = nbytes
+        self.readonly = readonly
+        self.c_contiguous = c_contiguous
+        self._address = address
+
+    @property
+    def address(self):
+        """The data address as an int (0 for an empty buffer)."""
+        if self._address is None:
+            if self.nbytes == 0:
+                self._address = 0
+            elif not self.c_contiguous:
+                raise ValueError("mojo_train: a non-contiguous buffer has no "
+                                 "single data address")
+            else:
+                self._address = buffer_address(self.view)
+        return self._address
+
+    def __repr__(self):
+        return ("Probe(dtype=%r, shape=%r, readonly=%r, c_contiguous=%r)"
+                % (self.dtype, self.shape, self.readonly, self.c_contiguous))
+
+
+def buffer_address(obj):
+    """Return the data address of a C-contiguous buffer, releasing at once."""
+    cdata = _ffi.from_buffer(obj)
+    try:
+        return int(_ffi.cast("uintptr_t", cdata))
+    finally:
+        _ffi.release(cdata)
+
+
+def probe(x, name, where):
+    """Describe buffer ``x`` (argument ``name`` of ``where``) as a Probe.
+
+    TypeError when ``x`` does not export a buffer.
+    """
+    if isinstance(x, Array):
+        view, shape = x.memview(), x.shape
+    else:
+        try:
+            view = memoryview(x)
+        except TypeError:
+            raise TypeError(where_msg(where, "%s must be %s, got %s"
+                                      % (name, _BUFFER_KINDS,
+                                         type(x).__name__))) from None
+        except ValueError as exc:  # e.g. a released memoryview
+            raise ValueError(where_msg(where, "%s: %s" % (name, exc))) from None
+        shape = tuple(view.shape)
+    fmt, dtype = normalize_format(view.format, view.itemsize)
+    nelems = 1
+    for d in shape:
+        nelems *= d
+    return Probe(x, view, fmt, dtype, view.itemsize, shape, nelems,
+                 view.nbytes, bool(view.readonly), bool(view.c_contiguous))
+
+
+def _check_layout(p, name, where, allow_empty):
+    if p.nelems == 0 and not allow_empty:
+        raise ValueError(where_msg(where, "%s is empty" % name))
+    if not p.c_contiguous:
+        raise ValueError(where_msg(where, "%s must be C-contiguous (got a "
+                                   "strided view of shape %r)" % (name, p.shape)))
+
+
+def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
+    """Probe ``x`` and require a C-contiguous native float32 buffer.
+
+    TypeError for any other dtype (float64, float16, ints, big-endian...);
+    ValueError when empty (unless ``allow_empty``), strided, or -- when
+    ``inplace`` -- read-only.
+    """
+    p = probe(x, name, where)
+    if p.dtype != "float32":
+        raise TypeError(where_msg(where, "%s has dtype %s; mojo_train works in "
+                                  "float32 only and never casts"
+                                  % (name, p.dtype)))
+    _check_layout(p, name, where, allow_empty)
+    if inplace and p.readonly:
+        raise ValueError(where_msg(where, "%s is written in place and must be "
+                                   "writable (got a read-only buffer)" % name))
+    return p
+
+
+def int_tensor(x, name, where):
+    """Probe ``x`` and require a non-empty C-contiguous integer buffer."""
+    p = probe(x, name, where)
+    if p.dtype not in INT_DTYPES:
+        raise TypeError(where_msg(where, "%s has dtype %s; an integer dtype "
+                                  "(int8..int64, uint8..uint64) is required "
+                                  "and mojo_train never casts" % (name, p.dtype)))
+    _check_layout(p, name, where, False)
+    return p
+
+
+def _is_buffer(x):
+    if isinstance(x, Array):
+        return True
+    try:
+        memoryview(x).release()
+    except TypeError:
+        return False
+    return True
+
+
+def tensor_list(x, name, where, *, inplace):
+    """Return float32 Probes for one buffer or an iterable of buffers.
+
+    Each item is checked with ``float32_tensor`` under the name
+    ``name[i]``; an empty iterable is refused (ValueError).
+    """
+    if _is_buffer(x):
+        return [float32_tensor(x, name, where, inplace=inplace)]
+    if isinstance(x, str):
+        items = None
+    else:
+        try:
+            items = list(x)
+        except TypeError:
+            items = None
+    if items is None:
+        raise TypeError(where_msg(where, "%s must be a float32 buffer or a list "
+                                  "of them, got %s" % (name, type(x).__name__)))
+    if not items:
+        raise ValueError(where_msg(where, "%s is an empty list" % name))
+    return [float32_tensor(item, "%s[%d]" % (name, i), where, inplace=inplace)
+            for i, item in enumerate(items)]
+
+
+def offsets_for(probes, name="tensors", where="offsets_for"):
+    """Return an int32 Array of J+1 element offsets (offsets[0] == 0).
+
+    ValueError when the total exceeds 2**31-1 elements.
+    """
+    offsets = [0]
+    for p in probes:
+        offsets.append(offsets[-1] + p.nelems)
+    if offsets[-1] > _INT32_MAX:
+        raise ValueError(where_msg(where, "%s hold %d elements in total, over "
+                                   "the limit of 2**31-1 (%d)"
+                                   % (name, offsets[-1], _INT32_MAX)))
+    return Array.from_list(offsets, "int32")
+
+
+def lie_end_to_end(probes):
+    """True when each tensor starts where the previous one ends."""
+    for a, b in zip(probes, probes[1:]):
+        if b.address != a.address + a.nbytes:
+            return False
+    return True
+
+
+def borrow_bytes(address, nbytes, readonly=False):
+    """Return a memoryview of raw memory; it does NOT keep the owner alive."""
+    if nbytes == 0:
+        view = memoryview(bytearray())
+    else:
+        view = memoryview(_ffi.buffer(_ffi.cast("char *", address), nbytes))
+    return view.toreadonly() if readonly else view
+
+
+def pack(probes):
+    """Return ``(flat, packed)``: one 1-d float32 range over all tensors.
+
+    When there is one tensor or they lie end to end, ``flat`` is a
+    memoryview (format 'f') BORROWING their memory (read-only if any of
+    them is) and ``packed`` is False; for several tensors it does not
+    keep them alive, so keep the probes alive while using it.
+    Otherwise ``flat`` is a fresh float32 ``Array`` holding a copy and
+    ``packed`` is True (see ``unpack_into``).
+    """
+    total = sum(p.nbytes for p in probes)
+    if len(probes) == 1 and total:  # a view of the view keeps the owner alive
+        return probes[0].view.cast("B").cast("f"), False
+    if lie_end_to_end(probes):
+        start = probes[0].address if probes else 0
+        readonly = any(p.readonly for p in probes)
+        return borrow_bytes(start, total, readonly).cast("f"), False
+    flat = Array(total // 4, "float32")
+    offset = flat.address
+    for p in probes:
+        copy_bytes(offset, p.address, p.nbytes)
+        offset += p.nbytes
+    return flat, True
+
+
+def unpack_into(flat, probes):
+    """Copy ``flat`` (from ``pack``) back into each tensor, in order."""
+    src = probe(flat, "flat", "unpack_into")
+    total = sum(p.nbytes for p in probes)
+    if src.nbytes < total:
+        raise ValueError(where_msg("unpack_into", "flat holds %d bytes; the "
+                                   "tensors need %d" % (src.nbytes, total)))
+    for i, p in enumerate(probes):
+        if p.readonly:
+            raise ValueError(where_msg("unpack_into", "tensor %d is read-only; "
+                                       "nothing was copied" % i))
+    offset = src.address
+    for p in probes:
+        if p.address != offset:
+            copy_bytes(p.address, offset, p.nbytes)
+        offset += p.nbytes
+
+
+def copy_bytes(dst_address, src_address, nbytes):
+    """memmove ``nbytes`` from ``src_address`` to ``dst_address``."""
+    if nbytes:
+        _ffi.memmove(_ffi.cast("void *", dst_address),
+                     _ffi.cast("void *", src_address), nbytes)
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def zero_bytes(address, nbytes):
+    """Set ``nbytes`` bytes at ``address`` to zero."""
+    step = len(_ZEROS)
+    for start in range(0, nbytes, step):
+        n = min(step, nbytes - start)
+        _ffi.memmove(_ffi.cast("void *", address + start), _ZEROS, n)

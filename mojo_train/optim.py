@@ -1,0 +1,333 @@
+"""SGD, Adam, AdamW and clip_grad_norm_, bit-pinned in the identical tier.
+
+The names and defaults are torch's. There is no autograd here, so ``step`` takes the
+gradients: ``opt.step(grads, max_norm=None)`` updates the parameters in place, clipping the
+gradients first (in place, as ``clip_grad_norm_`` would) when ``max_norm`` is given, and
+returns the pre-clip total norm or None. A refused step changes nothing: not the params,
+not the grads, not the moments, not ``t``. The arithmetic is native/contracts/optimizer.md
+and clip.md; tensors are addressed in place through a pointer table, so a list of separate
+arrays is neither packed nor copied.
+"""
+import numbers
+
+from . import _buffer
+from ._array import Array
+from ._native import ffi, load
+
+__all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
+
+# torch keywords this library does not take, and why; anything else unknown is refused too.
+_REFUSED = {
+    "amsgrad": "amsgrad is not implemented: its max(v_max, v) is outside the pinned contract",
+    "foreach": "an execution knob: every step here is one fused native pass",
+    "fused": "an execution knob: every step here is one fused native pass",
+    "capturable": "no CUDA-graph capture here; every step synchronizes before it returns",
+    "differentiable": "there is no autograd in mojo_train (step takes the gradients)",
+    "param_groups": "one hyper-parameter set per optimizer: two groups would mean two clips, "
+                    "and two clips are not one; make one optimizer per group",
+    "dtype": "float32 only: other dtypes are refused, never cast",
+    "device": "the device follows the loaded vendor (MOJO_TRAIN_VENDOR) and the buffers",
+}
+
+
+def _refuse_kwargs(kwargs, where):
+    for name in kwargs:
+        if name in _REFUSED:
+            raise TypeError("mojo_train.%s: %s= is not supported: %s" % (where, name, _REFUSED[name]))
+        raise TypeError("mojo_train.%s: unexpected keyword argument %r" % (where, name))
+
+
+def _real(value, name, where, low=0.0, high=None, high_open=False):
+    """A finite real in [low, high] (or [low, high)); bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError("mojo_train.%s: %s must be a real number, got %r" % (where, name, value))
+    v = float(value)
+    bad = not (v == v) or v in (float("inf"), float("-inf")) or (low is not None and v < low)
+    if high is not None:
+        bad = bad or (v >= high if high_open else v > high)
+    if bad:
+        rng = "[%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
+        raise ValueError("mojo_train.%s: %s must be finite and in %s, got %r" % (where, name, rng, value))
+    return v
+
+
+def _flag(value, name, where):
+    if not isinstance(value, bool):
+        raise TypeError("mojo_train.%s: %s must be a bool, got %r" % (where, name, value))
+    return value
+
+
+class _Registry:
+    """A list of float32 tensors as the native layer sees it: a pointer table and offsets."""
+
+    def __init__(self, tensors, name, where, inplace, like=None):
+        self.probes = _buffer.tensor_list(tensors, name, where, inplace=inplace)
+        if like is not None:
+            self._match(like, name, where)
+        self.offsets = like.offsets if like is not None else _buffer.offsets_for(self.probes, name, where)
+        self.n = len(self.probes)
+        self.table = ffi.new("float *[]", self.n)
+        for j, pb in enumerate(self.probes):
+            self.table[j] = ffi.cast("float *", pb.address)
+        self.c_offsets = ffi.cast("int32_t *", self.offsets.address)
+        self.total = int(self.offsets[self.n])
+
+    def _match(self, like, name, where):
+        if len(self.probes) != len(like.probes):
+            raise ValueError("mojo_train.%s: %s has %d tensors, params has %d"
+                             % (where, name, len(self.probes), len(like.probes)))
+        for j, (a, b) in enumerate(zip(self.probes, like.probes)):
+            if a.shape != b.shape:
+                raise ValueError("mojo_train.%s: %s[%d] has shape %s, params[%d] has %s"
+                                 % (where, name, j, a.shape, j, b.shape))
+
+
+def _native_max_norm(max_norm, where):
+    if max_norm is None:
+        return 0, 0.0
+    return 1, _real(max_norm, "max_norm", where)
+
+
+class _Optimizer:
+    """What SGD, Adam and AdamW share: the registry, the state, step bookkeeping."""
+
+    _WHERE = "Optimizer"
+
+    def __init__(self, params, lr, numeric_mode, lr_schedule):
+        where = self._WHERE
+        if lr_schedule is not None and not callable(getattr(lr_schedule, "lr_at", None)):
+            raise TypeError("mojo_train.%s: lr_schedule must have an lr_at(step) method, got %r"
+                            % (where, lr_schedule))
+        self._backend = load(numeric_mode)
+        self.numeric_mode = self._backend.tier
+        self._params = _Registry(params, "params", where, inplace=True)
+        self.params = [pb.obj for pb in self._params.probes]
+        self.lr = _real(lr, "lr", where)
+        self.lr_schedule = lr_schedule
+        self.t = 0
+        self.lr_ = None
+        self.total_norm_ = None
+        self.clip_coef_ = None
+        self.packed_ = False   # tensors are addressed in place: nothing is ever packed
+        self._norm_out = Array((2,), "float32")
+
+    @property
+    def n_total(self):
+        """Number of parameter elements over all tensors."""
+        return self._params.total
+
+    def _grads(self, grads, max_norm):
+        return _Registry(grads, "grads", self._WHERE, inplace=max_norm is not None, like=self._params)
+
+    def _lr_for_next_step(self):
+        if self.lr_schedule is None:
+            return _real(self.lr, "lr", self._WHERE)
+        return _real(self.lr_schedule.lr_at(self.t + 1), "lr_schedule.lr_at(%d)" % (self.t + 1), self._WHERE)
+
+    def _finish(self, clip, lr):
+        self.t += 1
+        self.lr_ = float(ffi.cast("float", lr))
+        if clip:
+            self.total_norm_, self.clip_coef_ = float(self._norm_out[0]), float(self._norm_out[1])
+        else:
+            self.total_norm_ = self.clip_coef_ = None
+        return self.total_norm_
+
+    def zero_grad(self, grads):
+        """Write +0.0 into every gradient tensor (matching params in count and shape)."""
+        reg = _Registry(grads, "grads", self._WHERE + ".zero_grad", inplace=True, like=self._params)
+        self._backend.check(self._backend.lib.mt_fill_zero(reg.table, reg.c_offsets, reg.n),
+                            self._WHERE + ".zero_grad")
+
+    # -- state ---------------------------------------------------------------------------
+    _STATE = ()
+
+    def state_dict(self):
+        """``t`` and copies of the state arrays; enough to resume bit-identically."""
+        state = {"t": self.t, "kind": self._WHERE, "n_total": self.n_total}
+        for name in self._STATE:
+            value = getattr(self, name)
+            state[name] = None if value is None else value.copy()
+        return state
+
+    def load_state_dict(self, state):
+        """Restore what ``state_dict`` gave. Arrays must be float32/int32 buffers of the right
+        size (never cast: a list of Python floats is refused). Nothing changes on refusal."""
+        where = self._WHERE + ".load_state_dict"
+        if not isinstance(state, dict):
+            raise TypeError("mojo_train.%s: state must be a dict, got %s" % (where, type(state).__name__))
+        missing = [k for k in ("t",) + self._STATE if k not in state]
+        if missing:
+            raise ValueError("mojo_train.%s: state lacks %s" % (where, ", ".join(missing)))
+        if state.get("kind", self._WHERE) != self._WHERE:
+            raise ValueError("mojo_train.%s: state is from %s, not %s" % (where, state["kind"], self._WHERE))
+        t = state["t"]
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ValueError("mojo_train.%s: t must be an int >= 0, got %r" % (where, t))
+        new = {name: self._state_copy(state[name], name, where) for name in self._STATE}
+        for name, value in new.items():
+            setattr(self, name, value)
+        self.t = int(t)
+
+    def _state_copy(self, value, name, where):
+        dtype, want, nullable = self._state_layout(name)
+        if value is None:
+            if nullable:
+                return None
+            raise ValueError("mojo_train.%s: %s must not be None" % (where, name))
+        if isinstance(value, (list, tuple)):
+            raise TypeError("mojo_train.%s: %s is a %s; pass a %s buffer (state is never cast)"
+                            % (where, name, type(value).__name__, dtype))
+        pb = _buffer.probe(value, name, where)
+        if pb.dtype != dtype or not pb.c_contiguous:
+            raise TypeError("mojo_train.%s: %s must be a C-contiguous %s buffer, got %s"
+                            % (where, name, dtype, pb.dtype))
+        if pb.nelems != want:
+            raise ValueError("mojo_train.%s: %s has %d elements, expected %d" % (where, name, pb.nelems, want))
+        return Array.from_buffer(value).reshape(want)
+
+    def _state_layout(self, name):
+        """(dtype, element count, may be None) of a state entry."""
+        if name == "buf_initialized":
+            return "int32", self._params.n, False
+        return "float32", self.n_total, False
+
+
+class Adam(_Optimizer):
+    """Adam with coupled weight decay (``g + weight_decay * p``), as ``torch.optim.Adam``.
+
+    ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
+    lr_schedule=None, numeric_mode=None)``. ``params`` is a float32 buffer or a list of them
+    (updated in place). State: ``exp_avg``, ``exp_avg_sq`` (flat float32 Arrays over all
+    parameters, in registry order), ``t`` (steps taken). Bias corrections are computed in
+    float32 by the contract's pinned routine, not in float64 as torch does.
+    """
+
+    _WHERE = "Adam"
+    _DECOUPLED = False
+    _STATE = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+        _refuse_kwargs(kwargs, self._WHERE)
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError):
+            raise ValueError("mojo_train.%s: betas must be a pair (beta1, beta2), got %r" % (self._WHERE, betas))
+        self.betas = (_real(b1, "betas[0]", self._WHERE, 0.0, 1.0, True),
+                      _real(b2, "betas[1]", self._WHERE, 0.0, 1.0, True))
+        self.eps = _real(eps, "eps", self._WHERE)
+        self.weight_decay = _real(weight_decay, "weight_decay", self._WHERE)
+        self.maximize = _flag(maximize, "maximize", self._WHERE)
+        super().__init__(params, lr, numeric_mode, lr_schedule)
+        self.exp_avg = Array((self.n_total,), "float32")
+        self.exp_avg_sq = Array((self.n_total,), "float32")
+
+    def step(self, grads, max_norm=None):
+        """One update from ``grads`` (one float32 tensor per parameter, same shapes).
+
+        With ``max_norm``, the gradients are first clipped in place to total L2 norm
+        ``max_norm`` and the pre-clip total is returned; otherwise returns None.
+        """
+        where = self._WHERE + ".step"
+        clip, mn = _native_max_norm(max_norm, where)
+        g = self._grads(grads, max_norm)
+        lr = self._lr_for_next_step()
+        fn = self._backend.lib.mt_adamw_step if self._DECOUPLED else self._backend.lib.mt_adam_step
+        p = self._params
+        rc = fn(p.table, g.table, ffi.cast("float *", self.exp_avg.address),
+                ffi.cast("float *", self.exp_avg_sq.address), ffi.cast("float *", self._norm_out.address),
+                p.c_offsets, lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
+                int(self.maximize), clip, mn, self.t + 1, p.n)
+        self._backend.check(rc, where)
+        return self._finish(clip, lr)
+
+
+class AdamW(Adam):
+    """AdamW: Adam with decoupled weight decay (``p * (1 - lr * weight_decay)``), as
+    ``torch.optim.AdamW``; ``weight_decay`` defaults to 0.01 as in torch. Arguments, state
+    and refusals are :class:`Adam`'s."""
+
+    _WHERE = "AdamW"
+    _DECOUPLED = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         maximize=maximize, lr_schedule=lr_schedule, numeric_mode=numeric_mode, **kwargs)
+
+
+class SGD(_Optimizer):
+    """Stochastic gradient descent, as ``torch.optim.SGD``.
+
+    ``SGD(params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+    maximize=False, lr_schedule=None, numeric_mode=None)``. Weight decay is coupled. The
+    momentum buffer is ``exp_avg`` (allocated when momentum > 0); ``buf_initialized`` holds
+    one int32 flag per tensor (0 until its buffer is first written, as torch's ``None``).
+    """
+
+    _WHERE = "SGD"
+    _STATE = ("exp_avg", "buf_initialized")
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+        _refuse_kwargs(kwargs, self._WHERE)
+        self.momentum = _real(momentum, "momentum", self._WHERE)
+        self.dampening = _real(dampening, "dampening", self._WHERE, low=None)
+        self.weight_decay = _real(weight_decay, "weight_decay", self._WHERE)
+        self.nesterov = _flag(nesterov, "nesterov", self._WHERE)
+        self.maximize = _flag(maximize, "maximize", self._WHERE)
+        if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
+            raise ValueError("mojo_train.SGD: nesterov=True needs momentum > 0 and dampening == 0, "
+                             "got momentum=%r, dampening=%r" % (momentum, dampening))
+        super().__init__(params, lr, numeric_mode, lr_schedule)
+        self.exp_avg = Array((self.n_total,), "float32") if self.momentum != 0.0 else None
+        self.buf_initialized = Array((self._params.n,), "int32")
+
+    def _state_layout(self, name):
+        dtype, size, _ = super()._state_layout(name)
+        return dtype, size, name == "exp_avg" and self.momentum == 0.0
+
+    def step(self, grads, max_norm=None):
+        """One update from ``grads``; clipping and return value as :meth:`Adam.step`."""
+        where = "SGD.step"
+        clip, mn = _native_max_norm(max_norm, where)
+        g = self._grads(grads, max_norm)
+        lr = self._lr_for_next_step()
+        buf = ffi.cast("float *", self.exp_avg.address) if self.exp_avg is not None else ffi.NULL
+        p = self._params
+        rc = self._backend.lib.mt_sgd_step(
+            p.table, g.table, buf, ffi.cast("int32_t *", self.buf_initialized.address),
+            ffi.cast("float *", self._norm_out.address), p.c_offsets, lr, self.momentum,
+            self.dampening, self.weight_decay, int(self.nesterov), int(self.maximize), clip, mn, p.n)
+        self._backend.check(rc, where)
+        return self._finish(clip, lr)
+
+
+def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, foreach=None,
+                    numeric_mode=None):
+    """Scale ``grads`` in place so their total L2 norm is at most ``max_norm``; return the
+    pre-clip total norm (a float).
+
+    The norm is two-level, as torch's: each tensor's L2 norm by the pinned tree, then the L2
+    norm of those norms in tensor order (the order is part of the answer). The coefficient is
+    ``max_norm / (total + 1e-6)`` clamped to 1. Only ``norm_type=2`` and
+    ``error_if_nonfinite=True`` are implemented: a NaN/inf total is refused, nothing written.
+    """
+    where = "clip_grad_norm_"
+    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or float(norm_type) != 2.0:
+        raise NotImplementedError("mojo_train.%s: norm_type=%r is not implemented; only the L2 norm "
+                                  "(norm_type=2.0) is pinned" % (where, norm_type))
+    if error_if_nonfinite is not True:
+        raise NotImplementedError("mojo_train.%s: error_if_nonfinite=%r is not implemented: a "
+                                  "non-finite norm is always refused before anything is written"
+                                  % (where, error_if_nonfinite))
+    if foreach is not None:
+        raise TypeError("mojo_train.%s: foreach= is not supported: %s" % (where, _REFUSED["foreach"]))
+    mn = _real(max_norm, "max_norm", where)
+    backend = load(numeric_mode)
+    reg = _Registry(grads, "grads", where, inplace=True)
+    out = Array((2,), "float32")
+    backend.check(backend.lib.mt_clip_grad_norm(reg.table, ffi.cast("float *", out.address),
+                                                reg.c_offsets, mn, reg.n), where)
+    return float(out[0])

@@ -1,0 +1,37 @@
+/* mt_cpu.h -- helpers the CPU oracle's ops share: walking a tensor list by flat ranges,
+ * the finiteness pre-pass, and the per-tensor norms of the pinned tree. */
+#ifndef MT_CPU_H
+#define MT_CPU_H
+#include <stdint.h>
+
+/* Runtime dispatch: hot loops get an x86-64-v3 (AVX2 + FMA) clone beside the default one.
+ * Vector code keeps the bits: each element's arithmetic is the same sequence of IEEE
+ * operations, whichever width computes it. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MT_NO_CLONES)
+#define MT_SIMD __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define MT_SIMD
+#endif
+
+/* fn(ctx, j, flat, local, count): tensor j, its elements local..local+count-1, which are
+ * flat elements flat..flat+count-1 of the registry. */
+typedef void (*mt_segment_fn)(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count);
+
+/* Visit the flat range [b, e) of a registry as per-tensor segments, in ascending order. */
+void mt_for_segments(const int32_t *offsets, int32_t n_tensors, int64_t b, int64_t e,
+                     mt_segment_fn fn, void *ctx);
+
+/* Visit the whole registry, split over the thread pool. */
+void mt_parallel_segments(const int32_t *offsets, int32_t n_tensors, mt_segment_fn fn, void *ctx);
+
+/* Index of the first tensor holding a NaN or inf, or -1. */
+int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors);
+
+/* Per-tensor L2 norms by the pinned tree, and the norm of those norms (same tree).
+ * Returns MT_OK or MT_ENOMEM. norms may be NULL. */
+int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t *offsets,
+                 int32_t n_tensors);
+
+/* The clip coefficient of the contract: max_norm / (total + 1e-6), clamped to 1. */
+float mt_clip_coefficient(float max_norm, float total);
+#endif

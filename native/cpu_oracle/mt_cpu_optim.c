@@ -1,0 +1,201 @@
+/* mt_cpu_optim.c -- SGD, Adam, AdamW and global-norm clipping on the CPU oracle.
+ *
+ * Order of every step: check the arguments; if clipping, form the norms (the pinned tree,
+ * which also reads every gradient) and refuse a non-finite total; check params (and, without
+ * clipping, grads) for NaN/inf; only then run one fused pass that scales the gradient, writes
+ * it back when clipped, and updates params and state by mt_pinned.h's element routines.
+ */
+#include "mt_cpu.h"
+#include "mt_host.h"
+#include "mt_pinned.h"
+
+typedef struct {
+    float *const *params, *const *grads;
+    float *m, *v;
+    const int32_t *initialized;
+    float coef;
+    int32_t scale;
+    mt_adam_scalars adam;
+    mt_sgd_scalars sgd;
+} step_job;
+
+MT_SIMD static void adam_run(float *restrict p, float *restrict g, float *restrict m,
+                             float *restrict v, int64_t n, int32_t scale, float coef,
+                             const mt_adam_scalars *sp) {
+    mt_adam_scalars s = *sp;
+    if (scale) {
+        for (int64_t i = 0; i < n; ++i) {
+            float gi = g[i] * coef;
+            g[i] = gi;
+            mt_adam_elem(&p[i], &m[i], &v[i], gi, &s);
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) mt_adam_elem(&p[i], &m[i], &v[i], g[i], &s);
+    }
+}
+
+static void adam_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    step_job *job = (step_job *)ctx;
+    adam_run(job->params[j] + local, job->grads[j] + local, job->m + flat, job->v + flat, count,
+             job->scale, job->coef, &job->adam);
+}
+
+MT_SIMD static void sgd_run(float *restrict p, float *restrict g, float *restrict buf,
+                            int32_t initialized, int64_t n, int32_t scale, float coef,
+                            const mt_sgd_scalars *sp) {
+    mt_sgd_scalars s = *sp;
+    float dummy = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i];
+        if (scale) { gi = gi * coef; g[i] = gi; }
+        mt_sgd_elem(&p[i], buf ? &buf[i] : &dummy, initialized, gi, &s);
+    }
+}
+
+static void sgd_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    step_job *job = (step_job *)ctx;
+    sgd_run(job->params[j] + local, job->grads[j] + local, job->m ? job->m + flat : 0,
+            job->initialized[j], count, job->scale, job->coef, &job->sgd);
+}
+
+/* Norms (when clipping) and the finiteness refusals. On success job->scale/coef are set. */
+static int prepare(step_job *job, float *norm_out, const int32_t *offsets, int32_t n,
+                   int32_t clip, float max_norm) {
+    job->scale = 0;
+    job->coef = 1.0f;
+    float total = 0.0f;
+    if (clip) {
+        if (mt_cpu_norms(0, &total, job->grads, offsets, n)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+        if (!mt_is_finite(total)) {
+            int32_t j = mt_first_nonfinite(job->grads, offsets, n);
+            if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
+            return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
+        }
+        job->coef = mt_clip_coefficient(max_norm, total);
+        job->scale = job->coef < 1.0f;
+    } else {
+        int32_t j = mt_first_nonfinite(job->grads, offsets, n);
+        if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
+    }
+    int32_t j = mt_first_nonfinite(job->params, offsets, n);
+    if (j >= 0) return mt_fail(MT_ENONFINITE, "params[%d] holds NaN or inf; nothing was written", (int)j);
+    if (clip && norm_out) { norm_out[0] = total; norm_out[1] = job->coef; }
+    return MT_OK;
+}
+
+static int adam_common(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
+                       float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
+                       int64_t step, int32_t n, int32_t decoupled) {
+    int rc;
+    if ((rc = mt_check_registry(params, offsets, n, "params")) ||
+        (rc = mt_check_registry(grads, offsets, n, "grads")) ||
+        (rc = mt_check_ptr(exp_avg, "exp_avg")) || (rc = mt_check_ptr(exp_avg_sq, "exp_avg_sq")) ||
+        (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
+        (rc = mt_check_adam_args(lr, beta1, beta2, eps, weight_decay, clip, max_norm, step)))
+        return rc;
+    step_job job = {params, grads, exp_avg, exp_avg_sq, 0, 1.0f, 0};
+    if ((rc = prepare(&job, norm_out, offsets, n, clip, max_norm))) return rc;
+    job.adam = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
+    mt_parallel_segments(offsets, n, adam_segment, &job);
+    return MT_OK;
+}
+
+int mt_adam_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
+                 float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
+                 float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
+                 int64_t step, int32_t n_tensors) {
+    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps,
+                       weight_decay, maximize, clip, max_norm, step, n_tensors, 0);
+}
+
+int mt_adamw_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
+                  float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
+                  float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
+                  int64_t step, int32_t n_tensors) {
+    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps,
+                       weight_decay, maximize, clip, max_norm, step, n_tensors, 1);
+}
+
+int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffer,
+                int32_t *buf_initialized, float *norm_out, const int32_t *offsets, float lr,
+                float momentum, float dampening, float weight_decay, int32_t nesterov,
+                int32_t maximize, int32_t clip, float max_norm, int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(params, offsets, n_tensors, "params")) ||
+        (rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (momentum != 0.0f && (rc = mt_check_ptr(momentum_buffer, "momentum_buffer"))) ||
+        (rc = mt_check_ptr(buf_initialized, "buf_initialized")) ||
+        (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
+        (rc = mt_check_sgd_args(lr, momentum, dampening, weight_decay, nesterov, clip, max_norm)))
+        return rc;
+    step_job job = {params, grads, momentum != 0.0f ? momentum_buffer : 0, 0, buf_initialized, 1.0f, 0};
+    if ((rc = prepare(&job, norm_out, offsets, n_tensors, clip, max_norm))) return rc;
+    job.sgd = mt_sgd_scalars_for(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
+    mt_parallel_segments(offsets, n_tensors, sgd_segment, &job);
+    if (momentum != 0.0f)
+        for (int32_t j = 0; j < n_tensors; ++j) buf_initialized[j] = 1;
+    return MT_OK;
+}
+
+/* ---- clip_grad_norm_ and friends ---- */
+typedef struct { float *const *table; float coef; } scale_job;
+
+MT_SIMD static void scale_run(float *restrict x, int64_t n, float coef) {
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] * coef;
+}
+
+static void scale_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    scale_job *job = (scale_job *)ctx;
+    (void)flat;
+    scale_run(job->table[j] + local, count, job->coef);
+}
+
+int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
+                      int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (rc = mt_check_ptr(norm_out, "norm_out")) || (rc = mt_check_nonneg(max_norm, "max_norm")))
+        return rc;
+    step_job job = {grads, grads, 0, 0, 0, 1.0f, 0};
+    float total = 0.0f;
+    if (mt_cpu_norms(0, &total, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+    if (!mt_is_finite(total)) {
+        int32_t j = mt_first_nonfinite(grads, offsets, n_tensors);
+        if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
+        return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
+    }
+    (void)job;
+    float coef = mt_clip_coefficient(max_norm, total);
+    if (coef < 1.0f) {
+        scale_job sj = {grads, coef};
+        mt_parallel_segments(offsets, n_tensors, scale_segment, &sj);
+    }
+    norm_out[0] = total;
+    norm_out[1] = coef;
+    return MT_OK;
+}
+
+int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+                  int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (rc = mt_check_ptr(tensor_norms, "tensor_norms")) || (rc = mt_check_ptr(total_norm, "total_norm")))
+        return rc;
+    if (mt_cpu_norms(tensor_norms, total_norm, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+    return MT_OK;
+}
+
+static void zero_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    float *const *table = (float *const *)ctx;
+    (void)flat;
+    float *x = table[j] + local;
+    for (int64_t i = 0; i < count; ++i) x[i] = 0.0f;
+}
+
+int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(tensors, offsets, n_tensors, "tensors"))) return rc;
+    mt_parallel_segments(offsets, n_tensors, zero_segment, (void *)tensors);
+    return MT_OK;
+}

@@ -1,0 +1,113 @@
+/* mt_cpu_tensors.c -- see mt_cpu.h. */
+#include "mt_cpu.h"
+#include "mt_pool.h"
+#include "mt_pinned.h"
+#include "mojo_train.h"
+#include <stdlib.h>
+
+static int32_t tensor_of(const int32_t *offsets, int32_t n_tensors, int64_t i) {
+    int32_t lo = 0, hi = n_tensors - 1;           /* last j with offsets[j] <= i */
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo + 1) / 2;
+        if (offsets[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+void mt_for_segments(const int32_t *offsets, int32_t n_tensors, int64_t b, int64_t e,
+                     mt_segment_fn fn, void *ctx) {
+    for (int32_t j = tensor_of(offsets, n_tensors, b); j < n_tensors && b < e; ++j) {
+        int64_t end = offsets[j + 1] < e ? offsets[j + 1] : e;
+        if (end > b) fn(ctx, j, b, b - offsets[j], end - b);
+        b = end;
+    }
+}
+
+typedef struct { const int32_t *offsets; int32_t n; mt_segment_fn fn; void *ctx; } seg_job;
+
+static void seg_range(void *p, int64_t b, int64_t e) {
+    seg_job *job = (seg_job *)p;
+    mt_for_segments(job->offsets, job->n, b, e, job->fn, job->ctx);
+}
+
+void mt_parallel_segments(const int32_t *offsets, int32_t n_tensors, mt_segment_fn fn, void *ctx) {
+    seg_job job = {offsets, n_tensors, fn, ctx};
+    mt_parallel_for(offsets[n_tensors], 1024, seg_range, &job);
+}
+
+/* ---- finiteness ---- */
+MT_SIMD static int any_nonfinite(const float *x, int64_t n) {
+    const uint32_t *u = (const uint32_t *)x;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad |= ((u[i] & 0x7f800000u) == 0x7f800000u);
+    return bad != 0;
+}
+
+typedef struct { float *const *table; int bad; } finite_job;
+
+static void finite_segment(void *p, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    finite_job *job = (finite_job *)p;
+    (void)flat;
+    if (any_nonfinite(job->table[j] + local, count)) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
+}
+
+int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors) {
+    finite_job job = {table, 0};
+    mt_parallel_segments(offsets, n_tensors, finite_segment, &job);
+    if (!job.bad) return -1;
+    for (int32_t j = 0; j < n_tensors; ++j)            /* error path: find which tensor */
+        if (any_nonfinite(table[j], offsets[j + 1] - offsets[j])) return j;
+    return -1;
+}
+
+/* ---- norms by the pinned tree ---- */
+typedef struct {
+    float *const *table; const int32_t *offsets; const int64_t *chunk_start; int32_t n; float *partials;
+} norm_job;
+
+MT_SIMD static float chunk_sumsq(const float *x, int64_t n) { return mt_chunk_sumsq(x, n); }
+
+static void norm_range(void *p, int64_t b, int64_t e) {
+    norm_job *job = (norm_job *)p;
+    int32_t j = 0;
+    while (job->chunk_start[j + 1] <= b) ++j;
+    for (int64_t k = b; k < e; ++k) {
+        while (job->chunk_start[j + 1] <= k) ++j;
+        int64_t c = k - job->chunk_start[j];
+        int64_t len = job->offsets[j + 1] - job->offsets[j] - c * MT_CHUNK;
+        job->partials[k] = chunk_sumsq(job->table[j] + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
+    }
+}
+
+int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t *offsets,
+                 int32_t n_tensors) {
+    int64_t *chunk_start = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_tensors + 1));
+    float *own = (float *)malloc(sizeof(float) * (size_t)n_tensors * 2);
+    int64_t chunks = 0;
+    if (!chunk_start || !own) { free(chunk_start); free(own); return MT_ENOMEM; }
+    for (int32_t j = 0; j < n_tensors; ++j) {
+        chunk_start[j] = chunks;
+        chunks += mt_chunk_count(offsets[j + 1] - offsets[j]);
+    }
+    chunk_start[n_tensors] = chunks;
+    float *partials = (float *)malloc(sizeof(float) * (size_t)chunks);
+    if (!partials) { free(chunk_start); free(own); return MT_ENOMEM; }
+    norm_job job = {table, offsets, chunk_start, n_tensors, partials};
+    mt_parallel_for(chunks, 1, norm_range, &job);
+    for (int32_t j = 0; j < n_tensors; ++j)
+        own[j] = sqrtf(mt_tree_fold(partials + chunk_start[j], chunk_start[j + 1] - chunk_start[j]));
+    for (int64_t c = 0; c < mt_chunk_count(n_tensors); ++c) {   /* the norms are one more vector */
+        int64_t len = n_tensors - c * MT_CHUNK;
+        own[n_tensors + c] = chunk_sumsq(own + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
+    }
+    float sq = mt_tree_fold(own + n_tensors, mt_chunk_count(n_tensors));
+    *total = sqrtf(sq);
+    if (norms) for (int32_t j = 0; j < n_tensors; ++j) norms[j] = own[j];
+    free(partials); free(chunk_start); free(own);
+    return MT_OK;
+}
+
+float mt_clip_coefficient(float max_norm, float total) {
+    float coef = max_norm / (total + 1e-6f);
+    return coef < 1.0f ? coef : 1.0f;
+}

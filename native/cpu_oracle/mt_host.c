@@ -1,0 +1,128 @@
+/* mt_host.c -- see mt_host.h. Identity exports live here so every vendor reports the same
+ * way; MT_TIER and MT_VENDOR_NAME come from the build. */
+#include "mt_host.h"
+#include "mt_pinned.h"
+#include <stdarg.h>
+#include <stdio.h>
+
+#if defined(_MSC_VER)
+#define MT_THREAD_LOCAL __declspec(thread)
+#else
+#define MT_THREAD_LOCAL _Thread_local
+#endif
+
+static MT_THREAD_LOCAL char g_error[512];
+
+int mt_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_error, sizeof g_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void mt_clear_error(void) { g_error[0] = '\0'; }
+
+const char *mt_last_error(void) { return g_error; }
+
+int mt_abi_version(void) { return MT_ABI_VERSION; }
+
+const char *mt_vendor(void) { return MT_VENDOR_NAME; }
+
+const char *mt_numeric_mode(void) {
+#if MT_TIER == MT_TIER_IDENTICAL
+    return "identical";
+#elif MT_TIER == MT_TIER_DETERMINISTIC
+    return "deterministic";
+#else
+    return "fast";
+#endif
+}
+
+uint64_t mt_features(void) {
+    uint64_t f = MT_FEATURE_OPTIM | MT_FEATURE_CLIP | MT_FEATURE_RANDOM | mt_vendor_features();
+#if MT_TIER == MT_TIER_IDENTICAL
+    f |= MT_FEATURE_PINNED_MATH;
+#else
+    f |= MT_FEATURE_CONTRACTION;
+#endif
+    return f;
+}
+
+int mt_check_ptr(const void *p, const char *name) {
+    return p ? MT_OK : mt_fail(MT_EINVAL, "%s is NULL", name);
+}
+
+int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
+                      const char *name) {
+    if (n_tensors < 1) return mt_fail(MT_EINVAL, "n_tensors must be >= 1 (got %d) for %s", (int)n_tensors, name);
+    if (!table) return mt_fail(MT_EINVAL, "%s is NULL", name);
+    if (!offsets) return mt_fail(MT_EINVAL, "offsets of %s is NULL", name);
+    if (offsets[0] != 0) return mt_fail(MT_EINVAL, "offsets[0] of %s must be 0, got %d", name, (int)offsets[0]);
+    for (int32_t j = 0; j < n_tensors; ++j) {
+        if (offsets[j + 1] <= offsets[j])
+            return mt_fail(MT_EINVAL, "offsets of %s must rise strictly (tensor %d is empty or negative)", name, (int)j);
+        if (!table[j]) return mt_fail(MT_EINVAL, "%s[%d] is NULL", name, (int)j);
+    }
+    return MT_OK;
+}
+
+int mt_check_finite_scalar(float x, const char *name) {
+    return mt_is_finite(x) ? MT_OK : mt_fail(MT_EINVAL, "%s must be finite, got %g", name, (double)x);
+}
+
+int mt_check_nonneg(float x, const char *name) {
+    if (!mt_is_finite(x) || x < 0.0f) return mt_fail(MT_EINVAL, "%s must be finite and >= 0, got %g", name, (double)x);
+    return MT_OK;
+}
+
+int mt_check_beta(float beta, const char *name) {
+    if (!(beta >= 0.0f && beta < 1.0f)) return mt_fail(MT_EINVAL, "%s must be in [0, 1), got %g", name, (double)beta);
+    return MT_OK;
+}
+
+static int check_clip(int32_t clip, float max_norm) {
+    return clip ? mt_check_nonneg(max_norm, "max_norm") : MT_OK;
+}
+
+int mt_check_adam_args(float lr, float beta1, float beta2, float eps, float weight_decay,
+                       int32_t clip, float max_norm, int64_t step) {
+    int rc;
+    if ((rc = mt_check_nonneg(lr, "lr")) || (rc = mt_check_beta(beta1, "beta1")) ||
+        (rc = mt_check_beta(beta2, "beta2")) || (rc = mt_check_nonneg(eps, "eps")) ||
+        (rc = mt_check_nonneg(weight_decay, "weight_decay")) || (rc = check_clip(clip, max_norm)))
+        return rc;
+    if (step < 1) return mt_fail(MT_EINVAL, "step must be >= 1 (one-based), got %lld", (long long)step);
+    return MT_OK;
+}
+
+int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_decay,
+                      int32_t nesterov, int32_t clip, float max_norm) {
+    int rc;
+    if ((rc = mt_check_nonneg(lr, "lr")) || (rc = mt_check_nonneg(momentum, "momentum")) ||
+        (rc = mt_check_finite_scalar(dampening, "dampening")) ||
+        (rc = mt_check_nonneg(weight_decay, "weight_decay")) || (rc = check_clip(clip, max_norm)))
+        return rc;
+    if (nesterov && (momentum == 0.0f || dampening != 0.0f))
+        return mt_fail(MT_EINVAL, "nesterov needs momentum > 0 and dampening == 0 (got momentum %g, dampening %g)",
+                       (double)momentum, (double)dampening);
+    return MT_OK;
+}
+
+int mt_one_minus_pow(float *out, float base, int64_t exponent) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(base, "base"))) return rc;
+    if (exponent < 0) return mt_fail(MT_EINVAL, "exponent must be >= 0, got %lld", (long long)exponent);
+    *out = mt_one_minus_pow_f32(base, exponent);
+    return MT_OK;
+}
+
+int mt_philox4x32_10(uint32_t *out, const uint32_t *counter, const uint32_t *key) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_ptr(counter, "counter")) || (rc = mt_check_ptr(key, "key")))
+        return rc;
+    uint32_t tmp[4];
+    mt_philox4x32_10_block(tmp, counter, key);
+    for (int i = 0; i < 4; ++i) out[i] = tmp[i];
+    return MT_OK;
+}

@@ -1,0 +1,112 @@
+/* mojo_train.h -- the whole C ABI of mojo_train, one header for every vendor.
+ *
+ * Every function returns int: 0 (MT_OK) or an error code, and on error leaves a message
+ * for mt_last_error() (thread-local). A refused call writes nothing to any output.
+ * Arguments: outputs first, then inputs, then scalars, sizes last; gradients start with d.
+ * A tensor list is a pointer table plus an int32 offsets registry: tensor j holds
+ * offsets[j+1] - offsets[j] floats at table[j]; offsets[0] == 0, strictly ascending,
+ * offsets[n_tensors] <= 2^31 - 1. Per-element optimizer state (exp_avg, ...) is one flat
+ * buffer indexed by the same offsets.
+ *
+ * The block between MT_CDEF_BEGIN and MT_CDEF_END is plain declarations only: the Python
+ * layer hands it to cffi verbatim (mojo_train/_native.py), so keep it free of macros.
+ */
+#ifndef MOJO_TRAIN_H
+#define MOJO_TRAIN_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_ABI_VERSION 1
+
+/* error codes */
+#define MT_OK 0
+#define MT_EINVAL 1       /* an argument was refused (message names it) */
+#define MT_ENONFINITE 2   /* NaN or inf in an input that must be finite */
+#define MT_ENOMEM 3       /* allocation failed */
+#define MT_EDEVICE 4      /* the vendor runtime failed or is absent */
+#define MT_EUNSUPPORTED 5 /* not built into this library */
+
+/* mt_features() bits */
+#define MT_FEATURE_OPTIM (1u << 0)        /* SGD / Adam / AdamW steps */
+#define MT_FEATURE_CLIP (1u << 1)         /* global-norm clipping */
+#define MT_FEATURE_RANDOM (1u << 2)       /* Philox streams */
+#define MT_FEATURE_HOST_BUFFERS (1u << 8) /* accepts host pointers */
+#define MT_FEATURE_DEVICE_BUFFERS (1u << 9) /* accepts device pointers */
+#define MT_FEATURE_THREADS (1u << 10)     /* thread pool */
+#define MT_FEATURE_PINNED_MATH (1u << 16) /* pinned routines (identical tier) */
+#define MT_FEATURE_CONTRACTION (1u << 17) /* fma contraction allowed (deterministic, fast) */
+
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+/* MT_CDEF_BEGIN */
+int mt_abi_version(void);
+const char *mt_vendor(void);
+const char *mt_numeric_mode(void);
+uint64_t mt_features(void);
+const char *mt_last_error(void);
+int mt_num_threads(void);
+int mt_set_num_threads(int32_t n_threads);
+
+int mt_sgd_step(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                float *const *grads /* like params; scaled in place when clip != 0 */,
+                float *momentum_buffer /* (offsets[n_tensors]); unused when momentum == 0 */,
+                int32_t *buf_initialized /* (n_tensors) */,
+                float *norm_out /* (2): total norm, applied coefficient; may be NULL when clip == 0 */,
+                const int32_t *offsets /* (n_tensors + 1) */,
+                float lr, float momentum, float dampening, float weight_decay,
+                int32_t nesterov, int32_t maximize, int32_t clip, float max_norm,
+                int32_t n_tensors);
+
+int mt_adam_step(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                 float *const *grads /* like params; scaled in place when clip != 0 */,
+                 float *exp_avg /* (offsets[n_tensors]) */,
+                 float *exp_avg_sq /* (offsets[n_tensors]) */,
+                 float *norm_out /* (2); may be NULL when clip == 0 */,
+                 const int32_t *offsets /* (n_tensors + 1) */,
+                 float lr, float beta1, float beta2, float eps, float weight_decay,
+                 int32_t maximize, int32_t clip, float max_norm, int64_t step,
+                 int32_t n_tensors);
+
+int mt_adamw_step(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                  float *const *grads /* like params; scaled in place when clip != 0 */,
+                  float *exp_avg /* (offsets[n_tensors]) */,
+                  float *exp_avg_sq /* (offsets[n_tensors]) */,
+                  float *norm_out /* (2); may be NULL when clip == 0 */,
+                  const int32_t *offsets /* (n_tensors + 1) */,
+                  float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int32_t maximize, int32_t clip, float max_norm, int64_t step,
+                  int32_t n_tensors);
+
+int mt_clip_grad_norm(float *const *grads /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                      float *norm_out /* (2): total norm, applied coefficient */,
+                      const int32_t *offsets /* (n_tensors + 1) */,
+                      float max_norm, int32_t n_tensors);
+
+int mt_grad_norms(float *tensor_norms /* (n_tensors) */, float *total_norm /* (1) */,
+                  float *const *grads /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                  const int32_t *offsets /* (n_tensors + 1) */, int32_t n_tensors);
+
+int mt_fill_zero(float *const *tensors /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                 const int32_t *offsets /* (n_tensors + 1) */, int32_t n_tensors);
+
+int mt_philox4x32_10(uint32_t *out /* (4) */, const uint32_t *counter /* (4) */,
+                     const uint32_t *key /* (2) */);
+
+int mt_uniform_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64_t offset,
+                    float low, float high, int64_t n);
+
+int mt_one_minus_pow(float *out /* (1) */, float base, int64_t exponent);
+/* MT_CDEF_END */
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOJO_TRAIN_H */

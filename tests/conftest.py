@@ -1,0 +1,62 @@
+"""The suite runs once per loadable (vendor, tier). MOJO_TRAIN_VENDOR, when set to a vendor,
+narrows it to that vendor; otherwise every vendor whose library loads here takes part.
+Tests skip by capability (mt_features bits), never by vendor name."""
+import os
+
+import pytest
+
+from mojo_train import _native
+
+FEATURE = {"optim": 1 << 0, "clip": 1 << 1, "random": 1 << 2, "host": 1 << 8, "device": 1 << 9,
+           "threads": 1 << 10, "pinned": 1 << 16, "contraction": 1 << 17}
+
+
+class Mode:
+    """A (vendor, tier) pair under test: pass ``numeric_mode=mode.tier``."""
+
+    def __init__(self, vendor, tier, backend):
+        self.vendor, self.tier, self.backend = vendor, tier, backend
+
+    def has(self, name):
+        return self.backend.has(FEATURE[name])
+
+    def __repr__(self):
+        return "%s-%s" % (self.vendor, self.tier)
+
+
+def _vendors():
+    v = os.environ.get("MOJO_TRAIN_VENDOR", "auto").strip().lower()
+    return _native.VENDORS if v == "auto" else (v,)
+
+
+def _loadable(tiers):
+    out = []
+    for vendor in _vendors():
+        for tier in tiers:
+            try:
+                out.append((vendor, tier, _native.load(tier, vendor)))
+            except _native.BackendError:
+                continue
+    return out
+
+
+ALL = _loadable(_native.TIERS)
+IDENTICAL = [c for c in ALL if c[1] == "identical"]
+
+
+def _mode_fixture(request, monkeypatch):
+    vendor, tier, backend = request.param
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", vendor)
+    return Mode(vendor, tier, backend)
+
+
+@pytest.fixture(params=ALL, ids=lambda c: "%s-%s" % c[:2])
+def mode(request, monkeypatch):
+    """Every loadable vendor x tier."""
+    return _mode_fixture(request, monkeypatch)
+
+
+@pytest.fixture(params=IDENTICAL, ids=lambda c: "%s-%s" % c[:2])
+def identical(request, monkeypatch):
+    """Every loadable vendor's identical tier."""
+    return _mode_fixture(request, monkeypatch)
