@@ -15,13 +15,13 @@ SO := $(if $(filter Darwin,$(UNAME)),dylib,so)
 CPU_SRC := $(wildcard native/cpu_oracle/*.c)
 HDRS := $(wildcard native/include/*.h native/cpu_oracle/*.h)
 INCLUDES := -Inative/include -Inative/cpu_oracle
-BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
+BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fno-math-errno -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
 LDLIBS := -lm -pthread
 
 # The tiers' flags (README "Tiers"): identical forbids contraction; the others allow it.
 TIER_FLAGS_identical := -DMT_TIER=0 -ffp-contract=off
 TIER_FLAGS_deterministic := -DMT_TIER=1 -ffp-contract=fast
-TIER_FLAGS_fast := -DMT_TIER=2 -ffp-contract=fast -fno-math-errno
+TIER_FLAGS_fast := -DMT_TIER=2 -ffp-contract=fast
 
 TIERS := identical deterministic fast
 CPU_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cpu_$(t).$(SO))

@@ -295,3 +295,32 @@ def zero_bytes(address, nbytes):
     for start in range(0, nbytes, step):
         n = min(step, nbytes - start)
         _ffi.memmove(_ffi.cast("void *", address + start), _ZEROS, n)
+
+
+_F32_FORMATS = frozenset(("f", "<f", "=f", "@f"))
+
+
+def float32_table(tensors, shapes, table, *, inplace):
+    """Fast path of the hot calls: write the addresses of ``tensors`` (a list or tuple of
+    C-contiguous float32 buffers with exactly ``shapes``) into the cffi ``float *[]``
+    ``table`` and return the buffer handles that must stay alive during the native call.
+
+    Returns None for anything unusual (a single buffer, another dtype, a shape, layout or
+    writability problem); the caller then takes the checked path (``tensor_list``), whose
+    error names the argument. Nothing is written anywhere on either path.
+    """
+    if type(tensors) not in (list, tuple) or len(tensors) != len(shapes):
+        return None
+    keep = []
+    for j, t in enumerate(tensors):
+        try:
+            view = t.memview() if type(t) is Array else memoryview(t)
+        except (TypeError, ValueError):
+            return None
+        if (view.format not in _F32_FORMATS or not view.c_contiguous
+                or (inplace and view.readonly) or view.shape != shapes[j]):
+            return None
+        keep.append(_ffi.from_buffer("float[]", view))
+    for j, handle in enumerate(keep):
+        table[j] = handle
+    return keep

@@ -86,7 +86,8 @@ def _search_dirs():
     if env:
         dirs.extend(p for p in env.split(os.pathsep) if p)
     dirs.append(os.path.join(_PACKAGE_DIR, "lib"))
-    dirs.append(os.path.join(_SOURCE_ROOT, "native", "build"))
+    if os.path.isdir(os.path.join(_SOURCE_ROOT, "native", "include")):   # a source checkout
+        dirs.append(os.path.join(_SOURCE_ROOT, "native", "build"))
     return dirs
 
 

@@ -82,6 +82,11 @@ class _Registry:
                                  % (where, name, j, a.shape, j, b.shape))
 
 
+def _ptr(array, ctype="float *"):
+    """A cffi pointer to a mojo_train.Array's data (cached on the array's address)."""
+    return ffi.cast(ctype, array.address)
+
+
 def _native_max_norm(max_norm, where):
     if max_norm is None:
         return 0, 0.0
@@ -102,6 +107,8 @@ class _Optimizer:
         self.numeric_mode = self._backend.tier
         self._params = _Registry(params, "params", where, inplace=True)
         self.params = [pb.obj for pb in self._params.probes]
+        self._shapes = [pb.shape for pb in self._params.probes]
+        self._gtable = ffi.new("float *[]", self._params.n)
         self.lr = _real(lr, "lr", where)
         self.lr_schedule = lr_schedule
         self.t = 0
@@ -110,18 +117,27 @@ class _Optimizer:
         self.clip_coef_ = None
         self.packed_ = False   # tensors are addressed in place: nothing is ever packed
         self._norm_out = Array((2,), "float32")
+        self._norm_ptr = _ptr(self._norm_out)
 
     @property
     def n_total(self):
         """Number of parameter elements over all tensors."""
         return self._params.total
 
-    def _grads(self, grads, max_norm):
-        return _Registry(grads, "grads", self._WHERE, inplace=max_norm is not None, like=self._params)
+    def _grads(self, grads, inplace, where):
+        """(pointer table, handles to keep alive) for a gradient list matching params."""
+        keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace)
+        if keep is not None:
+            return self._gtable, keep
+        reg = _Registry(grads, "grads", where, inplace=inplace, like=self._params)
+        return reg.table, reg
 
     def _lr_for_next_step(self):
         if self.lr_schedule is None:
-            return _real(self.lr, "lr", self._WHERE)
+            lr = self.lr
+            if type(lr) is float and 0.0 <= lr < float("inf"):
+                return lr
+            return _real(lr, "lr", self._WHERE)
         return _real(self.lr_schedule.lr_at(self.t + 1), "lr_schedule.lr_at(%d)" % (self.t + 1), self._WHERE)
 
     def _finish(self, clip, lr):
@@ -135,9 +151,10 @@ class _Optimizer:
 
     def zero_grad(self, grads):
         """Write +0.0 into every gradient tensor (matching params in count and shape)."""
-        reg = _Registry(grads, "grads", self._WHERE + ".zero_grad", inplace=True, like=self._params)
-        self._backend.check(self._backend.lib.mt_fill_zero(reg.table, reg.c_offsets, reg.n),
-                            self._WHERE + ".zero_grad")
+        where = self._WHERE + ".zero_grad"
+        table, keep = self._grads(grads, True, where)
+        p = self._params
+        self._backend.check(self._backend.lib.mt_fill_zero(table, p.c_offsets, p.n), where)
 
     # -- state ---------------------------------------------------------------------------
     _STATE = ()
@@ -231,12 +248,11 @@ class Adam(_Optimizer):
         """
         where = self._WHERE + ".step"
         clip, mn = _native_max_norm(max_norm, where)
-        g = self._grads(grads, max_norm)
+        gtable, keep = self._grads(grads, clip == 1, where)
         lr = self._lr_for_next_step()
         fn = self._backend.lib.mt_adamw_step if self._DECOUPLED else self._backend.lib.mt_adam_step
         p = self._params
-        rc = fn(p.table, g.table, ffi.cast("float *", self.exp_avg.address),
-                ffi.cast("float *", self.exp_avg_sq.address), ffi.cast("float *", self._norm_out.address),
+        rc = fn(p.table, gtable, _ptr(self.exp_avg), _ptr(self.exp_avg_sq), self._norm_ptr,
                 p.c_offsets, lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
                 int(self.maximize), clip, mn, self.t + 1, p.n)
         self._backend.check(rc, where)
@@ -292,13 +308,13 @@ class SGD(_Optimizer):
         """One update from ``grads``; clipping and return value as :meth:`Adam.step`."""
         where = "SGD.step"
         clip, mn = _native_max_norm(max_norm, where)
-        g = self._grads(grads, max_norm)
+        gtable, keep = self._grads(grads, clip == 1, where)
         lr = self._lr_for_next_step()
-        buf = ffi.cast("float *", self.exp_avg.address) if self.exp_avg is not None else ffi.NULL
+        buf = _ptr(self.exp_avg) if self.exp_avg is not None else ffi.NULL
         p = self._params
         rc = self._backend.lib.mt_sgd_step(
-            p.table, g.table, buf, ffi.cast("int32_t *", self.buf_initialized.address),
-            ffi.cast("float *", self._norm_out.address), p.c_offsets, lr, self.momentum,
+            p.table, gtable, buf, _ptr(self.buf_initialized, "int32_t *"),
+            self._norm_ptr, p.c_offsets, lr, self.momentum,
             self.dampening, self.weight_decay, int(self.nesterov), int(self.maximize), clip, mn, p.n)
         self._backend.check(rc, where)
         return self._finish(clip, lr)

@@ -8,7 +8,7 @@
  * Vector code keeps the bits: each element's arithmetic is the same sequence of IEEE
  * operations, whichever width computes it. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(MT_NO_CLONES)
-#define MT_SIMD __attribute__((target_clones("arch=x86-64-v3", "default")))
+#define MT_SIMD __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define MT_SIMD
 #endif

@@ -19,19 +19,26 @@ typedef struct {
     mt_sgd_scalars sgd;
 } step_job;
 
+/* The loops are specialised on the structural flags (constants after inlining), so the
+ * compiler vectorizes a branch-free body. */
+static inline void adam_loop(float *restrict p, float *restrict g, float *restrict m,
+                             float *restrict v, int64_t n, float coef, const mt_adam_scalars *s,
+                             int scale, int coupled) {
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i] * coef;
+        if (scale) g[i] = gi;
+        mt_adam_elem(&p[i], &m[i], &v[i], gi, s, coupled);
+    }
+}
+
 MT_SIMD static void adam_run(float *restrict p, float *restrict g, float *restrict m,
                              float *restrict v, int64_t n, int32_t scale, float coef,
                              const mt_adam_scalars *sp) {
     mt_adam_scalars s = *sp;
-    if (scale) {
-        for (int64_t i = 0; i < n; ++i) {
-            float gi = g[i] * coef;
-            g[i] = gi;
-            mt_adam_elem(&p[i], &m[i], &v[i], gi, &s);
-        }
-    } else {
-        for (int64_t i = 0; i < n; ++i) mt_adam_elem(&p[i], &m[i], &v[i], g[i], &s);
-    }
+    if (scale && s.coupled) adam_loop(p, g, m, v, n, coef, &s, 1, 1);
+    else if (scale) adam_loop(p, g, m, v, n, coef, &s, 1, 0);
+    else if (s.coupled) adam_loop(p, g, m, v, n, coef, &s, 0, 1);
+    else adam_loop(p, g, m, v, n, coef, &s, 0, 0);
 }
 
 static void adam_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
@@ -40,15 +47,30 @@ static void adam_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int6
              job->scale, job->coef, &job->adam);
 }
 
+static inline void sgd_loop(float *restrict p, float *restrict g, float *restrict buf, int64_t n,
+                            float coef, const mt_sgd_scalars *s, int scale, int coupled,
+                            int has_buf, int initialized) {
+    for (int64_t i = 0; i < n; ++i) {
+        float gi = g[i] * coef;
+        if (scale) g[i] = gi;
+        mt_sgd_elem(&p[i], has_buf ? &buf[i] : &p[i], gi, s, coupled, has_buf, initialized);
+    }
+}
+
 MT_SIMD static void sgd_run(float *restrict p, float *restrict g, float *restrict buf,
                             int32_t initialized, int64_t n, int32_t scale, float coef,
                             const mt_sgd_scalars *sp) {
     mt_sgd_scalars s = *sp;
-    float dummy = 0.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        float gi = g[i];
-        if (scale) { gi = gi * coef; g[i] = gi; }
-        mt_sgd_elem(&p[i], buf ? &buf[i] : &dummy, initialized, gi, &s);
+    int has_buf = buf != 0, c = s.coupled;
+    if (!has_buf) {
+        if (scale) sgd_loop(p, g, buf, n, coef, &s, 1, c, 0, 0);
+        else sgd_loop(p, g, buf, n, coef, &s, 0, c, 0, 0);
+    } else if (initialized) {
+        if (scale) sgd_loop(p, g, buf, n, coef, &s, 1, c, 1, 1);
+        else sgd_loop(p, g, buf, n, coef, &s, 0, c, 1, 1);
+    } else {
+        if (scale) sgd_loop(p, g, buf, n, coef, &s, 1, c, 1, 0);
+        else sgd_loop(p, g, buf, n, coef, &s, 0, c, 1, 0);
     }
 }
 

@@ -136,27 +136,29 @@ MT_HD float mt_one_minus_pow_f32(float base, int64_t t) {
 /* ---- optimizer element updates (contract: native/contracts/optimizer.md) -------------- */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
-    float one_minus_beta1, one_minus_beta2, step_size, sqrt_bias2, decay;
-    int32_t maximize, decoupled;
+    float one_minus_beta1, one_minus_beta2, step_size, sqrt_bias2, decay, grad_sign;
+    int32_t coupled;   /* Adam with weight_decay != 0: g + weight_decay * p */
 } mt_adam_scalars;
 
 typedef struct {
-    float lr, momentum, dampening, weight_decay, one_minus_dampening;
-    int32_t nesterov, maximize;
+    float lr, momentum, dampening, weight_decay, one_minus_dampening, grad_sign;
+    int32_t coupled, nesterov;
 } mt_sgd_scalars;
 
-/* Host side, once per step: every vendor runs exactly this. */
+/* Host side, once per step: every vendor runs exactly this. decay is exactly 1 unless
+ * decoupled (AdamW); grad_sign is -1 under maximize (x * -1 is an exact negation). */
 MT_HD mt_adam_scalars mt_adam_scalars_for(float lr, float beta1, float beta2, float eps,
                                           float weight_decay, int32_t maximize,
                                           int32_t decoupled, int64_t step) {
     mt_adam_scalars s;
     s.lr = lr; s.beta1 = beta1; s.beta2 = beta2; s.eps = eps; s.weight_decay = weight_decay;
-    s.maximize = maximize; s.decoupled = decoupled;
     s.one_minus_beta1 = 1.0f - beta1;
     s.one_minus_beta2 = 1.0f - beta2;
     s.step_size = lr / mt_one_minus_pow_f32(beta1, step);
     s.sqrt_bias2 = sqrtf(mt_one_minus_pow_f32(beta2, step));
-    s.decay = 1.0f - lr * weight_decay;
+    s.decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
+    s.grad_sign = maximize ? -1.0f : 1.0f;
+    s.coupled = !decoupled && weight_decay != 0.0f;
     return s;
 }
 
@@ -164,19 +166,21 @@ MT_HD mt_sgd_scalars mt_sgd_scalars_for(float lr, float momentum, float dampenin
                                         float weight_decay, int32_t nesterov, int32_t maximize) {
     mt_sgd_scalars s;
     s.lr = lr; s.momentum = momentum; s.dampening = dampening; s.weight_decay = weight_decay;
-    s.nesterov = nesterov; s.maximize = maximize;
     s.one_minus_dampening = 1.0f - dampening;
+    s.grad_sign = maximize ? -1.0f : 1.0f;
+    s.coupled = weight_decay != 0.0f;
+    s.nesterov = nesterov;
     return s;
 }
 
-/* One Adam / AdamW element. p, m, v are updated; g is the (already clipped) gradient. */
-MT_HD void mt_adam_elem(float *p, float *m, float *v, float g, const mt_adam_scalars *s) {
-    float pv = *p;
-    if (s->maximize) g = -g;
-    if (s->weight_decay != 0.0f) {
-        if (s->decoupled) pv = pv * s->decay;
-        else g = MT_MADD(s->weight_decay, pv, g);
-    }
+/* One Adam / AdamW element; g is the gradient after clipping (g * coef, coef 1 when not
+ * clipping: an exact identity). `coupled` is s->coupled, passed separately so that loops
+ * can be specialised on it. */
+MT_HD void mt_adam_elem(float *p, float *m, float *v, float g, const mt_adam_scalars *s,
+                        int coupled) {
+    float pv = *p * s->decay;
+    g = g * s->grad_sign;
+    if (coupled) g = MT_MADD(s->weight_decay, pv, g);
     float mv = MT_MADD(s->one_minus_beta1, g - *m, *m);
     float vv = MT_OPT_MADD(s->one_minus_beta2, g * g, *v * s->beta2);
     float denom = sqrtf(vv) / s->sqrt_bias2 + s->eps;
@@ -185,12 +189,14 @@ MT_HD void mt_adam_elem(float *p, float *m, float *v, float g, const mt_adam_sca
     *v = vv;
 }
 
-/* One SGD element. buf is read only when initialized != 0 and written when momentum != 0. */
-MT_HD void mt_sgd_elem(float *p, float *buf, int32_t initialized, float g, const mt_sgd_scalars *s) {
+/* One SGD element. With momentum (has_buf), buf is read when initialized and always
+ * written; torch's first step copies the gradient into the buffer. */
+MT_HD void mt_sgd_elem(float *p, float *buf, float g, const mt_sgd_scalars *s, int coupled,
+                       int has_buf, int initialized) {
     float pv = *p;
-    if (s->maximize) g = -g;
-    if (s->weight_decay != 0.0f) g = MT_MADD(s->weight_decay, pv, g);
-    if (s->momentum != 0.0f) {
+    g = g * s->grad_sign;
+    if (coupled) g = MT_MADD(s->weight_decay, pv, g);
+    if (has_buf) {
         float b = initialized ? MT_MADD(s->one_minus_dampening, g, *buf * s->momentum) : g;
         *buf = b;
         g = s->nesterov ? MT_MADD(s->momentum, b, g) : b;
