@@ -41,6 +41,29 @@ $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared -o $@ $(CPU_SRC) $(LDLIBS)
 
+# ---- CUDA (make cuda): the same ABI from native/cuda, one library per tier -------------------
+NVCC ?= nvcc
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_SRC := $(wildcard native/cuda/*.cu)
+CUDA_HDRS := $(wildcard native/cuda/*.h native/cuda/*.cuh) $(HDRS)
+NVCC_BASE := -O3 -std=c++17 $(CUDA_ARCH) $(INCLUDES) -Inative/cuda -Xcompiler -fPIC,-fvisibility=hidden,-ffp-contract=off,-fno-math-errno
+NVCC_TIER_identical := -DMT_TIER=0 --fmad=false -prec-div=true -prec-sqrt=true -ftz=false
+NVCC_TIER_deterministic := -DMT_TIER=1 --fmad=true -prec-div=true -prec-sqrt=true -ftz=false
+NVCC_TIER_fast := -DMT_TIER=2 --use_fast_math
+CUDA_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
+
+cuda: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS))
+
+$(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+	@mkdir -p $(BUILD)/obj-cuda-$*
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/obj-cuda-$*/mt_host.o
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(BUILD)/obj-cuda-$*/mt_host.o
+
+$(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+	@mkdir -p $(BUILD)/sabotage-$*/obj
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/sabotage-$*/obj/mt_host.o
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(BUILD)/sabotage-$*/obj/mt_host.o
+
 test: all
 	$(PYTHON) -m pytest -q tests
 
@@ -52,4 +75,4 @@ demo: selfcheck
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test selfcheck demo clean
+.PHONY: all test selfcheck demo clean cuda

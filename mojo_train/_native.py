@@ -129,11 +129,13 @@ def _try_load(vendor, tier):
 
 def _device_problem(lib, vendor):
     """Why a GPU library cannot run here (no device, no driver), or None."""
-    if vendor == "cpu" or not hasattr(lib, "mt_device_count"):
+    if vendor == "cpu":
         return None
-    n = lib.mt_device_count()
-    if n <= 0:
-        return ffi.string(lib.mt_last_error()).decode() or "no %s device" % vendor
+    count = ffi.new("int32_t *")
+    rc = lib.mt_device_count(count)
+    if rc or count[0] <= 0:
+        why = ffi.string(lib.mt_last_error()).decode("utf-8", "replace")
+        return why or "no %s device is visible" % vendor
     return None
 
 

@@ -37,3 +37,62 @@ int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset,
     mt_parallel_for(n, 4, uniform_range, &job);
     return MT_OK;
 }
+
+/* ---- the device half of the ABI, on a vendor without devices ---- */
+#include <string.h>
+
+static int64_t g_last_threads = 0;
+
+int mt_device_count(int32_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    *out = 0;
+    return MT_OK;
+}
+
+int mt_device_alloc(void **out, int64_t nbytes) {
+    return mt_fail(MT_EUNSUPPORTED, "the cpu vendor has no device memory; load a GPU vendor (MOJO_TRAIN_VENDOR)");
+}
+
+int mt_device_free(void *ptr) {
+    return ptr ? mt_fail(MT_EUNSUPPORTED, "the cpu vendor has no device memory to free") : MT_OK;
+}
+
+int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
+    int rc;
+    if (nbytes < 0) return mt_fail(MT_EINVAL, "nbytes must be >= 0, got %lld", (long long)nbytes);
+    if (nbytes == 0) return MT_OK;
+    if ((rc = mt_check_ptr(dst, "dst")) || (rc = mt_check_ptr(src, "src"))) return rc;
+    memmove(dst, src, (size_t)nbytes);
+    return MT_OK;
+}
+
+int mt_synchronize(void) { return MT_OK; }
+
+int mt_is_device_pointer(int32_t *out, const void *ptr) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    *out = 0;
+    return MT_OK;
+}
+
+int mt_transfer_bytes(int64_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    out[0] = out[1] = 0;
+    return MT_OK;
+}
+
+/* On the CPU the "geometry" is the thread count; the bits never depend on it. */
+int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks) {
+    return mt_set_num_threads(threads_per_block);
+}
+
+int mt_launch_geometry(int32_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    g_last_threads = mt_pool_threads();
+    out[0] = (int32_t)g_last_threads;
+    out[1] = 1;
+    return MT_OK;
+}

@@ -10,6 +10,10 @@
 #define MT_VENDOR_NAME "cpu"
 #endif
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 int mt_fail(int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
@@ -31,4 +35,8 @@ int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_de
 
 /* The vendor's feature bits beyond the tier's (defined by each vendor). */
 uint64_t mt_vendor_features(void);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

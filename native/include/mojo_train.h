@@ -101,6 +101,19 @@ int mt_uniform_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64
                     float low, float high, int64_t n);
 
 int mt_one_minus_pow(float *out /* (1) */, float base, int64_t exponent);
+
+/* Devices and memory. On the cpu vendor there is no device: mt_device_count reports 0,
+ * mt_device_alloc refuses, mt_memcpy is a host copy. Every op above accepts host pointers on
+ * every vendor; GPU vendors also accept their device pointers (and stage host ones). */
+int mt_device_count(int32_t *out /* (1) */);
+int mt_device_alloc(void **out /* (1) */, int64_t nbytes);
+int mt_device_free(void *ptr);
+int mt_memcpy(void *dst /* (nbytes) */, const void *src /* (nbytes) */, int64_t nbytes);
+int mt_synchronize(void);
+int mt_is_device_pointer(int32_t *out /* (1) */, const void *ptr);
+int mt_transfer_bytes(int64_t *out /* (2): host to device, device to host, since load */);
+int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks);
+int mt_launch_geometry(int32_t *out /* (2): threads per block, blocks of the last launch */);
 /* MT_CDEF_END */
 #if defined(__GNUC__)
 #pragma GCC visibility pop

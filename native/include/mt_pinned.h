@@ -103,6 +103,57 @@ MT_HD float mt_tree_fold(float *s, int64_t m) {
 
 MT_HD int64_t mt_chunk_count(int64_t n) { return (n + MT_CHUNK - 1) / MT_CHUNK; }
 
+#if defined(__CUDACC__) || defined(__HIPCC__)
+/* The same tree on a 32-thread warp: thread t holds lanes 4t..4t+3, so a row of 128 lanes is
+ * one float4 per thread and the lane tree's first five levels are shuffles. */
+#if defined(__HIPCC__)
+#define MT_WARP_DOWN(v, d) __shfl_down((v), (d), 32)
+#else
+#define MT_WARP_DOWN(v, d) __shfl_down_sync(0xffffffffu, (v), (d), 32)
+#endif
+
+/* Sum of squares of one chunk (n <= MT_CHUNK floats at x); the result is valid in thread 0. */
+__device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, int t) {
+    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+    int64_t full = n / MT_LANES;
+    bool vec = ((uintptr_t)x & 15u) == 0;
+#ifdef MT_SABOTAGE_CLIP
+    for (int64_t r = full - 1; r >= 0; --r) {
+#else
+    for (int64_t r = 0; r < full; ++r) {
+#endif
+        const float *row = x + r * MT_LANES + 4 * t;
+        float4 q;
+        if (vec) q = *(const float4 *)row;
+        else q = make_float4(row[0], row[1], row[2], row[3]);
+        a0 = fmaf(q.x, q.x, a0); a1 = fmaf(q.y, q.y, a1);
+        a2 = fmaf(q.z, q.z, a2); a3 = fmaf(q.w, q.w, a3);
+    }
+    int64_t rest = n - full * MT_LANES, l = 4 * t;
+    const float *row = x + full * MT_LANES;
+    if (l + 0 < rest) a0 = fmaf(row[l + 0], row[l + 0], a0);
+    if (l + 1 < rest) a1 = fmaf(row[l + 1], row[l + 1], a1);
+    if (l + 2 < rest) a2 = fmaf(row[l + 2], row[l + 2], a2);
+    if (l + 3 < rest) a3 = fmaf(row[l + 3], row[l + 3], a3);
+    for (int d = 16; d >= 1; d >>= 1) {          /* lane tree, h = 64 .. 4 */
+        a0 = a0 + MT_WARP_DOWN(a0, d); a1 = a1 + MT_WARP_DOWN(a1, d);
+        a2 = a2 + MT_WARP_DOWN(a2, d); a3 = a3 + MT_WARP_DOWN(a3, d);
+    }
+    a0 = a0 + a2; a1 = a1 + a3;                  /* h = 2 */
+    return a0 + a1;                              /* h = 1 */
+}
+
+/* One level-group of mt_tree_fold: 32 aligned partials (n_valid of them real) folded
+ * pairwise with the odd one rising; the group's root is valid in thread 0. */
+__device__ __forceinline__ float mt_warp_fold32(float x, int t, int n_valid) {
+    for (int d = 1; d < 32; d <<= 1) {
+        float y = MT_WARP_DOWN(x, d);
+        if ((t & (2 * d - 1)) == 0 && t + d < n_valid) x = x + y;
+    }
+    return x;
+}
+#endif
+
 /* ---- double-float host scalars ------------------------------------------------------------
  * Bias corrections 1 - beta^t are formed as an unevaluated float pair (hi + lo, ~48 bits),
  * by binary powering with exact products from fmaf, then rounded once to float32. */

@@ -1,0 +1,100 @@
+"""``python -m mojo_train <command>``: the cross-vendor self-check and backend information.
+
+    selfcheck [--write]  check every fixtures/*.card on every loadable vendor's identical tier
+                         (exit 1 on any mismatch); --write first appends the cases defined in
+                         code but missing from the cards, computed on the CPU oracle
+    info                 print backend_info() for the default vendor and numeric mode
+    demo                 reserved (not implemented yet)
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+from . import _cards, _native, backend_info
+
+
+def _why(exc):
+    """One line from a BackendError: its first sentence and what happened at each path."""
+    lines = str(exc).splitlines()
+    outcomes = sorted({l.split(": ", 1)[-1] for l in lines[1:] if l.startswith("  ")})
+    return "%s (paths tried: %s)" % (lines[0].replace(" Tried:", ""), ", ".join(outcomes) or "none")
+
+
+def _loadable_vendors():
+    vendors = []
+    for vendor in _native.VENDORS:
+        try:
+            _native.load("identical", vendor)
+        except _native.BackendError as exc:
+            print("skipped %s: %s" % (vendor, _why(exc)))
+            continue
+        vendors.append(vendor)
+    return vendors
+
+
+def _write(paths):
+    folder = next((d for d in _cards.fixtures_dirs() if os.path.isdir(d)), _cards.fixtures_dirs()[-1])
+    os.makedirs(folder, exist_ok=True)
+    for name in _cards.CASES:
+        path = os.path.join(folder, name + _cards.CARD_SUFFIX)
+        print("%s: appended %d case(s) from the cpu oracle" % (path, len(_cards.write_missing(path))))
+    return _cards.card_paths()
+
+
+def selfcheck(write=False):
+    paths = _write(_cards.card_paths()) if write else _cards.card_paths()
+    if not paths:
+        print("no cards found (looked in %s)" % ", ".join(_cards.fixtures_dirs()))
+        return 1
+    vendors = _loadable_vendors()
+    if not vendors:
+        print("no vendor's identical tier could be loaded: nothing was checked")
+        return 1
+    rows, failures = [], []
+    for path in paths:
+        for vendor in vendors:
+            start = time.perf_counter()
+            results = _cards.check_card(path, vendor)
+            seconds = time.perf_counter() - start
+            passed = sum(r.ok for r in results)
+            rows.append((_cards.card_name(path), vendor, "%d/%d" % (passed, len(results)), "%.2fs" % seconds))
+            failures += [(rows[-1][0], vendor, r) for r in results if not r.ok]
+    print("%-10s %-8s %-10s %s" % ("card", "vendor", "passed", "time"))
+    for row in rows:
+        print("%-10s %-8s %-10s %s" % row)
+    for card, vendor, r in failures:
+        print("FAIL %s on %s: %s\n     mismatching: %s" % (card, vendor, r.case, ", ".join(r.mismatches)))
+    return 1 if failures else 0
+
+
+def info():
+    print(json.dumps(backend_info(), indent=2))
+    return 0
+
+
+def demo():
+    # The place for a future end-to-end demo (a small training run checked across vendors).
+    raise NotImplementedError("python -m mojo_train demo: not implemented yet")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m mojo_train", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("selfcheck", help="check every card on every loadable identical vendor")
+    check.add_argument("--write", action="store_true", help="first append missing cases (cpu oracle)")
+    sub.add_parser("info", help="print backend_info()")
+    sub.add_parser("demo", help="not implemented yet")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "selfcheck":
+            return selfcheck(args.write)
+        return {"info": info, "demo": demo}[args.command]()
+    except NotImplementedError as exc:
+        print("NotImplementedError: %s" % exc, file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

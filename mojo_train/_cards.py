@@ -1,0 +1,457 @@
+"""Cards: the cross-vendor proof that the identical tier gives the same bits everywhere.
+
+Contract: a card (``fixtures/<name>.card``) is an append-only text file. Its first line is
+the header ``# mojo_train card <name>; contract <contract>; inputs: ...``; other lines that
+start with ``#`` are comments. Every other line is one case::
+
+    <op> key=value key=value ... | output=<sha256 hex> output=<sha256 hex> ...
+
+The left side determines the inputs completely: they are drawn by the library's own
+``mt_uniform_fill`` (Philox4x32-10 of mt_pinned.h) -- params from stream 0, the step-k
+gradients from stream k (k = 1, 2, ...), tensor j starting at element offset ``offsets[j]``
+of its stream, uniform in ``[low, high)`` given by ``p=low,high`` / ``g=low,high``. Nothing
+else is read from disk. The right side is the sha256 of every output's raw bytes (a float
+scalar as its 4 little-endian float32 bytes).
+
+There is one reader (:func:`read_card`), one runner (:func:`run_case`, through the public
+API on the vendor's identical tier) and one comparator (:func:`compare`). The cases are
+also listed in code (:data:`CASES`); :func:`write_missing` appends, from the CPU oracle, the
+lines of cases the file lacks and never touches a line already there -- a recomputed digest
+that disagrees with the file is a failure of :func:`check_card`, never a rewrite.
+"""
+import collections
+import contextlib
+import hashlib
+import os
+import re
+import struct
+import zlib
+
+import mojo_train
+
+from . import _native
+from ._array import Array
+
+CARD_SUFFIX = ".card"
+CONTRACTS = {"optim": "optimizer v1", "clip": "clip v1"}
+_INPUTS = "Philox4x32-10 of mt_pinned.h via mt_uniform_fill"
+_HEADER = re.compile(r"^# mojo_train card (\w+); contract ([^;]+); inputs: (.+)$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_POW2 = re.compile(r"^(-?)2\*\*(-?\d+)$")
+
+
+class CardError(ValueError):
+    """A card file (or a case spec) that cannot be read; the message names the line."""
+
+
+Case = collections.namedtuple("Case", "op args text")
+Line = collections.namedtuple("Line", "case digests lineno")
+Card = collections.namedtuple("Card", "name contract path lines")
+Result = collections.namedtuple("Result", "case ok mismatches")
+
+
+# ---- values of a case spec ------------------------------------------------------------------
+def _number(text):
+    """A finite float; ``2**-127`` and ``-2**-127`` are accepted beside Python literals."""
+    m = _POW2.match(text)
+    value = (-1.0 if m.group(1) else 1.0) * 2.0 ** int(m.group(2)) if m else float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError("%r is not finite" % text)
+    return value
+
+
+def _count(text):
+    value = int(text)
+    if value < 0:
+        raise ValueError("%r is negative" % text)
+    return value
+
+
+def _flag(text):
+    if text not in ("0", "1"):
+        raise ValueError("%r is not 0 or 1" % text)
+    return text == "1"
+
+
+def _pair(text):
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise ValueError("%r is not a pair low,high" % text)
+    return (_number(parts[0]), _number(parts[1]))
+
+
+def _sizes(text):
+    """``1,3,1023`` or with repeats ``999x67,1000x66`` (67 tensors of 999 elements, ...)."""
+    sizes = []
+    for item in text.split(","):
+        size, _, repeat = item.partition("x")
+        sizes.extend([_count(size)] * (_count(repeat) if repeat else 1))
+    if not sizes or 0 in sizes:
+        raise ValueError("%r needs at least one tensor and no empty tensor" % text)
+    return tuple(sizes)
+
+
+_INPUT_KEYS = {"seed": _count, "sizes": _sizes, "g": _pair}
+_OPTIM_KEYS = dict(_INPUT_KEYS, p=_pair, steps=_count, lr=_number, max_norm=_number,
+                   weight_decay=_number, maximize=_flag)
+_KEYS = {
+    "sgd": dict(_OPTIM_KEYS, momentum=_number, dampening=_number, nesterov=_flag),
+    "adam": dict(_OPTIM_KEYS, betas=_pair, eps=_number),
+    "adamw": dict(_OPTIM_KEYS, betas=_pair, eps=_number),
+    "clip": dict(_INPUT_KEYS, max_norm=_number),
+}
+_REQUIRED = {op: ("seed", "sizes", "g", "max_norm") if op == "clip"
+             else ("seed", "sizes", "p", "g", "steps", "lr") for op in _KEYS}
+
+
+def case_key(case):
+    """What makes two specs the same case (the parsed values, not their spelling)."""
+    return (case.op, tuple(sorted(case.args.items())))
+
+
+def output_names(case):
+    """The outputs a case's line must carry a digest for, in line order."""
+    if case.op == "clip":
+        return ("tensor_norms", "norms_total", "grads", "total")
+    names = ["params", "grads"]
+    if case.op in ("adam", "adamw"):
+        names += ["exp_avg", "exp_avg_sq"]
+    elif case.args.get("momentum", 0.0) != 0.0:
+        names.append("exp_avg")
+    if "max_norm" in case.args:
+        names.append("step_norms")
+    return tuple(names)
+
+
+# ---- the reader -----------------------------------------------------------------------------
+def parse_case(spec, where):
+    """The Case of ``<op> key=value ...``; CardError naming ``where`` when malformed."""
+    tokens = spec.split()
+    if not tokens or tokens[0] not in _KEYS:
+        raise CardError("%s: a case starts with one of %s, got %r"
+                        % (where, ", ".join(sorted(_KEYS)), tokens[0] if tokens else spec))
+    op, keys, args = tokens[0], _KEYS[tokens[0]], {}
+    for token in tokens[1:]:
+        key, eq, text = token.partition("=")
+        if not eq or not text:
+            raise CardError("%s: expected key=value, got %r" % (where, token))
+        if key not in keys:
+            raise CardError("%s: %s takes no key %r (keys: %s)" % (where, op, key, ", ".join(sorted(keys))))
+        if key in args:
+            raise CardError("%s: key %r given twice" % (where, key))
+        try:
+            args[key] = keys[key](text)
+        except ValueError as exc:
+            raise CardError("%s: bad value for %s: %s" % (where, key, exc)) from None
+    missing = [k for k in _REQUIRED[op] if k not in args]
+    if missing:
+        raise CardError("%s: %s case lacks %s" % (where, op, ", ".join(missing)))
+    return Case(op, args, " ".join(tokens))
+
+
+def parse_line(row, where):
+    """(Case, {output: digest}) of one case row ``<spec> | name=<sha256> ...``."""
+    spec, sep, outputs = row.partition(" | ")
+    if not sep:
+        raise CardError("%s: expected '<op> key=value ... | output=<sha256> ...' but there is "
+                        "no ' | ' in %r" % (where, row))
+    case = parse_case(spec, where)
+    digests = {}
+    for token in outputs.split():
+        name, eq, digest = token.partition("=")
+        if not eq or not _SHA256.match(digest):
+            raise CardError("%s: expected output=<64 lowercase hex digits>, got %r" % (where, token))
+        if name in digests:
+            raise CardError("%s: output %r given twice" % (where, name))
+        digests[name] = digest
+    want = output_names(case)
+    if sorted(digests) != sorted(want):
+        raise CardError("%s: this %s case has outputs %s, the line gives %s"
+                        % (where, case.op, ", ".join(want), ", ".join(digests) or "none"))
+    return case, digests
+
+
+def card_name(path):
+    base = os.path.basename(path)
+    if not base.endswith(CARD_SUFFIX):
+        raise CardError("%s: a card file is named <name>%s" % (path, CARD_SUFFIX))
+    return base[:-len(CARD_SUFFIX)]
+
+
+def read_card(path):
+    """The Card in ``path``; CardError (file:line and why) on any malformed or repeated line."""
+    with open(path, encoding="utf-8") as f:
+        rows = f.read().splitlines()
+    m = _HEADER.match(rows[0]) if rows else None
+    if not m or m.group(1) != card_name(path):
+        raise CardError("%s:1: the first line must be '# mojo_train card %s; contract <contract>; "
+                        "inputs: <generator>'" % (path, card_name(path)))
+    lines, seen = [], {}
+    for lineno, row in enumerate(rows[1:], 2):
+        if not row.strip() or row.startswith("#"):
+            continue
+        case, digests = parse_line(row, "%s:%d" % (path, lineno))
+        key = case_key(case)
+        if key in seen:
+            raise CardError("%s:%d: the same case as line %d" % (path, lineno, seen[key]))
+        seen[key] = lineno
+        lines.append(Line(case, digests, lineno))
+    return Card(m.group(1), m.group(2), path, lines)
+
+
+def format_line(case, digests):
+    return "%s | %s" % (case.text, " ".join("%s=%s" % (n, digests[n]) for n in output_names(case)))
+
+
+# ---- the runner (public API, one vendor's identical tier) ----------------------------------
+@contextlib.contextmanager
+def vendor_selected(vendor):
+    """MOJO_TRAIN_VENDOR=vendor while inside (not thread-safe); yields its identical Backend."""
+    old = os.environ.get("MOJO_TRAIN_VENDOR")
+    os.environ["MOJO_TRAIN_VENDOR"] = vendor
+    try:
+        yield _native.load("identical", vendor)
+    finally:
+        if old is None:
+            del os.environ["MOJO_TRAIN_VENDOR"]
+        else:
+            os.environ["MOJO_TRAIN_VENDOR"] = old
+
+
+def _filled(backend, case, stream, bounds):
+    """One float32 Array per tensor of ``case``, drawn from (seed, stream) at flat offsets."""
+    arrays, offset = [], 0
+    for n in case.args["sizes"]:
+        a = Array((n,), "float32")
+        rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.address), case.args["seed"],
+                                         stream, offset, bounds[0], bounds[1], n)
+        backend.check(rc, "mt_uniform_fill")
+        arrays.append(a)
+        offset += n
+    return arrays
+
+
+def _sha(arrays=(), raw=b""):
+    h = hashlib.sha256(raw)
+    for a in arrays:
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _f32(*values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
+_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "betas", "eps")
+
+
+def _run_optim(case, backend):
+    args = case.args
+    params = _filled(backend, case, 0, args["p"])
+    kwargs = {k: args[k] for k in _HYPER if k in args}
+    opt = getattr(mojo_train, _OPTIMIZERS[case.op])(params, numeric_mode="identical", **kwargs)
+    totals = []
+    for step in range(1, args["steps"] + 1):
+        grads = _filled(backend, case, step, args["g"])
+        totals.append(opt.step(grads, max_norm=args.get("max_norm")))
+    out = {"params": _sha(params), "grads": _sha(grads)}
+    if getattr(opt, "exp_avg", None) is not None:
+        out["exp_avg"] = _sha([opt.exp_avg])
+    if case.op != "sgd":
+        out["exp_avg_sq"] = _sha([opt.exp_avg_sq])
+    if "max_norm" in args:
+        out["step_norms"] = _sha(raw=_f32(*totals))
+    return out
+
+
+def _run_clip(case, backend):
+    grads = _filled(backend, case, 1, case.args["g"])
+    n, ffi = len(grads), _native.ffi
+    offsets = [0]
+    for g in grads:
+        offsets.append(offsets[-1] + g.size)
+    offsets = Array.from_list(offsets, "int32")
+    table = ffi.new("float *[]", [ffi.cast("float *", g.address) for g in grads])
+    norms, total = Array((n,), "float32"), Array((1,), "float32")
+    rc = backend.lib.mt_grad_norms(ffi.cast("float *", norms.address), ffi.cast("float *", total.address),
+                                   table, ffi.cast("int32_t *", offsets.address), n)
+    backend.check(rc, "mt_grad_norms")
+    clipped_total = mojo_train.clip_grad_norm_(grads, case.args["max_norm"], numeric_mode="identical")
+    return {"tensor_norms": _sha([norms]), "norms_total": _sha([total]), "grads": _sha(grads),
+            "total": _sha(raw=_f32(clipped_total))}
+
+
+def run_case(case, backend):
+    """{output: sha256 hex} of ``case`` on the vendor currently selected (see vendor_selected)."""
+    return (_run_clip if case.op == "clip" else _run_optim)(case, backend)
+
+
+# ---- the comparator and the two card operations -------------------------------------------
+def compare(want, got):
+    """Names of the outputs whose digests differ (or are missing on either side)."""
+    return [n for n in want if got.get(n) != want[n]] + [n for n in got if n not in want]
+
+
+def check_card(path, vendor):
+    """Run every line of the card on ``vendor``'s identical tier: a list of Result(case text,
+    ok, mismatching outputs). A case that raises fails with ``raised <error>`` as its mismatch."""
+    card = read_card(path)
+    results = []
+    with vendor_selected(vendor) as backend:
+        for line in card.lines:
+            try:
+                bad = compare(line.digests, run_case(line.case, backend))
+            except Exception as exc:  # a vendor that refuses a case fails it, visibly
+                bad = ["raised %s: %s" % (type(exc).__name__, exc)]
+            results.append(Result(line.case.text, not bad, bad))
+    return results
+
+
+def _header(name):
+    return ["# mojo_train card %s; contract %s; inputs: %s" % (name, CONTRACTS[name], _INPUTS),
+            "# append-only: a changed digest needs a contract version bump. A case line is",
+            "#   <op> key=value ... | output=<sha256 of the output's bytes> ...",
+            "# p=/g= low,high: params from stream 0, step-k grads from stream k (clip: stream 1),",
+            "# tensor j at offset offsets[j]; unset hyper-parameters take the public API defaults."]
+
+
+def write_missing(path):
+    """Append, from the CPU oracle's identical tier, a line for every case of the card that is
+    defined in code but absent from the file (creating it with its header if needed). Existing
+    lines are never rewritten. Returns the specs appended."""
+    name = card_name(path)
+    if name not in CASES:
+        raise CardError("%s: no cases are defined in code for card %r" % (path, name))
+    cases = [parse_case(spec, "%s (in code)" % name) for spec in CASES[name]()]
+    have, prefix = set(), "\n".join(_header(name)) + "\n"
+    if os.path.exists(path):
+        card = read_card(path)
+        if card.contract != CONTRACTS[name]:
+            raise CardError("%s: the card is for contract %r, the code for %r; a contract bump "
+                            "starts a new card file" % (path, card.contract, CONTRACTS[name]))
+        have = {case_key(line.case) for line in card.lines}
+        with open(path, "rb") as f:
+            data = f.read()
+        prefix = "" if not data or data.endswith(b"\n") else "\n"
+    missing = []
+    for c in cases:                     # in code order; a case listed twice is written once
+        if case_key(c) not in have:
+            have.add(case_key(c))
+            missing.append(c)
+    if not missing:
+        return []
+    with vendor_selected("cpu") as backend:
+        rows = [format_line(c, run_case(c, backend)) for c in missing]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(prefix + "".join(row + "\n" for row in rows))
+    return [c.text for c in missing]
+
+
+def fixtures_dirs():
+    """Where cards are looked for: the installed package's folder first, then the checkout's."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(package, "fixtures"), os.path.join(os.path.dirname(package), "fixtures")]
+
+
+def card_paths():
+    """The ``*.card`` files of the first fixtures folder that exists (sorted), or []."""
+    for d in fixtures_dirs():
+        if os.path.isdir(d):
+            return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(CARD_SUFFIX))
+    return []
+
+
+# ---- the cases, in code ---------------------------------------------------------------------
+def _seeded(spec):
+    """Give a spec its seed: a function of the rest of the spec, not of its place in a list."""
+    op, _, rest = spec.partition(" ")
+    return "%s seed=%d %s" % (op, zlib.crc32(spec.encode()) % 100000, rest)
+
+
+UNIT = "-1,1"
+SUB = "-2**-127,2**-127"        # the fill itself lands in the subnormal range
+SUB_SQ = "-2**-64,2**-64"       # normal values whose squares are subnormal
+MANY = "1,3,1023,4096,5000"
+BIG = 2 ** 20 + 7
+
+_SGD = ("", "momentum=0.9", "momentum=0.9 dampening=0.1", "momentum=0.9 nesterov=1",
+        "weight_decay=0.01", "maximize=1")
+_ADAM = ("", "weight_decay=0.01", "maximize=1", "betas=0.8,0.99")
+_ADAMW = ("", "weight_decay=0.1", "maximize=1", "eps=1e-6")
+# U(-1,1) grads over >= 1023 elements have a total norm near 18 or more: 1.0 clips, 1e6 never.
+_CLIPS = ("", "max_norm=1.0", "max_norm=1e6")
+
+
+def _optim_cases():
+    configs = ([("sgd", o) for o in _SGD] + [("adam", o) for o in _ADAM]
+               + [("adamw", o) for o in _ADAMW])
+    specs = []
+    for op, opts in configs:
+        for clip in _CLIPS:
+            specs.append("%s sizes=1023 steps=3 lr=1e-2 p=%s g=%s %s %s" % (op, UNIT, UNIT, opts, clip))
+            specs.append("%s sizes=%s steps=4 lr=1e-3 p=%s g=%s %s %s" % (op, MANY, UNIT, UNIT, opts, clip))
+    specs += [
+        "sgd sizes=1 steps=5 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9",
+        "sgd sizes=3 steps=5 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9 nesterov=1 max_norm=0.01",
+        "adam sizes=1 steps=5 lr=1e-3 p=-1,1 g=-1,1 max_norm=1e6",
+        "adam sizes=3 steps=5 lr=1e-2 p=-1,1 g=-1,1 max_norm=0.01",
+        "adamw sizes=1 steps=5 lr=1e-2 p=-1,1 g=-1,1 max_norm=0.01",
+        "adamw sizes=3,1,3 steps=5 lr=1e-3 p=-1,1 g=-1,1",
+        "sgd sizes=%d steps=3 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9 nesterov=1 max_norm=1.0" % BIG,
+        "adam sizes=%d steps=3 lr=1e-3 p=-1,1 g=-1,1 weight_decay=0.01" % BIG,
+        "adamw sizes=%d steps=3 lr=1e-3 p=-1,1 g=-1,1 max_norm=1.0" % BIG,
+        "adamw sizes=1,%d,3 steps=3 lr=1e-2 p=-1,1 g=-1,1 weight_decay=0.1 max_norm=1e6" % BIG,
+    ]
+    specs += _subnormal_optim_cases()
+    return [_seeded(" ".join(s.split())) for s in specs]
+
+
+def _subnormal_optim_cases():
+    # Subnormal grads have total norm 0 (their squares underflow): max_norm=1e-9 still clips.
+    return [
+        "sgd sizes=1023 steps=4 lr=1e-2 p=%s g=%s" % (SUB, SUB),
+        "sgd sizes=%s steps=4 lr=1e-2 p=%s g=%s momentum=0.9 weight_decay=0.01 max_norm=1e-9" % (MANY, SUB, SUB),
+        "sgd sizes=1023 steps=3 lr=1e-3 p=%s g=%s momentum=0.9 dampening=0.1 max_norm=1.0" % (SUB, UNIT),
+        "adam sizes=1023 steps=4 lr=1e-3 p=%s g=%s weight_decay=0.01" % (SUB, SUB),
+        "adam sizes=%s steps=3 lr=1e-2 p=%s g=%s max_norm=1e-9" % (MANY, UNIT, SUB),
+        "adamw sizes=1023 steps=4 lr=1e-3 p=%s g=%s" % (SUB, SUB),
+        "adamw sizes=%s steps=3 lr=1e-2 p=%s g=%s weight_decay=0.1 max_norm=1e-9" % (MANY, SUB, SUB),
+        "adamw sizes=1023 steps=5 lr=1e-3 p=%s g=%s max_norm=1.0" % (SUB, UNIT),
+        "sgd sizes=%s steps=3 lr=1e-2 p=%s g=%s momentum=0.9 max_norm=1e-20" % (MANY, UNIT, SUB_SQ),
+        "adam sizes=%s steps=3 lr=1e-3 p=%s g=%s max_norm=1e-20" % (MANY, UNIT, SUB_SQ),
+    ]
+
+
+def _clip_cases():
+    lists = ("1", "3", "1023", "4096", "4097", str(BIG), "1,3,1023,4096,4097", "999x67,1000x66,1001x67")
+    specs = []
+    for sizes in lists:
+        small = "0.01" if sizes in ("1", "3") else "1.0"
+        for max_norm in (small, "1e6", "0"):
+            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, UNIT, max_norm))
+    for sizes in ("1023", "4097", "1,3,1023,4096,4097"):
+        for max_norm in ("1e-9", "1.0", "0"):     # the total is 0: only max_norm < 1e-6 scales
+            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, SUB, max_norm))
+    for sizes in ("1023", "4097", "999x67,1000x66,1001x67"):
+        for max_norm in ("1e-20", "1.0"):       # subnormal squares summed by the tree
+            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, SUB_SQ, max_norm))
+    # Large magnitudes, kept where the sum of squares stays below float32's max (no overflow).
+    large = [("3", "1e18"), ("1,3,200", "1e18"), ("100x3", "1e18"), ("1023", "1e17"),
+             ("4096", "1e17"), ("4097", "1e17"), (str(BIG), "1e16"), ("999x67,1000x66,1001x67", "1e16")]
+    for sizes, mag in large:
+        for max_norm in ("1.0", "1e30"):
+            specs.append("clip sizes=%s g=-%s,%s max_norm=%s" % (sizes, mag, mag, max_norm))
+    # Hundreds to thousands of tensors: the vector of norms has full rows and several chunks.
+    # Many tensors of >= 3 rows each are also what sees a changed summation order: one norm
+    # shows a one-ulp change of its sum of squares only now and then (sqrt and the coarser
+    # roundings up the tree absorb most), a few hundred norms almost surely show one.
+    specs += ["clip sizes=3x5000 g=-1,1 max_norm=1.0", "clip sizes=3x5000 g=-1,1 max_norm=1e6",
+              "clip sizes=300x300 g=-1,1 max_norm=1.0", "clip sizes=1x4097 g=-1,1 max_norm=1e6",
+              "clip sizes=3x5000 g=-1e17,1e17 max_norm=1.0", "clip sizes=4097x40 g=-1,1 max_norm=1.0",
+              "clip sizes=257x400,1023x100 g=-1,1 max_norm=0",
+              "clip sizes=1023x100 g=-1e16,1e16 max_norm=1e30"]
+    return [_seeded(s) for s in specs]
+
+
+CASES = {"optim": _optim_cases, "clip": _clip_cases}

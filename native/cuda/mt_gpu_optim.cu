@@ -1,0 +1,279 @@
+/* mt_gpu_optim.cu -- host glue of SGD, Adam, AdamW, clipping and the fills on a GPU.
+ *
+ * A step is: stage (host buffers are uploaded; device buffers are used in place), norms when
+ * clipping, the finiteness pre-pass, the update kernel (which does nothing if the device
+ * status says refused), one synchronizing download of the status, and -- only on success --
+ * the download of staged host outputs. Argument checks run on the host before any of it.
+ */
+#include "mt_gpu_kernels.cuh"
+
+namespace {
+
+int launch_check(const char *what) {
+    MT_GPU_CHECK(gpuGetLastError(), what);
+    return MT_OK;
+}
+
+int elem_blocks(int64_t total) {
+    int threads = mt_gpu_threads();
+    int blocks = mt_gpu_blocks(total, (int64_t)threads * MT_UNROLL);
+    mt_gpu_record_launch(threads, blocks);
+    return blocks;
+}
+
+/* Norms by the tree: tensor norms into dev_norms (J floats), total/coef into st. */
+int gpu_norms(mt_arena *arena, const mt_dev_list *g, const int32_t *offsets, mt_status *st, float *dev_norms,
+              int32_t clip, float max_norm) {
+    int32_t n = g->n;
+    std::vector<int64_t> cstart(n + 1);
+    int64_t chunks = 0, max_m = 1;
+    for (int32_t j = 0; j < n; ++j) {
+        cstart[j] = chunks;
+        int64_t m = mt_chunk_count(offsets[j + 1] - offsets[j]);
+        chunks += m;
+        if (m > max_m) max_m = m;
+    }
+    cstart[n] = chunks;
+    int64_t *dcs = nullptr;
+    float *partials = nullptr, *scratch = nullptr;
+    int rc;
+    if ((rc = arena->upload((void **)&dcs, cstart.data(), (int64_t)(n + 1) * 8)) ||
+        (rc = arena->alloc((void **)&partials, chunks * 4)) ||
+        (rc = arena->alloc((void **)&scratch, (mt_chunk_count(n) + 1) * 4)))
+        return rc;
+    int threads = mt_gpu_threads();
+    int blocks = mt_gpu_blocks(chunks, threads / 32);
+    mt_k_chunk_sumsq<<<blocks, threads, 0, MT_STREAM>>>(g->table, g->offsets, dcs, n, chunks, partials);
+    if ((rc = launch_check("norm partials"))) return rc;
+    int64_t half = (max_m + 31) / 32;
+    size_t smem = (size_t)(2 * half) * 4;
+    if (smem > 48 * 1024) {
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+        MT_GPU_CHECK(cudaFuncSetAttribute(mt_k_tensor_norms, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                     "shared memory size");
+#endif
+    }
+    mt_k_tensor_norms<<<n, threads, smem, MT_STREAM>>>(partials, dcs, dev_norms, half);
+    if ((rc = launch_check("tensor norms"))) return rc;
+    int64_t tchunks = mt_chunk_count(n);
+    mt_k_total<<<1, threads, (size_t)(2 * ((tchunks + 31) / 32)) * 4 + 8, MT_STREAM>>>(dev_norms, n, scratch, st,
+                                                                                      clip, max_norm);
+    return launch_check("total norm");
+}
+
+struct step_ctx {
+    mt_arena arena;
+    mt_dev_list p, g;
+    mt_status *st = nullptr;
+    float *norms = nullptr;
+};
+
+/* Stage lists and status, run the norms (clip) and the finiteness pre-pass. */
+int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_t *offsets, int32_t n,
+            int32_t clip, float max_norm) {
+    int rc;
+    if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
+        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, c->p.offsets)) ||
+        (rc = c->arena.alloc((void **)&c->st, sizeof(mt_status))) ||
+        (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(c->st, 0, sizeof(mt_status), MT_STREAM), "status reset");
+    if (clip && (rc = gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c->p.total);
+    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, c->p.offsets, n, &c->st->bad_params);
+    if (!clip) mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, c->g.offsets, n, &c->st->bad_grads);
+    return launch_check("finiteness pre-pass");
+}
+
+/* Download the status; refuse (nothing written back) or finish: norm_out, staged outputs. */
+int finish(step_ctx *c, const int32_t *offsets, int32_t clip, float *norm_out, bool grads_written) {
+    mt_status st;
+    MT_GPU_CHECK(gpuMemcpyAsync(&st, c->st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");
+    mt_gpu_count_d2h(sizeof st);
+    if (st.nonfinite_total || st.bad_grads) {
+        return st.bad_grads ? mt_fail(MT_ENONFINITE, "grads hold NaN or inf; nothing was written")
+                            : mt_fail(MT_ENONFINITE, "the total gradient norm is not finite (NaN/inf in grads, "
+                                                     "or squares overflow float32); nothing was written");
+    }
+    if (st.bad_params) return mt_fail(MT_ENONFINITE, "params hold NaN or inf; nothing was written");
+    int rc;
+    if ((rc = mt_list_to_host(&c->p, offsets))) return rc;
+    if (grads_written && st.scale && (rc = mt_list_to_host(&c->g, offsets))) return rc;
+    if (clip && norm_out) {
+        norm_out[0] = st.total;
+        norm_out[1] = st.coef;
+    }
+    return MT_OK;
+}
+
+int adam_common(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
+                const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
+                int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n, int32_t decoupled) {
+    int rc;
+    if ((rc = mt_check_registry(params, offsets, n, "params")) || (rc = mt_check_registry(grads, offsets, n, "grads")) ||
+        (rc = mt_check_ptr(exp_avg, "exp_avg")) || (rc = mt_check_ptr(exp_avg_sq, "exp_avg_sq")) ||
+        (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
+        (rc = mt_check_adam_args(lr, beta1, beta2, eps, weight_decay, clip, max_norm, step)))
+        return rc;
+    step_ctx c;
+    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm))) return rc;
+    int64_t bytes = (int64_t)offsets[n] * 4;
+    float *m = nullptr, *v = nullptr;
+    bool sm = false, sv = false;
+    if ((rc = mt_buf_to_device((void **)&m, &sm, &c.arena, exp_avg, bytes, true)) ||
+        (rc = mt_buf_to_device((void **)&v, &sv, &c.arena, exp_avg_sq, bytes, true)))
+        return rc;
+    mt_adam_scalars s = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.total);
+    if (s.coupled)
+        mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, m, v, s, c.st);
+    else
+        mt_k_adam<0><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, m, v, s, c.st);
+    if ((rc = launch_check("adam update")) || (rc = finish(&c, offsets, clip, norm_out, true))) return rc;
+    if ((sm && (rc = mt_buf_to_host(exp_avg, m, bytes))) || (sv && (rc = mt_buf_to_host(exp_avg_sq, v, bytes))))
+        return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    return MT_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int mt_adam_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
+                 const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
+                 int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n_tensors) {
+    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps, weight_decay,
+                       maximize, clip, max_norm, step, n_tensors, 0);
+}
+
+int mt_adamw_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
+                  const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n_tensors) {
+    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps, weight_decay,
+                       maximize, clip, max_norm, step, n_tensors, 1);
+}
+
+int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffer, int32_t *buf_initialized,
+                float *norm_out, const int32_t *offsets, float lr, float momentum, float dampening,
+                float weight_decay, int32_t nesterov, int32_t maximize, int32_t clip, float max_norm,
+                int32_t n_tensors) {
+    int rc;
+    int32_t n = n_tensors;
+    if ((rc = mt_check_registry(params, offsets, n, "params")) || (rc = mt_check_registry(grads, offsets, n, "grads")) ||
+        (momentum != 0.0f && (rc = mt_check_ptr(momentum_buffer, "momentum_buffer"))) ||
+        (rc = mt_check_ptr(buf_initialized, "buf_initialized")) || (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
+        (rc = mt_check_sgd_args(lr, momentum, dampening, weight_decay, nesterov, clip, max_norm)))
+        return rc;
+    step_ctx c;
+    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm))) return rc;
+    int64_t bytes = (int64_t)offsets[n] * 4;
+    float *buf = nullptr;
+    bool sb = false;
+    int32_t *init = nullptr;
+    bool has_buf = momentum != 0.0f;
+    if (has_buf && ((rc = mt_buf_to_device((void **)&buf, &sb, &c.arena, momentum_buffer, bytes, true)) ||
+                    (rc = c.arena.upload((void **)&init, buf_initialized, (int64_t)n * 4))))
+        return rc;
+    mt_sgd_scalars s = mt_sgd_scalars_for(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.total);
+#define MT_SGD_LAUNCH(C, B) \
+    mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, buf, init, s, c.st)
+    if (s.coupled && has_buf) MT_SGD_LAUNCH(1, 1);
+    else if (s.coupled) MT_SGD_LAUNCH(1, 0);
+    else if (has_buf) MT_SGD_LAUNCH(0, 1);
+    else MT_SGD_LAUNCH(0, 0);
+#undef MT_SGD_LAUNCH
+    if ((rc = launch_check("sgd update")) || (rc = finish(&c, offsets, clip, norm_out, true))) return rc;
+    if (sb && (rc = mt_buf_to_host(momentum_buffer, buf, bytes))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    if (has_buf)
+        for (int32_t j = 0; j < n; ++j) buf_initialized[j] = 1;
+    return MT_OK;
+}
+
+int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
+                      int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) || (rc = mt_check_ptr(norm_out, "norm_out")) ||
+        (rc = mt_check_nonneg(max_norm, "max_norm")) || (rc = mt_gpu_ready()))
+        return rc;
+    step_ctx c;
+    if ((rc = mt_list_to_device(&c.g, &c.arena, grads, offsets, n_tensors, true, nullptr)) ||
+        (rc = c.arena.alloc((void **)&c.st, sizeof(mt_status))) ||
+        (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(c.st, 0, sizeof(mt_status), MT_STREAM), "status reset");
+    if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 1, max_norm))) return rc;
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.g.total);
+    mt_k_scale<<<blocks, threads, 0, MT_STREAM>>>(c.g.table, c.g.offsets, n_tensors, c.st);
+    if ((rc = launch_check("clip scale"))) return rc;
+    c.p.n = 0;   /* no params in a clip */
+    if ((rc = finish(&c, offsets, 1, norm_out, true))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    return MT_OK;
+}
+
+int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+                  int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (rc = mt_check_ptr(tensor_norms, "tensor_norms")) || (rc = mt_check_ptr(total_norm, "total_norm")) ||
+        (rc = mt_gpu_ready()))
+        return rc;
+    step_ctx c;
+    if ((rc = mt_list_to_device(&c.g, &c.arena, grads, offsets, n_tensors, true, nullptr)) ||
+        (rc = c.arena.alloc((void **)&c.st, sizeof(mt_status))) ||
+        (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(c.st, 0, sizeof(mt_status), MT_STREAM), "status reset");
+    if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 0, 0.0f))) return rc;
+    std::vector<float> host(n_tensors);
+    mt_status st;
+    MT_GPU_CHECK(gpuMemcpyAsync(host.data(), c.norms, (size_t)n_tensors * 4, gpuMemcpyDefault, MT_STREAM), "download");
+    MT_GPU_CHECK(gpuMemcpyAsync(&st, c.st, sizeof st, gpuMemcpyDefault, MT_STREAM), "download");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "norms");
+    mt_gpu_count_d2h((int64_t)n_tensors * 4 + (int64_t)sizeof st);
+    for (int32_t j = 0; j < n_tensors; ++j) tensor_norms[j] = host[j];
+    *total_norm = st.total;
+    return MT_OK;
+}
+
+int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(tensors, offsets, n_tensors, "tensors")) || (rc = mt_gpu_ready())) return rc;
+    mt_arena arena;
+    mt_dev_list t;
+    if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr))) return rc;
+    int threads = mt_gpu_threads(), blocks = elem_blocks(t.total);
+    mt_k_zero<<<blocks, threads, 0, MT_STREAM>>>(t.table, t.offsets, n_tensors);
+    if ((rc = launch_check("fill zero")) || (rc = mt_list_to_host(&t, offsets))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "fill zero");
+    return MT_OK;
+}
+
+int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, float low, float high, int64_t n) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(low, "low")) ||
+        (rc = mt_check_finite_scalar(high, "high")))
+        return rc;
+    if (!(low < high)) return mt_fail(MT_EINVAL, "low must be < high (got %g, %g)", (double)low, (double)high);
+    float width = high - low;
+    if (!mt_is_finite(width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if (n == 0) return MT_OK;
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_arena arena;
+    float *dev = nullptr;
+    bool staged = false;
+    if ((rc = mt_buf_to_device((void **)&dev, &staged, &arena, out, n * 4, false))) return rc;
+    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, threads);
+    mt_gpu_record_launch(threads, blocks);
+    mt_k_uniform<<<blocks, threads, 0, MT_STREAM>>>(dev, n, seed, stream, offset, low, width);
+    if ((rc = launch_check("uniform fill")) || (staged && (rc = mt_buf_to_host(out, dev, n * 4)))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "uniform fill");
+    return MT_OK;
+}
+
+}  /* extern "C" */

@@ -1,0 +1,227 @@
+/* mt_gpu_runtime.cu -- see mt_gpu_runtime.h; also the device-memory half of the C ABI. */
+#include <atomic>
+#include <string.h>
+#include "mt_gpu_runtime.h"
+
+static std::atomic<int64_t> g_h2d{0}, g_d2h{0};
+static std::atomic<int> g_threads{256}, g_max_blocks{0}, g_last_threads{0}, g_last_blocks{0};
+static int g_sms = 0;
+
+int mt_gpu_error(gpuError_t err, const char *what) {
+    return mt_fail(MT_EDEVICE, "%s failed: %s", what, gpuGetErrorString(err));
+}
+
+uint64_t mt_vendor_features(void) {
+    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS;
+}
+
+int mt_gpu_ready(void) {
+    int n = 0;
+    gpuError_t err = gpuGetDeviceCount(&n);
+    if (err != gpuSuccess)
+        return mt_fail(MT_EDEVICE, "no usable %s device: %s (is the driver installed and a GPU visible?)",
+                       MT_GPU_VENDOR, gpuGetErrorString(err));
+    if (n < 1) return mt_fail(MT_EDEVICE, "no %s device is visible", MT_GPU_VENDOR);
+    if (!g_sms) {
+        int sms = 0;
+#if defined(MT_HIP) || defined(__HIPCC__)
+        hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, 0);
+#else
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+#endif
+        g_sms = sms > 0 ? sms : 1;
+    }
+    return MT_OK;
+}
+
+bool mt_gpu_is_device(const void *p) {
+    gpuPointerAttributes attr;
+    if (gpuPointerGetAttributes(&attr, p) != gpuSuccess) {
+        gpuGetLastError();   /* an unregistered host pointer: clear the sticky-free error */
+        return false;
+    }
+    return MT_PTR_TYPE(attr) == gpuMemoryTypeDevice || MT_PTR_TYPE(attr) == gpuMemoryTypeManaged;
+}
+
+void mt_gpu_count_h2d(int64_t bytes) { g_h2d += bytes; }
+void mt_gpu_count_d2h(int64_t bytes) { g_d2h += bytes; }
+
+int mt_gpu_threads(void) { return g_threads.load(); }
+
+int mt_gpu_blocks(int64_t work_items, int64_t items_per_block) {
+    int64_t need = (work_items + items_per_block - 1) / items_per_block;
+    int64_t cap = g_max_blocks.load() > 0 ? g_max_blocks.load() : (int64_t)g_sms * 16;
+    if (need < 1) need = 1;
+    return (int)(need < cap ? need : cap);
+}
+
+void mt_gpu_record_launch(int threads, int blocks) {
+    g_last_threads = threads;
+    g_last_blocks = blocks;
+}
+
+mt_arena::~mt_arena() {
+    for (void *p : owned) gpuFreeAsync(p, MT_STREAM);
+}
+
+int mt_arena::alloc(void **out, int64_t bytes) {
+    void *p = nullptr;
+    MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)(bytes > 0 ? bytes : 4), MT_STREAM), "device allocation");
+    owned.push_back(p);
+    *out = p;
+    return MT_OK;
+}
+
+int mt_arena::upload(void **out, const void *host, int64_t bytes) {
+    int rc = alloc(out, bytes);
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuMemcpyAsync(*out, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+    mt_gpu_count_h2d(bytes);
+    return MT_OK;
+}
+
+int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
+                      int32_t n, bool upload, const int32_t *dev_offsets) {
+    out->n = n;
+    out->total = offsets[n];
+    out->host_ptr.assign(table, table + n);
+    out->dev_ptr.assign(n, nullptr);
+    out->staged.assign(n, 0);
+    int64_t host_floats = 0;
+    for (int32_t j = 0; j < n; ++j) {
+        out->staged[j] = !mt_gpu_is_device(table[j]);
+        if (out->staged[j]) host_floats += offsets[j + 1] - offsets[j];
+    }
+    float *region = nullptr;
+    int rc;
+    if (host_floats && (rc = arena->alloc((void **)&region, host_floats * 4))) return rc;
+    for (int32_t j = 0; j < n; ++j) {
+        if (!out->staged[j]) { out->dev_ptr[j] = table[j]; continue; }
+        int64_t len = offsets[j + 1] - offsets[j];
+        out->dev_ptr[j] = region;
+        if (upload) {
+            MT_GPU_CHECK(gpuMemcpyAsync(region, table[j], (size_t)len * 4, gpuMemcpyDefault, MT_STREAM), "upload");
+            mt_gpu_count_h2d(len * 4);
+        }
+        region += len;
+    }
+    if ((rc = arena->upload((void **)&out->table, out->dev_ptr.data(), (int64_t)n * (int64_t)sizeof(float *))))
+        return rc;
+    if (dev_offsets) { out->offsets = dev_offsets; return MT_OK; }
+    return arena->upload((void **)&out->offsets, offsets, (int64_t)(n + 1) * 4);
+}
+
+int mt_list_to_host(const mt_dev_list *list, const int32_t *offsets) {
+    for (int32_t j = 0; j < list->n; ++j) {
+        if (!list->staged[j]) continue;
+        int64_t bytes = (int64_t)(offsets[j + 1] - offsets[j]) * 4;
+        MT_GPU_CHECK(gpuMemcpyAsync(list->host_ptr[j], list->dev_ptr[j], (size_t)bytes, gpuMemcpyDefault, MT_STREAM),
+                     "download");
+        mt_gpu_count_d2h(bytes);
+    }
+    return MT_OK;
+}
+
+int mt_buf_to_device(void **out, bool *staged, mt_arena *arena, void *ptr, int64_t bytes, bool upload) {
+    *staged = !mt_gpu_is_device(ptr);
+    if (!*staged) { *out = ptr; return MT_OK; }
+    return upload ? arena->upload(out, ptr, bytes) : arena->alloc(out, bytes);
+}
+
+int mt_buf_to_host(void *host, const void *dev, int64_t bytes) {
+    MT_GPU_CHECK(gpuMemcpyAsync(host, dev, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "download");
+    mt_gpu_count_d2h(bytes);
+    return MT_OK;
+}
+
+/* ---- the device half of the ABI ---- */
+extern "C" {
+
+int mt_device_count(int32_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    int n = 0;
+    gpuError_t err = gpuGetDeviceCount(&n);
+    *out = err == gpuSuccess ? n : 0;
+    if (err != gpuSuccess)
+        return mt_fail(MT_EDEVICE, "no usable %s device: %s (is the driver installed and a GPU visible?)",
+                       MT_GPU_VENDOR, gpuGetErrorString(err));
+    return MT_OK;
+}
+
+int mt_device_alloc(void **out, int64_t nbytes) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready())) return rc;
+    if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
+    void *p = nullptr;
+    MT_GPU_CHECK(gpuMalloc(&p, (size_t)nbytes), "device allocation");
+    *out = p;
+    return MT_OK;
+}
+
+int mt_device_free(void *ptr) {
+    if (!ptr) return MT_OK;
+    MT_GPU_CHECK(gpuFree(ptr), "device free");
+    return MT_OK;
+}
+
+int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
+    int rc;
+    if (nbytes < 0) return mt_fail(MT_EINVAL, "nbytes must be >= 0, got %lld", (long long)nbytes);
+    if (nbytes == 0) return MT_OK;
+    if ((rc = mt_check_ptr(dst, "dst")) || (rc = mt_check_ptr(src, "src")) || (rc = mt_gpu_ready())) return rc;
+    bool d = mt_gpu_is_device(dst), s = mt_gpu_is_device(src);
+    if (!d && !s) { memmove(dst, src, (size_t)nbytes); return MT_OK; }
+    MT_GPU_CHECK(gpuMemcpyAsync(dst, src, (size_t)nbytes, gpuMemcpyDefault, MT_STREAM), "copy");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "copy");
+    if (d && !s) mt_gpu_count_h2d(nbytes);
+    if (s && !d) mt_gpu_count_d2h(nbytes);
+    return MT_OK;
+}
+
+int mt_synchronize(void) {
+    int rc = mt_gpu_ready();
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
+    return MT_OK;
+}
+
+int mt_is_device_pointer(int32_t *out, const void *ptr) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready())) return rc;
+    *out = ptr ? (int32_t)mt_gpu_is_device(ptr) : 0;
+    return MT_OK;
+}
+
+int mt_transfer_bytes(int64_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    out[0] = g_h2d.load();
+    out[1] = g_d2h.load();
+    return MT_OK;
+}
+
+int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks) {
+    if (threads_per_block < 32 || threads_per_block > 1024 || threads_per_block % 32)
+        return mt_fail(MT_EINVAL, "threads_per_block must be a multiple of 32 in 32..1024, got %d", (int)threads_per_block);
+    if (max_blocks < 0) return mt_fail(MT_EINVAL, "max_blocks must be >= 0 (0: automatic), got %d", (int)max_blocks);
+    g_threads = threads_per_block;
+    g_max_blocks = max_blocks;
+    return MT_OK;
+}
+
+int mt_launch_geometry(int32_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    out[0] = g_last_threads.load();
+    out[1] = g_last_blocks.load();
+    return MT_OK;
+}
+
+int mt_num_threads(void) { return g_threads.load(); }
+
+int mt_set_num_threads(int32_t n_threads) {
+    return mt_set_launch_geometry(n_threads, g_max_blocks.load());
+}
+
+}  /* extern "C" */

@@ -1,0 +1,64 @@
+/* mt_gpu_runtime.h -- host glue shared by the GPU ops: pointer classification, staging of
+ * host buffers through device memory (counted), the per-call device arena, launch geometry.
+ * Every call runs on the calling thread's default stream and synchronizes before returning.
+ */
+#ifndef MT_GPU_RUNTIME_H
+#define MT_GPU_RUNTIME_H
+
+#include <stdint.h>
+#include <vector>
+#include "mt_gpu.h"
+#include "mt_host.h"
+
+#define MT_STREAM gpuStreamPerThread
+
+/* What the device reports back after a step: refusals, norms, coefficient. */
+struct mt_status {
+    int32_t bad_params, bad_grads, nonfinite_total, scale;
+    float total, coef;
+};
+
+int mt_gpu_error(gpuError_t err, const char *what);
+#define MT_GPU_CHECK(call, what)                                  \
+    do {                                                          \
+        gpuError_t mt_err_ = (call);                              \
+        if (mt_err_ != gpuSuccess) return mt_gpu_error(mt_err_, what); \
+    } while (0)
+
+int mt_gpu_ready(void);            /* MT_OK once a device is usable, else a clear refusal */
+bool mt_gpu_is_device(const void *p);
+void mt_gpu_count_h2d(int64_t bytes);
+void mt_gpu_count_d2h(int64_t bytes);
+int mt_gpu_blocks(int64_t work_items, int64_t items_per_block);
+int mt_gpu_threads(void);
+void mt_gpu_record_launch(int threads, int blocks);
+
+/* Device memory freed when the arena dies (stream-ordered). */
+struct mt_arena {
+    std::vector<void *> owned;
+    ~mt_arena();
+    int alloc(void **out, int64_t bytes);
+    int upload(void **out, const void *host, int64_t bytes);   /* alloc + counted H2D */
+};
+
+/* A tensor list as the device sees it: a device copy of the pointer table (host tensors
+ * staged into one device region) and of the offsets. */
+struct mt_dev_list {
+    float **table = nullptr;          /* device array of J device pointers */
+    const int32_t *offsets = nullptr; /* device copy */
+    std::vector<float *> host_ptr;    /* the caller's pointers */
+    std::vector<float *> dev_ptr;     /* device pointer of each tensor */
+    std::vector<char> staged;         /* tensor j was a host buffer */
+    int32_t n = 0;
+    int64_t total = 0;
+};
+
+int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
+                      int32_t n, bool upload, const int32_t *dev_offsets);
+int mt_list_to_host(const mt_dev_list *list, const int32_t *offsets);
+
+/* One flat buffer: the device pointer for ptr (staged when ptr is a host pointer). */
+int mt_buf_to_device(void **out, bool *staged, mt_arena *arena, void *ptr, int64_t bytes, bool upload);
+int mt_buf_to_host(void *host, const void *dev, int64_t bytes);
+
+#endif
