@@ -64,6 +64,9 @@ $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS)
 	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/sabotage-$*/obj/mt_host.o
 	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(BUILD)/sabotage-$*/obj/mt_host.o
 
+check-cuda:
+	$(PYTHON) bench/check_cuda.py
+
 test: all
 	$(PYTHON) -m pytest -q tests
 
@@ -75,4 +78,4 @@ demo: selfcheck
 clean:
 	rm -rf $(BUILD)
 
-.PHONY: all test selfcheck demo clean cuda
+.PHONY: all test selfcheck demo clean cuda check-cuda

@@ -8,9 +8,11 @@ the arithmetic each op is pinned to.
 """
 from ._array import Array
 from ._native import BackendError, backend_info
+from .device import DeviceArray, to_device, transfer_bytes
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
 
 __version__ = "0.1.0"
 
-__all__ = ["Array", "BackendError", "backend_info", "SGD", "Adam", "AdamW", "clip_grad_norm_",
+__all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes",
+           "SGD", "Adam", "AdamW", "clip_grad_norm_",
            "__version__"]

@@ -1,7 +1,9 @@
 """``python -m mojo_train <command>``: the cross-vendor self-check and backend information.
 
-    selfcheck [--write]  check every fixtures/*.card on every loadable vendor's identical tier
-                         (exit 1 on any mismatch); --write first appends the cases defined in
+    selfcheck [--write] [--card NAME]
+                         check every fixtures/*.card (or one) on every loadable vendor's
+                         identical tier -- only MOJO_TRAIN_VENDOR's when it names one -- and
+                         exit 1 on any mismatch; --write first appends the cases defined in
                          code but missing from the cards, computed on the CPU oracle
     info                 print backend_info() for the default vendor and numeric mode
     demo                 reserved (not implemented yet)
@@ -24,7 +26,8 @@ def _why(exc):
 
 def _loadable_vendors():
     vendors = []
-    for vendor in _native.VENDORS:
+    asked = _native.default_vendor()
+    for vendor in (_native.VENDORS if asked == "auto" else (asked,)):
         try:
             _native.load("identical", vendor)
         except _native.BackendError as exc:
@@ -43,8 +46,10 @@ def _write(paths):
     return _cards.card_paths()
 
 
-def selfcheck(write=False):
+def selfcheck(write=False, card=None):
     paths = _write(_cards.card_paths()) if write else _cards.card_paths()
+    if card is not None:
+        paths = [p for p in paths if _cards.card_name(p) == card]
     if not paths:
         print("no cards found (looked in %s)" % ", ".join(_cards.fixtures_dirs()))
         return 1
@@ -84,12 +89,13 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("selfcheck", help="check every card on every loadable identical vendor")
     check.add_argument("--write", action="store_true", help="first append missing cases (cpu oracle)")
+    check.add_argument("--card", help="check this card only (e.g. optim)")
     sub.add_parser("info", help="print backend_info()")
     sub.add_parser("demo", help="not implemented yet")
     args = parser.parse_args(argv)
     try:
         if args.command == "selfcheck":
-            return selfcheck(args.write)
+            return selfcheck(args.write, args.card)
         return {"info": info, "demo": demo}[args.command]()
     except NotImplementedError as exc:
         print("NotImplementedError: %s" % exc, file=sys.stderr)

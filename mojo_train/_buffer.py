@@ -63,7 +63,7 @@ class Probe:
     """What mojo_train knows about one buffer; keeps it alive while it lives."""
 
     __slots__ = ("obj", "view", "format", "dtype", "itemsize", "shape",
-                 "nelems", "nbytes", "readonly", "c_contiguous", "_address")
+                 "nelems", "nbytes", "readonly", "c_contiguous", "_address", "device")
 
     def __init__(self, obj, view, format, dtype, itemsize, shape, nelems,
                  nbytes, readonly, c_contiguous, address=None):
@@ -79,6 +79,7 @@ class Probe:
         self.readonly = readonly
         self.c_contiguous = c_contiguous
         self._address = address
+        self.device = False
 
     @property
     def address(self):
@@ -118,6 +119,9 @@ def probe(x, name, where):
         try:
             view = memoryview(x)
         except TypeError:
+            dev = _foreign_probe(x, name, where)
+            if dev is not None:
+                return dev
             raise TypeError(where_msg(where, "%s must be %s, got %s"
                                       % (name, _BUFFER_KINDS,
                                          type(x).__name__))) from None
@@ -130,6 +134,59 @@ def probe(x, name, where):
         nelems *= d
     return Probe(x, view, fmt, dtype, view.itemsize, shape, nelems,
                  view.nbytes, bool(view.readonly), bool(view.c_contiguous))
+
+
+_TYPESTRS = {"f4": "float32", "f8": "float64", "f2": "float16", "i1": "int8", "i2": "int16",
+             "i4": "int32", "i8": "int64", "u1": "uint8", "u2": "uint16", "u4": "uint32",
+             "u8": "uint64", "b1": "bool"}
+_FORMAT_OF = {"float32": "f", "float64": "d", "float16": "e", "int8": "b", "int16": "h",
+              "int32": "i", "int64": "q", "uint8": "B", "uint16": "H", "uint32": "I",
+              "uint64": "Q", "bool": "?"}
+
+
+def _c_contiguous(shape, strides, itemsize):
+    if strides is None:
+        return True
+    expect = itemsize
+    for d, s in zip(reversed(shape), reversed(strides)):
+        if d != 1 and s != expect:
+            return False
+        expect *= d
+    return True
+
+
+def _described(x, view, ptr, shape, dtype, itemsize, strides, readonly, device):
+    nelems = 1
+    for d in shape:
+        nelems *= d
+    p = Probe(x, view, _FORMAT_OF.get(dtype, dtype), dtype, itemsize, tuple(shape), nelems,
+              nelems * itemsize, bool(readonly), _c_contiguous(shape, strides, itemsize), ptr)
+    p.device = device
+    return p
+
+
+def _foreign_probe(x, name, where):
+    """A Probe for an object without the buffer protocol that exports device memory through
+    ``__cuda_array_interface__`` (torch CUDA tensors, CuPy, DeviceArray) or DLPack; None
+    when it exports neither."""
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        ts = cai["typestr"]
+        dtype = _TYPESTRS.get(ts[1:], ts) if ts[:1] in "<|=" else ts + " (big-endian)"
+        itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
+        ptr, readonly = cai["data"]
+        return _described(x, None, int(ptr or 0), cai["shape"], dtype, itemsize,
+                          cai.get("strides"), readonly, True)
+    if callable(getattr(x, "__dlpack__", None)):
+        from . import _dlpack
+        imp = _dlpack.from_object(x)
+        itemsize = _dlpack.itemsize(imp.dtype)
+        strides = None if imp.c_contiguous else ()
+        p = _described(x, imp, imp.address, imp.shape, imp.dtype, itemsize, None, False,
+                       imp.device_type != _dlpack.DL_CPU)
+        p.c_contiguous = imp.c_contiguous
+        return p
+    return None
 
 
 def _check_layout(p, name, where, allow_empty):
@@ -171,7 +228,7 @@ def int_tensor(x, name, where):
 
 
 def _is_buffer(x):
-    if isinstance(x, Array):
+    if isinstance(x, Array) or getattr(x, "__cuda_array_interface__", None) is not None:
         return True
     try:
         memoryview(x).release()
@@ -313,6 +370,11 @@ def float32_table(tensors, shapes, table, *, inplace):
         return None
     keep = []
     for j, t in enumerate(tensors):
+        if type(t) is _device_array_type():
+            if t.dtype != "float32" or t.shape != shapes[j]:
+                return None
+            keep.append(_ffi.cast("float *", t.ptr))
+            continue
         try:
             view = t.memview() if type(t) is Array else memoryview(t)
         except (TypeError, ValueError):
@@ -324,3 +386,13 @@ def float32_table(tensors, shapes, table, *, inplace):
     for j, handle in enumerate(keep):
         table[j] = handle
     return keep
+
+
+_DEVICE_ARRAY = []
+
+
+def _device_array_type():
+    if not _DEVICE_ARRAY:
+        from .device import DeviceArray
+        _DEVICE_ARRAY.append(DeviceArray)
+    return _DEVICE_ARRAY[0]

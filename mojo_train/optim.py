@@ -13,6 +13,7 @@ import numbers
 from . import _buffer
 from ._array import Array
 from ._native import ffi, load
+from .device import DeviceArray
 
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
 
@@ -83,8 +84,8 @@ class _Registry:
 
 
 def _ptr(array, ctype="float *"):
-    """A cffi pointer to a mojo_train.Array's data (cached on the array's address)."""
-    return ffi.cast(ctype, array.address)
+    """A cffi pointer to the data of a mojo_train.Array or DeviceArray."""
+    return ffi.cast(ctype, array.ptr if type(array) is DeviceArray else array.address)
 
 
 def _native_max_norm(max_norm, where):
@@ -98,8 +99,10 @@ class _Optimizer:
 
     _WHERE = "Optimizer"
 
-    def __init__(self, params, lr, numeric_mode, lr_schedule):
+    def __init__(self, params, lr, numeric_mode, lr_schedule, resident):
         where = self._WHERE
+        if resident not in (None, True, False):
+            raise TypeError("mojo_train.%s: resident must be None, True or False, got %r" % (where, resident))
         if lr_schedule is not None and not callable(getattr(lr_schedule, "lr_at", None)):
             raise TypeError("mojo_train.%s: lr_schedule must have an lr_at(step) method, got %r"
                             % (where, lr_schedule))
@@ -118,6 +121,9 @@ class _Optimizer:
         self.packed_ = False   # tensors are addressed in place: nothing is ever packed
         self._norm_out = Array((2,), "float32")
         self._norm_ptr = _ptr(self._norm_out)
+        # On a GPU vendor the moments live in device memory between steps unless resident=False.
+        self.resident = self._backend.vendor != "cpu" and resident is not False
+        self._state, self._sptr = {}, {}
 
     @property
     def n_total(self):
@@ -159,12 +165,51 @@ class _Optimizer:
     # -- state ---------------------------------------------------------------------------
     _STATE = ()
 
+    def _init_state(self):
+        for name in self._STATE:
+            dtype, size, nullable = self._state_layout(name)
+            if nullable:
+                self._put_state(name, None)
+            elif self.resident and name != "buf_initialized":
+                self._put_state(name, DeviceArray((size,), dtype, numeric_mode=self.numeric_mode))
+            else:
+                self._put_state(name, Array((size,), dtype))
+
+    def _put_state(self, name, value):
+        """Keep `value` (an Array, a DeviceArray or None) as state `name`; a host Array is
+        uploaded into the device copy when the state is resident."""
+        if value is not None and self.resident and name != "buf_initialized" and type(value) is Array:
+            dev = self._state.get(name)
+            if dev is None:
+                dev = DeviceArray(value.shape, value.dtype, numeric_mode=self.numeric_mode)
+            value = dev.copy_from(value)
+        self._state[name] = value
+        self._sptr[name] = ffi.NULL if value is None else _ptr(value, "int32_t *" if name == "buf_initialized" else "float *")
+
+    def _get_state(self, name):
+        value = self._state.get(name)
+        return value.to_host() if type(value) is DeviceArray else value
+
+    def _set_state(self, name, value):
+        self._put_state(name, self._state_copy(value, name, self._WHERE + "." + name))
+
+    exp_avg = property(lambda self: self._get_state("exp_avg"),
+                       lambda self, v: self._set_state("exp_avg", v),
+                       doc="First moment (SGD: momentum buffer), flat float32 over all params. "
+                           "When resident on a device, reading gives a host copy and assigning uploads.")
+    exp_avg_sq = property(lambda self: self._get_state("exp_avg_sq"),
+                          lambda self, v: self._set_state("exp_avg_sq", v),
+                          doc="Second moment, flat float32 over all params (see exp_avg).")
+    buf_initialized = property(lambda self: self._get_state("buf_initialized"),
+                               lambda self, v: self._set_state("buf_initialized", v),
+                               doc="SGD: one int32 flag per tensor, 1 once its momentum buffer exists.")
+
     def state_dict(self):
         """``t`` and copies of the state arrays; enough to resume bit-identically."""
         state = {"t": self.t, "kind": self._WHERE, "n_total": self.n_total}
         for name in self._STATE:
-            value = getattr(self, name)
-            state[name] = None if value is None else value.copy()
+            value = self._state.get(name)
+            state[name] = None if value is None else (value.to_host() if type(value) is DeviceArray else value.copy())
         return state
 
     def load_state_dict(self, state):
@@ -183,7 +228,7 @@ class _Optimizer:
             raise ValueError("mojo_train.%s: t must be an int >= 0, got %r" % (where, t))
         new = {name: self._state_copy(state[name], name, where) for name in self._STATE}
         for name, value in new.items():
-            setattr(self, name, value)
+            self._put_state(name, value)
         self.t = int(t)
 
     def _state_copy(self, value, name, where):
@@ -225,7 +270,7 @@ class Adam(_Optimizer):
     _STATE = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, **kwargs):
         _refuse_kwargs(kwargs, self._WHERE)
         try:
             b1, b2 = betas
@@ -236,9 +281,8 @@ class Adam(_Optimizer):
         self.eps = _real(eps, "eps", self._WHERE)
         self.weight_decay = _real(weight_decay, "weight_decay", self._WHERE)
         self.maximize = _flag(maximize, "maximize", self._WHERE)
-        super().__init__(params, lr, numeric_mode, lr_schedule)
-        self.exp_avg = Array((self.n_total,), "float32")
-        self.exp_avg_sq = Array((self.n_total,), "float32")
+        super().__init__(params, lr, numeric_mode, lr_schedule, resident)
+        self._init_state()
 
     def step(self, grads, max_norm=None):
         """One update from ``grads`` (one float32 tensor per parameter, same shapes).
@@ -252,7 +296,7 @@ class Adam(_Optimizer):
         lr = self._lr_for_next_step()
         fn = self._backend.lib.mt_adamw_step if self._DECOUPLED else self._backend.lib.mt_adam_step
         p = self._params
-        rc = fn(p.table, gtable, _ptr(self.exp_avg), _ptr(self.exp_avg_sq), self._norm_ptr,
+        rc = fn(p.table, gtable, self._sptr["exp_avg"], self._sptr["exp_avg_sq"], self._norm_ptr,
                 p.c_offsets, lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
                 int(self.maximize), clip, mn, self.t + 1, p.n)
         self._backend.check(rc, where)
@@ -268,9 +312,10 @@ class AdamW(Adam):
     _DECOUPLED = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, **kwargs):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         maximize=maximize, lr_schedule=lr_schedule, numeric_mode=numeric_mode, **kwargs)
+                         maximize=maximize, lr_schedule=lr_schedule, numeric_mode=numeric_mode,
+                         resident=resident, **kwargs)
 
 
 class SGD(_Optimizer):
@@ -286,7 +331,8 @@ class SGD(_Optimizer):
     _STATE = ("exp_avg", "buf_initialized")
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, maximize=False, lr_schedule=None, numeric_mode=None, **kwargs):
+                 nesterov=False, maximize=False, lr_schedule=None, numeric_mode=None, resident=None,
+                 **kwargs):
         _refuse_kwargs(kwargs, self._WHERE)
         self.momentum = _real(momentum, "momentum", self._WHERE)
         self.dampening = _real(dampening, "dampening", self._WHERE, low=None)
@@ -296,9 +342,8 @@ class SGD(_Optimizer):
         if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
             raise ValueError("mojo_train.SGD: nesterov=True needs momentum > 0 and dampening == 0, "
                              "got momentum=%r, dampening=%r" % (momentum, dampening))
-        super().__init__(params, lr, numeric_mode, lr_schedule)
-        self.exp_avg = Array((self.n_total,), "float32") if self.momentum != 0.0 else None
-        self.buf_initialized = Array((self._params.n,), "int32")
+        super().__init__(params, lr, numeric_mode, lr_schedule, resident)
+        self._init_state()
 
     def _state_layout(self, name):
         dtype, size, _ = super()._state_layout(name)
@@ -310,10 +355,9 @@ class SGD(_Optimizer):
         clip, mn = _native_max_norm(max_norm, where)
         gtable, keep = self._grads(grads, clip == 1, where)
         lr = self._lr_for_next_step()
-        buf = _ptr(self.exp_avg) if self.exp_avg is not None else ffi.NULL
         p = self._params
         rc = self._backend.lib.mt_sgd_step(
-            p.table, gtable, buf, _ptr(self.buf_initialized, "int32_t *"),
+            p.table, gtable, self._sptr["exp_avg"], self._sptr["buf_initialized"],
             self._norm_ptr, p.c_offsets, lr, self.momentum,
             self.dampening, self.weight_decay, int(self.nesterov), int(self.maximize), clip, mn, p.n)
         self._backend.check(rc, where)

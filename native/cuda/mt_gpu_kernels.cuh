@@ -12,39 +12,46 @@
 #include "mt_gpu_runtime.h"
 #include "mt_pinned.h"
 
-#define MT_UNROLL 8
+#define MT_UNROLL 4
 
-__device__ __forceinline__ int32_t mt_dev_tensor_of(const int32_t *offs, int32_t n, int64_t k) {
+/* Tiles: tensor j owns tiles tstart[j] .. tstart[j+1]-1 of MT_TILE_OF(blockDim) elements,
+ * counted from the tensor's own first element, so a tile never straddles two tensors and a
+ * 16-byte-aligned tensor gives 16-byte-aligned tiles (float4 loads). */
+#define MT_VEC 4
+#define MT_TILE_OF(threads) ((int64_t)(threads) * MT_VEC * MT_UNROLL)
+
+struct mt_tile {
+    int32_t j;
+    int64_t local, flat, len;
+};
+
+__device__ __forceinline__ mt_tile mt_tile_at(const int32_t *offs, const int64_t *tstart, int32_t n, int64_t t) {
     int32_t lo = 0, hi = n - 1;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo + 1) / 2;
-        if (offs[mid] <= k) lo = mid; else hi = mid - 1;
+        if (tstart[mid] <= t) lo = mid; else hi = mid - 1;
     }
-    return lo;
+    mt_tile r;
+    r.j = lo;
+    r.local = (t - tstart[lo]) * MT_TILE_OF(blockDim.x);
+    r.flat = offs[lo] + r.local;
+    int64_t left = (int64_t)(offs[lo + 1] - offs[lo]) - r.local;
+    r.len = left < MT_TILE_OF(blockDim.x) ? left : MT_TILE_OF(blockDim.x);
+    return r;
 }
 
-/* fn(j, k, local) for every flat element k of the registry, tile by tile. */
-template <typename F>
-__device__ __forceinline__ void mt_for_elements(const int32_t *offs, int32_t n, F fn) {
-    const int64_t total = offs[n];
-    const int64_t tile = (int64_t)blockDim.x * MT_UNROLL;
-    for (int64_t base = (int64_t)blockIdx.x * tile; base < total; base += (int64_t)gridDim.x * tile) {
-        int32_t j = mt_dev_tensor_of(offs, n, base);
-#pragma unroll
-        for (int u = 0; u < MT_UNROLL; ++u) {
-            int64_t k = base + (int64_t)u * blockDim.x + threadIdx.x;
-            if (k >= total) break;
-            while (k >= offs[j + 1]) ++j;
-            fn(j, k, k - offs[j]);
-        }
-    }
-}
+__device__ __forceinline__ bool mt_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-__global__ void mt_k_nonfinite(float *const *tab, const int32_t *offs, int32_t n, int32_t *flag) {
-    bool bad = false;
-    mt_for_elements(offs, n, [&](int32_t j, int64_t k, int64_t i) { bad |= !mt_is_finite(tab[j][i]); });
-    if (bad) *flag = 1;   /* every writer stores the same value: no atomic needed */
-}
+/* Run the body for every tile of the registry (grid-stride over tiles). */
+#define MT_FOR_TILES(offs, tstart, n, tl, ...)                                                  \
+    for (int64_t mt_t_ = blockIdx.x, mt_T_ = (tstart)[n]; mt_t_ < mt_T_; mt_t_ += gridDim.x) { \
+        mt_tile tl = mt_tile_at((offs), (tstart), (n), mt_t_);                                 \
+        __VA_ARGS__                                                                             \
+    }
+
+/* Vector layout of a whole tile: thread x handles float4 number u * blockDim + x. */
+#define MT_VEC_INDEX(u) (((int64_t)(u) * blockDim.x + threadIdx.x) * MT_VEC)
+#define MT_WHOLE(tl) ((tl).len == MT_TILE_OF(blockDim.x))
 
 /* One warp per chunk: partials[c] = the chunk's sum of squares (clip.md). */
 __global__ void mt_k_chunk_sumsq(float *const *tab, const int32_t *offs, const int64_t *cstart, int32_t n,
@@ -122,41 +129,117 @@ __device__ __forceinline__ bool mt_refused(const mt_status *st) {
     return st->bad_params | st->bad_grads | st->nonfinite_total;
 }
 
+__device__ __forceinline__ bool mt_bad4(float4 q) {
+    return !(mt_is_finite(q.x) & mt_is_finite(q.y) & mt_is_finite(q.z) & mt_is_finite(q.w));
+}
+
+/* Finiteness of params (flag_p) and, when gtab is given, grads (flag_g), in one pass. */
+__global__ void mt_k_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                               int32_t n, int32_t *flag_p, int32_t *flag_g) {
+    bool bp = false, bg = false;
+    MT_FOR_TILES(offs, tstart, n, tl, {
+        const float *p = ptab[tl.j] + tl.local;
+        const float *g = gtab ? gtab[tl.j] + tl.local : p;
+        if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g)) {
+            float4 qp[MT_UNROLL], qg[MT_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u) {
+                qp[u] = *(const float4 *)(p + MT_VEC_INDEX(u));
+                qg[u] = gtab ? *(const float4 *)(g + MT_VEC_INDEX(u)) : qp[u];
+            }
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u) { bp |= mt_bad4(qp[u]); bg |= mt_bad4(qg[u]); }
+        } else {
+            for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
+                bp |= !mt_is_finite(p[e]);
+                bg |= !mt_is_finite(g[e]);
+            }
+        }
+    })
+    if (bp) *flag_p = 1;   /* every writer stores the same value: no atomic needed */
+    if (bg && gtab) *flag_g = 1;
+}
+
+/* Adam: whole aligned tiles use float4 loads, all issued before any arithmetic. */
 template <int COUPLED>
-__global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, int32_t n, float *m,
-                          float *v, mt_adam_scalars s, const mt_status *st) {
+__global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                          int32_t n, float *m, float *v, mt_adam_scalars s, const mt_status *st) {
     if (mt_refused(st)) return;
     const float coef = st->scale ? st->coef : 1.0f;
     const bool scale = st->scale;
-    mt_for_elements(offs, n, [&](int32_t j, int64_t k, int64_t i) {
-        float g = gtab[j][i] * coef;
-        if (scale) gtab[j][i] = g;
-        mt_adam_elem(&ptab[j][i], &m[k], &v[k], g, &s, COUPLED);
-    });
+    MT_FOR_TILES(offs, tstart, n, tl, {
+        float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local, *mm = m + tl.flat, *vv = v + tl.flat;
+        if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g) && mt_aligned16(mm) && mt_aligned16(vv)) {
+            float4 qp[MT_UNROLL], qg[MT_UNROLL], qm[MT_UNROLL], qv[MT_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u) {
+                int64_t e = MT_VEC_INDEX(u);
+                qp[u] = *(float4 *)(p + e); qg[u] = *(float4 *)(g + e);
+                qm[u] = *(float4 *)(mm + e); qv[u] = *(float4 *)(vv + e);
+            }
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u) {
+                int64_t e = MT_VEC_INDEX(u);
+                float4 gs = make_float4(qg[u].x * coef, qg[u].y * coef, qg[u].z * coef, qg[u].w * coef);
+                mt_adam_elem(&qp[u].x, &qm[u].x, &qv[u].x, gs.x, &s, COUPLED);
+                mt_adam_elem(&qp[u].y, &qm[u].y, &qv[u].y, gs.y, &s, COUPLED);
+                mt_adam_elem(&qp[u].z, &qm[u].z, &qv[u].z, gs.z, &s, COUPLED);
+                mt_adam_elem(&qp[u].w, &qm[u].w, &qv[u].w, gs.w, &s, COUPLED);
+                *(float4 *)(p + e) = qp[u]; *(float4 *)(mm + e) = qm[u]; *(float4 *)(vv + e) = qv[u];
+                if (scale) *(float4 *)(g + e) = gs;
+            }
+        } else {
+            for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
+                float gi = g[e] * coef;
+                if (scale) g[e] = gi;
+                mt_adam_elem(&p[e], &mm[e], &vv[e], gi, &s, COUPLED);
+            }
+        }
+    })
 }
 
 template <int COUPLED, int HAS_BUF>
-__global__ void mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *offs, int32_t n, float *buf,
-                         const int32_t *initialized, mt_sgd_scalars s, const mt_status *st) {
+__global__ void mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                         int32_t n, float *buf, const int32_t *initialized, mt_sgd_scalars s, const mt_status *st) {
     if (mt_refused(st)) return;
     const float coef = st->scale ? st->coef : 1.0f;
     const bool scale = st->scale;
-    mt_for_elements(offs, n, [&](int32_t j, int64_t k, int64_t i) {
-        float g = gtab[j][i] * coef;
-        if (scale) gtab[j][i] = g;
-        float *b = HAS_BUF ? &buf[k] : &ptab[j][i];
-        mt_sgd_elem(&ptab[j][i], b, g, &s, COUPLED, HAS_BUF, HAS_BUF ? initialized[j] : 0);
-    });
+    MT_FOR_TILES(offs, tstart, n, tl, {
+        float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local;
+        float *b = HAS_BUF ? buf + tl.flat : p;
+        int init = HAS_BUF ? initialized[tl.j] : 0;
+        for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
+            float gi = g[e] * coef;
+            if (scale) g[e] = gi;
+            mt_sgd_elem(&p[e], &b[e], gi, &s, COUPLED, HAS_BUF, init);
+        }
+    })
 }
 
-__global__ void mt_k_scale(float *const *tab, const int32_t *offs, int32_t n, const mt_status *st) {
+__global__ void mt_k_scale(float *const *tab, const int32_t *offs, const int64_t *tstart, int32_t n,
+                           const mt_status *st) {
     if (mt_refused(st) || !st->scale) return;
-    const float coef = st->coef;
-    mt_for_elements(offs, n, [&](int32_t j, int64_t k, int64_t i) { tab[j][i] = tab[j][i] * coef; });
+    const float c = st->coef;
+    MT_FOR_TILES(offs, tstart, n, tl, {
+        float *x = tab[tl.j] + tl.local;
+        if (MT_WHOLE(tl) && mt_aligned16(x)) {
+            float4 q[MT_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u) q[u] = *(float4 *)(x + MT_VEC_INDEX(u));
+#pragma unroll
+            for (int u = 0; u < MT_UNROLL; ++u)
+                *(float4 *)(x + MT_VEC_INDEX(u)) = make_float4(q[u].x * c, q[u].y * c, q[u].z * c, q[u].w * c);
+        } else {
+            for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) x[e] = x[e] * c;
+        }
+    })
 }
 
-__global__ void mt_k_zero(float *const *tab, const int32_t *offs, int32_t n) {
-    mt_for_elements(offs, n, [&](int32_t j, int64_t k, int64_t i) { tab[j][i] = 0.0f; });
+__global__ void mt_k_zero(float *const *tab, const int32_t *offs, const int64_t *tstart, int32_t n) {
+    MT_FOR_TILES(offs, tstart, n, tl, {
+        float *x = tab[tl.j] + tl.local;
+        for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) x[e] = 0.0f;
+    })
 }
 
 __global__ void mt_k_uniform(float *out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float low,

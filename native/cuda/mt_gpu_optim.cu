@@ -14,9 +14,9 @@ int launch_check(const char *what) {
     return MT_OK;
 }
 
-int elem_blocks(int64_t total) {
+int elem_blocks(int64_t tiles) {
     int threads = mt_gpu_threads();
-    int blocks = mt_gpu_blocks(total, (int64_t)threads * MT_UNROLL);
+    int blocks = mt_gpu_blocks(tiles, 1);
     mt_gpu_record_launch(threads, blocks);
     return blocks;
 }
@@ -73,15 +73,15 @@ int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_
             int32_t clip, float max_norm) {
     int rc;
     if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
-        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, c->p.offsets)) ||
+        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)) ||
         (rc = c->arena.alloc((void **)&c->st, sizeof(mt_status))) ||
         (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
         return rc;
     MT_GPU_CHECK(gpuMemsetAsync(c->st, 0, sizeof(mt_status), MT_STREAM), "status reset");
     if (clip && (rc = gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c->p.total);
-    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, c->p.offsets, n, &c->st->bad_params);
-    if (!clip) mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, c->g.offsets, n, &c->st->bad_grads);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c->p.tiles);
+    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, clip ? nullptr : c->g.table, c->p.offsets,
+                                                      c->p.tstart, n, &c->st->bad_params, &c->st->bad_grads);
     return launch_check("finiteness pre-pass");
 }
 
@@ -125,11 +125,11 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
         (rc = mt_buf_to_device((void **)&v, &sv, &c.arena, exp_avg_sq, bytes, true)))
         return rc;
     mt_adam_scalars s = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.total);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
     if (s.coupled)
-        mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, m, v, s, c.st);
+        mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
     else
-        mt_k_adam<0><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, m, v, s, c.st);
+        mt_k_adam<0><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
     if ((rc = launch_check("adam update")) || (rc = finish(&c, offsets, clip, norm_out, true))) return rc;
     if ((sm && (rc = mt_buf_to_host(exp_avg, m, bytes))) || (sv && (rc = mt_buf_to_host(exp_avg_sq, v, bytes))))
         return rc;
@@ -177,9 +177,10 @@ int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffe
                     (rc = c.arena.upload((void **)&init, buf_initialized, (int64_t)n * 4))))
         return rc;
     mt_sgd_scalars s = mt_sgd_scalars_for(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.total);
-#define MT_SGD_LAUNCH(C, B) \
-    mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, n, buf, init, s, c.st)
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
+#define MT_SGD_LAUNCH(C, B)                                                                                    \
+    mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, buf, init, s, \
+                                                      c.st)
     if (s.coupled && has_buf) MT_SGD_LAUNCH(1, 1);
     else if (s.coupled) MT_SGD_LAUNCH(1, 0);
     else if (has_buf) MT_SGD_LAUNCH(0, 1);
@@ -206,8 +207,8 @@ int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offse
         return rc;
     MT_GPU_CHECK(gpuMemsetAsync(c.st, 0, sizeof(mt_status), MT_STREAM), "status reset");
     if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 1, max_norm))) return rc;
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.g.total);
-    mt_k_scale<<<blocks, threads, 0, MT_STREAM>>>(c.g.table, c.g.offsets, n_tensors, c.st);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(c.g.tiles);
+    mt_k_scale<<<blocks, threads, 0, MT_STREAM>>>(c.g.table, c.g.offsets, c.g.tstart, n_tensors, c.st);
     if ((rc = launch_check("clip scale"))) return rc;
     c.p.n = 0;   /* no params in a clip */
     if ((rc = finish(&c, offsets, 1, norm_out, true))) return rc;
@@ -246,8 +247,8 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
     mt_arena arena;
     mt_dev_list t;
     if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr))) return rc;
-    int threads = mt_gpu_threads(), blocks = elem_blocks(t.total);
-    mt_k_zero<<<blocks, threads, 0, MT_STREAM>>>(t.table, t.offsets, n_tensors);
+    int threads = mt_gpu_threads(), blocks = elem_blocks(t.tiles);
+    mt_k_zero<<<blocks, threads, 0, MT_STREAM>>>(t.table, t.offsets, t.tstart, n_tensors);
     if ((rc = launch_check("fill zero")) || (rc = mt_list_to_host(&t, offsets))) return rc;
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "fill zero");
     return MT_OK;

@@ -80,8 +80,10 @@ int mt_arena::upload(void **out, const void *host, int64_t bytes) {
     return MT_OK;
 }
 
+int64_t mt_tile_elems(void) { return (int64_t)g_threads.load() * 16; }   /* MT_TILE_OF: 4 x 4 per thread */
+
 int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
-                      int32_t n, bool upload, const int32_t *dev_offsets) {
+                      int32_t n, bool upload, const mt_dev_list *like) {
     out->n = n;
     out->total = offsets[n];
     out->host_ptr.assign(table, table + n);
@@ -105,10 +107,32 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
         }
         region += len;
     }
-    if ((rc = arena->upload((void **)&out->table, out->dev_ptr.data(), (int64_t)n * (int64_t)sizeof(float *))))
-        return rc;
-    if (dev_offsets) { out->offsets = dev_offsets; return MT_OK; }
-    return arena->upload((void **)&out->offsets, offsets, (int64_t)(n + 1) * 4);
+    /* one upload: pointers (8n), then tiles (8(n+1)) and offsets (4(n+1)) unless shared */
+    std::vector<char> blob((size_t)n * 8 + (like ? 0 : (size_t)(n + 1) * 12));
+    memcpy(blob.data(), out->dev_ptr.data(), (size_t)n * 8);
+    if (like) {
+        out->offsets = like->offsets;
+        out->tstart = like->tstart;
+        out->tiles = like->tiles;
+    } else {
+        int64_t tile = mt_tile_elems(), t = 0;
+        int64_t *ts = (int64_t *)(blob.data() + (size_t)n * 8);
+        for (int32_t j = 0; j < n; ++j) {
+            ts[j] = t;
+            t += (offsets[j + 1] - offsets[j] + tile - 1) / tile;
+        }
+        ts[n] = t;
+        out->tiles = t;
+        memcpy(blob.data() + (size_t)(2 * n + 1) * 8, offsets, (size_t)(n + 1) * 4);
+    }
+    char *dev = nullptr;
+    if ((rc = arena->upload((void **)&dev, blob.data(), (int64_t)blob.size()))) return rc;
+    out->table = (float **)dev;
+    if (!like) {
+        out->tstart = (const int64_t *)(dev + (size_t)n * 8);
+        out->offsets = (const int32_t *)(dev + (size_t)(2 * n + 1) * 8);
+    }
+    return MT_OK;
 }
 
 int mt_list_to_host(const mt_dev_list *list, const int32_t *offsets) {

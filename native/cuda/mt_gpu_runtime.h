@@ -46,6 +46,8 @@ struct mt_arena {
 struct mt_dev_list {
     float **table = nullptr;          /* device array of J device pointers */
     const int32_t *offsets = nullptr; /* device copy */
+    const int64_t *tstart = nullptr;  /* device: first tile of each tensor (J + 1) */
+    int64_t tiles = 0;
     std::vector<float *> host_ptr;    /* the caller's pointers */
     std::vector<float *> dev_ptr;     /* device pointer of each tensor */
     std::vector<char> staged;         /* tensor j was a host buffer */
@@ -53,8 +55,11 @@ struct mt_dev_list {
     int64_t total = 0;
 };
 
+/* Stage a list; with `like`, its offsets and tiles are shared (same registry). One upload
+ * carries the pointer table (and, without `like`, the tiles and offsets). */
 int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
-                      int32_t n, bool upload, const int32_t *dev_offsets);
+                      int32_t n, bool upload, const mt_dev_list *like);
+int64_t mt_tile_elems(void);
 int mt_list_to_host(const mt_dev_list *list, const int32_t *offsets);
 
 /* One flat buffer: the device pointer for ptr (staged when ptr is a host pointer). */

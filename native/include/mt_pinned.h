@@ -120,6 +120,7 @@ __device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, 
 #ifdef MT_SABOTAGE_CLIP
     for (int64_t r = full - 1; r >= 0; --r) {
 #else
+#pragma unroll 8
     for (int64_t r = 0; r < full; ++r) {
 #endif
         const float *row = x + r * MT_LANES + 4 * t;

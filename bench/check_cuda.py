@@ -1,0 +1,82 @@
+"""`make check-cuda`: everything that proves the CUDA backend, in one command on a GPU machine.
+
+Steps: build the CUDA libraries (make cuda; prebuilt ones are reused when up to date), check
+every card on the CUDA identical tier (selfcheck), run the whole test suite with
+MOJO_TRAIN_VENDOR=cuda, prove the sabotage builds fail their cards on the GPU too, and run
+the GPU benchmarks. Ends with a short table; the dated record (GPU, commit, outcomes and
+figures) is appended to bench/results/check-cuda.md (and copied to $OUT when set).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SABOTAGE_OPS = ("optim", "clip")
+
+
+def run(name, cmd, env=None, expect_fail=False, timeout=420):
+    t0 = time.time()
+    full_env = dict(os.environ, **(env or {}))
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, (e.stdout or "") + "\n[timed out]"
+    ok = (rc != 0) if expect_fail else (rc == 0)
+    tail = "\n".join(out.strip().splitlines()[-12:])
+    print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
+    return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail}
+
+
+def gpu_name():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def commit():
+    if os.environ.get("MT_COMMIT"):
+        return os.environ["MT_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def main():
+    py = sys.executable
+    cuda = {"MOJO_TRAIN_VENDOR": "cuda", "PYTHONUNBUFFERED": "1"}
+    steps = [run("build", ["make", "cuda"])]
+    steps.append(run("cards (selfcheck)", [py, "-m", "mojo_train", "selfcheck"], cuda))
+    steps.append(run("test suite", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cuda, timeout=540))
+    for op in SABOTAGE_OPS:
+        steps.append(run("sabotage build " + op, ["make", "cuda", "SABOTAGE=" + op]))
+        lib = os.path.join(ROOT, "native", "build", "sabotage-" + op)
+        steps.append(run("sabotage %s fails its cards" % op, [py, "-m", "mojo_train", "selfcheck", "--card", op],
+                         dict(cuda, MOJO_TRAIN_LIBRARY_PATH=lib), expect_fail=True))
+    steps.append(run("benchmarks", [py, "bench/optim_cuda.py", "--write"], cuda))
+    table = ["| step | outcome | seconds |", "| --- | --- | --- |"]
+    table += ["| %s | %s | %.0f |" % (s["step"], "ok" if s["ok"] else "FAILED", s["seconds"]) for s in steps]
+    print("\n".join(table))
+    record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
+              "", "Command: `make check-cuda`", ""] + table
+    record += ["", "Benchmark output:", "", "```", next(s["tail"] for s in steps if s["step"] == "benchmarks"), "```"]
+    path = os.path.join(ROOT, "bench", "results", "check-cuda.md")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write("\n".join(record) + "\n")
+    if os.environ.get("OUT"):
+        shutil.copy(path, os.environ["OUT"])
+        jl = os.path.join(ROOT, "bench", "results", "optim_cuda.jsonl")
+        if os.path.exists(jl):
+            shutil.copy(jl, os.environ["OUT"])
+    sys.exit(0 if all(s["ok"] for s in steps) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Device memory: ``DeviceArray`` and ``to_device``.
+
+A DeviceArray is memory of the loaded GPU vendor (allocated through the library's own
+``mt_device_alloc``), with a shape and a dtype. It exports ``__cuda_array_interface__`` and
+``__dlpack__`` (so torch and CuPy can view it without a copy), and every op takes it where it
+takes a host buffer; results stay on the device. ``to_host()`` copies back into a
+``mojo_train.Array``. Foreign device tensors (torch CUDA tensors, CuPy arrays, anything with
+``__cuda_array_interface__`` or DLPack) are accepted by the ops directly, in place.
+"""
+from . import _buffer
+from ._array import Array
+from ._native import ffi, load
+
+__all__ = ["DeviceArray", "to_device", "transfer_bytes"]
+
+_TYPESTR = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8", "uint8": "|u1",
+            "uint32": "<u4"}
+_ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "uint32": 4}
+
+
+def gpu_backend(numeric_mode, where):
+    """The loaded backend, which must be a GPU vendor."""
+    backend = load(numeric_mode)
+    if backend.vendor == "cpu":
+        raise RuntimeError("mojo_train.%s: the loaded vendor is cpu, which has no device memory; set "
+                           "MOJO_TRAIN_VENDOR=cuda (or auto on a machine with a GPU)" % where)
+    return backend
+
+
+class _Allocation:
+    """One device allocation, freed when the last array viewing it is gone."""
+
+    __slots__ = ("backend", "ptr", "nbytes")
+
+    def __init__(self, backend, nbytes):
+        out = ffi.new("void **")
+        backend.check(backend.lib.mt_device_alloc(out, max(int(nbytes), 1)), "DeviceArray")
+        self.backend, self.ptr, self.nbytes = backend, int(ffi.cast("uintptr_t", out[0])), nbytes
+
+    def __del__(self):
+        try:
+            self.backend.lib.mt_device_free(ffi.cast("void *", self.ptr))
+        except Exception:   # interpreter shutdown
+            pass
+
+
+class DeviceArray:
+    """An n-d array in GPU memory. ``DeviceArray(shape, dtype='float32')`` is zero-filled."""
+
+    __slots__ = ("_alloc", "_offset", "shape", "dtype", "__weakref__")
+
+    def __init__(self, shape, dtype="float32", numeric_mode=None, _alloc=None, _offset=0):
+        if dtype not in _TYPESTR:
+            raise TypeError("mojo_train.DeviceArray: dtype %r is not supported (%s)"
+                            % (dtype, ", ".join(_TYPESTR)))
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise ValueError("mojo_train.DeviceArray: negative dimension in shape %r" % (shape,))
+        self.shape, self.dtype, self._offset = shape, dtype, _offset
+        if _alloc is None:
+            _alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), self.nbytes)
+            self._alloc = _alloc
+            self._zero()
+        self._alloc = _alloc
+
+    def _zero(self):
+        """Zero-fill on the device (a kernel; nothing crosses the bus)."""
+        if not self.nbytes:
+            return
+        b = self._alloc.backend
+        table = ffi.new("float *[1]", [ffi.cast("float *", self.ptr)])
+        offsets = ffi.new("int32_t[2]", [0, self.nbytes // 4])
+        if self.nbytes % 4 or self.nbytes // 4 > 2 ** 31 - 1:
+            zeros = Array((self.nbytes,), "uint8")
+            self._copy(self.ptr, zeros.address, self.nbytes)
+        else:
+            b.check(b.lib.mt_fill_zero(table, offsets, 1), "DeviceArray")
+
+    def _copy(self, dst, src, nbytes):
+        b = self._alloc.backend
+        b.check(b.lib.mt_memcpy(ffi.cast("void *", dst), ffi.cast("void *", src), nbytes), "DeviceArray")
+
+    @property
+    def ptr(self):
+        """The device address (an int)."""
+        return self._alloc.ptr + self._offset
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self):
+        return self.size * _ITEMSIZE[self.dtype]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d DeviceArray")
+        return self.shape[0]
+
+    def to_host(self):
+        """A new ``mojo_train.Array`` holding a copy of the data."""
+        out = Array(self.shape, self.dtype)
+        if self.nbytes:
+            self._copy(out.address, self.ptr, self.nbytes)
+        return out
+
+    def copy_from(self, host):
+        """Upload a host buffer of the same dtype and size into this array."""
+        pb = _buffer.probe(host, "host", "DeviceArray.copy_from")
+        if pb.dtype != self.dtype or pb.nelems != self.size or not pb.c_contiguous:
+            raise ValueError("mojo_train.DeviceArray.copy_from: need a C-contiguous %s buffer of %d "
+                             "elements, got %s of %d" % (self.dtype, self.size, pb.dtype, pb.nelems))
+        if self.nbytes:
+            self._copy(self.ptr, pb.address, self.nbytes)
+        return self
+
+    def reshape(self, *shape):
+        """A view with another shape (one -1 allowed); shares the memory."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape = list(shape)
+        if shape.count(-1) == 1:
+            known = 1
+            for d in shape:
+                known *= d if d != -1 else 1
+            shape[shape.index(-1)] = self.size // known if known else 0
+        n = 1
+        for d in shape:
+            n *= d
+        if n != self.size:
+            raise ValueError("mojo_train.DeviceArray.reshape: cannot view %d elements as %r"
+                             % (self.size, tuple(shape)))
+        return DeviceArray(tuple(shape), self.dtype, _alloc=self._alloc, _offset=self._offset)
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"version": 3, "shape": self.shape, "typestr": _TYPESTR[self.dtype],
+                "data": (self.ptr, False), "strides": None, "stream": None}
+
+    def __dlpack_device__(self):
+        from . import _dlpack
+        kind = _dlpack.DL_ROCM if self._alloc.backend.vendor == "hip" else _dlpack.DL_CUDA
+        return (kind, 0)
+
+    def __dlpack__(self, stream=None, **kwargs):
+        from . import _dlpack
+        kind, dev = self.__dlpack_device__()
+        return _dlpack.export_capsule(self.ptr, self.shape, self.dtype, kind, dev, self)
+
+    def __repr__(self):
+        return "DeviceArray(shape=%r, dtype=%r, vendor=%r)" % (self.shape, self.dtype,
+                                                             self._alloc.backend.vendor)
+
+    def __reduce__(self):
+        raise TypeError("mojo_train.DeviceArray cannot be pickled; pickle .to_host() instead")
+
+
+def to_device(x, numeric_mode=None):
+    """Copy a host buffer (any buffer-protocol object, float32 or integer) to a new DeviceArray."""
+    pb = _buffer.probe(x, "x", "to_device")
+    if not pb.c_contiguous:
+        raise ValueError("mojo_train.to_device: x must be C-contiguous")
+    if pb.dtype not in _TYPESTR:
+        raise TypeError("mojo_train.to_device: x has dtype %s; supported: %s" % (pb.dtype, ", ".join(_TYPESTR)))
+    out = DeviceArray(pb.shape, pb.dtype, numeric_mode=numeric_mode, _alloc=_Allocation(
+        gpu_backend(numeric_mode, "to_device"), pb.nbytes))
+    if pb.nbytes:
+        out._copy(out.ptr, pb.address, pb.nbytes)
+    return out
+
+
+def transfer_bytes(numeric_mode=None):
+    """(host->device, device->host) bytes the loaded library has copied since it was loaded."""
+    backend = load(numeric_mode)
+    out = ffi.new("int64_t[2]")
+    backend.check(backend.lib.mt_transfer_bytes(out), "transfer_bytes")
+    return int(out[0]), int(out[1])

@@ -1,0 +1,189 @@
+"""Device buffers: DeviceArray, foreign device tensors, resident optimizer state, transfer
+counts and launch geometry. Skipped where the loaded vendor has no device buffers."""
+import hashlib
+import os
+
+import pytest
+
+import mojo_train as mt
+from mojo_train import _native
+from mojo_train._native import ffi
+
+
+def _device_modes(request_modes):
+    return [m for m in request_modes if m[2].has(1 << 9)]
+
+
+def _filled(n, seed, stream, low=-1.0, high=1.0):
+    cpu = _native.load("identical", "cpu")
+    a = mt.Array((n,), "float32")
+    cpu.check(cpu.lib.mt_uniform_fill(ffi.cast("float *", a.address), seed, stream, 0, low, high, n), "test")
+    return a
+
+
+def _digest(*arrays):
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(a.tobytes() if hasattr(a, "tobytes") else bytes(a))
+    return h.hexdigest()
+
+
+@pytest.fixture
+def dev(mode):
+    if not mode.has("device"):
+        pytest.skip("the loaded vendor takes no device buffers")
+    return mode
+
+
+def _oracle_adamw(sizes, steps, max_norm, monkeypatch):
+    """The CPU oracle's result for the same inputs (identical tier)."""
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    params = [_filled(n, 11, 0) for n in sizes]
+    opt = mt.AdamW(params, lr=1e-2, numeric_mode="identical")
+    norms = []
+    for s in range(steps):
+        grads = [_filled(n, 11, 1 + s) for n in sizes]
+        norms.append(opt.step(grads, max_norm=max_norm))
+    return _digest(*params), _digest(opt.exp_avg, opt.exp_avg_sq), norms
+
+
+def test_device_array_round_trips_and_views(dev):
+    host = _filled(1000, 3, 0)
+    d = mt.to_device(host, numeric_mode=dev.tier)
+    assert d.shape == (1000,) and d.dtype == "float32"
+    assert d.to_host().tobytes() == host.tobytes()
+    r = d.reshape(10, -1)
+    assert r.shape == (10, 100) and r.ptr == d.ptr
+    cai = d.__cuda_array_interface__
+    assert cai["data"][0] == d.ptr and cai["typestr"] == "<f4" and cai["shape"] == (1000,)
+    zeros = mt.DeviceArray((5,), numeric_mode=dev.tier).to_host()
+    assert zeros.tobytes() == bytes(20)
+
+
+def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    sizes = [1, 1023, 4096 * 3 + 5]
+    want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    params = [mt.to_device(_filled(n, 11, 0)) for n in sizes]
+    opt = mt.AdamW(params, lr=1e-2)
+    assert opt.resident
+    norms = []
+    for s in range(3):
+        grads = [mt.to_device(_filled(n, 11, 1 + s)) for n in sizes]
+        before = mt.transfer_bytes()
+        norms.append(opt.step(grads, max_norm=0.5))
+        after = mt.transfer_bytes()
+        assert (after[0] - before[0]) + (after[1] - before[1]) <= 64 + 16 * len(sizes)
+    assert _digest(*[p.to_host() for p in params]) == want_p
+    assert _digest(opt.exp_avg, opt.exp_avg_sq) == want_m
+    assert norms == want_norms
+
+
+def test_one_tensor_device_step_moves_at_most_64_bytes(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    p, g = mt.to_device(_filled(1000, 5, 0)), mt.to_device(_filled(1000, 5, 1))
+    opt = mt.AdamW([p])
+    opt.step([g])
+    before = mt.transfer_bytes()
+    opt.step([g], max_norm=1.0)
+    after = mt.transfer_bytes()
+    assert (after[0] - before[0]) + (after[1] - before[1]) <= 64
+
+
+def test_host_buffers_on_a_gpu_vendor_match_the_oracle_with_state_resident(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    sizes = [3, 5000]
+    want_p, want_m, want_norms = _oracle_adamw(sizes, 2, None, monkeypatch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    for resident in (None, False):
+        params = [_filled(n, 11, 0) for n in sizes]
+        opt = mt.AdamW(params, lr=1e-2, resident=resident)
+        assert opt.resident is (resident is None)
+        for s in range(2):
+            opt.step([_filled(n, 11, 1 + s) for n in sizes])
+        assert _digest(*params) == want_p
+        assert _digest(opt.exp_avg, opt.exp_avg_sq) == want_m
+
+
+def test_state_dict_round_trips_resident_moments_bit_exactly(dev):
+    p = mt.to_device(_filled(777, 8, 0))
+    opt = mt.Adam([p], numeric_mode=dev.tier, weight_decay=0.1)
+    opt.step([mt.to_device(_filled(777, 8, 1))])
+    state = opt.state_dict()
+    p2 = mt.to_device(p.to_host())
+    opt2 = mt.Adam([p2], numeric_mode=dev.tier, weight_decay=0.1)
+    opt2.load_state_dict(state)
+    g = mt.to_device(_filled(777, 8, 2))
+    opt.step([g])
+    opt2.step([g])
+    assert p.to_host().tobytes() == p2.to_host().tobytes()
+    assert _digest(opt.exp_avg, opt.exp_avg_sq) == _digest(opt2.exp_avg, opt2.exp_avg_sq)
+    opt2.exp_avg = _filled(777, 9, 0)           # assignable: uploads
+    assert opt2.exp_avg.tobytes() == _filled(777, 9, 0).tobytes()
+
+
+def test_launch_geometry_never_moves_the_bits(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    lib = identical.backend.lib
+    digests = set()
+    seen = set()
+    try:
+        for threads, blocks in [(256, 0), (32, 1), (64, 3), (1024, 7), (128, 0)]:
+            assert lib.mt_set_launch_geometry(threads, blocks) == 0
+            params = [mt.to_device(_filled(n, 21, 0)) for n in (4097, 300000)]
+            opt = mt.AdamW(params)
+            norm = opt.step([mt.to_device(_filled(n, 21, 1)) for n in (4097, 300000)], max_norm=0.25)
+            geometry = ffi.new("int32_t[2]")
+            assert lib.mt_launch_geometry(geometry) == 0
+            seen.add((geometry[0], geometry[1]))
+            assert geometry[0] == threads and (blocks == 0 or geometry[1] <= blocks)
+            digests.add((_digest(*[p.to_host() for p in params]), norm))
+    finally:
+        lib.mt_set_launch_geometry(256, 0)
+    assert len(seen) >= 4 and len(digests) == 1
+
+
+def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    sizes = [1, 1023, 4096 * 3 + 5]
+    want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    params = [torch.frombuffer(bytearray(_filled(n, 11, 0).tobytes()), dtype=torch.float32).cuda() for n in sizes]
+    ptrs = [p.data_ptr() for p in params]
+    opt = mt.AdamW([p.detach() for p in params], lr=1e-2)
+    norms = []
+    for s in range(3):
+        grads = [torch.frombuffer(bytearray(_filled(n, 11, 1 + s).tobytes()), dtype=torch.float32).cuda()
+                 for n in sizes]
+        norms.append(opt.step(grads, max_norm=0.5))
+    assert [p.data_ptr() for p in params] == ptrs
+    assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
+    assert norms == want_norms
+    view = torch.from_dlpack(mt.to_device(_filled(10, 1, 0)))
+    assert view.is_cuda and view.cpu().numpy().tobytes() == _filled(10, 1, 0).tobytes()
+
+
+def test_two_hundred_separate_torch_tensors_take_one_step_with_the_oracles_bits(identical, monkeypatch):
+    if not identical.has("device"):
+        pytest.skip("no device buffers")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    sizes = [1000 + 7 * j for j in range(200)]
+    want_p, want_m, want_norms = _oracle_adamw(sizes, 2, 1.0, monkeypatch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    params = [torch.frombuffer(bytearray(_filled(n, 11, 0).tobytes()), dtype=torch.float32).cuda() for n in sizes]
+    opt = mt.AdamW(params, lr=1e-2)
+    norms = [opt.step([torch.frombuffer(bytearray(_filled(n, 11, 1 + s).tobytes()), dtype=torch.float32).cuda()
+                       for n in sizes], max_norm=1.0) for s in range(2)]
+    assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
+    assert norms == want_norms
