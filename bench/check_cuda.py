@@ -25,6 +25,10 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420):
     except subprocess.TimeoutExpired as e:
         rc, out = 124, (e.stdout or "") + "\n[timed out]"
     ok = (rc != 0) if expect_fail else (rc == 0)
+    if os.environ.get("OUT") and (not ok or name in ("test suite", "benchmarks")):
+        safe = "".join(c if c.isalnum() else "_" for c in name)
+        with open(os.path.join(os.environ["OUT"], safe + ".log"), "w") as f:
+            f.write(out)
     tail = "\n".join(out.strip().splitlines()[-12:])
     print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
     return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail}

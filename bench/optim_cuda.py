@@ -74,10 +74,31 @@ def bench_clip(torch, sizes, repeat, bw):
     tg, g = device_tensors(torch, sizes, 3)
     n = sum(sizes)
     ours = timed(lambda: mt.clip_grad_norm_(g, 1e-3), repeat)
-    theirs = timed(lambda: torch.nn.utils.clip_grad_norm_(tg, 1e-3, foreach=True), repeat,
+    tparams = [torch.zeros(1, device="cuda").expand(s).clone() for s in sizes]   # torch clips p.grad
+    for p, gr in zip(tparams, tg):
+        p.grad = gr
+    theirs = timed(lambda: torch.nn.utils.clip_grad_norm_(tparams, 1e-3, foreach=True), repeat,
                    sync=torch.cuda.synchronize)
     return {"elements": n, "tensors": len(sizes), "ours_ms": ours * 1e3, "torch_foreach_ms": theirs * 1e3,
             "bytes": 12 * n, "ours_of_copy_bw": 12 * n / ours / bw}
+
+
+def bench_overheads(torch, repeat=200):
+    """Where host time goes: pointer classification and the raw C call for 200 tensors."""
+    from mojo_train._native import ffi, load
+    lib = load("identical", "cuda").lib
+    x = mt.DeviceArray((4,))
+    flag = ffi.new("int32_t *")
+    cls = timed(lambda: lib.mt_is_device_pointer(flag, ffi.cast("void *", x.ptr)), repeat * 10)
+    tp, p = device_tensors(torch, [500_000] * 200, 6)
+    tg, g = device_tensors(torch, [500_000] * 200, 7)
+    opt = mt.AdamW(p)
+    table = ffi.new("float *[]", [ffi.cast("float *", a.ptr) for a in g])
+    raw = timed(lambda: lib.mt_adamw_step(opt._params.table, table, opt._sptr["exp_avg"], opt._sptr["exp_avg_sq"],
+                                          opt._norm_ptr, opt._params.c_offsets, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0, 0,
+                                          0.0, 1, 200), 20)
+    api = timed(lambda: opt.step(g), 20)
+    return {"classify_us": cls * 1e6, "raw_c_200_ms": raw * 1e3, "api_200_ms": api * 1e3}
 
 
 def bench_small(torch, repeat=2001):
@@ -103,7 +124,7 @@ def main():
             "adamw_100M_1": bench_adamw(torch, [100_000_000], args.repeat, bw),
             "adamw_100M_200": bench_adamw(torch, [500_000] * 200, args.repeat, bw),
             "clip_200x500K": bench_clip(torch, [500_000] * 200, args.repeat, bw),
-            "small": bench_small(torch)}
+            "small": bench_small(torch), "overheads": bench_overheads(torch)}
     print("copy bandwidth %.2f TB/s (read + write)" % rows["copy_TBps"])
     for key in ("adamw_100M_1", "adamw_100M_200"):
         r = rows[key]
@@ -116,6 +137,9 @@ def main():
     s = rows["small"]
     print("AdamW 1000 params on device, Python to result: ours %.1f us, torch fused %.1f us"
           % (s["ours_us"], s["torch_fused_us"]))
+    o = rows["overheads"]
+    print("overheads: pointer classification %.2f us; 200 tensors: raw C call %.3f ms, Python API %.3f ms"
+          % (o["classify_us"], o["raw_c_200_ms"], o["api_200_ms"]))
     if args.write:
         write_result("optim_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
                      " ".join(["python"] + sys.argv))

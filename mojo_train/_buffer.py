@@ -357,32 +357,44 @@ def zero_bytes(address, nbytes):
 _F32_FORMATS = frozenset(("f", "<f", "=f", "@f"))
 
 
-def float32_table(tensors, shapes, table, *, inplace):
+def float32_table(tensors, shapes, table, *, inplace, offsets=None):
     """Fast path of the hot calls: write the addresses of ``tensors`` (a list or tuple of
-    C-contiguous float32 buffers with exactly ``shapes``) into the cffi ``float *[]``
-    ``table`` and return the buffer handles that must stay alive during the native call.
+    C-contiguous float32 buffers or DeviceArrays, with exactly ``shapes`` -- or, when
+    ``shapes`` is None, any non-empty shapes, their running sizes then going into the cffi
+    ``int32_t[]`` ``offsets``) into the cffi ``float *[]`` ``table``, and return the buffer
+    handles that must stay alive during the native call.
 
     Returns None for anything unusual (a single buffer, another dtype, a shape, layout or
     writability problem); the caller then takes the checked path (``tensor_list``), whose
     error names the argument. Nothing is written anywhere on either path.
     """
-    if type(tensors) not in (list, tuple) or len(tensors) != len(shapes):
+    if type(tensors) not in (list, tuple) or not tensors or (shapes is not None and len(tensors) != len(shapes)):
         return None
-    keep = []
+    keep, sizes, device_array = [], [], _device_array_type()
     for j, t in enumerate(tensors):
-        if type(t) is _device_array_type():
-            if t.dtype != "float32" or t.shape != shapes[j]:
+        if type(t) is device_array:
+            if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.size == 0):
                 return None
             keep.append(_ffi.cast("float *", t.ptr))
+            sizes.append(t.size)
             continue
         try:
             view = t.memview() if type(t) is Array else memoryview(t)
         except (TypeError, ValueError):
             return None
-        if (view.format not in _F32_FORMATS or not view.c_contiguous
-                or (inplace and view.readonly) or view.shape != shapes[j]):
+        if (view.format not in _F32_FORMATS or not view.c_contiguous or (inplace and view.readonly)
+                or (view.shape != shapes[j] if shapes is not None else view.nbytes == 0)):
             return None
         keep.append(_ffi.from_buffer("float[]", view))
+        sizes.append(view.nbytes // 4)
+    if offsets is not None:
+        total = 0
+        for j, size in enumerate(sizes):
+            total += size
+            offsets[j + 1] = total
+        if total > _INT32_MAX:
+            return None
+        offsets[0] = 0
     for j, handle in enumerate(keep):
         table[j] = handle
     return keep

@@ -187,7 +187,7 @@ def backend_info(numeric_mode=None, vendor=None):
     """What loads for (vendor, numeric_mode), and every path tried on the way."""
     b = load(numeric_mode, vendor)
     tried = []
-    asked = default_vendor() if vendor is None else vendor
+    asked = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
     for v in (AUTO_ORDER if asked == "auto" else (asked,)):
         tried.extend({"vendor": v, "path": p, "outcome": why} for p, why in _attempts.get((v, b.tier), []))
         if v == b.vendor:

@@ -43,9 +43,10 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError("mojo_train.%s: %s must be a real number, got %r" % (where, name, value))
     v = float(value)
-    bad = not (v == v) or v in (float("inf"), float("-inf")) or (low is not None and v < low)
+    v32 = float(ffi.cast("float", v))           # the value the native call will see
+    bad = not (v32 == v32) or v32 in (float("inf"), float("-inf")) or (low is not None and v < low)
     if high is not None:
-        bad = bad or (v >= high if high_open else v > high)
+        bad = bad or (v32 >= high if high_open else v32 > high)
     if bad:
         rng = "[%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
         raise ValueError("mojo_train.%s: %s must be finite and in %s, got %r" % (where, name, rng, value))
@@ -224,8 +225,8 @@ class _Optimizer:
         if state.get("kind", self._WHERE) != self._WHERE:
             raise ValueError("mojo_train.%s: state is from %s, not %s" % (where, state["kind"], self._WHERE))
         t = state["t"]
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError("mojo_train.%s: t must be an int >= 0, got %r" % (where, t))
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < 2 ** 62:
+            raise ValueError("mojo_train.%s: t must be an int in [0, 2**62), got %r" % (where, t))
         new = {name: self._state_copy(state[name], name, where) for name in self._STATE}
         for name, value in new.items():
             self._put_state(name, value)
@@ -386,8 +387,12 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
         raise TypeError("mojo_train.%s: foreach= is not supported: %s" % (where, _REFUSED["foreach"]))
     mn = _real(max_norm, "max_norm", where)
     backend = load(numeric_mode)
-    reg = _Registry(grads, "grads", where, inplace=True)
-    out = Array((2,), "float32")
-    backend.check(backend.lib.mt_clip_grad_norm(reg.table, ffi.cast("float *", out.address),
-                                                reg.c_offsets, mn, reg.n), where)
+    n = len(grads) if type(grads) in (list, tuple) else 0
+    table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
+    keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets)
+    if keep is None:
+        keep = _Registry(grads, "grads", where, inplace=True)
+        table, offsets, n = keep.table, keep.c_offsets, keep.n
+    out = ffi.new("float[2]")
+    backend.check(backend.lib.mt_clip_grad_norm(table, out, offsets, mn, n), where)
     return float(out[0])

@@ -111,7 +111,8 @@ int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_de
 
 int mt_one_minus_pow(float *out, float base, int64_t exponent) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(base, "base"))) return rc;
+    if ((rc = mt_check_ptr(out, "out"))) return rc;
+    if (!(base >= -1.0f && base <= 1.0f)) return mt_fail(MT_EINVAL, "base must be in [-1, 1], got %g", (double)base);
     if (exponent < 0) return mt_fail(MT_EINVAL, "exponent must be >= 0, got %lld", (long long)exponent);
     *out = mt_one_minus_pow_f32(base, exponent);
     return MT_OK;

@@ -19,6 +19,7 @@ typedef hipStream_t gpuStream_t;
 #define gpuMallocAsync hipMallocAsync
 #define gpuFreeAsync hipFreeAsync
 #define gpuMallocHost hipHostMalloc
+#define gpuFreeHost hipHostFree
 #define gpuMemcpyAsync hipMemcpyAsync
 #define gpuMemcpy hipMemcpy
 #define gpuMemcpyDefault hipMemcpyDefault
@@ -47,6 +48,7 @@ typedef cudaStream_t gpuStream_t;
 #define gpuMallocAsync cudaMallocAsync
 #define gpuFreeAsync cudaFreeAsync
 #define gpuMallocHost cudaMallocHost
+#define gpuFreeHost cudaFreeHost
 #define gpuMemcpyAsync cudaMemcpyAsync
 #define gpuMemcpy cudaMemcpy
 #define gpuMemcpyDefault cudaMemcpyDefault

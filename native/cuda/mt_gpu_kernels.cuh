@@ -133,10 +133,9 @@ __device__ __forceinline__ bool mt_bad4(float4 q) {
     return !(mt_is_finite(q.x) & mt_is_finite(q.y) & mt_is_finite(q.z) & mt_is_finite(q.w));
 }
 
-/* Finiteness of params (flag_p) and, when gtab is given, grads (flag_g), in one pass. */
-__global__ void mt_k_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
-                               int32_t n, int32_t *flag_p, int32_t *flag_g) {
-    bool bp = false, bg = false;
+/* Finiteness of params and (when gtab is given) grads over this block's tiles. */
+__device__ __forceinline__ void mt_tiles_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs,
+                                                   const int64_t *tstart, int32_t n, bool &bp, bool &bg) {
     MT_FOR_TILES(offs, tstart, n, tl, {
         const float *p = ptab[tl.j] + tl.local;
         const float *g = gtab ? gtab[tl.j] + tl.local : p;
@@ -156,17 +155,22 @@ __global__ void mt_k_nonfinite(float *const *ptab, float *const *gtab, const int
             }
         }
     })
-    if (bp) *flag_p = 1;   /* every writer stores the same value: no atomic needed */
-    if (bg && gtab) *flag_g = 1;
+    bg = bg && gtab;
 }
 
-/* Adam: whole aligned tiles use float4 loads, all issued before any arithmetic. */
+__global__ void mt_k_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                               int32_t n, int32_t *flag_p, int32_t *flag_g) {
+    bool bp = false, bg = false;
+    mt_tiles_nonfinite(ptab, gtab, offs, tstart, n, bp, bg);
+    if (bp) *flag_p = 1;   /* every writer stores the same value: no atomic needed */
+    if (bg) *flag_g = 1;
+}
+
+/* Adam over this block's tiles: whole aligned tiles with float4 loads issued first. */
 template <int COUPLED>
-__global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
-                          int32_t n, float *m, float *v, mt_adam_scalars s, const mt_status *st) {
-    if (mt_refused(st)) return;
-    const float coef = st->scale ? st->coef : 1.0f;
-    const bool scale = st->scale;
+__device__ __forceinline__ void mt_tiles_adam(float *const *ptab, float *const *gtab, const int32_t *offs,
+                                              const int64_t *tstart, int32_t n, float *m, float *v,
+                                              const mt_adam_scalars &s, float coef, bool scale) {
     MT_FOR_TILES(offs, tstart, n, tl, {
         float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local, *mm = m + tl.flat, *vv = v + tl.flat;
         if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g) && mt_aligned16(mm) && mt_aligned16(vv)) {
@@ -196,6 +200,28 @@ __global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t 
             }
         }
     })
+}
+
+template <int COUPLED>
+__global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                          int32_t n, float *m, float *v, mt_adam_scalars s, const mt_status *st) {
+    if (mt_refused(st)) return;
+    mt_tiles_adam<COUPLED>(ptab, gtab, offs, tstart, n, m, v, s, st->scale ? st->coef : 1.0f, st->scale != 0);
+}
+
+/* Small steps without clipping, in one launch of one block: the pre-pass over every tile,
+ * a block-wide vote, then the update (or nothing). */
+template <int COUPLED>
+__global__ void mt_k_adam_small(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+                                int32_t n, float *m, float *v, mt_adam_scalars s, mt_status *st) {
+    bool bp = false, bg = false;
+    mt_tiles_nonfinite(ptab, gtab, offs, tstart, n, bp, bg);
+    int any_p = __syncthreads_or(bp), any_g = __syncthreads_or(bg);
+    if (any_p | any_g) {
+        if (threadIdx.x == 0) { st->bad_params = any_p != 0; st->bad_grads = any_g != 0; }
+        return;
+    }
+    mt_tiles_adam<COUPLED>(ptab, gtab, offs, tstart, n, m, v, s, 1.0f, false);
 }
 
 template <int COUPLED, int HAS_BUF>

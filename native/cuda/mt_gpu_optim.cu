@@ -7,6 +7,8 @@
  */
 #include "mt_gpu_kernels.cuh"
 
+#define MT_SMALL_TILES 8   /* up to 8 tiles (32K elements at 256 threads): one block, one launch */
+
 namespace {
 
 int launch_check(const char *what) {
@@ -68,17 +70,24 @@ struct step_ctx {
     float *norms = nullptr;
 };
 
-/* Stage lists and status, run the norms (clip) and the finiteness pre-pass. */
+/* A zeroed status, uploaded with the next flush. */
+int stage_status(step_ctx *c) {
+    mt_status zero = {0, 0, 0, 0, 0.0f, 0.0f};
+    return c->arena.stage((void **)&c->st, &zero, sizeof zero);
+}
+
+/* Stage lists and status, run the norms (clip) and the finiteness pre-pass. Staged uploads
+ * travel in one copy (flush) before the first kernel. */
 int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_t *offsets, int32_t n,
-            int32_t clip, float max_norm) {
+            int32_t clip, float max_norm, bool fused_check = false) {
     int rc;
     if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
         (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)) ||
-        (rc = c->arena.alloc((void **)&c->st, sizeof(mt_status))) ||
-        (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
+        (rc = stage_status(c)) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
         return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(c->st, 0, sizeof(mt_status), MT_STREAM), "status reset");
     if (clip && (rc = gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
+    if ((rc = c->arena.flush())) return rc;
+    if (fused_check) return MT_OK;     /* the update kernel runs the pre-pass itself */
     int threads = mt_gpu_threads(), blocks = elem_blocks(c->p.tiles);
     mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, clip ? nullptr : c->g.table, c->p.offsets,
                                                       c->p.tstart, n, &c->st->bad_params, &c->st->bad_grads);
@@ -117,7 +126,10 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
         (rc = mt_check_adam_args(lr, beta1, beta2, eps, weight_decay, clip, max_norm, step)))
         return rc;
     step_ctx c;
-    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm))) return rc;
+    int64_t tile = mt_tile_elems(), tiles = 0;
+    for (int32_t j = 0; j < n; ++j) tiles += (offsets[j + 1] - offsets[j] + tile - 1) / tile;
+    bool small = !clip && tiles <= MT_SMALL_TILES;
+    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm, small))) return rc;
     int64_t bytes = (int64_t)offsets[n] * 4;
     float *m = nullptr, *v = nullptr;
     bool sm = false, sv = false;
@@ -126,7 +138,13 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
         return rc;
     mt_adam_scalars s = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
     int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
-    if (s.coupled)
+    if (small) {
+        mt_gpu_record_launch(threads, 1);
+        if (s.coupled)
+            mt_k_adam_small<1><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
+        else
+            mt_k_adam_small<0><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
+    } else if (s.coupled)
         mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
     else
         mt_k_adam<0><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
@@ -202,10 +220,8 @@ int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offse
         return rc;
     step_ctx c;
     if ((rc = mt_list_to_device(&c.g, &c.arena, grads, offsets, n_tensors, true, nullptr)) ||
-        (rc = c.arena.alloc((void **)&c.st, sizeof(mt_status))) ||
-        (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
+        (rc = stage_status(&c)) || (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
         return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(c.st, 0, sizeof(mt_status), MT_STREAM), "status reset");
     if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 1, max_norm))) return rc;
     int threads = mt_gpu_threads(), blocks = elem_blocks(c.g.tiles);
     mt_k_scale<<<blocks, threads, 0, MT_STREAM>>>(c.g.table, c.g.offsets, c.g.tstart, n_tensors, c.st);
@@ -225,10 +241,8 @@ int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, c
         return rc;
     step_ctx c;
     if ((rc = mt_list_to_device(&c.g, &c.arena, grads, offsets, n_tensors, true, nullptr)) ||
-        (rc = c.arena.alloc((void **)&c.st, sizeof(mt_status))) ||
-        (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
+        (rc = stage_status(&c)) || (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
         return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(c.st, 0, sizeof(mt_status), MT_STREAM), "status reset");
     if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 0, 0.0f))) return rc;
     std::vector<float> host(n_tensors);
     mt_status st;
@@ -246,7 +260,8 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
     if ((rc = mt_check_registry(tensors, offsets, n_tensors, "tensors")) || (rc = mt_gpu_ready())) return rc;
     mt_arena arena;
     mt_dev_list t;
-    if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr))) return rc;
+    if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr)) || (rc = arena.flush()))
+        return rc;
     int threads = mt_gpu_threads(), blocks = elem_blocks(t.tiles);
     mt_k_zero<<<blocks, threads, 0, MT_STREAM>>>(t.table, t.offsets, t.tstart, n_tensors);
     if ((rc = launch_check("fill zero")) || (rc = mt_list_to_host(&t, offsets))) return rc;

@@ -60,24 +60,87 @@ void mt_gpu_record_launch(int threads, int blocks) {
     g_last_blocks = blocks;
 }
 
-mt_arena::~mt_arena() {
-    for (void *p : owned) gpuFreeAsync(p, MT_STREAM);
+struct mt_scratch {
+    char *dev = nullptr, *pinned = nullptr;
+    size_t cap = 0, grow_to = 0;
+};
+static thread_local mt_scratch t_scratch;
+
+#define MT_ALIGN(x) (((x) + 255) & ~(size_t)255)
+
+mt_arena::mt_arena() {
+    mt_scratch &sc = t_scratch;
+    if (sc.grow_to > sc.cap || !sc.dev) {     /* previous calls on this thread have synchronized */
+        size_t want_cap = sc.grow_to > (size_t)(1 << 20) ? sc.grow_to : (size_t)(1 << 20);
+        if (sc.dev) gpuFree(sc.dev);
+        if (sc.pinned) gpuFreeHost(sc.pinned);
+        sc.dev = nullptr;
+        sc.pinned = nullptr;
+        sc.cap = 0;
+        if (gpuMalloc((void **)&sc.dev, want_cap) == gpuSuccess &&
+            gpuMallocHost((void **)&sc.pinned, want_cap) == gpuSuccess)
+            sc.cap = want_cap;
+        else
+            gpuGetLastError();
+    }
+    dev = sc.dev;
+    pinned = sc.pinned;
+    cap = sc.cap;
 }
 
+mt_arena::~mt_arena() {
+    for (void *p : owned) gpuFreeAsync(p, MT_STREAM);
+    if (want > t_scratch.grow_to) t_scratch.grow_to = want;
+}
+
+/* The scratch's first half holds staged uploads (mirrored in pinned memory), its second half
+ * plain allocations, so a flush never overwrites memory a kernel or copy has written. */
 int mt_arena::alloc(void **out, int64_t bytes) {
+    size_t b = MT_ALIGN((size_t)(bytes > 0 ? bytes : 4)), half = cap / 2;
+    if (2 * (used + b) > want) want = 2 * (used + b);
+    if (used + b <= half) {
+        *out = dev + half + used;
+        used += b;
+        return MT_OK;
+    }
     void *p = nullptr;
-    MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)(bytes > 0 ? bytes : 4), MT_STREAM), "device allocation");
+    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
     owned.push_back(p);
     *out = p;
     return MT_OK;
 }
 
-int mt_arena::upload(void **out, const void *host, int64_t bytes) {
-    int rc = alloc(out, bytes);
-    if (rc) return rc;
-    MT_GPU_CHECK(gpuMemcpyAsync(*out, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+int mt_arena::stage(void **out, const void *host, int64_t bytes) {
+    size_t b = MT_ALIGN((size_t)(bytes > 0 ? bytes : 4)), half = cap / 2;
+    if (2 * (staged + b) > want) want = 2 * (staged + b);
+    if (staged + b <= half) {
+        memcpy(pinned + staged, host, (size_t)bytes);
+        *out = dev + staged;
+        staged += b;
+        return MT_OK;
+    }
+    void *p = nullptr;
+    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
+    owned.push_back(p);
+    *out = p;
+    MT_GPU_CHECK(gpuMemcpyAsync(p, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
     mt_gpu_count_h2d(bytes);
     return MT_OK;
+}
+
+int mt_arena::flush() {
+    if (staged > flushed) {
+        MT_GPU_CHECK(gpuMemcpyAsync(dev + flushed, pinned + flushed, staged - flushed, gpuMemcpyDefault, MT_STREAM),
+                     "upload");
+        mt_gpu_count_h2d((int64_t)(staged - flushed));
+        flushed = staged;
+    }
+    return MT_OK;
+}
+
+int mt_arena::upload(void **out, const void *host, int64_t bytes) {
+    int rc = stage(out, host, bytes);
+    return rc ? rc : flush();
 }
 
 int64_t mt_tile_elems(void) { return (int64_t)g_threads.load() * 16; }   /* MT_TILE_OF: 4 x 4 per thread */
@@ -126,7 +189,7 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
         memcpy(blob.data() + (size_t)(2 * n + 1) * 8, offsets, (size_t)(n + 1) * 4);
     }
     char *dev = nullptr;
-    if ((rc = arena->upload((void **)&dev, blob.data(), (int64_t)blob.size()))) return rc;
+    if ((rc = arena->stage((void **)&dev, blob.data(), (int64_t)blob.size()))) return rc;
     out->table = (float **)dev;
     if (!like) {
         out->tstart = (const int64_t *)(dev + (size_t)n * 8);
@@ -149,7 +212,12 @@ int mt_list_to_host(const mt_dev_list *list, const int32_t *offsets) {
 int mt_buf_to_device(void **out, bool *staged, mt_arena *arena, void *ptr, int64_t bytes, bool upload) {
     *staged = !mt_gpu_is_device(ptr);
     if (!*staged) { *out = ptr; return MT_OK; }
-    return upload ? arena->upload(out, ptr, bytes) : arena->alloc(out, bytes);
+    if (!upload) return arena->alloc(out, bytes);
+    int rc = arena->alloc(out, bytes);     /* large: a direct copy, not through the pinned mirror */
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuMemcpyAsync(*out, ptr, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+    mt_gpu_count_h2d(bytes);
+    return MT_OK;
 }
 
 int mt_buf_to_host(void *host, const void *dev, int64_t bytes) {

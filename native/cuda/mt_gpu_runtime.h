@@ -33,12 +33,21 @@ int mt_gpu_blocks(int64_t work_items, int64_t items_per_block);
 int mt_gpu_threads(void);
 void mt_gpu_record_launch(int threads, int blocks);
 
-/* Device memory freed when the arena dies (stream-ordered). */
+/* Per-call memory. Small pieces come from the calling thread's scratch buffers (device and
+ * pinned host, reused call after call, grown to the high-water mark); `stage` records an
+ * upload into the pinned mirror and `flush` sends everything staged in ONE copy. Pieces that
+ * do not fit fall back to stream-ordered allocations freed when the arena dies. */
 struct mt_arena {
     std::vector<void *> owned;
+    size_t staged = 0, flushed = 0, used = 0, want = 0;   /* staged: first half; used: second */
+    char *dev = nullptr, *pinned = nullptr;
+    size_t cap = 0;
+    mt_arena();
     ~mt_arena();
-    int alloc(void **out, int64_t bytes);
-    int upload(void **out, const void *host, int64_t bytes);   /* alloc + counted H2D */
+    int alloc(void **out, int64_t bytes);                      /* device memory, uninitialised */
+    int stage(void **out, const void *host, int64_t bytes);    /* device copy of host after flush() */
+    int flush();
+    int upload(void **out, const void *host, int64_t bytes);   /* stage + flush */
 };
 
 /* A tensor list as the device sees it: a device copy of the pointer table (host tensors

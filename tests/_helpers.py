@@ -1,0 +1,246 @@
+"""Shared test helpers: float32 rounding in pure Python, the contract's arithmetic replayed
+element by element (the tests' independent oracle for the identical tier), deterministic
+input data, and a byte snapshot of an optimizer's whole state.
+
+Rounding: a binary32 + - * / or sqrt computed in binary64 and then rounded to binary32 is
+the correctly rounded binary32 result (53 >= 2*24 + 2, Figueroa 1995), so ``f32(a * b)``
+replays one C float operation exactly. An fma is rounded once from the exact rational.
+"""
+import array
+import hashlib
+import math
+import os
+import random
+import struct
+from fractions import Fraction
+
+# ---- float32 rounding ---------------------------------------------------------------------
+
+
+def f32(x):
+    """The float32 nearest to the float ``x`` (round half to even)."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def bits(x):
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def from_bits(u):
+    return struct.unpack("<f", struct.pack("<I", u))[0]
+
+
+def _next_up(x):
+    u = bits(x)
+    if x == 0.0:
+        return from_bits(1)
+    return from_bits(u + 1) if x > 0 else from_bits(u - 1)
+
+
+def _next_down(x):
+    return -_next_up(-x)
+
+
+def round_f32(q):
+    """The float32 nearest to the rational ``q`` (ties to even), for finite in-range q."""
+    q = Fraction(q)
+    c = f32(float(q))
+    best = None
+    for cand in (_next_down(c), c, _next_up(c)):
+        d = abs(Fraction(cand) - q)
+        key = (d, bits(cand) & 1)
+        if best is None or key < best[0]:
+            best = (key, cand)
+    return best[1]
+
+
+def ulps_apart(a, b):
+    """Distance between two finite float32 values of the same sign, in units in the last place."""
+    return abs(bits(a) - bits(b))
+
+
+def fma32(a, b, c):
+    return round_f32(Fraction(a) * Fraction(b) + Fraction(c))
+
+
+# ---- data -----------------------------------------------------------------------------------
+
+
+def f32_array(n, seed, low=-1.0, high=1.0):
+    """``n`` float32 values drawn by Python's own generator (not the library's)."""
+    rng = random.Random(seed)
+    return array.array("f", (rng.uniform(low, high) for _ in range(n)))
+
+
+def wide_array(n, seed, low_exp=-14, high_exp=4):
+    """``n`` float32 values of random sign and magnitudes spread over 2**low_exp..2**high_exp:
+    sums of their squares depend on the order of the fold, so a reordered tree shows."""
+    rng = random.Random(seed)
+    return array.array("f", (rng.choice((-1.0, 1.0)) * 2.0 ** rng.uniform(low_exp, high_exp)
+                             for _ in range(n)))
+
+
+def sha(*buffers):
+    h = hashlib.sha256()
+    for b in buffers:
+        h.update(b if isinstance(b, bytes) else raw(b))
+    return h.hexdigest()
+
+
+def raw(x):
+    """The bytes of any buffer (or None)."""
+    if x is None:
+        return None
+    if hasattr(x, "tobytes") and not isinstance(x, memoryview):
+        return x.tobytes()
+    return memoryview(x).tobytes()
+
+
+def snapshot(opt, *buffers):
+    """Every byte a refused call could have touched: the given buffers (params, grads, ...)
+    and the optimizer's params, exp_avg, exp_avg_sq, buf_initialized, t and per-step reports."""
+    state = {"buffers": [raw(b) for b in buffers]}
+    if opt is not None:
+        state["params"] = [raw(p) for p in opt.params]
+        for name in ("exp_avg", "exp_avg_sq", "buf_initialized"):
+            state[name] = raw(getattr(opt, name, None))
+        for name in ("t", "lr_", "total_norm_", "clip_coef_", "lr"):
+            state[name] = getattr(opt, name)
+    return state
+
+
+# ---- the contract replayed in Python (identical tier) ----------------------------------------
+
+LANES, CHUNK = 128, 4096
+
+
+def _lane_tree(acc):
+    acc = list(acc)
+    h = LANES // 2
+    while h >= 1:
+        for lane in range(h):
+            acc[lane] = f32(acc[lane] + acc[lane + h])
+        h //= 2
+    return acc[0]
+
+
+def _chunk_sumsq(x):
+    acc = [0.0] * LANES
+    for i, v in enumerate(x):
+        acc[i % LANES] = fma32(v, v, acc[i % LANES])
+    return _lane_tree(acc)
+
+
+def _tree_fold(s):
+    s = list(s)
+    if not s:
+        return 0.0
+    while len(s) > 1:
+        nxt = [f32(s[2 * k] + s[2 * k + 1]) for k in range(len(s) // 2)]
+        if len(s) % 2:
+            nxt.append(s[-1])
+        s = nxt
+    return s[0]
+
+
+def _sumsq(x):
+    return _tree_fold([_chunk_sumsq(x[c:c + CHUNK]) for c in range(0, len(x), CHUNK)])
+
+
+def ref_norms(tensors):
+    """(per-tensor L2 norms, total) by the length-only tree of mt_pinned.h."""
+    norms = [f32(math.sqrt(_sumsq(list(t)))) for t in tensors]
+    return norms, f32(math.sqrt(_sumsq(norms)))
+
+
+def ref_clip(grads, max_norm):
+    """(total, coef, clipped grads as lists) for the contract's clip."""
+    _, total = ref_norms(grads)
+    coef = f32(f32(max_norm) / f32(total + f32(1e-6)))
+    coef = min(coef, 1.0)
+    if coef < 1.0:
+        grads = [[f32(g * coef) for g in t] for t in grads]
+    else:
+        grads = [list(t) for t in grads]
+    return total, coef, grads
+
+
+def ref_adam(p, g, m, v, lr, beta1, beta2, eps, wd, maximize, decoupled, bc1, bc2):
+    """One step over flat lists; bc1/bc2 are the float32 bias corrections 1 - beta**t."""
+    lr, beta1, beta2, eps, wd = (f32(x) for x in (lr, beta1, beta2, eps, wd))
+    omb1, omb2 = f32(1.0 - beta1), f32(1.0 - beta2)
+    step_size = f32(lr / bc1)
+    sqrt_bias2 = f32(math.sqrt(bc2))
+    decay = f32(1.0 - f32(lr * wd))
+    for i in range(len(p)):
+        pv, gi = p[i], g[i]
+        if maximize:
+            gi = -gi
+        if wd != 0.0:
+            if decoupled:
+                pv = f32(pv * decay)
+            else:
+                gi = f32(f32(wd * pv) + gi)
+        mv = f32(f32(omb1 * f32(gi - m[i])) + m[i])
+        vv = f32(f32(omb2 * f32(gi * gi)) + f32(v[i] * beta2))
+        denom = f32(f32(f32(math.sqrt(vv)) / sqrt_bias2) + eps)
+        p[i] = f32(pv - f32(step_size * f32(mv / denom)))
+        m[i], v[i] = mv, vv
+
+
+def ref_sgd(p, g, buf, initialized, lr, momentum, dampening, wd, nesterov, maximize):
+    lr, momentum, dampening, wd = (f32(x) for x in (lr, momentum, dampening, wd))
+    omd = f32(1.0 - dampening)
+    for i in range(len(p)):
+        pv, gi = p[i], g[i]
+        if maximize:
+            gi = -gi
+        if wd != 0.0:
+            gi = f32(f32(wd * pv) + gi)
+        if momentum != 0.0:
+            b = f32(f32(omd * gi) + f32(buf[i] * momentum)) if initialized else gi
+            buf[i] = b
+            gi = f32(f32(momentum * b) + gi) if nesterov else b
+        p[i] = f32(f32(-lr * gi) + pv)
+
+
+# ---- optimizers used across test files and their subprocesses ---------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (class name, keyword arguments); every option of each optimizer appears somewhere.
+KINDS = {
+    "sgd": ("SGD", dict(lr=0.1)),
+    "sgd_momentum": ("SGD", dict(lr=0.05, momentum=0.9, dampening=0.25, weight_decay=0.01)),
+    "sgd_nesterov": ("SGD", dict(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.02, maximize=True)),
+    "adam": ("Adam", dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)),
+    "adam_maximize": ("Adam", dict(lr=1e-2, maximize=True)),
+    "adamw": ("AdamW", dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)),
+}
+
+
+def make_optimizer(kind, params, numeric_mode, **overrides):
+    import mojo_train
+    cls, kwargs = KINDS[kind]
+    kwargs = dict(kwargs, **overrides)
+    return getattr(mojo_train, cls)(params, numeric_mode=numeric_mode, **kwargs)
+
+
+def state_buffers(opt):
+    """The optimizer's state arrays that exist (exp_avg, exp_avg_sq, buf_initialized)."""
+    return [getattr(opt, n) for n in ("exp_avg", "exp_avg_sq", "buf_initialized")
+            if getattr(opt, n, None) is not None]
+
+
+def grads_for_step(sizes, t, scale=3.0):
+    """The gradients of step ``t`` (one-based), the same in every process."""
+    return [f32_array(n, 7919 * t + j, -scale, scale) for j, n in enumerate(sizes)]
+
+
+def params_for(sizes, seed=0):
+    return [f32_array(n, 104729 * seed + j) for j, n in enumerate(sizes)]
+
+
+def digest(opt):
+    """sha256 of params, state and t."""
+    return sha(*(list(opt.params) + state_buffers(opt) + [str(opt.t).encode()]))

@@ -1,0 +1,148 @@
+"""Our SGD, Adam, AdamW and clip_grad_norm_ against torch's, with torch in float64 as the reference.
+
+Contract under test: for inputs in the fixed ranges of tests/tolerances.py, every optimizer and
+option, with and without clipping, stays within the one bound stated there of torch's own
+optimizer run in float64 on the same initial params and the same float32 gradients, after 50
+steps; so does torch's own float32 CPU optimizer, which calibrates the bound. Our bits are not
+torch's (README, "Where our bits differ from torch's"): this file says how far apart they may be.
+Data are drawn by numpy from hypothesis-drawn seeds; tensors are 1-D, sizes 1..3000.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mojo_train
+import tolerances as tol
+
+torch = pytest.importorskip("torch")
+
+STEPS = tol.STEPS
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                       HealthCheck.too_slow])
+
+
+# ---- hypothesis strategies over the fixed ranges of tolerances.py ------------------------------
+
+def _log_uniform(low, high):
+    return st.floats(0.0, 1.0).map(lambda u: float(low * (high / low) ** u))
+
+
+def _in(bounds):
+    return st.floats(*bounds)
+
+
+_shapes = st.lists(st.integers(*tol.SIZE_RANGE), min_size=1, max_size=tol.MAX_TENSORS)
+def _decay(bounds):
+    return st.one_of(st.just(0.0), _log_uniform(*bounds))
+_clip = st.one_of(st.none(), _in(tol.CLIP_RATIO_RANGE))
+
+
+@st.composite
+def sgd_options(draw):
+    nesterov = draw(st.booleans())
+    momentum = draw(_in(tol.MOMENTUM_RANGE)) if nesterov else draw(
+        st.one_of(st.just(0.0), _in(tol.MOMENTUM_RANGE)))
+    return {"lr": draw(_log_uniform(*tol.LR_RANGE)), "momentum": momentum,
+            "dampening": 0.0 if nesterov else draw(st.one_of(st.just(0.0), _in(tol.DAMPENING_RANGE))),
+            "weight_decay": draw(_decay(tol.WEIGHT_DECAY_RANGE)), "nesterov": nesterov, "maximize": draw(st.booleans())}
+
+
+@st.composite
+def adam_options(draw, kind):
+    decay = tol.ADAM_WEIGHT_DECAY_RANGE if kind == "Adam" else tol.WEIGHT_DECAY_RANGE
+    return {"lr": draw(_log_uniform(*tol.LR_RANGE)),
+            "betas": (draw(_in(tol.BETA1_RANGE)), draw(_in(tol.BETA2_RANGE))),
+            "eps": draw(_log_uniform(*tol.EPS_RANGE)), "weight_decay": draw(_decay(decay)),
+            "maximize": draw(st.booleans())}
+
+
+@st.composite
+def cases(draw, kind):
+    """(kind, options, sizes, seed, gradient exponent, clip ratio or None)."""
+    options = draw(sgd_options() if kind == "SGD" else adam_options(kind))
+    return {"kind": kind, "options": options, "sizes": draw(_shapes),
+            "seed": draw(st.integers(0, 2**32 - 1)), "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)),
+            "clip_ratio": draw(_clip)}
+
+
+# ---- the data of one case: initial params and the STEPS float32 gradients -----------------------
+
+def case_data(case):
+    """Initial params U(-1, 1) and per-step gradients U(-1, 1) * 2**-grad_exp, float32, from the
+    seed; max_norm = clip_ratio * the expected total norm of one step's gradients (or None)."""
+    rng = np.random.Generator(np.random.PCG64(case["seed"]))
+    sizes = case["sizes"]
+    scale = np.float32(2.0 ** -case["grad_exp"])
+    params = [rng.uniform(-1.0, 1.0, n).astype(np.float32) for n in sizes]
+    grads = [[rng.uniform(-1.0, 1.0, n).astype(np.float32) * scale for n in sizes]
+             for _ in range(STEPS)]
+    max_norm = None
+    if case["clip_ratio"] is not None:
+        max_norm = case["clip_ratio"] * float(scale) * (sum(sizes) / 3.0) ** 0.5
+    return params, grads, max_norm
+
+
+def _flat(arrays):
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+
+# ---- running ours and torch's --------------------------------------------------------------
+
+def run_ours(case, tier):
+    """STEPS steps through mojo_train: final params, moments and the per-step pre-clip norms."""
+    params, grads, max_norm = case_data(case)
+    params = [p.copy() for p in params]
+    opt = getattr(mojo_train, case["kind"])(params, numeric_mode=tier, **case["options"])
+    norms = []
+    for g in grads:
+        norms.append(opt.step([x.copy() for x in g], max_norm=max_norm))
+    out = {"params": _flat(params), "norms": np.array(norms if max_norm is not None else [], np.float64)}
+    if case["kind"] == "SGD":
+        if opt.exp_avg is not None:
+            out["momentum_buffer"] = np.asarray(opt.exp_avg, dtype=np.float64)
+    else:
+        out["exp_avg"] = np.asarray(opt.exp_avg, dtype=np.float64)
+        out["exp_avg_sq"] = np.asarray(opt.exp_avg_sq, dtype=np.float64)
+    return out
+
+
+def run_torch(case, dtype):
+    """The same steps through torch.optim in ``dtype`` (its default CPU path), clipping with
+    torch.nn.utils.clip_grad_norm_ in that dtype. Also returns each quantity's unit (see
+    tolerances.py): G = the largest |effective gradient| seen (after clipping and coupled
+    decay), the moments in units of G, params in units of the displacement scale."""
+    params, grads, max_norm = case_data(case)
+    ps = [torch.tensor(p, dtype=dtype, requires_grad=True) for p in params]
+    opt = getattr(torch.optim, case["kind"])(ps, **case["options"])
+    decay = case["options"]["weight_decay"] if case["kind"] != "AdamW" else 0.0
+    sign = -1.0 if case["options"]["maximize"] else 1.0
+    norms, g_unit = [], 0.0
+    for g in grads:
+        for p, x in zip(ps, g):
+            p.grad = torch.tensor(x, dtype=dtype)
+        if max_norm is not None:
+            norms.append(float(torch.nn.utils.clip_grad_norm_(ps, max_norm)))
+        with torch.no_grad():
+            g_unit = max(g_unit, max(float((sign * p.grad + decay * p).abs().max()) for p in ps))
+        opt.step()
+    out = {"params": _flat([p.detach() for p in ps]), "norms": np.array(norms, np.float64)}
+    for name in ("momentum_buffer", "exp_avg", "exp_avg_sq"):
+        if name in opt.state[ps[0]] and opt.state[ps[0]][name] is not None:
+            out[name] = _flat([opt.state[p][name] for p in ps])
+    return out, tol.units(case["kind"], case["options"], g_unit)
+
+
+def compare(ours, ref, units, label):
+    """Every quantity the reference has, through the one comparator."""
+    assert set(ours) == set(ref), (label, sorted(ours), sorted(ref))
+    for name in ref:
+        tol.assert_close_to_reference(ours[name], ref[name], "%s %s" % (label, name), unit=units[name])
+
+
+# ---- the tests ----------------------------------------------------------------------------------
+
+def _check_case(case, mode):
+    ref, units = run_torch(case, torch.float64)
+    compare(ours_result := run_ours(case, mode.tier), ref, units, "%s %r %r" % (mode, case["kind"], case))
+    return ours_result
