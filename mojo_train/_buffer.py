@@ -375,8 +375,9 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None):
         if type(t) is device_array:
             if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.size == 0):
                 return None
-            keep.append(_ffi.cast("float *", t.ptr))
-            sizes.append(t.size)
+            keep.append(t._cptr)
+            if offsets is not None:
+                sizes.append(t.size)
             continue
         try:
             view = t.memview() if type(t) is Array else memoryview(t)
@@ -386,7 +387,8 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None):
                 or (view.shape != shapes[j] if shapes is not None else view.nbytes == 0)):
             return None
         keep.append(_ffi.from_buffer("float[]", view))
-        sizes.append(view.nbytes // 4)
+        if offsets is not None:
+            sizes.append(view.nbytes // 4)
     if offsets is not None:
         total = 0
         for j, size in enumerate(sizes):

@@ -58,6 +58,8 @@ class _DLTensor(ctypes.Structure):
 _DELETER_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 # void (*PyCapsule_Destructor)(PyObject *); a plain address: the capsule is mid-dealloc
 _DESTRUCTOR_T = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# how we call a producer's deleter: holding the GIL (safe whether or not it takes the GIL)
+_CALL_DELETER_T = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
 
 
 class _DLManagedTensor(ctypes.Structure):
@@ -70,8 +72,7 @@ def _api(name, restype, *argtypes):
 
     Private objects, so other code setting ``ctypes.pythonapi.X.argtypes`` cannot clash.
     """
-    fn = ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
-    return fn
+    return ctypes.PYFUNCTYPE(restype, *argtypes)((name, ctypes.pythonapi))
 
 
 _capsule_new = _api("PyCapsule_New", ctypes.py_object,
@@ -80,15 +81,11 @@ _capsule_is_valid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.py_object, ct
 _capsule_get_pointer = _api("PyCapsule_GetPointer", ctypes.c_void_p,
                             ctypes.py_object, ctypes.c_char_p)
 _capsule_set_name = _api("PyCapsule_SetName", ctypes.c_int, ctypes.py_object, ctypes.c_char_p)
-# the same two, on a raw PyObject* (used on a capsule being deallocated: no refcounting)
+# on a raw PyObject*: the capsule destructor sees its capsule mid-dealloc (no refcounting)
 _raw_is_valid = _api("PyCapsule_IsValid", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
-_raw_get_pointer = _api("PyCapsule_GetPointer", ctypes.c_void_p,
-                        ctypes.c_void_p, ctypes.c_char_p)
 # no argtypes on purpose: converters are Python calls, which fail while an error is set
 _err_fetch = ctypes.PYFUNCTYPE(None)(("PyErr_Fetch", ctypes.pythonapi))
 _err_restore = ctypes.PYFUNCTYPE(None)(("PyErr_Restore", ctypes.pythonapi))
-_EXC_CELLS = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())
-_EXC_REFS = tuple(ctypes.byref(cell) for cell in _EXC_CELLS)
 
 _DLTENSOR = b"dltensor"
 _USED_DLTENSOR = b"used_dltensor"
@@ -96,54 +93,66 @@ _USED_DLTENSOR = b"used_dltensor"
 # manager_ctx id -> (DLManagedTensor, shape array, strides array, owner); the deleter pops it
 _LIVE = {}
 _IDS = itertools.count(1)
+# callback argument (DLManagedTensor* / capsule PyObject*) -> its _ErrorSlot
+_DELETER_SLOTS = {}
+_CAPSULE_SLOTS = {}
 
 
-def _save_error():
-    """Take the error a caller may have pending (a C caller may drop a capsule mid-raise).
+class _ErrorSlot:
+    """Where one callback site parks an error its C caller left pending, plus its export id.
 
-    Must stay the callbacks' first call: while an error is set, any Python-level call
-    returning a value is turned into a SystemError.  Returns the (type, value, tb) addresses.
+    A C caller may drop a capsule (or free a tensor) while raising.  While an error is set,
+    every Python call that returns a value turns into a SystemError, so a callback's first
+    call must be ``take``; the cells are per site (made ahead of time, since making them is
+    itself a call), so threads never share them.  A ctypes callback cannot return to C with
+    an error set: ``give_back`` re-raises it and ctypes reports it as unraisable.
     """
-    _err_fetch(*_EXC_REFS)
-    saved = tuple(cell.value for cell in _EXC_CELLS)
-    for cell in _EXC_CELLS:
-        cell.value = None
-    return saved
+
+    __slots__ = ("ctx", "_cells", "_refs")
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._cells = (ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p())
+        self._refs = tuple(ctypes.byref(cell) for cell in self._cells)
+
+    def take(self):
+        _err_fetch(*self._refs)
+
+    def give_back(self):
+        saved = tuple(cell.value for cell in self._cells)
+        for cell in self._cells:
+            cell.value = None
+        if saved[0]:
+            _err_restore(*(ctypes.c_void_p(v) for v in saved))
 
 
-def _restore_error(saved):
-    """Hand back an error ``_save_error`` took; ctypes then reports it as unraisable.
-
-    (A ctypes callback cannot return to C with an error set, so this is the best kept.)
-    """
-    if saved[0]:
-        _err_restore(*(ctypes.c_void_p(v) for v in saved))
-
-
-def _release(managed_address):
-    """Drop the registry entry of our DLManagedTensor at ``managed_address``; idempotent."""
-    ctx = _DLManagedTensor.from_address(managed_address).manager_ctx
-    _LIVE.pop(ctx, None)
+def _release(ctx):
+    """Forget export ``ctx`` (dropping its owner); idempotent."""
+    entry = _LIVE.pop(ctx, None)
+    if entry is not None:
+        _DELETER_SLOTS.pop(ctypes.addressof(entry[0]), None)
 
 
 def _deleter_impl(managed_address):
     """DLManagedTensor.deleter: a consumer is done with our memory."""
-    saved = _save_error()
+    slot = _DELETER_SLOTS[managed_address]  # a second call stops here: KeyError, no reads
+    slot.take()
     try:
-        if managed_address:
-            _release(managed_address)
+        _release(slot.ctx)
     finally:
-        _restore_error(saved)
+        slot.give_back()
 
 
 def _capsule_destructor_impl(capsule_address):
     """PyCapsule destructor: free the tensor only if no consumer ever took the capsule."""
-    saved = _save_error()
+    slot = _CAPSULE_SLOTS[capsule_address]
+    slot.take()
     try:
+        del _CAPSULE_SLOTS[capsule_address]
         if _raw_is_valid(capsule_address, _DLTENSOR):
-            _release(_raw_get_pointer(capsule_address, _DLTENSOR))
+            _release(slot.ctx)
     finally:
-        _restore_error(saved)
+        slot.give_back()
 
 
 _DELETER = _DELETER_T(_deleter_impl)
@@ -225,11 +234,14 @@ def export_capsule(address, shape, dtype, device_type, device_id, owner):
     t.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64))
     managed.manager_ctx, managed.deleter = ctx, _DELETER
     _LIVE[ctx] = (managed, shape_arr, strides_arr, owner)
+    _DELETER_SLOTS[ctypes.addressof(managed)] = _ErrorSlot(ctx)
     try:
-        return _capsule_new(ctypes.addressof(managed), _DLTENSOR, _CAPSULE_DESTRUCTOR)
+        capsule = _capsule_new(ctypes.addressof(managed), _DLTENSOR, _CAPSULE_DESTRUCTOR)
     except BaseException:
-        _LIVE.pop(ctx, None)
+        _release(ctx)
         raise
+    _CAPSULE_SLOTS[id(capsule)] = _ErrorSlot(ctx)
+    return capsule
 
 
 def live_exports():
@@ -269,7 +281,7 @@ class Imported:
         if managed:
             deleter = _DLManagedTensor.from_address(managed).deleter
             if deleter:
-                deleter(managed)
+                ctypes.cast(deleter, _CALL_DELETER_T)(managed)
 
     def __del__(self):
         try:
@@ -306,6 +318,8 @@ def _read_fields(t, where):
     if t.dtype.lanes != 1 or key not in _NAMES:
         raise TypeError(where_msg(where, "unsupported DLPack dtype (code %d, bits %d, "
                                   "lanes %d)" % (key + (t.dtype.lanes,))))
+    if t.ndim and not t.shape:
+        raise ValueError(where_msg(where, "capsule has ndim %d but no shape" % t.ndim))
     shape = tuple(t.shape[i] for i in range(t.ndim))
     strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else None
     if any(d < 0 for d in shape):
@@ -317,7 +331,7 @@ def _read_fields(t, where):
 
 
 def import_capsule(capsule):
-    """Take over a ``"dltensor"`` capsule: rename it ``"used_dltensor"``, return ``Imported``."""
+    """Take over a ``"dltensor"`` capsule, renaming it ``"used_dltensor"``; an ``Imported``."""
     where = "import_capsule"
     if type(capsule).__name__ != "PyCapsule":
         raise TypeError(where_msg(where, "expected a DLPack PyCapsule, got %s"
@@ -330,11 +344,8 @@ def import_capsule(capsule):
     if not managed:
         raise ValueError(where_msg(where, "the capsule holds a NULL DLManagedTensor"))
     fields = _read_fields(_DLManagedTensor.from_address(managed).dl_tensor, where)
-    imported = Imported(managed, fields)
-    if _capsule_set_name(capsule, _USED_DLTENSOR) != 0:  # pragma: no cover
-        imported._managed = None  # the producer still owns it
-        raise RuntimeError(where_msg(where, "could not rename the capsule"))
-    return imported
+    _capsule_set_name(capsule, _USED_DLTENSOR)  # raises on failure: the producer keeps it
+    return Imported(managed, fields)
 
 
 def from_object(obj, stream=None):

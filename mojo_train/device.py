@@ -47,7 +47,7 @@ class _Allocation:
 class DeviceArray:
     """An n-d array in GPU memory. ``DeviceArray(shape, dtype='float32')`` is zero-filled."""
 
-    __slots__ = ("_alloc", "_offset", "shape", "dtype", "__weakref__")
+    __slots__ = ("_alloc", "_offset", "shape", "dtype", "_cptr", "__weakref__")
 
     def __init__(self, shape, dtype="float32", numeric_mode=None, _alloc=None, _offset=0):
         if dtype not in _TYPESTR:
@@ -62,6 +62,7 @@ class DeviceArray:
             self._alloc = _alloc
             self._zero()
         self._alloc = _alloc
+        self._cptr = ffi.cast("float *", _alloc.ptr + _offset)   # for the hot calls
 
     def _zero(self):
         """Zero-fill on the device (a kernel; nothing crosses the bus)."""

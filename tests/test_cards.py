@@ -227,6 +227,7 @@ def test_selfcheck_prints_the_table_and_exits_1_naming_a_failing_case(tmp_path, 
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(rows)
     monkeypatch.setattr(_cards, "card_paths", lambda: [path])
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
     assert cli.selfcheck() == 1
     out = capsys.readouterr().out
     assert "card" in out and "vendor" in out and "FAIL clip on cpu" in out

@@ -301,6 +301,41 @@ def test_torch_memory_stays_alive_until_the_import_is_closed():
     imported.close()
 
 
+def cuda_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA/ROCm device for torch")
+    return torch, (DL_ROCM if torch.version.hip else DL_CUDA)
+
+
+def test_importing_a_gpu_tensor_reports_its_device_and_address():
+    torch, kind = cuda_torch()
+    tensor = torch.arange(6, dtype=torch.float32, device="cuda").reshape(2, 3)
+    with from_object(tensor) as imported:
+        assert (imported.device_type, imported.device_id) == (kind, tensor.device.index)
+        assert imported.address == tensor.data_ptr()
+        assert imported.shape == (2, 3) and imported.dtype == "float32"
+    with from_object(tensor.t()) as transposed:
+        assert not transposed.c_contiguous
+
+
+def test_torch_writes_into_gpu_memory_we_export_and_frees_the_owner_after():
+    torch, kind = cuda_torch()
+    owner = torch.zeros(6, device="cuda")
+    device = (kind, owner.device.index)
+    watch = weakref.ref(owner)
+    capsule = export_capsule(owner.data_ptr(), (2, 3), "float32", device[0], device[1], owner)
+    view = torch.from_dlpack(Producer(capsule, device=device))
+    view[1, 2] = 4.0
+    assert view.data_ptr() == owner.data_ptr() and owner[5].item() == 4.0
+    del owner, capsule
+    gc.collect()
+    assert watch() is not None
+    del view
+    gc.collect()
+    assert watch() is None
+
+
 def test_zero_dimensional_tensors_round_trip():
     np = pytest.importorskip("numpy")
     capsule, owner, address = exported((), "float32")

@@ -140,6 +140,44 @@ def compare(ours, ref, units, label):
         tol.assert_close_to_reference(ours[name], ref[name], "%s %s" % (label, name), unit=units[name])
 
 
+# ---- clip_grad_norm_ on its own ------------------------------------------------------------------
+
+@st.composite
+def clip_cases(draw):
+    """Many tensors of sizes 1..3000, sometimes with one of 2**20 + 7 among them."""
+    sizes = draw(st.lists(st.integers(*tol.SIZE_RANGE), min_size=1, max_size=tol.MAX_CLIP_TENSORS))
+    if draw(st.booleans()):
+        sizes.insert(draw(st.integers(0, len(sizes))), tol.LARGE_TENSOR)
+    return {"sizes": sizes, "seed": draw(st.integers(0, 2**32 - 1)),
+            "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)), "clip_ratio": draw(_in(tol.CLIP_RATIO_RANGE))}
+
+
+def clip_data(case):
+    """Gradients U(-1, 1) * 2**-grad_exp and max_norm = clip_ratio * their expected norm."""
+    rng = np.random.Generator(np.random.PCG64(case["seed"]))
+    scale = np.float32(2.0 ** -case["grad_exp"])
+    grads = [rng.uniform(-1.0, 1.0, n).astype(np.float32) * scale for n in case["sizes"]]
+    return grads, case["clip_ratio"] * float(scale) * (sum(case["sizes"]) / 3.0) ** 0.5
+
+
+def clip_ours(case, tier):
+    grads, max_norm = clip_data(case)
+    total = mojo_train.clip_grad_norm_(grads, max_norm, numeric_mode=tier)
+    return {"total_norm": np.array([total]), "grads": _flat(grads)}
+
+
+def clip_torch(case, dtype):
+    grads, max_norm = clip_data(case)
+    ps = [torch.zeros(g.size, dtype=dtype, requires_grad=True) for g in grads]
+    for p, g in zip(ps, grads):
+        p.grad = torch.tensor(g, dtype=dtype)
+    total = float(torch.nn.utils.clip_grad_norm_(ps, max_norm))
+    return {"total_norm": np.array([total]), "grads": _flat([p.grad for p in ps])}
+
+
+CLIP_UNITS = {"total_norm": 0.0, "grads": 0.0}   # sums of squares and one scaling: relative only
+
+
 # ---- the tests ----------------------------------------------------------------------------------
 
 def _check_case(case, mode):

@@ -38,3 +38,5 @@ def units(kind, options, g_unit):
         buf = g_unit / (1.0 - options["momentum"])
         return {"params": lr_steps * buf, "momentum_buffer": buf, "norms": 0.0}
     return {"params": lr_steps, "exp_avg": g_unit, "exp_avg_sq": g_unit * g_unit, "norms": 0.0}
+MAX_CLIP_TENSORS = 64
+LARGE_TENSOR = 2**20 + 7

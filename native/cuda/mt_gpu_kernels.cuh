@@ -54,7 +54,7 @@ __device__ __forceinline__ bool mt_aligned16(const void *p) { return ((uintptr_t
 #define MT_WHOLE(tl) ((tl).len == MT_TILE_OF(blockDim.x))
 
 /* One warp per chunk: partials[c] = the chunk's sum of squares (clip.md). */
-__global__ void mt_k_chunk_sumsq(float *const *tab, const int32_t *offs, const int64_t *cstart, int32_t n,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_chunk_sumsq(float *const *tab, const int32_t *offs, const int64_t *cstart, int32_t n,
                                  int64_t chunks, float *partials) {
     const int t = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
@@ -95,7 +95,7 @@ __device__ float mt_block_fold(const float *src, int64_t m, float *buf, int64_t 
 }
 
 /* Block j: norms[j] = sqrt(fold of tensor j's chunk partials). */
-__global__ void mt_k_tensor_norms(const float *partials, const int64_t *cstart, float *norms, int64_t half) {
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_tensor_norms(const float *partials, const int64_t *cstart, float *norms, int64_t half) {
     extern __shared__ float buf[];
     int64_t m = cstart[blockIdx.x + 1] - cstart[blockIdx.x];
     float root = mt_block_fold(partials + cstart[blockIdx.x], m, buf, half);
@@ -103,7 +103,7 @@ __global__ void mt_k_tensor_norms(const float *partials, const int64_t *cstart, 
 }
 
 /* One block: the total norm (the same tree over the norms), the clip coefficient, refusal. */
-__global__ void mt_k_total(const float *norms, int32_t n, float *scratch, mt_status *st, int32_t clip,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_total(const float *norms, int32_t n, float *scratch, mt_status *st, int32_t clip,
                            float max_norm) {
     extern __shared__ float buf[];
     const int t = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
@@ -158,7 +158,7 @@ __device__ __forceinline__ void mt_tiles_nonfinite(float *const *ptab, float *co
     bg = bg && gtab;
 }
 
-__global__ void mt_k_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_nonfinite(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
                                int32_t n, int32_t *flag_p, int32_t *flag_g) {
     bool bp = false, bg = false;
     mt_tiles_nonfinite(ptab, gtab, offs, tstart, n, bp, bg);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void mt_tiles_adam(float *const *ptab, float *const *
 }
 
 template <int COUPLED>
-__global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
                           int32_t n, float *m, float *v, mt_adam_scalars s, const mt_status *st) {
     if (mt_refused(st)) return;
     mt_tiles_adam<COUPLED>(ptab, gtab, offs, tstart, n, m, v, s, st->scale ? st->coef : 1.0f, st->scale != 0);
@@ -212,7 +212,7 @@ __global__ void mt_k_adam(float *const *ptab, float *const *gtab, const int32_t 
 /* Small steps without clipping, in one launch of one block: the pre-pass over every tile,
  * a block-wide vote, then the update (or nothing). */
 template <int COUPLED>
-__global__ void mt_k_adam_small(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam_small(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
                                 int32_t n, float *m, float *v, mt_adam_scalars s, mt_status *st) {
     bool bp = false, bg = false;
     mt_tiles_nonfinite(ptab, gtab, offs, tstart, n, bp, bg);
@@ -225,7 +225,7 @@ __global__ void mt_k_adam_small(float *const *ptab, float *const *gtab, const in
 }
 
 template <int COUPLED, int HAS_BUF>
-__global__ void mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
                          int32_t n, float *buf, const int32_t *initialized, mt_sgd_scalars s, const mt_status *st) {
     if (mt_refused(st)) return;
     const float coef = st->scale ? st->coef : 1.0f;
@@ -242,7 +242,7 @@ __global__ void mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *
     })
 }
 
-__global__ void mt_k_scale(float *const *tab, const int32_t *offs, const int64_t *tstart, int32_t n,
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_scale(float *const *tab, const int32_t *offs, const int64_t *tstart, int32_t n,
                            const mt_status *st) {
     if (mt_refused(st) || !st->scale) return;
     const float c = st->coef;

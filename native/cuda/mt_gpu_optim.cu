@@ -39,7 +39,7 @@ int gpu_norms(mt_arena *arena, const mt_dev_list *g, const int32_t *offsets, mt_
     int64_t *dcs = nullptr;
     float *partials = nullptr, *scratch = nullptr;
     int rc;
-    if ((rc = arena->upload((void **)&dcs, cstart.data(), (int64_t)(n + 1) * 8)) ||
+    if ((rc = mt_cached_upload((const void **)&dcs, cstart.data(), (int64_t)(n + 1) * 8)) ||
         (rc = arena->alloc((void **)&partials, chunks * 4)) ||
         (rc = arena->alloc((void **)&scratch, (mt_chunk_count(n) + 1) * 4)))
         return rc;
@@ -70,10 +70,12 @@ struct step_ctx {
     float *norms = nullptr;
 };
 
-/* A zeroed status, uploaded with the next flush. */
+/* A zeroed status on the device (no transfer). */
 int stage_status(step_ctx *c) {
-    mt_status zero = {0, 0, 0, 0, 0.0f, 0.0f};
-    return c->arena.stage((void **)&c->st, &zero, sizeof zero);
+    int rc = c->arena.alloc((void **)&c->st, sizeof(mt_status));
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(c->st, 0, sizeof(mt_status), MT_STREAM), "status reset");
+    return MT_OK;
 }
 
 /* Stage lists and status, run the norms (clip) and the finiteness pre-pass. Staged uploads
@@ -97,8 +99,13 @@ int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_
 /* Download the status; refuse (nothing written back) or finish: norm_out, staged outputs. */
 int finish(step_ctx *c, const int32_t *offsets, int32_t clip, float *norm_out, bool grads_written) {
     mt_status st;
-    MT_GPU_CHECK(gpuMemcpyAsync(&st, c->st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");
+    if (c->st == mt_mapped_status()) {          /* the kernel wrote it across the bus itself */
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");
+        st = *c->st;   /* pinned memory; the stream synchronized after the kernel wrote it */
+    } else {
+        MT_GPU_CHECK(gpuMemcpyAsync(&st, c->st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");
+    }
     mt_gpu_count_d2h(sizeof st);
     if (st.nonfinite_total || st.bad_grads) {
         return st.bad_grads ? mt_fail(MT_ENONFINITE, "grads hold NaN or inf; nothing was written")
@@ -128,7 +135,8 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
     step_ctx c;
     int64_t tile = mt_tile_elems(), tiles = 0;
     for (int32_t j = 0; j < n; ++j) tiles += (offsets[j + 1] - offsets[j] + tile - 1) / tile;
-    bool small = !clip && tiles <= MT_SMALL_TILES;
+    mt_status *mapped = mt_mapped_status();
+    bool small = !clip && tiles <= MT_SMALL_TILES && mapped;
     if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm, small))) return rc;
     int64_t bytes = (int64_t)offsets[n] * 4;
     float *m = nullptr, *v = nullptr;
@@ -140,10 +148,12 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
     int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
     if (small) {
         mt_gpu_record_launch(threads, 1);
+        *mapped = mt_status{0, 0, 0, 0, 0.0f, 0.0f};
         if (s.coupled)
-            mt_k_adam_small<1><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
+            mt_k_adam_small<1><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, mapped);
         else
-            mt_k_adam_small<0><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
+            mt_k_adam_small<0><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, mapped);
+        c.st = mapped;
     } else if (s.coupled)
         mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
     else

@@ -11,6 +11,7 @@
 #include "mt_host.h"
 
 #define MT_STREAM gpuStreamPerThread
+#define MT_MAX_THREADS 512   /* the element kernels' launch bound */
 
 /* What the device reports back after a step: refusals, norms, coefficient. */
 struct mt_status {
@@ -49,6 +50,14 @@ struct mt_arena {
     int flush();
     int upload(void **out, const void *host, int64_t bytes);   /* stage + flush */
 };
+
+/* A device copy of host bytes that stays between calls: pointer tables and offsets repeat
+ * step after step, so the calling thread keeps the last few (compared byte for byte) and a
+ * repeat costs no transfer. Kernels only read them. */
+int mt_cached_upload(const void **out, const void *host, int64_t bytes);
+
+/* The calling thread's status word in mapped pinned memory (kernels write it directly). */
+mt_status *mt_mapped_status(void);
 
 /* A tensor list as the device sees it: a device copy of the pointer table (host tensors
  * staged into one device region) and of the offsets. */
