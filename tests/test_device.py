@@ -75,7 +75,8 @@ def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(ident
         before = mt.transfer_bytes()
         norms.append(opt.step(grads, max_norm=0.5))
         after = mt.transfer_bytes()
-        assert (after[0] - before[0]) + (after[1] - before[1]) <= 64 + 16 * len(sizes)
+        if s:   # after the first step, only the new gradients' pointer table and the status move
+            assert (after[0] - before[0]) + (after[1] - before[1]) <= 64 + 8 * len(sizes)
     assert _digest(*[p.to_host() for p in params]) == want_p
     assert _digest(opt.exp_avg, opt.exp_avg_sq) == want_m
     assert norms == want_norms
