@@ -180,7 +180,89 @@ CLIP_UNITS = {"total_norm": 0.0, "grads": 0.0}   # sums of squares and one scali
 
 # ---- the tests ----------------------------------------------------------------------------------
 
-def _check_case(case, mode):
+KINDS = ("SGD", "Adam", "AdamW")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=25, **_SETTINGS)
+@given(data=st.data())
+def test_optimizer_stays_within_the_bound_of_torch_float64_for_50_steps(mode, kind, data):
+    case = data.draw(cases(kind), label="case")
     ref, units = run_torch(case, torch.float64)
-    compare(ours_result := run_ours(case, mode.tier), ref, units, "%s %r %r" % (mode, case["kind"], case))
-    return ours_result
+    compare(run_ours(case, mode.tier), ref, units, "%r %s" % (mode, kind))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=25, **_SETTINGS)
+@given(data=st.data())
+def test_torch_float32_stays_within_the_same_bound(kind, data):
+    """Calibration: the bound is one torch's own float32 optimizer also keeps."""
+    case = data.draw(cases(kind), label="case")
+    ref, units = run_torch(case, torch.float64)
+    compare(run_torch(case, torch.float32)[0], ref, units, "torch float32 %s" % kind)
+
+
+@settings(max_examples=15, **_SETTINGS)
+@given(case=clip_cases())
+def test_clip_grad_norm_stays_within_the_bound_of_torch_float64(mode, case):
+    ref = clip_torch(case, torch.float64)
+    compare(clip_ours(case, mode.tier), ref, CLIP_UNITS, "%r clip_grad_norm_" % (mode,))
+
+
+@settings(max_examples=15, **_SETTINGS)
+@given(case=clip_cases().filter(lambda c: tol.LARGE_TENSOR not in c["sizes"]))
+def test_torch_float32_clip_grad_norm_stays_within_the_same_bound(case):
+    """Calibration below LARGE_TENSOR (tolerances.py says why not at it)."""
+    compare(clip_torch(case, torch.float32), clip_torch(case, torch.float64), CLIP_UNITS,
+            "torch float32 clip_grad_norm_")
+
+
+def test_clip_grad_norm_of_a_large_tensor_among_small_ones_matches_torch_float64(mode):
+    case = {"sizes": [3, tol.LARGE_TENSOR, 1, 4096], "seed": 7, "grad_exp": 0, "clip_ratio": 0.5}
+    ref = clip_torch(case, torch.float64)
+    compare(clip_ours(case, mode.tier), ref, CLIP_UNITS, "%r clip_grad_norm_ large" % (mode,))
+
+
+# ---- measuring: python tests/test_torch_reference.py [cases per optimizer] --------------------------
+
+def measure(n, tiers=("identical", "deterministic", "fast")):
+    """The figures of tolerances.py: worst bound-used per optimizer, implementation, quantity,
+    over ``n`` hypothesis-drawn cases (about n/3 per optimizer) and n/10 clip cases ("clip-L":
+    with a LARGE_TENSOR among them)."""
+    from hypothesis import Phase
+    worst = {}
+
+    def note(key, used):
+        worst[key] = max(worst.get(key, 0.0), used)
+
+    @settings(max_examples=n, database=None, phases=[Phase.generate], **_SETTINGS)
+    @given(data=st.data(), kind=st.sampled_from(KINDS))
+    def sample(data, kind):
+        case = data.draw(cases(kind))
+        ref, units = run_torch(case, torch.float64)
+        runs = {"torch float32": run_torch(case, torch.float32)[0]}
+        runs.update({"ours " + t: run_ours(case, t) for t in tiers})
+        for who, got in runs.items():
+            for name in ref:
+                note((kind, who, name), tol.bound_used(got[name], ref[name], units[name])[0])
+
+    @settings(max_examples=max(1, n // 10), database=None, phases=[Phase.generate], **_SETTINGS)
+    @given(case=clip_cases())
+    def sample_clip(case):
+        ref = clip_torch(case, torch.float64)
+        runs = {"torch float32": clip_torch(case, torch.float32)}
+        runs.update({"ours " + t: clip_ours(case, t) for t in tiers})
+        kind = "clip" + ("-L" if tol.LARGE_TENSOR in case["sizes"] else "")
+        for who, got in runs.items():
+            for name in ref:
+                note((kind, who, name), tol.bound_used(got[name], ref[name], CLIP_UNITS[name])[0])
+
+    sample()
+    sample_clip()
+    for key in sorted(worst):
+        print("%-6s %-20s %-16s %.3g" % (key + (worst[key],)))
+
+
+if __name__ == "__main__":
+    import sys
+    measure(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
