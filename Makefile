@@ -79,3 +79,36 @@ clean:
 	rm -rf $(BUILD)
 
 .PHONY: all test selfcheck demo clean cuda check-cuda
+
+# ---- HIP (make hip): the very same native/cuda sources, compiled as HIP for AMD -------------
+# No kernel source of its own: native/cuda/*.cu go through hipcc with -x hip, and the
+# portability header native/cuda/mt_gpu.h picks HIP's spellings (MT_HIP). Debian's hipcc
+# (HIP 5.2, clang 15) targets gfx90a. Compile-checked only (native/hip/README.md says why).
+# The tiers mirror the CUDA ones: identical = no contraction, correctly rounded fp32 divide
+# and sqrt, subnormals kept (the explicit flags restate clang 15's HIP defaults, except
+# -ffp-contract, whose HIP default is fast-honor-pragmas); deterministic = the same with
+# contraction; fast = nvcc's --use_fast_math on the device only (-Xarch_device keeps
+# -ffast-math off the host code and crtfastmath.o, which would set FTZ/DAZ for the whole
+# process that loads the library, out of the link).
+HIPCC ?= hipcc
+HIP_ARCH ?= --offload-arch=gfx90a
+HIPCC_BASE := -O3 -std=c++17 $(HIP_ARCH) $(INCLUDES) -Inative/cuda -DMT_HIP -fPIC -fvisibility=hidden -fno-math-errno -Wno-unused-result
+HIPCC_EXACT := -fhip-fp32-correctly-rounded-divide-sqrt -fno-gpu-flush-denormals-to-zero
+HIPCC_TIER_identical := -DMT_TIER=0 -ffp-contract=off -fno-fast-math $(HIPCC_EXACT)
+HIPCC_TIER_deterministic := -DMT_TIER=1 -ffp-contract=fast -fno-fast-math $(HIPCC_EXACT)
+HIPCC_TIER_fast := -DMT_TIER=2 -ffp-contract=fast -Xarch_device -ffast-math -fgpu-flush-denormals-to-zero -fno-hip-fp32-correctly-rounded-divide-sqrt
+HIP_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_hip_$(t).$(SO))
+
+hip: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS))
+
+$(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+	@mkdir -p $(BUILD)/obj-hip-$*
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"hip"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/obj-hip-$*/mt_host.o
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(BUILD)/obj-hip-$*/mt_host.o
+
+$(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"hip"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/sabotage-$*/obj-hip/mt_host.o
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(BUILD)/sabotage-$*/obj-hip/mt_host.o
+
+.PHONY: hip

@@ -46,6 +46,10 @@ def _write(paths):
     return _cards.card_paths()
 
 
+def _has_device(vendor):
+    return _native.load("identical", vendor).has(1 << 9)   # MT_FEATURE_DEVICE_BUFFERS
+
+
 def selfcheck(write=False, card=None):
     paths = _write(_cards.card_paths()) if write else _cards.card_paths()
     if card is not None:
@@ -59,16 +63,17 @@ def selfcheck(write=False, card=None):
         return 1
     rows, failures = [], []
     for path in paths:
-        for vendor in vendors:
+        for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v)]:
             start = time.perf_counter()
-            results = _cards.check_card(path, vendor)
+            results = _cards.check_card(path, vendor, device)
             seconds = time.perf_counter() - start
             passed = sum(r.ok for r in results)
-            rows.append((_cards.card_name(path), vendor, "%d/%d" % (passed, len(results)), "%.2fs" % seconds))
-            failures += [(rows[-1][0], vendor, r) for r in results if not r.ok]
-    print("%-10s %-8s %-10s %s" % ("card", "vendor", "passed", "time"))
+            where = vendor + (" (device buffers)" if device else "")
+            rows.append((_cards.card_name(path), where, "%d/%d" % (passed, len(results)), "%.2fs" % seconds))
+            failures += [(rows[-1][0], where, r) for r in results if not r.ok]
+    print("%-10s %-24s %-10s %s" % ("card", "vendor", "passed", "time"))
     for row in rows:
-        print("%-10s %-8s %-10s %s" % row)
+        print("%-10s %-24s %-10s %s" % row)
     for card, vendor, r in failures:
         print("FAIL %s on %s: %s\n     mismatching: %s" % (card, vendor, r.case, ", ".join(r.mismatches)))
     return 1 if failures else 0

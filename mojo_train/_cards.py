@@ -31,6 +31,7 @@ import mojo_train
 
 from . import _native
 from ._array import Array
+from .device import DeviceArray
 
 CARD_SUFFIX = ".card"
 CONTRACTS = {"optim": "optimizer v1", "clip": "clip v1"}
@@ -218,12 +219,17 @@ def vendor_selected(vendor):
             os.environ["MOJO_TRAIN_VENDOR"] = old
 
 
+_ON_DEVICE = []   # non-empty while cards run on device buffers (see check_card)
+
+
 def _filled(backend, case, stream, bounds):
-    """One float32 Array per tensor of ``case``, drawn from (seed, stream) at flat offsets."""
+    """One float32 tensor per tensor of ``case`` (an Array, or a DeviceArray filled on the
+    device when running on device buffers), drawn from (seed, stream) at flat offsets."""
     arrays, offset = [], 0
     for n in case.args["sizes"]:
-        a = Array((n,), "float32")
-        rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.address), case.args["seed"],
+        a = DeviceArray((n,), "float32", numeric_mode="identical") if _ON_DEVICE else Array((n,), "float32")
+        address = a.ptr if _ON_DEVICE else a.address
+        rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", address), case.args["seed"],
                                          stream, offset, bounds[0], bounds[1], n)
         backend.check(rc, "mt_uniform_fill")
         arrays.append(a)
@@ -234,7 +240,7 @@ def _filled(backend, case, stream, bounds):
 def _sha(arrays=(), raw=b""):
     h = hashlib.sha256(raw)
     for a in arrays:
-        h.update(a.tobytes())
+        h.update((a.to_host() if isinstance(a, DeviceArray) else a).tobytes())
     return h.hexdigest()
 
 
@@ -272,7 +278,7 @@ def _run_clip(case, backend):
     for g in grads:
         offsets.append(offsets[-1] + g.size)
     offsets = Array.from_list(offsets, "int32")
-    table = ffi.new("float *[]", [ffi.cast("float *", g.address) for g in grads])
+    table = ffi.new("float *[]", [ffi.cast("float *", g.ptr if _ON_DEVICE else g.address) for g in grads])
     norms, total = Array((n,), "float32"), Array((1,), "float32")
     rc = backend.lib.mt_grad_norms(ffi.cast("float *", norms.address), ffi.cast("float *", total.address),
                                    table, ffi.cast("int32_t *", offsets.address), n)
@@ -287,18 +293,30 @@ def run_case(case, backend):
     return (_run_clip if case.op == "clip" else _run_optim)(case, backend)
 
 
+@contextlib.contextmanager
+def _placed(device):
+    if device:
+        _ON_DEVICE.append(True)
+    try:
+        yield
+    finally:
+        if device:
+            _ON_DEVICE.pop()
+
+
 # ---- the comparator and the two card operations -------------------------------------------
 def compare(want, got):
     """Names of the outputs whose digests differ (or are missing on either side)."""
     return [n for n in want if got.get(n) != want[n]] + [n for n in got if n not in want]
 
 
-def check_card(path, vendor):
+def check_card(path, vendor, device=False):
     """Run every line of the card on ``vendor``'s identical tier: a list of Result(case text,
-    ok, mismatching outputs). A case that raises fails with ``raised <error>`` as its mismatch."""
+    ok, mismatching outputs). A case that raises fails with ``raised <error>`` as its mismatch.
+    With ``device``, inputs are drawn straight into device memory and stay there."""
     card = read_card(path)
     results = []
-    with vendor_selected(vendor) as backend:
+    with vendor_selected(vendor) as backend, _placed(device):
         for line in card.lines:
             try:
                 bad = compare(line.digests, run_case(line.case, backend))

@@ -253,3 +253,19 @@ def test_info_prints_what_loads():
                          capture_output=True, text=True, env=dict(os.environ, MOJO_TRAIN_VENDOR="cpu"))
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["vendor"] == "cpu"
+
+
+@pytest.mark.parametrize("geometry", [(256, 0), (64, 5), (512, 3)])
+def test_every_card_holds_on_device_buffers_at_any_launch_geometry(identical, geometry):
+    if not identical.has("device"):
+        pytest.skip("the vendor takes no device buffers")
+    lib = identical.backend.lib
+    assert lib.mt_set_launch_geometry(*geometry) == 0
+    try:
+        for path in CARDS:
+            results = _cards.check_card(path, identical.vendor, device=True)
+            assert results and all(r.ok for r in results), [r for r in results if not r.ok][:3]
+            seen = _native.ffi.new("int32_t[2]")
+            assert lib.mt_launch_geometry(seen) == 0 and seen[0] == geometry[0]
+    finally:
+        lib.mt_set_launch_geometry(256, 0)

@@ -24,6 +24,11 @@ void mt_for_segments(const int32_t *offsets, int32_t n_tensors, int64_t b, int64
 /* Visit the whole registry, split over the thread pool. */
 void mt_parallel_segments(const int32_t *offsets, int32_t n_tensors, mt_segment_fn fn, void *ctx);
 
+/* One pass over two registries (b may be NULL): the first tensor of each holding a NaN or
+ * inf, or -1; returns nonzero when either holds one. */
+int mt_nonfinite_pair(int32_t *bad_a, int32_t *bad_b, float *const *a, float *const *b, const int32_t *offsets,
+                      int32_t n_tensors);
+
 /* Index of the first tensor holding a NaN or inf, or -1. */
 int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors);
 

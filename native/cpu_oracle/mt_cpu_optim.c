@@ -95,12 +95,11 @@ static int prepare(step_job *job, float *norm_out, const int32_t *offsets, int32
         }
         job->coef = mt_clip_coefficient(max_norm, total);
         job->scale = job->coef < 1.0f;
-    } else {
-        int32_t j = mt_first_nonfinite(job->grads, offsets, n);
-        if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
     }
-    int32_t j = mt_first_nonfinite(job->params, offsets, n);
-    if (j >= 0) return mt_fail(MT_ENONFINITE, "params[%d] holds NaN or inf; nothing was written", (int)j);
+    int32_t bp, bg;                      /* params (and, without clipping, grads): one pass */
+    mt_nonfinite_pair(&bp, &bg, job->params, clip ? 0 : job->grads, offsets, n);
+    if (bg >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)bg);
+    if (bp >= 0) return mt_fail(MT_ENONFINITE, "params[%d] holds NaN or inf; nothing was written", (int)bp);
     if (clip && norm_out) { norm_out[0] = total; norm_out[1] = job->coef; }
     return MT_OK;
 }

@@ -43,21 +43,34 @@ MT_SIMD static int any_nonfinite(const float *x, int64_t n) {
     return bad != 0;
 }
 
-typedef struct { float *const *table; int bad; } finite_job;
+typedef struct { float *const *a, *const *b; int bad; } finite_job;
 
 static void finite_segment(void *p, int32_t j, int64_t flat, int64_t local, int64_t count) {
     finite_job *job = (finite_job *)p;
     (void)flat;
-    if (any_nonfinite(job->table[j] + local, count)) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
+    int bad = any_nonfinite(job->a[j] + local, count) || (job->b && any_nonfinite(job->b[j] + local, count));
+    if (bad) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
 }
 
-int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors) {
-    finite_job job = {table, 0};
-    mt_parallel_segments(offsets, n_tensors, finite_segment, &job);
-    if (!job.bad) return -1;
+static int32_t first_bad(float *const *table, const int32_t *offsets, int32_t n_tensors) {
     for (int32_t j = 0; j < n_tensors; ++j)            /* error path: find which tensor */
         if (any_nonfinite(table[j], offsets[j + 1] - offsets[j])) return j;
     return -1;
+}
+
+int mt_nonfinite_pair(int32_t *bad_a, int32_t *bad_b, float *const *a, float *const *b, const int32_t *offsets,
+                      int32_t n_tensors) {
+    finite_job job = {a, b, 0};
+    mt_parallel_segments(offsets, n_tensors, finite_segment, &job);
+    *bad_a = job.bad ? first_bad(a, offsets, n_tensors) : -1;
+    *bad_b = job.bad && b ? first_bad(b, offsets, n_tensors) : -1;
+    return job.bad;
+}
+
+int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors) {
+    int32_t bad, unused;
+    mt_nonfinite_pair(&bad, &unused, table, 0, offsets, n_tensors);
+    return bad;
 }
 
 /* ---- norms by the pinned tree ---- */

@@ -30,8 +30,15 @@ typedef hipStream_t gpuStream_t;
 #define gpuPointerAttributes hipPointerAttribute_t
 #define gpuPointerGetAttributes hipPointerGetAttributes
 #define gpuMemoryTypeDevice hipMemoryTypeDevice
+#if HIP_VERSION_MAJOR >= 6
 #define gpuMemoryTypeManaged hipMemoryTypeManaged
 #define MT_PTR_TYPE(attr) ((attr).type)
+#else
+/* HIP 5 (Debian's 5.2): the field is memoryType and managed memory is only the isManaged flag
+ * (no hipMemoryTypeManaged), so a managed pointer reads as the otherwise unused Unified type. */
+#define gpuMemoryTypeManaged hipMemoryTypeUnified
+#define MT_PTR_TYPE(attr) ((attr).isManaged ? hipMemoryTypeUnified : (attr).memoryType)
+#endif
 /* A wave may hold 64 lanes on AMD: every shuffle names its 32-wide segment explicitly. */
 #define MT_SHFL_DOWN(v, d) __shfl_down((v), (d), 32)
 #else
@@ -63,5 +70,9 @@ typedef cudaStream_t gpuStream_t;
 #define MT_PTR_TYPE(attr) ((attr).type)
 #define MT_SHFL_DOWN(v, d) __shfl_down_sync(0xffffffffu, (v), (d), 32)
 #endif
+
+/* `#pragma unroll` inside a macro argument (the bodies of MT_FOR_TILES) is refused by clang
+ * (HIP); the _Pragma operator spells the same pragma for nvcc and clang alike. */
+#define MT_PRAGMA_UNROLL _Pragma("unroll")
 
 #endif /* MT_GPU_H */

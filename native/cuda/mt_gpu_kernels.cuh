@@ -141,12 +141,12 @@ __device__ __forceinline__ void mt_tiles_nonfinite(float *const *ptab, float *co
         const float *g = gtab ? gtab[tl.j] + tl.local : p;
         if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g)) {
             float4 qp[MT_UNROLL], qg[MT_UNROLL];
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u) {
                 qp[u] = *(const float4 *)(p + MT_VEC_INDEX(u));
                 qg[u] = gtab ? *(const float4 *)(g + MT_VEC_INDEX(u)) : qp[u];
             }
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u) { bp |= mt_bad4(qp[u]); bg |= mt_bad4(qg[u]); }
         } else {
             for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
@@ -175,13 +175,13 @@ __device__ __forceinline__ void mt_tiles_adam(float *const *ptab, float *const *
         float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local, *mm = m + tl.flat, *vv = v + tl.flat;
         if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g) && mt_aligned16(mm) && mt_aligned16(vv)) {
             float4 qp[MT_UNROLL], qg[MT_UNROLL], qm[MT_UNROLL], qv[MT_UNROLL];
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u) {
                 int64_t e = MT_VEC_INDEX(u);
                 qp[u] = *(float4 *)(p + e); qg[u] = *(float4 *)(g + e);
                 qm[u] = *(float4 *)(mm + e); qv[u] = *(float4 *)(vv + e);
             }
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u) {
                 int64_t e = MT_VEC_INDEX(u);
                 float4 gs = make_float4(qg[u].x * coef, qg[u].y * coef, qg[u].z * coef, qg[u].w * coef);
@@ -250,9 +250,9 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_scale(float *const *tab, 
         float *x = tab[tl.j] + tl.local;
         if (MT_WHOLE(tl) && mt_aligned16(x)) {
             float4 q[MT_UNROLL];
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u) q[u] = *(float4 *)(x + MT_VEC_INDEX(u));
-#pragma unroll
+            MT_PRAGMA_UNROLL
             for (int u = 0; u < MT_UNROLL; ++u)
                 *(float4 *)(x + MT_VEC_INDEX(u)) = make_float4(q[u].x * c, q[u].y * c, q[u].z * c, q[u].w * c);
         } else {

@@ -1,5 +1,7 @@
 /* mt_gpu_runtime.cu -- see mt_gpu_runtime.h; also the device-memory half of the C ABI. */
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string.h>
 #include "mt_gpu_runtime.h"
 
@@ -34,7 +36,23 @@ int mt_gpu_ready(void) {
     return MT_OK;
 }
 
+/* Allocations made through mt_device_alloc, by address: classifying a pointer into one of
+ * them needs no runtime call (they are removed again by mt_device_free, so a freed range is
+ * never trusted). Anything else is asked of the runtime. */
+static std::mutex g_own_lock;
+static std::map<uintptr_t, size_t> g_own;
+
+static bool mt_own_allocation(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    std::lock_guard<std::mutex> hold(g_own_lock);
+    auto it = g_own.upper_bound(a);
+    if (it == g_own.begin()) return false;
+    --it;
+    return a < it->first + it->second;
+}
+
 bool mt_gpu_is_device(const void *p) {
+    if (mt_own_allocation(p)) return true;
     gpuPointerAttributes attr;
     if (gpuPointerGetAttributes(&attr, p) != gpuSuccess) {
         gpuGetLastError();   /* an unregistered host pointer: clear the sticky-free error */
@@ -289,12 +307,20 @@ int mt_device_alloc(void **out, int64_t nbytes) {
     if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
     void *p = nullptr;
     MT_GPU_CHECK(gpuMalloc(&p, (size_t)nbytes), "device allocation");
+    {
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        g_own[(uintptr_t)p] = (size_t)nbytes;
+    }
     *out = p;
     return MT_OK;
 }
 
 int mt_device_free(void *ptr) {
     if (!ptr) return MT_OK;
+    {
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        g_own.erase((uintptr_t)ptr);
+    }
     MT_GPU_CHECK(gpuFree(ptr), "device free");
     return MT_OK;
 }
