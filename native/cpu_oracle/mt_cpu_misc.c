@@ -25,14 +25,9 @@ static void uniform_range(void *ctx, int64_t b, int64_t e) {
 
 int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, float low, float high,
                     int64_t n) {
-    int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(low, "low")) ||
-        (rc = mt_check_finite_scalar(high, "high")))
-        return rc;
-    if (!(low < high)) return mt_fail(MT_EINVAL, "low must be < high (got %g, %g)", (double)low, (double)high);
-    float width = high - low;
-    if (!mt_is_finite(width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
-    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    float width;
+    int rc = mt_check_uniform_args(&width, out, low, high, n);
+    if (rc) return rc;
     uniform_job job = {out, seed, stream, offset, low, width};
     mt_parallel_for(n, 4, uniform_range, &job);
     return MT_OK;

@@ -127,3 +127,15 @@ int mt_philox4x32_10(uint32_t *out, const uint32_t *counter, const uint32_t *key
     for (int i = 0; i < 4; ++i) out[i] = tmp[i];
     return MT_OK;
 }
+
+int mt_check_uniform_args(float *width, const float *out, float low, float high, int64_t n) {
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(low, "low")) ||
+        (rc = mt_check_finite_scalar(high, "high")))
+        return rc;
+    if (!(low < high)) return mt_fail(MT_EINVAL, "low must be < high (got %g, %g)", (double)low, (double)high);
+    *width = high - low;
+    if (!mt_is_finite(*width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    return MT_OK;
+}

@@ -33,6 +33,9 @@ int mt_check_adam_args(float lr, float beta1, float beta2, float eps, float weig
 int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_decay,
                       int32_t nesterov, int32_t clip, float max_norm);
 
+/* mt_uniform_fill's arguments; on success *width = high - low (rounded once). */
+int mt_check_uniform_args(float *width, const float *out, float low, float high, int64_t n);
+
 /* The vendor's feature bits beyond the tier's (defined by each vendor). */
 uint64_t mt_vendor_features(void);
 

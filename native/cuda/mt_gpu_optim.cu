@@ -280,14 +280,9 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
 }
 
 int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, float low, float high, int64_t n) {
-    int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(low, "low")) ||
-        (rc = mt_check_finite_scalar(high, "high")))
-        return rc;
-    if (!(low < high)) return mt_fail(MT_EINVAL, "low must be < high (got %g, %g)", (double)low, (double)high);
-    float width = high - low;
-    if (!mt_is_finite(width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
-    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    float width;
+    int rc = mt_check_uniform_args(&width, out, low, high, n);
+    if (rc) return rc;
     if (n == 0) return MT_OK;
     if ((rc = mt_gpu_ready())) return rc;
     mt_arena arena;
