@@ -85,7 +85,7 @@ int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_
     int rc;
     if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
         (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)) ||
-        (rc = stage_status(c)) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
+        (!fused_check && (rc = stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
         return rc;
     if (clip && (rc = gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
@@ -161,7 +161,7 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
     if ((rc = launch_check("adam update")) || (rc = finish(&c, offsets, clip, norm_out, true))) return rc;
     if ((sm && (rc = mt_buf_to_host(exp_avg, m, bytes))) || (sv && (rc = mt_buf_to_host(exp_avg_sq, v, bytes))))
         return rc;
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    if (sm || sv || c.p.any_staged() || c.g.any_staged()) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
     return MT_OK;
 }
 

@@ -71,6 +71,10 @@ struct mt_dev_list {
     std::vector<char> staged;         /* tensor j was a host buffer */
     int32_t n = 0;
     int64_t total = 0;
+    bool any_staged() const {
+        for (char s : staged) if (s) return true;
+        return false;
+    }
 };
 
 /* Stage a list; with `like`, its offsets and tiles are shared (same registry). One upload
