@@ -25,29 +25,50 @@ struct mt_tile {
     int64_t local, flat, len;
 };
 
-__device__ __forceinline__ mt_tile mt_tile_at(const int32_t *offs, const int64_t *tstart, int32_t n, int64_t t) {
+__device__ __forceinline__ int32_t mt_tensor_of_tile(const int64_t *tstart, int32_t n, int64_t t) {
     int32_t lo = 0, hi = n - 1;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo + 1) / 2;
         if (tstart[mid] <= t) lo = mid; else hi = mid - 1;
     }
+    return lo;
+}
+
+__device__ __forceinline__ mt_tile mt_tile_in(const int32_t *offs, const int64_t *tstart, int32_t j, int64_t t) {
     mt_tile r;
-    r.j = lo;
-    r.local = (t - tstart[lo]) * MT_TILE_OF(blockDim.x);
-    r.flat = offs[lo] + r.local;
-    int64_t left = (int64_t)(offs[lo + 1] - offs[lo]) - r.local;
+    r.j = j;
+    r.local = (t - tstart[j]) * MT_TILE_OF(blockDim.x);
+    r.flat = offs[j] + r.local;
+    int64_t left = (int64_t)(offs[j + 1] - offs[j]) - r.local;
     r.len = left < MT_TILE_OF(blockDim.x) ? left : MT_TILE_OF(blockDim.x);
     return r;
 }
 
 __device__ __forceinline__ bool mt_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Run the body for every tile of the registry (grid-stride over tiles). */
-#define MT_FOR_TILES(offs, tstart, n, tl, ...)                                                  \
-    for (int64_t mt_t_ = blockIdx.x, mt_T_ = (tstart)[n]; mt_t_ < mt_T_; mt_t_ += gridDim.x) { \
-        mt_tile tl = mt_tile_at((offs), (tstart), (n), mt_t_);                                 \
-        __VA_ARGS__                                                                             \
+#ifndef MT_TILES_STRIDED
+/* Run the body for every tile of the registry: block b takes the b-th contiguous share of the
+ * tiles, so the tensor of its first tile is searched once and later ones are stepped to. */
+#define MT_FOR_TILES(offs, tstart, n, tl, ...)                                                    \
+    {                                                                                             \
+        const int64_t mt_T_ = (tstart)[n];                                                        \
+        const int64_t mt_b_ = mt_T_ * blockIdx.x / gridDim.x;                                     \
+        const int64_t mt_e_ = mt_T_ * (blockIdx.x + 1) / gridDim.x;                               \
+        int32_t mt_j_ = mt_b_ < mt_e_ ? mt_tensor_of_tile((tstart), (n), mt_b_) : 0;             \
+        for (int64_t mt_t_ = mt_b_; mt_t_ < mt_e_; ++mt_t_) {                                     \
+            while (mt_t_ >= (tstart)[mt_j_ + 1]) ++mt_j_;                                         \
+            mt_tile tl = mt_tile_in((offs), (tstart), mt_j_, mt_t_);                              \
+            __VA_ARGS__                                                                           \
+        }                                                                                         \
     }
+#else
+/* The strided alternative (grid-stride over tiles, a search per tile), kept for A/B runs. */
+#define MT_FOR_TILES(offs, tstart, n, tl, ...)                                                    \
+    for (int64_t mt_t_ = blockIdx.x, mt_T_ = (tstart)[n]; mt_t_ < mt_T_; mt_t_ += gridDim.x) {   \
+        mt_tile tl = mt_tile_in((offs), (tstart), mt_tensor_of_tile((tstart), (n), mt_t_), mt_t_); \
+        __VA_ARGS__                                                                               \
+    }
+#endif
 
 /* Vector layout of a whole tile: thread x handles float4 number u * blockDim + x. */
 #define MT_VEC_INDEX(u) (((int64_t)(u) * blockDim.x + threadIdx.x) * MT_VEC)
