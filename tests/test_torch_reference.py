@@ -3,9 +3,12 @@
 Contract under test: for inputs in the fixed ranges of tests/tolerances.py, every optimizer and
 option, with and without clipping, stays within the one bound stated there of torch's own
 optimizer run in float64 on the same initial params and the same float32 gradients, after 50
-steps; so does torch's own float32 CPU optimizer, which calibrates the bound. Our bits are not
-torch's (README, "Where our bits differ from torch's"): this file says how far apart they may be.
-Data are drawn by numpy from hypothesis-drawn seeds; tensors are 1-D, sizes 1..3000.
+steps (params, moments and every step's pre-clip norm); clip_grad_norm_ alone stays within it
+for up to 64 tensors, one of them sometimes 2**20 + 7 long. torch's own float32 CPU optimizer
+and clip keep the same bound (the calibration; the clip only below 2**20 + 7, see
+tolerances.py). Our bits are not torch's (README, "Where our bits differ from torch's"): this
+file says how far apart they may be. Data are drawn by numpy from hypothesis-drawn seeds.
+``PYTHONPATH=. python tests/test_torch_reference.py N`` prints the figures of tolerances.py.
 """
 import numpy as np
 import pytest
@@ -32,9 +35,11 @@ def _in(bounds):
     return st.floats(*bounds)
 
 
-_shapes = st.lists(st.integers(*tol.SIZE_RANGE), min_size=1, max_size=tol.MAX_TENSORS)
 def _decay(bounds):
     return st.one_of(st.just(0.0), _log_uniform(*bounds))
+
+
+_shapes = st.lists(st.integers(*tol.SIZE_RANGE), min_size=1, max_size=tol.MAX_TENSORS)
 _clip = st.one_of(st.none(), _in(tol.CLIP_RATIO_RANGE))
 
 
@@ -43,9 +48,10 @@ def sgd_options(draw):
     nesterov = draw(st.booleans())
     momentum = draw(_in(tol.MOMENTUM_RANGE)) if nesterov else draw(
         st.one_of(st.just(0.0), _in(tol.MOMENTUM_RANGE)))
-    return {"lr": draw(_log_uniform(*tol.LR_RANGE)), "momentum": momentum,
-            "dampening": 0.0 if nesterov else draw(st.one_of(st.just(0.0), _in(tol.DAMPENING_RANGE))),
-            "weight_decay": draw(_decay(tol.WEIGHT_DECAY_RANGE)), "nesterov": nesterov, "maximize": draw(st.booleans())}
+    dampening = 0.0 if nesterov else draw(st.one_of(st.just(0.0), _in(tol.DAMPENING_RANGE)))
+    return {"lr": draw(_log_uniform(*tol.LR_RANGE)), "momentum": momentum, "dampening": dampening,
+            "weight_decay": draw(_decay(tol.WEIGHT_DECAY_RANGE)), "nesterov": nesterov,
+            "maximize": draw(st.booleans())}
 
 
 @st.composite
@@ -62,8 +68,8 @@ def cases(draw, kind):
     """(kind, options, sizes, seed, gradient exponent, clip ratio or None)."""
     options = draw(sgd_options() if kind == "SGD" else adam_options(kind))
     return {"kind": kind, "options": options, "sizes": draw(_shapes),
-            "seed": draw(st.integers(0, 2**32 - 1)), "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)),
-            "clip_ratio": draw(_clip)}
+            "seed": draw(st.integers(0, 2**32 - 1)),
+            "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)), "clip_ratio": draw(_clip)}
 
 
 # ---- the data of one case: initial params and the STEPS float32 gradients -----------------------
@@ -94,10 +100,8 @@ def run_ours(case, tier):
     params, grads, max_norm = case_data(case)
     params = [p.copy() for p in params]
     opt = getattr(mojo_train, case["kind"])(params, numeric_mode=tier, **case["options"])
-    norms = []
-    for g in grads:
-        norms.append(opt.step([x.copy() for x in g], max_norm=max_norm))
-    out = {"params": _flat(params), "norms": np.array(norms if max_norm is not None else [], np.float64)}
+    norms = [opt.step([x.copy() for x in g], max_norm=max_norm) for g in grads]
+    out = {"params": _flat(params), "norms": np.array([n for n in norms if n is not None], float)}
     if case["kind"] == "SGD":
         if opt.exp_avg is not None:
             out["momentum_buffer"] = np.asarray(opt.exp_avg, dtype=np.float64)
@@ -137,7 +141,8 @@ def compare(ours, ref, units, label):
     """Every quantity the reference has, through the one comparator."""
     assert set(ours) == set(ref), (label, sorted(ours), sorted(ref))
     for name in ref:
-        tol.assert_close_to_reference(ours[name], ref[name], "%s %s" % (label, name), unit=units[name])
+        tol.assert_close_to_reference(ours[name], ref[name], "%s %s" % (label, name),
+                                      unit=units[name])
 
 
 # ---- clip_grad_norm_ on its own ------------------------------------------------------------------
@@ -149,7 +154,8 @@ def clip_cases(draw):
     if draw(st.booleans()):
         sizes.insert(draw(st.integers(0, len(sizes))), tol.LARGE_TENSOR)
     return {"sizes": sizes, "seed": draw(st.integers(0, 2**32 - 1)),
-            "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)), "clip_ratio": draw(_in(tol.CLIP_RATIO_RANGE))}
+            "grad_exp": draw(st.integers(*tol.GRAD_EXP_RANGE)),
+            "clip_ratio": draw(_in(tol.CLIP_RATIO_RANGE))}
 
 
 def clip_data(case):
@@ -184,7 +190,7 @@ KINDS = ("SGD", "Adam", "AdamW")
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=25, **_SETTINGS)
+@settings(max_examples=40, **_SETTINGS)
 @given(data=st.data())
 def test_optimizer_stays_within_the_bound_of_torch_float64_for_50_steps(mode, kind, data):
     case = data.draw(cases(kind), label="case")
@@ -202,7 +208,7 @@ def test_torch_float32_stays_within_the_same_bound(kind, data):
     compare(run_torch(case, torch.float32)[0], ref, units, "torch float32 %s" % kind)
 
 
-@settings(max_examples=15, **_SETTINGS)
+@settings(max_examples=20, **_SETTINGS)
 @given(case=clip_cases())
 def test_clip_grad_norm_stays_within_the_bound_of_torch_float64(mode, case):
     ref = clip_torch(case, torch.float64)
@@ -223,7 +229,7 @@ def test_clip_grad_norm_of_a_large_tensor_among_small_ones_matches_torch_float64
     compare(clip_ours(case, mode.tier), ref, CLIP_UNITS, "%r clip_grad_norm_ large" % (mode,))
 
 
-# ---- measuring: python tests/test_torch_reference.py [cases per optimizer] --------------------------
+# ---- measuring: PYTHONPATH=. python tests/test_torch_reference.py [cases] ------------------------
 
 def measure(n, tiers=("identical", "deterministic", "fast")):
     """The figures of tolerances.py: worst bound-used per optimizer, implementation, quantity,

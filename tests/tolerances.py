@@ -19,11 +19,11 @@ weight decay), taken over all steps and elements:
     momentum buf  G / (1 - momentum)
     norms, clipped grads        0 (relative only: sums of squares and one scaling do not cancel)
 
-So the atol of a param is ATOL * lr * STEPS = lr / 10**4: it is measured against the distance
-the params can travel, not against their O(1) size, and one missing, doubled or skipped step
-would exceed it ten-thousandfold. RTOL covers what float32 storage of a param costs over STEPS
-steps: about STEPS half-ulps, plus AdamW's factor (1 - lr*wd) rounded to float32 and applied
-STEPS times (STEPS * 2**-23 = 6e-6).
+So the atol of a param is ATOL * lr * STEPS = 1.5e-4 * lr: it is measured against the distance
+the params can travel, not against their O(1) size, and one missing, doubled or skipped Adam
+step would exceed it thousands of times over. RTOL covers what float32 storage of a param
+costs over STEPS steps: a half-ulp rounding each step, plus AdamW's factor (1 - lr*wd) rounded
+to float32 and applied STEPS times.
 
 Input ranges (fixed; tests/test_torch_reference.py draws inside them):
 
@@ -37,34 +37,51 @@ Input ranges (fixed; tests/test_torch_reference.py draws inside them):
     max_norm      None, or CLIP_RATIO_RANGE * the expected total norm of one step's gradients
     every flag    (nesterov, maximize) both ways
 
-Why Adam's (coupled) weight decay has its own, smaller range: with g + wd*p in the gradient,
-an element where g + wd*p nearly cancels has v tiny next to eps**2, and Adam's step
-lr * g/(|g| + eps) then turns the float32 rounding of wd*p (about 2**-24 * wd * |p|) into a
-step error of about lr * 2**-24 * wd * |p| / eps; near p = 0 the decay also feeds back through
-that same 1/eps and the 50 steps become chaotic. That is the problem's conditioning, not our
-arithmetic: torch's own float32 Adam is as far from float64 as ours there. Measured with
-weight_decay up to 0.1 (5,000 Adam cases): worst bound-used of 860 (exp_avg) and 85 (params)
-for torch float32, 970 and 70 for ours; with weight_decay <= 1e-4, at most 0.3 for both
-(AdamW's decoupled decay never enters the normalisation and takes the full range).
+Why Adam's (coupled) weight decay has its own, smaller range: with g + wd*p as the gradient,
+an element where g + wd*p nearly cancels has v tiny next to eps**2 at step 1, and Adam's step
+lr * g/(|g| + eps) turns the float32 rounding of wd*p (up to 2 * 2**-24 * wd * |p|) into a step
+error of up to lr * 2**-23 * wd * |p| / eps; where decay dominates the gradient, p is driven to
+0 and oscillates there with that same 1/eps gain, and 50 steps become chaotic. That is the
+problem's conditioning, not our arithmetic: torch's own float32 Adam is as far from float64 as
+ours there. At wd <= 1e-5 (and eps >= 1e-8) the step-1 error is at most 0.8 of the bound.
 
-How the bound was chosen (``python tests/test_torch_reference.py 2000``; 2,000 hypothesis-drawn
-cases per optimizer, every option, half clipped; "bound used" = the worst
-|ours - ref| / (ATOL * unit + RTOL * |ref|) over every element of every case):
+How the bound was chosen. Figures are "bound used" = the worst |ours - ref| / (ATOL * unit +
+RTOL * |ref|) over every element of every case; above 1 is a failure. Command:
+``PYTHONPATH=. python tests/test_torch_reference.py 4500`` (4,500 hypothesis-drawn optimizer
+cases, about 1,500 each, every option, half clipped; 450 clip cases), CPU, torch 2.13:
 
-    (filled in below from the measurement)
+                      ours identical   ours deterministic/fast   torch float32
+    SGD   params           0.28              0.28                    0.28
+          momentum buf     0.17              0.17                    0.17
+    Adam  params           0.11              0.11                    0.11
+          exp_avg_sq       0.17              0.17                    0.08
+    AdamW params           0.50              0.23                    0.50
+          exp_avg_sq       0.15              0.15                    0.05
+    per-step norms         0.015             0.015                   0.023
+    clip  grads, total     0.021             0.021                   0.022
+    clip  with LARGE_TENSOR 0.029            0.029                   1.15 (outside)
 
-ATOL and RTOL are about 4x the worst torch float32 needs and 3x the worst ours needs. The
-clip test at LARGE_TENSOR elements is the one place torch float32 falls outside the bound:
-torch's CPU float32 vector_norm folds 2**20 squares through one 8- or 16-lane accumulator, and
-measured 1.2e-5 relative error there (ours: 2.2e-7), so torch float32 is calibrated on the clip
-test only below LARGE_TENSOR.
+So the bound is 2x the worst either needs. The worst (0.50, ours and torch float32 on the same
+element: AdamW, lr = 1e-4, |p| ~ 0.5) is float32 storage of a param, whose worst case
+STEPS * (2**-24 + 2**-25) = 4.5e-6 relative RTOL covers 2.2 times. ATOL is 2x the worst case of
+our float32 betas in the moments (ours forms 1 - beta from float32(beta): for beta2 = 0.999
+that is 1.3e-5 relative off, moving exp_avg_sq by up to 2**-25 * STEPS * G**2 = 1.5e-6 G**2;
+torch rounds the double 1 - beta and needs less: 0.08 against our 0.17).
+
+Outside these ranges, for the record (same command with ADAM_WEIGHT_DECAY_RANGE = (1e-4, 0.1),
+3,000 cases): Adam's exp_avg uses 47 (ours identical), 88 (deterministic), 46 (torch float32)
+of the bound, its params 14, 15, 15; with (1e-5, 1e-4) hypothesis soon finds cases above 1
+(ours 1.7 at wd = 2.8e-5, lr = 0.1, k = 20; torch float32 1.8 at wd = 1e-4, lr = 0.1, k = 18).
+torch float32's clip_grad_norm_ at LARGE_TENSOR is off by 1.2e-5 relative (ours: 2.2e-7):
+torch's CPU float32 vector_norm folds each tensor through one 8- or 16-lane accumulator in one
+linear pass. So torch float32 is calibrated on the clip test only below LARGE_TENSOR.
 """
 import numpy as np
 
 STEPS = 50
 
 RTOL = 1e-5
-ATOL = 2e-6
+ATOL = 3e-6
 
 SIZE_RANGE = (1, 3000)
 MAX_TENSORS = 4
@@ -78,7 +95,7 @@ BETA2_RANGE = (0.9, 0.9999)
 MOMENTUM_RANGE = (0.05, 0.95)
 DAMPENING_RANGE = (0.0, 0.5)
 WEIGHT_DECAY_RANGE = (1e-4, 1e-1)
-ADAM_WEIGHT_DECAY_RANGE = (1e-6, 1e-4)
+ADAM_WEIGHT_DECAY_RANGE = (1e-6, 1e-5)
 CLIP_RATIO_RANGE = (0.1, 2.0)
 
 
