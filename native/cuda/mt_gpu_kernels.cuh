@@ -47,7 +47,8 @@ __device__ __forceinline__ mt_tile mt_tile_in(const int32_t *offs, const int64_t
 __device__ __forceinline__ bool mt_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* Run the body for every tile of the registry, grid-stride (measured on the H200 against a
- * contiguous share per block: this walk was faster for AdamW over 200 tensors and for clip). */
+ * contiguous share per block, 9d4f3b2: this walk was as fast or faster, e.g. AdamW over 200
+ * tensors 0.998 ms against 1.061 ms). */
 #define MT_FOR_TILES(offs, tstart, n, tl, ...)                                                    \
     for (int64_t mt_t_ = blockIdx.x, mt_T_ = (tstart)[n]; mt_t_ < mt_T_; mt_t_ += gridDim.x) {   \
         mt_tile tl = mt_tile_in((offs), (tstart), mt_tensor_of_tile((tstart), (n), mt_t_), mt_t_); \

@@ -44,12 +44,7 @@ int gpu_norms(mt_arena *arena, const mt_dev_list *g, const int32_t *offsets, mt_
         (rc = arena->alloc((void **)&scratch, (mt_chunk_count(n) + 1) * 4)))
         return rc;
     int threads = mt_gpu_threads();
-#ifdef MT_SUMSQ_WIDE
-    int blocks = mt_gpu_blocks(chunks, threads / 32 * 4) * 4 < (chunks + threads / 32 - 1) / (threads / 32)
-                     ? mt_gpu_blocks(chunks, threads / 32 * 4) * 4 : (int)((chunks + threads / 32 - 1) / (threads / 32));
-#else
     int blocks = mt_gpu_blocks(chunks, threads / 32);
-#endif
     mt_k_chunk_sumsq<<<blocks, threads, 0, MT_STREAM>>>(g->table, g->offsets, dcs, n, chunks, partials);
     if ((rc = launch_check("norm partials"))) return rc;
     int64_t half = (max_m + 31) / 32;

@@ -119,9 +119,6 @@ __device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, 
     bool vec = ((uintptr_t)x & 15u) == 0;
 #ifdef MT_SABOTAGE_CLIP
     for (int64_t r = full - 1; r >= 0; --r) {
-#elif defined(MT_SUMSQ_WIDE)
-#pragma unroll 16
-    for (int64_t r = 0; r < full; ++r) {
 #else
 #pragma unroll 8
     for (int64_t r = 0; r < full; ++r) {
