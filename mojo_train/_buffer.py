@@ -372,23 +372,22 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None):
         return None
     keep, sizes, device_array = [], [], _device_array_type()
     for j, t in enumerate(tensors):
-        if type(t) is device_array:
-            if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.size == 0):
+        kind = type(t)
+        if kind is Array or kind is device_array:        # our own arrays: no buffer export needed
+            if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.nbytes == 0):
                 return None
-            keep.append(t._cptr)
-            if offsets is not None:
-                sizes.append(t.size)
+            keep.append(t._cptr if kind is device_array else _ffi.cast("float *", t.address))
+            sizes.append(t.nbytes >> 2)
             continue
         try:
-            view = t.memview() if type(t) is Array else memoryview(t)
+            view = memoryview(t)
         except (TypeError, ValueError):
             return None
         if (view.format not in _F32_FORMATS or not view.c_contiguous or (inplace and view.readonly)
                 or (view.shape != shapes[j] if shapes is not None else view.nbytes == 0)):
             return None
         keep.append(_ffi.from_buffer("float[]", view))
-        if offsets is not None:
-            sizes.append(view.nbytes // 4)
+        sizes.append(view.nbytes >> 2)
     if offsets is not None:
         total = 0
         for j, size in enumerate(sizes):

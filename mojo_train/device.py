@@ -47,7 +47,7 @@ class _Allocation:
 class DeviceArray:
     """An n-d array in GPU memory. ``DeviceArray(shape, dtype='float32')`` is zero-filled."""
 
-    __slots__ = ("_alloc", "_offset", "shape", "dtype", "_cptr", "__weakref__")
+    __slots__ = ("_alloc", "_offset", "shape", "dtype", "_cptr", "nbytes", "__weakref__")
 
     def __init__(self, shape, dtype="float32", numeric_mode=None, _alloc=None, _offset=0):
         if dtype not in _TYPESTR:
@@ -57,6 +57,7 @@ class DeviceArray:
         if any(d < 0 for d in shape):
             raise ValueError("mojo_train.DeviceArray: negative dimension in shape %r" % (shape,))
         self.shape, self.dtype, self._offset = shape, dtype, _offset
+        self.nbytes = self.size * _ITEMSIZE[dtype]
         if _alloc is None:
             _alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), self.nbytes)
             self._alloc = _alloc
@@ -92,10 +93,6 @@ class DeviceArray:
         for d in self.shape:
             n *= d
         return n
-
-    @property
-    def nbytes(self):
-        return self.size * _ITEMSIZE[self.dtype]
 
     @property
     def ndim(self):
