@@ -36,20 +36,10 @@ static void part_range(int part, int parts, int64_t n, int64_t grain, int64_t *b
     *e = ue * grain < n ? ue * grain : n;
 }
 
-static inline void mt_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 static void *worker(void *arg) {
     int id = (int)(intptr_t)arg;
     uint64_t seen = 0;
     for (;;) {
-        /* spin briefly before sleeping: back-to-back jobs (a pre-pass, then an update) start
-         * without a wake-up delay */
-        for (int spin = 0; spin < 20000 && __atomic_load_n(&g_generation, __ATOMIC_ACQUIRE) == seen; ++spin)
-            mt_cpu_relax();
         pthread_mutex_lock(&g_lock);
         while (g_generation == seen) pthread_cond_wait(&g_start, &g_lock);
         seen = g_generation;
