@@ -23,13 +23,16 @@ static void uniform_range(void *ctx, int64_t b, int64_t e) {
                                     mt_philox_word(job->seed, job->stream, job->offset + (uint64_t)i));
 }
 
-int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, float low, float high,
+int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
                     int64_t n) {
-    float width;
-    int rc = mt_check_uniform_args(&width, out, low, high, n);
+    float width, lo;
+    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
     if (rc) return rc;
-    uniform_job job = {out, seed, stream, offset, low, width};
-    mt_parallel_for(n, 4, uniform_range, &job);
+    uniform_job job = {out, seed, stream, offset, lo, width};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    mt_parallel_for(n, 4, uniform_range, &job);   /* out of line: the ranges run behind a call */
+    mt_fp_end(&env);
     return MT_OK;
 }
 

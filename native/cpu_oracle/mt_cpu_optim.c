@@ -104,7 +104,7 @@ static int prepare(step_job *job, float *norm_out, const int32_t *offsets, int32
     return MT_OK;
 }
 
-static int adam_common(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
+MT_NOINLINE static int adam_body(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
                        float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
                        float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
                        int64_t step, int32_t n, int32_t decoupled) {
@@ -120,6 +120,18 @@ static int adam_common(float *const *params, float *const *grads, float *exp_avg
     job.adam = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
     mt_parallel_segments(offsets, n, adam_segment, &job);
     return MT_OK;
+}
+
+static int adam_common(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
+                       float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
+                       int64_t step, int32_t n, int32_t decoupled) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = adam_body(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps,
+                       weight_decay, maximize, clip, max_norm, step, n, decoupled);
+    mt_fp_end(&env);
+    return rc;
 }
 
 int mt_adam_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
@@ -138,7 +150,7 @@ int mt_adamw_step(float *const *params, float *const *grads, float *exp_avg, flo
                        weight_decay, maximize, clip, max_norm, step, n_tensors, 1);
 }
 
-int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffer,
+MT_NOINLINE static int sgd_step_body(float *const *params, float *const *grads, float *momentum_buffer,
                 int32_t *buf_initialized, float *norm_out, const int32_t *offsets, float lr,
                 float momentum, float dampening, float weight_decay, int32_t nesterov,
                 int32_t maximize, int32_t clip, float max_norm, int32_t n_tensors) {
@@ -172,7 +184,7 @@ static void scale_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int
     scale_run(job->table[j] + local, count, job->coef);
 }
 
-int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
+MT_NOINLINE static int clip_body(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
                       int32_t n_tensors) {
     int rc;
     if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
@@ -197,7 +209,7 @@ int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offse
     return MT_OK;
 }
 
-int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+MT_NOINLINE static int grad_norms_body(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
                   int32_t n_tensors) {
     int rc;
     if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
@@ -219,4 +231,33 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
     if ((rc = mt_check_registry(tensors, offsets, n_tensors, "tensors"))) return rc;
     mt_parallel_segments(offsets, n_tensors, zero_segment, (void *)tensors);
     return MT_OK;
+}
+
+int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffer, int32_t *buf_initialized,
+                float *norm_out, const int32_t *offsets, float lr, float momentum, float dampening,
+                float weight_decay, int32_t nesterov, int32_t maximize, int32_t clip, float max_norm,
+                int32_t n_tensors) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = sgd_step_body(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, lr, momentum, dampening, weight_decay,
+                     nesterov, maximize, clip, max_norm, n_tensors);
+    mt_fp_end(&env);
+    return rc;
+}
+
+int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm, int32_t n_tensors) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = clip_body(grads, norm_out, offsets, max_norm, n_tensors);
+    mt_fp_end(&env);
+    return rc;
+}
+
+int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+                  int32_t n_tensors) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = grad_norms_body(tensor_norms, total_norm, grads, offsets, n_tensors);
+    mt_fp_end(&env);
+    return rc;
 }

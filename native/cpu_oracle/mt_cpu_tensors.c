@@ -123,7 +123,7 @@ int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t 
     float *partials = (float *)malloc(sizeof(float) * (size_t)chunks);
     if (!partials) { free(chunk_start); free(own); return MT_ENOMEM; }
     norm_job job = {table, offsets, chunk_start, n_tensors, partials};
-    mt_parallel_for(chunks, 1, norm_range, &job);
+    mt_parallel_for_work(chunks, 1, chunks * MT_CHUNK, norm_range, &job);   /* inline only when small */
     for (int32_t j = 0; j < n_tensors; ++j)
         own[j] = sqrtf(mt_tree_fold(partials + chunk_start[j], chunk_start[j + 1] - chunk_start[j]));
     for (int64_t c = 0; c < mt_chunk_count(n_tensors); ++c) {   /* the norms are one more vector */

@@ -4,6 +4,9 @@
 #include "mt_pinned.h"
 #include <stdarg.h>
 #include <stdio.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #if defined(_MSC_VER)
 #define MT_THREAD_LOCAL __declspec(thread)
@@ -24,6 +27,49 @@ int mt_fail(int code, const char *fmt, ...) {
 void mt_clear_error(void) { g_error[0] = '\0'; }
 
 const char *mt_last_error(void) { return g_error; }
+
+unsigned mt_fp_current(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return _mm_getcsr();
+#elif defined(__aarch64__)
+    uint64_t fpcr;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return (unsigned)fpcr;
+#else
+    return 0;
+#endif
+}
+
+void mt_fp_set(unsigned control) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(control);
+#elif defined(__aarch64__)
+    uint64_t fpcr = control;
+    __asm__ volatile("msr fpcr, %0" : : "r"(fpcr));
+#else
+    (void)control;
+#endif
+}
+
+void mt_fp_begin(mt_fp_env *env) {
+    env->saved = mt_fp_current();
+#if defined(__x86_64__) || defined(__i386__)
+    /* clear FTZ (bit 15), DAZ (bit 6) and the rounding field (bits 13-14: nearest) */
+    mt_fp_set(env->saved & ~((1u << 15) | (1u << 6) | (3u << 13)));
+#elif defined(__aarch64__)
+    /* clear FZ (bit 24), FZ16 (bit 19) and RMode (bits 22-23: nearest) */
+    mt_fp_set(env->saved & ~((1u << 24) | (1u << 19) | (3u << 22)));
+#endif
+}
+
+void mt_fp_end(const mt_fp_env *env) { mt_fp_set(env->saved); }
+
+MT_NOINLINE float mt_host_one_minus_pow(float base, int64_t exponent) {
+    return mt_one_minus_pow_f32(base, exponent);
+}
+
+MT_NOINLINE float mt_host_round(double x) { return (float)x; }
+
 
 int mt_abi_version(void) { return MT_ABI_VERSION; }
 
@@ -114,7 +160,10 @@ int mt_one_minus_pow(float *out, float base, int64_t exponent) {
     if ((rc = mt_check_ptr(out, "out"))) return rc;
     if (!(base >= -1.0f && base <= 1.0f)) return mt_fail(MT_EINVAL, "base must be in [-1, 1], got %g", (double)base);
     if (exponent < 0) return mt_fail(MT_EINVAL, "exponent must be >= 0, got %lld", (long long)exponent);
-    *out = mt_one_minus_pow_f32(base, exponent);
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    *out = mt_host_one_minus_pow(base, exponent);
+    mt_fp_end(&env);
     return MT_OK;
 }
 
@@ -128,14 +177,27 @@ int mt_philox4x32_10(uint32_t *out, const uint32_t *counter, const uint32_t *key
     return MT_OK;
 }
 
-int mt_check_uniform_args(float *width, const float *out, float low, float high, int64_t n) {
-    int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_finite_scalar(low, "low")) ||
-        (rc = mt_check_finite_scalar(high, "high")))
-        return rc;
-    if (!(low < high)) return mt_fail(MT_EINVAL, "low must be < high (got %g, %g)", (double)low, (double)high);
-    *width = high - low;
+/* Out of line and under IEEE defaults: comparisons of subnormals must not see zeros. */
+MT_NOINLINE static int uniform_bounds(float *width, float *lo, float *hi, double low, double high) {
+    *lo = (float)low;
+    *hi = (float)high;
+    *width = *hi - *lo;
+    return *lo < *hi;
+}
+
+int mt_check_uniform_args(float *width, float *low32, const float *out, double low, double high, int64_t n) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    float lo, hi;
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int ordered = uniform_bounds(width, &lo, &hi, low, high);
+    mt_fp_end(&env);
+    if (!mt_is_finite(lo)) return mt_fail(MT_EINVAL, "low must be finite in float32, got %g", low);
+    if (!mt_is_finite(hi)) return mt_fail(MT_EINVAL, "high must be finite in float32, got %g", high);
+    if (!ordered) return mt_fail(MT_EINVAL, "low must be < high in float32 (got %g, %g)", low, high);
     if (!mt_is_finite(*width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
     if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    *low32 = lo;
     return MT_OK;
 }

@@ -33,8 +33,30 @@ int mt_check_adam_args(float lr, float beta1, float beta2, float eps, float weig
 int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_decay,
                       int32_t nesterov, int32_t clip, float max_norm);
 
-/* mt_uniform_fill's arguments; on success *width = high - low (rounded once). */
-int mt_check_uniform_args(float *width, const float *out, float low, float high, int64_t n);
+/* mt_uniform_fill's arguments; on success *low32 and *high32 are low and high rounded to
+ * float32 under IEEE defaults, and *width = high32 - low32 (rounded once). */
+int mt_check_uniform_args(float *width, float *low32, const float *out, double low, double high, int64_t n);
+
+/* The floating-point environment every op runs in: round to nearest, no flush-to-zero or
+ * denormals-are-zero, whatever the calling process set (torch.set_flush_denormal, code built
+ * with -ffast-math). mt_fp_begin saves the caller's and sets ours; mt_fp_end restores. */
+typedef struct { unsigned saved; } mt_fp_env;
+/* Work done between mt_fp_begin and mt_fp_end must sit in a function that is not inlined:
+ * compilers do not order arithmetic against control-register writes on their own. */
+#if defined(__GNUC__)
+#define MT_NOINLINE __attribute__((noinline))
+#else
+#define MT_NOINLINE
+#endif
+void mt_fp_begin(mt_fp_env *env);
+void mt_fp_end(const mt_fp_env *env);
+unsigned mt_fp_current(void);
+void mt_fp_set(unsigned control);
+
+/* Host scalars of a step, computed out of line (see MT_NOINLINE); callers bracket them with
+ * mt_fp_begin / mt_fp_end. */
+float mt_host_one_minus_pow(float base, int64_t exponent);
+float mt_host_round(double x);
 
 /* The vendor's feature bits beyond the tier's (defined by each vendor). */
 uint64_t mt_vendor_features(void);

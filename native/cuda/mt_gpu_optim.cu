@@ -11,6 +11,17 @@
 
 namespace {
 
+/* Out of line, so that nothing of it moves across the floating-point environment switch. */
+MT_NOINLINE mt_adam_scalars host_adam_scalars(float lr, float beta1, float beta2, float eps, float wd,
+                                              int32_t maximize, int32_t decoupled, int64_t step) {
+    return mt_adam_scalars_for(lr, beta1, beta2, eps, wd, maximize, decoupled, step);
+}
+
+MT_NOINLINE mt_sgd_scalars host_sgd_scalars(float lr, float momentum, float dampening, float wd,
+                                            int32_t nesterov, int32_t maximize) {
+    return mt_sgd_scalars_for(lr, momentum, dampening, wd, nesterov, maximize);
+}
+
 int launch_check(const char *what) {
     MT_GPU_CHECK(gpuGetLastError(), what);
     return MT_OK;
@@ -144,7 +155,10 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
     if ((rc = mt_buf_to_device((void **)&m, &sm, &c.arena, exp_avg, bytes, true)) ||
         (rc = mt_buf_to_device((void **)&v, &sv, &c.arena, exp_avg_sq, bytes, true)))
         return rc;
-    mt_adam_scalars s = mt_adam_scalars_for(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
+    mt_fp_env env;                  /* host scalars in IEEE defaults, whatever the caller set */
+    mt_fp_begin(&env);
+    mt_adam_scalars s = host_adam_scalars(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
+    mt_fp_end(&env);
     int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
     if (small) {
         mt_gpu_record_launch(threads, 1);
@@ -204,7 +218,10 @@ int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffe
     if (has_buf && ((rc = mt_buf_to_device((void **)&buf, &sb, &c.arena, momentum_buffer, bytes, true)) ||
                     (rc = c.arena.upload((void **)&init, buf_initialized, (int64_t)n * 4))))
         return rc;
-    mt_sgd_scalars s = mt_sgd_scalars_for(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    mt_sgd_scalars s = host_sgd_scalars(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
+    mt_fp_end(&env);
     int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
 #define MT_SGD_LAUNCH(C, B)                                                                                    \
     mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, buf, init, s, \
@@ -279,9 +296,10 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
     return MT_OK;
 }
 
-int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, float low, float high, int64_t n) {
-    float width;
-    int rc = mt_check_uniform_args(&width, out, low, high, n);
+int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
+                    int64_t n) {
+    float width, lo;
+    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
     if (rc) return rc;
     if (n == 0) return MT_OK;
     if ((rc = mt_gpu_ready())) return rc;
@@ -291,7 +309,7 @@ int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset,
     if ((rc = mt_buf_to_device((void **)&dev, &staged, &arena, out, n * 4, false))) return rc;
     int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, threads);
     mt_gpu_record_launch(threads, blocks);
-    mt_k_uniform<<<blocks, threads, 0, MT_STREAM>>>(dev, n, seed, stream, offset, low, width);
+    mt_k_uniform<<<blocks, threads, 0, MT_STREAM>>>(dev, n, seed, stream, offset, lo, width);
     if ((rc = launch_check("uniform fill")) || (staged && (rc = mt_buf_to_host(out, dev, n * 4)))) return rc;
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "uniform fill");
     return MT_OK;

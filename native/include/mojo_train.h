@@ -98,7 +98,7 @@ int mt_philox4x32_10(uint32_t *out /* (4) */, const uint32_t *counter /* (4) */,
                      const uint32_t *key /* (2) */);
 
 int mt_uniform_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64_t offset,
-                    float low, float high, int64_t n);
+                    double low /* rounded to float32 inside */, double high, int64_t n);
 
 int mt_one_minus_pow(float *out /* (1) */, float base, int64_t exponent);
 

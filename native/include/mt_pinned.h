@@ -293,4 +293,171 @@ MT_HD float mt_u01(uint32_t word) { return (float)(word >> 8) * 5.96046447753906
 /* low + width * u, width = high - low formed once by the caller (two roundings). */
 MT_HD float mt_uniform_at(float low, float width, uint32_t word) { return low + width * mt_u01(word); }
 
+/* ==== pinned exp, log, log1p (contract: native/contracts/math.md) ==========================
+ * Float32-only (no double: Metal has none), no libm call but fmaf, every step a correctly
+ * rounded binary32 + - * / or fmaf in the order written, IEEE gradual underflow. Measured by
+ * the exhaustive sweep `make math-sweep` (bench/results/math_sweep.md) over all 2^32 inputs:
+ * max error 0.5203 ulp (exp), 0.5419 (log), 0.5551 (log1p) -- stated bounds 0.521, 0.542,
+ * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs. Special values are deterministic on every vendor;
+ * every NaN result is the one canonical quiet NaN 0x7fc00000 (a vendor's own NaN bits differ).
+ * Coefficients: weighted least squares on Chebyshev points in 60-digit mpmath, each rounded
+ * to the nearest float in turn with the rest refitted; tests/test_pinned_math.py re-derives
+ * them. Literals are exact decimal expansions of the floats (hex bits in the comments). */
+
+#define MT_MATH_QNAN 0x7fc00000u
+#define MT_MATH_PINF 0x7f800000u
+#define MT_MATH_NINF 0xff800000u
+
+/* 2^k for -126 <= k <= 127, built in the exponent field. */
+MT_HD float mt_math_pow2i(int k) { return mt_bits_f32((uint32_t)(k + 127) << 23); }
+
+/* ln 2 = MT_LN2_HI + MT_LN2_LO: the nearest float, then the nearest float to the rest. */
+#define MT_LN2_HI 0.693147182464599609375f                      /* 0x3f317218 */
+#define MT_LN2_LO -1.9046542121259335544891655445098876953125e-9f /* 0xb102e308 */
+
+/* e^x. Special: NaN -> NaN; x > 88.72283172607421875 (the largest x with a finite
+ * result; +inf included) -> +inf; x < -103.972076416015625 (every smaller float has
+ * e^x < 2^-150; -inf included) -> +0; |x| < 2^-25 -> 1 (e^x rounds to 1 there).
+ * Otherwise k = nearest integer to x / ln2 and rhi = x - k * MT_LN2_HI, exact under fmaf
+ * (|rhi| <= 0.3466, a multiple of 2^-25); corr = -k * MT_LN2_LO. e^rhi is carried as the
+ * unevaluated sum s2 + lo: 1 + rhi = s + e0 and s + rhi^2/2 = s2 + e1 exactly (Fast2Sum,
+ * rhi^2 split exactly by fmaf), lo = rhi^3 P(rhi) + (rhi^2 rounding error / 2 + (e0 + e1)),
+ * P ~ (e^r - 1 - r - r^2/2) / r^3 of degree 5 on |r| <= 0.35; then e^(rhi + corr) adds
+ * corr * (s2 + lo) to lo. y0 = s2 + lo is rounded once, then scaled by 2^k exactly in two
+ * normal steps, 2^(k/2) then 2^(k - k/2) (C's truncating /), so k = 128 overflows correctly. When k < -125 the result may be subnormal: the
+ * pair is scaled by 2^(k+64) exactly, rounded once onto the subnormal grid by * 2^-64, and
+ * that rounding's exact error is added back under one fmaf: one rounding in all. */
+MT_HD float mt_expf(float x) {
+    const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
+    const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
+    const float P0 = 0.16666667163372039794921875f;          /* 0x3e2aaaab */
+    const float P1 = 0.0416666679084300994873046875f;        /* 0x3d2aaaab */
+    const float P2 = 0.008333198726177215576171875f;         /* 0x3c0887f8 */
+    const float P3 = 0.001388860284350812435150146484375f;   /* 0x3ab60a6b */
+    const float P4 = 0.000199524001800455152988433837890625f; /* 0x39513751 */
+    const float P5 = 0.000024987515644170343875885009765625f; /* 0x37d19c48 */
+    uint32_t ax = mt_f32_bits(x) & 0x7fffffffu;
+    if (ax > 0x7f800000u) return mt_bits_f32(MT_MATH_QNAN);
+    if (ax < 0x33000000u) return 1.0f;                             /* |x| < 2^-25 */
+    if (x > 88.72283172607421875f) return mt_bits_f32(MT_MATH_PINF); /* 0x42b17217 */
+    if (x < -103.972076416015625f) return 0.0f;                    /* 0xc2cff1b4 */
+    float kf = fmaf(x, INV_LN2, SHIFT) - SHIFT;      /* round to nearest integer, |k| <= 150 */
+    int k = (int)kf;
+    float rhi = fmaf(-kf, MT_LN2_HI, x);             /* exact */
+    float corr = -kf * MT_LN2_LO;
+    float s = 1.0f + rhi;
+    float e0 = (1.0f - s) + rhi;                     /* 1 + rhi = s + e0 */
+    float r2 = rhi * rhi;
+    float r2lo = fmaf(rhi, rhi, -r2);                /* rhi^2 = r2 + r2lo */
+    float h = 0.5f * r2;
+    float s2 = s + h;
+    float e1 = h - (s2 - s);                         /* s + h = s2 + e1 */
+    float p = P5;
+    p = fmaf(p, rhi, P4);
+    p = fmaf(p, rhi, P3);
+    p = fmaf(p, rhi, P2);
+    p = fmaf(p, rhi, P1);
+    p = fmaf(p, rhi, P0);
+    float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
+    lo = lo + corr * (s2 + lo);
+    if (k < -125) {                                  /* subnormal or near: one rounding */
+        float sc = mt_math_pow2i(k + 64);
+        float m = s2 * sc;                           /* exact */
+        float mlo = lo * sc;
+        float y = m * mt_math_pow2i(-64);            /* the rounding onto the grid */
+        float err = m - y * mt_math_pow2i(64);       /* exact */
+        return fmaf(err + mlo, mt_math_pow2i(-64), y);
+    }
+    float y0 = s2 + lo;
+    return (y0 * mt_math_pow2i(k / 2)) * mt_math_pow2i(k - k / 2);   /* both steps normal */
+}
+
+/* e * ln2 + log1p(f + flo), the core of mt_logf and mt_log1pf: e an integer-valued float
+ * (|e| <= 149), f + flo in [sqrt(1/2) - 1, sqrt(2) - 1] with f a float, flo = 0 or
+ * |flo| <= half an ulp of 1 + f (so |f| >= |flo| unless f == 0).
+ * log1p(g) = 2 atanh(sv), sv = g / (2 + g) = shi + slo (|sv| <= 0.1716): shi = fl(num / den)
+ * and slo from the exact fmaf remainder; 2 atanh(sv) = 2 shi + 2 slo + shi^3 Q(shi^2),
+ * Q ~ (2 atanh(s) - 2 s) / s^3 in z = s^2 of degree 3 on 0 <= z <= 0.0295. e * ln2 =
+ * ahi + alo (ahi = e * MT_LN2_HI, its rounding error by fmaf, plus e * MT_LN2_LO);
+ * ahi + 2 shi = sum + err exactly (Fast2Sum); the result is sum + (small terms), one
+ * final rounding of an error of a few 2^-30 relative. */
+MT_HD float mt_math_log_core(float e, float f, float flo) {
+    const float Q0 = 0.66666662693023681640625f;       /* 0x3f2aaaaa */
+    const float Q1 = 0.400008141994476318359375f;      /* 0x3ecccdde */
+    const float Q2 = 0.28513240814208984375f;          /* 0x3e91fce0 */
+    const float Q3 = 0.23964299261569976806640625f;    /* 0x3e7564f9 */
+    float nhi = f + flo;
+    float nlo = flo - (nhi - f);                     /* f + flo = nhi + nlo */
+    float dhi = 2.0f + f;
+    float dlo = ((2.0f - dhi) + f) + flo;            /* 2 + f + flo = dhi + dlo (to 2^-48) */
+    float shi = nhi / dhi;
+    float rem = fmaf(-shi, dhi, nhi);                /* exact remainder */
+    float slo = (rem + (nlo - shi * dlo)) / dhi;
+    float z = shi * shi;
+    float q = Q3;
+    q = fmaf(q, z, Q2);
+    q = fmaf(q, z, Q1);
+    q = fmaf(q, z, Q0);
+    float t = (shi * z) * q;
+    float ahi = e * MT_LN2_HI;
+    float alo = fmaf(e, MT_LN2_HI, -ahi) + e * MT_LN2_LO;
+    float b = 2.0f * shi;
+    float sum = ahi + b;
+    float err = b - (sum - ahi);                     /* ahi + b = sum + err (|ahi| >= |b| or ahi == 0) */
+    return sum + (((t + 2.0f * slo) + alo) + err);
+}
+
+/* Splits a positive normal float v as 2^e * m with m in [sqrt(1/2), sqrt(2)) (bits
+ * 0x3f3504f3 .. 0x3fb504f2): integer arithmetic on the bits only. */
+MT_HD float mt_math_split(float v, int *e) {
+    uint32_t d = mt_f32_bits(v) - 0x3f3504f3u + 0x40000000u;   /* + 128 << 23: stays >= 0 */
+    *e = (int)(d >> 23) - 128;
+    return mt_bits_f32((d & 0x7fffffu) + 0x3f3504f3u);
+}
+
+/* ln x. Special: NaN -> NaN; x < 0 (-inf, -0 excluded) -> NaN; +-0 -> -inf; +inf -> +inf;
+ * 1 -> +0. A subnormal x = n * 2^-149 is read as the float n (exact, integer conversion of
+ * the bits: no subnormal arithmetic) with 149 taken off e. x = 2^e * m, f = m - 1 (exact). */
+MT_HD float mt_logf(float x) {
+    uint32_t u = mt_f32_bits(x);
+    int e, eoff = 0;
+    if (u >= 0x7f800000u) {                          /* +inf, NaN, or sign bit set */
+        if (u == 0x7f800000u) return x;
+        if (u == 0x80000000u) return mt_bits_f32(MT_MATH_NINF);
+        return mt_bits_f32(MT_MATH_QNAN);
+    }
+    if (u == 0u) return mt_bits_f32(MT_MATH_NINF);
+    if (u < 0x00800000u) {
+        x = (float)(int32_t)u;
+        eoff = -149;
+    }
+    float m = mt_math_split(x, &e);
+    return mt_math_log_core((float)(e + eoff), m - 1.0f, 0.0f);
+}
+
+/* ln(1 + x). Special: NaN -> NaN; x < -1 (-inf included) -> NaN; -1 -> -inf; +inf -> +inf;
+ * |x| < 2^-24 -> x (log1p(x) rounds to x there; +-0 and subnormals keep their bits).
+ * For sqrt(1/2) - 1 < x < sqrt(2) - 1 (bits bounds 0xbe95f619 <= x < 0x3ed413cd): the core
+ * with e = 0, f = x exactly. Otherwise 1 + x = v + c exactly (2Sum), v = 2^e * m, and
+ * flo = c * 2^-e (two exact power-of-two steps; subnormal only when e >= 127, where it
+ * cannot matter), the core with f = m - 1. */
+MT_HD float mt_log1pf(float x) {
+    uint32_t u = mt_f32_bits(x), ax = u & 0x7fffffffu;
+    if (ax > 0x7f800000u) return mt_bits_f32(MT_MATH_QNAN);
+    if (ax < 0x33800000u) return x;                              /* |x| < 2^-24 */
+    if (u == 0x7f800000u) return x;
+    if (u >= 0xbf800000u) return mt_bits_f32(u == 0xbf800000u ? MT_MATH_NINF : MT_MATH_QNAN);
+    if (x >= -0.2928932011127471923828125f && x < 0.4142135679721832275390625f)
+        return mt_math_log_core(0.0f, x, 0.0f);
+    float v = 1.0f + x;
+    float bv = v - 1.0f;
+    float c = (1.0f - (v - bv)) + (x - bv);          /* 1 + x = v + c (Knuth's 2Sum) */
+    int e;
+    float m = mt_math_split(v, &e);
+    int e1 = e / 2;
+    float flo = (c * mt_math_pow2i(-e1)) * mt_math_pow2i(e1 - e);
+    return mt_math_log_core((float)e, m - 1.0f, flo);
+}
+/* ==== end of pinned exp, log, log1p ==================================================== */
+
 #endif /* MT_PINNED_H */

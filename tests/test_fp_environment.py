@@ -1,0 +1,48 @@
+"""The identical tier does not depend on the calling process's floating-point settings or on
+how the process was started: flush-to-zero set by someone else (torch.set_flush_denormal, a
+library built with -ffast-math) changes no bit, and a forked child can still step."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mojo_train import _cards
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CARDS = [os.path.join(REPO, "fixtures", name) for name in ("optim.card", "clip.card")]
+
+
+def test_cards_hold_when_the_caller_flushes_denormals_to_zero(identical):
+    torch = pytest.importorskip("torch")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    try:
+        for path in CARDS:
+            results = _cards.check_card(path, identical.vendor)
+            assert all(r.ok for r in results), [r.case for r in results if not r.ok][:3]
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def test_a_forked_child_can_step_after_the_parent_used_the_thread_pool(identical):
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    code = textwrap.dedent("""
+        import os, sys
+        import mojo_train as mt
+        p, g = mt.Array((1 << 20,)), mt.Array((1 << 20,))
+        opt = mt.AdamW([p], numeric_mode="identical")
+        opt.step([g])
+        pid = os.fork()
+        if pid == 0:
+            opt.step([g])
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    env = dict(os.environ, MOJO_TRAIN_VENDOR=identical.vendor, MOJO_TRAIN_NUM_THREADS="2",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0
