@@ -112,3 +112,19 @@ $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) 
 	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(BUILD)/sabotage-$*/obj-hip/mt_host.o
 
 .PHONY: hip
+
+# ---- math sweep (make math-sweep): mt_expf / mt_logf / mt_log1pf over all 2^32 floats ------
+# An exhaustive check of mt_pinned.h's pinned exp, log and log1p against glibc's double (long
+# double near rounding boundaries), multithreaded (MATH_SWEEP_THREADS); prints one table row per
+# routine: max ulp error, inputs not correctly rounded, the worst input, special values.
+# Record runs in bench/results/math_sweep.md. Not part of `all`: a few minutes on two cores.
+MATH_SWEEP_THREADS ?= 2
+MATH_SWEEP_CC ?= gcc
+$(BUILD)/math_sweep: bench/math_sweep.c native/include/mt_pinned.h
+	@mkdir -p $(dir $@)
+	$(MATH_SWEEP_CC) -O2 -ffp-contract=off -Inative/include -pthread -o $@ bench/math_sweep.c -lm
+
+math-sweep: $(BUILD)/math_sweep
+	$(BUILD)/math_sweep -t $(MATH_SWEEP_THREADS)
+
+.PHONY: math-sweep

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SABOTAGE_OPS = ("optim", "clip")
 
 
-def run(name, cmd, env=None, expect_fail=False, timeout=420):
+def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
     t0 = time.time()
     full_env = dict(os.environ, **(env or {}))
     try:
@@ -25,6 +25,8 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420):
     except subprocess.TimeoutExpired as e:
         rc, out = 124, (e.stdout or "") + "\n[timed out]"
     ok = (rc != 0) if expect_fail else (rc == 0)
+    if must_print is not None:      # a sabotage must fail by mismatching lines, not by crashing
+        ok = ok and must_print in out
     if os.environ.get("OUT") and (not ok or name in ("test suite", "benchmarks")):
         safe = "".join(c if c.isalnum() else "_" for c in name)
         with open(os.path.join(os.environ["OUT"], safe + ".log"), "w") as f:
@@ -62,7 +64,8 @@ def main():
         steps.append(run("sabotage build " + op, ["make", "cuda", "SABOTAGE=" + op]))
         lib = os.path.join(ROOT, "native", "build", "sabotage-" + op)
         steps.append(run("sabotage %s fails its cards" % op, [py, "-m", "mojo_train", "selfcheck", "--card", op],
-                         dict(cuda, MOJO_TRAIN_LIBRARY_PATH=lib), expect_fail=True))
+                         dict(cuda, MOJO_TRAIN_LIBRARY_PATH=lib), expect_fail=True,
+                         must_print="FAIL %s on cuda" % op))
     steps.append(run("benchmarks", [py, "bench/optim_cuda.py", "--write"], cuda))
     table = ["| step | outcome | seconds |", "| --- | --- | --- |"]
     table += ["| %s | %s | %.0f |" % (s["step"], "ok" if s["ok"] else "FAILED", s["seconds"]) for s in steps]

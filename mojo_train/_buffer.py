@@ -180,7 +180,7 @@ def _foreign_probe(x, name, where):
     if callable(getattr(x, "__dlpack__", None)):
         from . import _dlpack
         imp = _dlpack.from_object(x)
-        itemsize = _dlpack.itemsize(imp.dtype)
+        itemsize = _dlpack.DTYPES[imp.dtype][1] // 8 if imp.dtype in _dlpack.DTYPES else 0
         strides = None if imp.c_contiguous else ()
         p = _described(x, imp, imp.address, imp.shape, imp.dtype, itemsize, None, False,
                        imp.device_type != _dlpack.DL_CPU)
@@ -357,7 +357,7 @@ def zero_bytes(address, nbytes):
 _F32_FORMATS = frozenset(("f", "<f", "=f", "@f"))
 
 
-def float32_table(tensors, shapes, table, *, inplace, offsets=None):
+def float32_table(tensors, shapes, table, *, inplace, offsets=None, device_ok=False):
     """Fast path of the hot calls: write the addresses of ``tensors`` (a list or tuple of
     C-contiguous float32 buffers or DeviceArrays, with exactly ``shapes`` -- or, when
     ``shapes`` is None, any non-empty shapes, their running sizes then going into the cffi
@@ -376,6 +376,8 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None):
         if kind is Array or kind is device_array:        # our own arrays: no buffer export needed
             if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.nbytes == 0):
                 return None
+            if kind is device_array and not device_ok:
+                return None
             keep.append(t._cptr if kind is device_array else _ffi.cast("float *", t.address))
             sizes.append(t.nbytes >> 2)
             continue
@@ -389,12 +391,12 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None):
         keep.append(_ffi.from_buffer("float[]", view))
         sizes.append(view.nbytes >> 2)
     if offsets is not None:
+        if sum(sizes) > _INT32_MAX:
+            return None
         total = 0
         for j, size in enumerate(sizes):
             total += size
             offsets[j + 1] = total
-        if total > _INT32_MAX:
-            return None
         offsets[0] = 0
     for j, handle in enumerate(keep):
         table[j] = handle

@@ -17,6 +17,8 @@ from .device import DeviceArray
 
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
 
+_DEVICE_BUFFERS = 1 << 9   # mt_features(): the vendor takes device pointers
+
 # torch keywords this library does not take, and why; anything else unknown is refused too.
 _REFUSED = {
     "amsgrad": "amsgrad is not implemented: its max(v_max, v) is outside the pinned contract",
@@ -62,8 +64,13 @@ def _flag(value, name, where):
 class _Registry:
     """A list of float32 tensors as the native layer sees it: a pointer table and offsets."""
 
-    def __init__(self, tensors, name, where, inplace, like=None):
+    def __init__(self, tensors, name, where, inplace, backend, like=None):
         self.probes = _buffer.tensor_list(tensors, name, where, inplace=inplace)
+        for j, pb in enumerate(self.probes):
+            if pb.device and not backend.has(_DEVICE_BUFFERS):
+                raise TypeError("mojo_train.%s: %s[%d] is device memory, but the loaded vendor (%s) takes "
+                                "host buffers only; set MOJO_TRAIN_VENDOR to the device's vendor"
+                                % (where, name, j, backend.vendor))
         if like is not None:
             self._match(like, name, where)
         self.offsets = like.offsets if like is not None else _buffer.offsets_for(self.probes, name, where)
@@ -108,8 +115,9 @@ class _Optimizer:
             raise TypeError("mojo_train.%s: lr_schedule must have an lr_at(step) method, got %r"
                             % (where, lr_schedule))
         self._backend = load(numeric_mode)
+        self._device_ok = self._backend.has(_DEVICE_BUFFERS)
         self.numeric_mode = self._backend.tier
-        self._params = _Registry(params, "params", where, inplace=True)
+        self._params = _Registry(params, "params", where, inplace=True, backend=self._backend)
         self.params = [pb.obj for pb in self._params.probes]
         self._shapes = [pb.shape for pb in self._params.probes]
         self._gtable = ffi.new("float *[]", self._params.n)
@@ -133,10 +141,10 @@ class _Optimizer:
 
     def _grads(self, grads, inplace, where):
         """(pointer table, handles to keep alive) for a gradient list matching params."""
-        keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace)
+        keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace, device_ok=self._device_ok)
         if keep is not None:
             return self._gtable, keep
-        reg = _Registry(grads, "grads", where, inplace=inplace, like=self._params)
+        reg = _Registry(grads, "grads", where, inplace=inplace, backend=self._backend, like=self._params)
         return reg.table, reg
 
     def _lr_for_next_step(self):
@@ -247,6 +255,11 @@ class _Optimizer:
                             % (where, name, dtype, pb.dtype))
         if pb.nelems != want:
             raise ValueError("mojo_train.%s: %s has %d elements, expected %d" % (where, name, pb.nelems, want))
+        if pb.view is None or not isinstance(pb.view, memoryview):   # device or DLPack memory
+            out = Array((want,), dtype)
+            self._backend.check(self._backend.lib.mt_memcpy(ffi.cast("void *", out.address),
+                                                            ffi.cast("void *", pb.address), pb.nbytes), where)
+            return out
         return Array.from_buffer(value).reshape(want)
 
     def _state_layout(self, name):
@@ -389,9 +402,10 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
     backend = load(numeric_mode)
     n = len(grads) if type(grads) in (list, tuple) else 0
     table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
-    keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets)
+    keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
+                                 device_ok=backend.has(_DEVICE_BUFFERS))
     if keep is None:
-        keep = _Registry(grads, "grads", where, inplace=True)
+        keep = _Registry(grads, "grads", where, inplace=True, backend=backend)
         table, offsets, n = keep.table, keep.c_offsets, keep.n
     out = ffi.new("float[2]")
     backend.check(backend.lib.mt_clip_grad_norm(table, out, offsets, mn, n), where)

@@ -5,6 +5,7 @@
  * status says refused), one synchronizing download of the status, and -- only on success --
  * the download of staged host outputs. Argument checks run on the host before any of it.
  */
+#include <mutex>
 #include "mt_gpu_kernels.cuh"
 
 #define MT_SMALL_TILES 8   /* up to 8 tiles (32K elements at 256 threads): one block, one launch */
@@ -27,11 +28,27 @@ int launch_check(const char *what) {
     return MT_OK;
 }
 
-int elem_blocks(int64_t tiles) {
-    int threads = mt_gpu_threads();
-    int blocks = mt_gpu_blocks(tiles, 1);
-    mt_gpu_record_launch(threads, blocks);
+/* Blocks for an element kernel over `list`, launched with list.threads (the thread count its
+ * tiles were cut for, read once when it was staged). */
+int elem_blocks(const mt_dev_list &list) {
+    int blocks = mt_gpu_blocks(list.tiles, 1);
+    mt_gpu_record_launch(list.threads, blocks);
     return blocks;
+}
+
+/* Raise the tensor-norm kernel's dynamic shared memory limit to at least `smem` bytes; the
+ * limit only grows, under a lock, so concurrent calls never lower it under each other. */
+int allow_shared_memory(size_t smem) {
+    static std::mutex lock;
+    static size_t allowed = 48 * 1024;
+    std::lock_guard<std::mutex> hold(lock);
+    if (smem <= allowed) return MT_OK;
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+    MT_GPU_CHECK(cudaFuncSetAttribute(mt_k_tensor_norms, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                 "shared memory size");
+#endif
+    allowed = smem;
+    return MT_OK;
 }
 
 /* Norms by the tree: tensor norms into dev_norms (J floats), total/coef into st. */
@@ -60,12 +77,7 @@ int gpu_norms(mt_arena *arena, const mt_dev_list *g, const int32_t *offsets, mt_
     if ((rc = launch_check("norm partials"))) return rc;
     int64_t half = (max_m + 31) / 32;
     size_t smem = (size_t)(2 * half) * 4;
-    if (smem > 48 * 1024) {
-#if !defined(MT_HIP) && !defined(__HIPCC__)
-        MT_GPU_CHECK(cudaFuncSetAttribute(mt_k_tensor_norms, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                     "shared memory size");
-#endif
-    }
+    if ((rc = allow_shared_memory(smem))) return rc;
     mt_k_tensor_norms<<<n, threads, smem, MT_STREAM>>>(partials, dcs, dev_norms, half);
     if ((rc = launch_check("tensor norms"))) return rc;
     int64_t tchunks = mt_chunk_count(n);
@@ -101,7 +113,7 @@ int prepare(step_ctx *c, float *const *params, float *const *grads, const int32_
     if (clip && (rc = gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
     if (fused_check) return MT_OK;     /* the update kernel runs the pre-pass itself */
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c->p.tiles);
+    int threads = c->p.threads, blocks = elem_blocks(c->p);
     mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, clip ? nullptr : c->g.table, c->p.offsets,
                                                       c->p.tstart, n, &c->st->bad_params, &c->st->bad_grads);
     return launch_check("finiteness pre-pass");
@@ -159,7 +171,7 @@ int adam_common(float *const *params, float *const *grads, float *exp_avg, float
     mt_fp_begin(&env);
     mt_adam_scalars s = host_adam_scalars(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
     mt_fp_end(&env);
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
+    int threads = c.p.threads, blocks = elem_blocks(c.p);
     if (small) {
         mt_gpu_record_launch(threads, 1);
         *mapped = mt_status{0, 0, 0, 0, 0.0f, 0.0f};
@@ -222,7 +234,7 @@ int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffe
     mt_fp_begin(&env);
     mt_sgd_scalars s = host_sgd_scalars(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
     mt_fp_end(&env);
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.p.tiles);
+    int threads = c.p.threads, blocks = elem_blocks(c.p);
 #define MT_SGD_LAUNCH(C, B)                                                                                    \
     mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, buf, init, s, \
                                                       c.st)
@@ -250,7 +262,7 @@ int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offse
         (rc = stage_status(&c)) || (rc = c.arena.alloc((void **)&c.norms, (int64_t)n_tensors * 4)))
         return rc;
     if ((rc = gpu_norms(&c.arena, &c.g, offsets, c.st, c.norms, 1, max_norm))) return rc;
-    int threads = mt_gpu_threads(), blocks = elem_blocks(c.g.tiles);
+    int threads = c.g.threads, blocks = elem_blocks(c.g);
     mt_k_scale<<<blocks, threads, 0, MT_STREAM>>>(c.g.table, c.g.offsets, c.g.tstart, n_tensors, c.st);
     if ((rc = launch_check("clip scale"))) return rc;
     c.p.n = 0;   /* no params in a clip */
@@ -289,7 +301,7 @@ int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensor
     mt_dev_list t;
     if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr)) || (rc = arena.flush()))
         return rc;
-    int threads = mt_gpu_threads(), blocks = elem_blocks(t.tiles);
+    int threads = t.threads, blocks = elem_blocks(t);
     mt_k_zero<<<blocks, threads, 0, MT_STREAM>>>(t.table, t.offsets, t.tstart, n_tensors);
     if ((rc = launch_check("fill zero")) || (rc = mt_list_to_host(&t, offsets))) return rc;
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "fill zero");

@@ -78,9 +78,15 @@ void mt_gpu_record_launch(int threads, int blocks) {
     g_last_blocks = blocks;
 }
 
+/* Per-thread memory, given back when the thread ends (errors ignored: at process exit the
+ * runtime may already be gone). */
 struct mt_scratch {
     char *dev = nullptr, *pinned = nullptr;
     size_t cap = 0, grow_to = 0;
+    ~mt_scratch() {
+        if (dev) gpuFree(dev);
+        if (pinned) gpuFreeHost(pinned);
+    }
 };
 static thread_local mt_scratch t_scratch;
 
@@ -165,6 +171,9 @@ struct mt_cache_entry {
     std::vector<char> host;
     void *dev = nullptr;
     uint64_t used = 0;
+    ~mt_cache_entry() {
+        if (dev) gpuFree(dev);
+    }
 };
 #define MT_CACHE_ENTRIES 8
 static thread_local mt_cache_entry t_cache[MT_CACHE_ENTRIES];
@@ -193,14 +202,20 @@ int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
     return MT_OK;
 }
 
-static thread_local mt_status *t_status = nullptr;
+struct mt_mapped {
+    mt_status *status = nullptr;
+    ~mt_mapped() {
+        if (status) gpuFreeHost(status);
+    }
+};
+static thread_local mt_mapped t_mapped;
 
 mt_status *mt_mapped_status(void) {
-    if (!t_status && gpuMallocHost((void **)&t_status, sizeof(mt_status)) != gpuSuccess) {
+    if (!t_mapped.status && gpuMallocHost((void **)&t_mapped.status, sizeof(mt_status)) != gpuSuccess) {
         gpuGetLastError();
-        t_status = nullptr;
+        t_mapped.status = nullptr;
     }
-    return t_status;
+    return t_mapped.status;
 }
 
 int64_t mt_tile_elems(void) { return (int64_t)g_threads.load() * 16; }   /* MT_TILE_OF: 4 x 4 per thread */
@@ -237,8 +252,10 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
         out->offsets = like->offsets;
         out->tstart = like->tstart;
         out->tiles = like->tiles;
+        out->threads = like->threads;
     } else {
-        int64_t tile = mt_tile_elems(), t = 0;
+        out->threads = g_threads.load();
+        int64_t tile = (int64_t)out->threads * 16, t = 0;
         int64_t *ts = (int64_t *)(blob.data() + (size_t)n * 8);
         for (int32_t j = 0; j < n; ++j) {
             ts[j] = t;

@@ -66,6 +66,7 @@ struct mt_dev_list {
     const int32_t *offsets = nullptr; /* device copy */
     const int64_t *tstart = nullptr;  /* device: first tile of each tensor (J + 1) */
     int64_t tiles = 0;
+    int threads = 0;                  /* the block size the tiles are cut for (16 elements each) */
     std::vector<float *> host_ptr;    /* the caller's pointers */
     std::vector<float *> dev_ptr;     /* device pointer of each tensor */
     std::vector<char> staged;         /* tensor j was a host buffer */

@@ -298,8 +298,9 @@ MT_HD float mt_uniform_at(float low, float width, uint32_t word) { return low + 
  * rounded binary32 + - * / or fmaf in the order written, IEEE gradual underflow. Measured by
  * the exhaustive sweep `make math-sweep` (bench/results/math_sweep.md) over all 2^32 inputs:
  * max error 0.5203 ulp (exp), 0.5419 (log), 0.5551 (log1p) -- stated bounds 0.521, 0.542,
- * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs. Special values are deterministic on every vendor;
- * every NaN result is the one canonical quiet NaN 0x7fc00000 (a vendor's own NaN bits differ).
+ * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs. Special
+ * values are deterministic on every vendor; every NaN result is the one canonical quiet NaN
+ * 0x7fc00000 (a vendor's own NaN bits differ).
  * Coefficients: weighted least squares on Chebyshev points in 60-digit mpmath, each rounded
  * to the nearest float in turn with the rest refitted; tests/test_pinned_math.py re-derives
  * them. Literals are exact decimal expansions of the floats (hex bits in the comments). */

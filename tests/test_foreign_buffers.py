@@ -1,0 +1,41 @@
+"""Tensors that are not buffer-protocol objects: torch CPU tensors through DLPack work like
+host buffers; device memory handed to a vendor without device buffers is refused by name
+(never dereferenced)."""
+import pytest
+
+import mojo_train as mt
+
+
+class FakeDeviceTensor:
+    """Exports __cuda_array_interface__ for an address no CPU may touch."""
+
+    def __init__(self, n):
+        self.__cuda_array_interface__ = {"version": 3, "shape": (n,), "typestr": "<f4",
+                                         "data": (0x10, False), "strides": None}
+
+
+def test_a_host_only_vendor_refuses_device_memory_by_name(mode):
+    if mode.has("device"):
+        pytest.skip("this vendor takes device buffers")
+    with pytest.raises(TypeError, match=r"params\[0\] is device memory"):
+        mt.AdamW([FakeDeviceTensor(8)], numeric_mode=mode.tier)
+    with pytest.raises(TypeError, match=r"grads\[0\] is device memory"):
+        mt.clip_grad_norm_([FakeDeviceTensor(8)], 1.0, numeric_mode=mode.tier)
+    p = mt.Array((8,))
+    opt = mt.AdamW([p], numeric_mode=mode.tier)
+    with pytest.raises(TypeError, match=r"grads\[0\] is device memory"):
+        opt.step([FakeDeviceTensor(8)])
+    assert opt.t == 0
+
+
+def test_torch_cpu_tensors_work_through_dlpack_like_host_buffers(mode):
+    torch = pytest.importorskip("torch")
+    p_ours, g = mt.Array.from_list([0.5] * 9), mt.Array.from_list([0.25] * 9)
+    p_torch = torch.full((9,), 0.5)
+    opt_a = mt.AdamW([p_ours], numeric_mode=mode.tier)
+    opt_b = mt.AdamW([p_torch], numeric_mode=mode.tier)
+    opt_a.step([g])
+    opt_b.step([torch.full((9,), 0.25)])
+    assert p_torch.numpy().tobytes() == p_ours.tobytes()
+    opt_b.load_state_dict(dict(opt_a.state_dict(), exp_avg=torch.zeros(9)))
+    assert opt_b.exp_avg.tobytes() == bytes(36)
