@@ -91,6 +91,16 @@ class _Registry:
                                  % (where, name, j, a.shape, j, b.shape))
 
 
+def _refuse_overlap(probes, name, where):
+    """Parameters must not share memory (torch refuses duplicates too): an element updated
+    twice in one step would depend on the order of the updates."""
+    spans = sorted((pb.address, pb.address + pb.nbytes, j) for j, pb in enumerate(probes))
+    for (a0, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise ValueError("mojo_train.%s: %s[%d] and %s[%d] share memory; pass each parameter once"
+                             % (where, name, min(i, j), name, max(i, j)))
+
+
 def _ptr(array, ctype="float *"):
     """A cffi pointer to the data of a mojo_train.Array or DeviceArray."""
     return ffi.cast(ctype, array.ptr if type(array) is DeviceArray else array.address)
@@ -118,6 +128,7 @@ class _Optimizer:
         self._device_ok = self._backend.has(_DEVICE_BUFFERS)
         self.numeric_mode = self._backend.tier
         self._params = _Registry(params, "params", where, inplace=True, backend=self._backend)
+        _refuse_overlap(self._params.probes, "params", where)
         self.params = [pb.obj for pb in self._params.probes]
         self._shapes = [pb.shape for pb in self._params.probes]
         self._gtable = ffi.new("float *[]", self._params.n)

@@ -39,3 +39,13 @@ def test_torch_cpu_tensors_work_through_dlpack_like_host_buffers(mode):
     assert p_torch.numpy().tobytes() == p_ours.tobytes()
     opt_b.load_state_dict(dict(opt_a.state_dict(), exp_avg=torch.zeros(9)))
     assert opt_b.exp_avg.tobytes() == bytes(36)
+
+
+def test_parameters_that_share_memory_are_refused_naming_both(mode):
+    w = mt.Array((16,))
+    with pytest.raises(ValueError, match=r"params\[0\] and params\[1\] share memory"):
+        mt.SGD([w, w], numeric_mode=mode.tier)
+    with pytest.raises(ValueError, match=r"params\[0\] and params\[2\] share memory"):
+        mt.AdamW([w, mt.Array((4,)), w.reshape(4, 4)], numeric_mode=mode.tier)
+    halves = [memoryview(w.memview().cast("B")[:32]).cast("f"), memoryview(w.memview().cast("B")[32:]).cast("f")]
+    mt.AdamW(halves, numeric_mode=mode.tier)     # adjacent is fine
