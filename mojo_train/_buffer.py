@@ -411,3 +411,31 @@ def _device_array_type():
         from .device import DeviceArray
         _DEVICE_ARRAY.append(DeviceArray)
     return _DEVICE_ARRAY[0]
+
+
+class LastTable:
+    """Remembers the pointer table built for the last list of our own arrays (Array,
+    DeviceArray) and hands it back when the same objects come again, in the same order: a
+    training loop passes the same gradient list every step. It holds those objects, so their
+    ids cannot be reused by others while they are remembered; their addresses and sizes never
+    change (our arrays do not resize). Anything else is looked at afresh every call."""
+
+    __slots__ = ("objects", "result")
+
+    def __init__(self):
+        self.objects, self.result = (), None
+
+    def get(self, tensors):
+        objects = self.objects
+        if (type(tensors) in (list, tuple) and len(tensors) == len(objects) and objects
+                and all(a is b for a, b in zip(tensors, objects))):
+            return self.result
+        return None
+
+    def put(self, tensors, result):
+        device_array = _device_array_type()
+        if all(type(t) is Array or type(t) is device_array for t in tensors):
+            self.objects, self.result = tuple(tensors), result
+        else:
+            self.objects, self.result = (), None
+        return result

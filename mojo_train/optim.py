@@ -9,6 +9,7 @@ and clip.md; tensors are addressed in place through a pointer table, so a list o
 arrays is neither packed nor copied.
 """
 import numbers
+import threading
 
 from . import _buffer
 from ._array import Array
@@ -18,6 +19,7 @@ from .device import DeviceArray
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
 
 _DEVICE_BUFFERS = 1 << 9   # mt_features(): the vendor takes device pointers
+_CLIP_TABLES = threading.local()   # per thread and library: clip_grad_norm_'s last gradient list
 
 # torch keywords this library does not take, and why; anything else unknown is refused too.
 _REFUSED = {
@@ -132,6 +134,7 @@ class _Optimizer:
         self.params = [pb.obj for pb in self._params.probes]
         self._shapes = [pb.shape for pb in self._params.probes]
         self._gtable = ffi.new("float *[]", self._params.n)
+        self._last_grads = _buffer.LastTable()   # the same gradient list step after step
         self.lr = _real(lr, "lr", where)
         self.lr_schedule = lr_schedule
         self.t = 0
@@ -152,8 +155,11 @@ class _Optimizer:
 
     def _grads(self, grads, inplace, where):
         """(pointer table, handles to keep alive) for a gradient list matching params."""
+        if self._last_grads.get(grads) is not None:
+            return self._gtable, grads
         keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace, device_ok=self._device_ok)
         if keep is not None:
+            self._last_grads.put(grads, True)
             return self._gtable, keep
         reg = _Registry(grads, "grads", where, inplace=inplace, backend=self._backend, like=self._params)
         return reg.table, reg
@@ -411,13 +417,20 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
         raise TypeError("mojo_train.%s: foreach= is not supported: %s" % (where, _REFUSED["foreach"]))
     mn = _real(max_norm, "max_norm", where)
     backend = load(numeric_mode)
-    n = len(grads) if type(grads) in (list, tuple) else 0
-    table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
-    keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
-                                 device_ok=backend.has(_DEVICE_BUFFERS))
-    if keep is None:
-        keep = _Registry(grads, "grads", where, inplace=True, backend=backend)
-        table, offsets, n = keep.table, keep.c_offsets, keep.n
+    last = _CLIP_TABLES.__dict__.setdefault(backend.path, _buffer.LastTable())
+    hit = last.get(grads)
+    if hit is not None:
+        table, offsets, n = hit
+    else:
+        n = len(grads) if type(grads) in (list, tuple) else 0
+        table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
+        keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
+                                     device_ok=backend.has(_DEVICE_BUFFERS))
+        if keep is None:
+            keep = _Registry(grads, "grads", where, inplace=True, backend=backend)
+            table, offsets, n = keep.table, keep.c_offsets, keep.n
+        else:
+            last.put(grads, (table, offsets, n))
     out = ffi.new("float[2]")
     backend.check(backend.lib.mt_clip_grad_norm(table, out, offsets, mn, n), where)
     return float(out[0])

@@ -49,3 +49,18 @@ def test_parameters_that_share_memory_are_refused_naming_both(mode):
         mt.AdamW([w, mt.Array((4,)), w.reshape(4, 4)], numeric_mode=mode.tier)
     halves = [memoryview(w.memview().cast("B")[:32]).cast("f"), memoryview(w.memview().cast("B")[32:]).cast("f")]
     mt.AdamW(halves, numeric_mode=mode.tier)     # adjacent is fine
+
+
+def test_a_gradient_list_reused_and_then_changed_is_seen_afresh(mode):
+    a, b, c = mt.Array.from_list([3.0, 4.0]), mt.Array.from_list([0.0, 0.0]), mt.Array.from_list([6.0, 8.0])
+    grads = [a, b]
+    assert mt.clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier) == 5.0
+    assert mt.clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier) == 5.0     # the remembered table
+    grads[1] = c                                                              # same list, new member
+    assert mt.clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier) == pytest.approx(125 ** 0.5)
+    p = [mt.Array((2,)), mt.Array((2,))]
+    opt = mt.SGD(p, lr=1.0, numeric_mode=mode.tier)
+    opt.step(grads)
+    grads[0] = mt.Array.from_list([1.0, 1.0])
+    opt.step(grads)
+    assert p[0].tolist() == [-4.0, -5.0] and p[1].tolist() == [-12.0, -16.0]
