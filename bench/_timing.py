@@ -23,8 +23,8 @@ def write_result(name, figures, command):
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                                text=True).stdout.strip()
+        commit = os.environ.get("MT_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "native", "mojo_train"],
                                     cwd=root, capture_output=True, text=True).stdout.strip())
     except OSError:
