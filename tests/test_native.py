@@ -196,7 +196,7 @@ def test_an_explicitly_named_absent_vendor_never_falls_back_in_a_fresh_process()
             print('REFUSED'); print(e)
         else:
             print('FELL BACK to', opt._backend.vendor)
-    """, {"MOJO_TRAIN_VENDOR": vendor})
+    """, {"MOJO_TRAIN_VENDOR": vendor, "MOJO_TRAIN_NUMERIC_MODE": "identical"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("REFUSED"), out.stdout
     assert _native.library_name(vendor, "identical") in out.stdout
