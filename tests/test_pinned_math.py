@@ -65,10 +65,9 @@ int main(int argc, char **argv) {
 }
 """
 
-KERNEL_CU = r"""
-#include "mt_pinned.h"
-#include <stdio.h>
-
+# The same program as CUDA: the host pass of nvcc builds main (same bits as the C build) and
+# the device pass compiles the kernel.
+KERNEL_CU = PROGRAM_C + r"""
 __global__ void mt_math_probe(const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
@@ -76,20 +75,6 @@ __global__ void mt_math_probe(const float *x, float *y, int n) {
         y[3 * i + 1] = mt_logf(x[i]);
         y[3 * i + 2] = mt_log1pf(x[i]);
     }
-}
-
-/* The host side of the same header, built by nvcc's host pass: same bits as the C build. */
-int main(int argc, char **argv) {
-    if (argc != 3) return 2;
-    FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
-    if (!in || !out) return 3;
-    uint32_t u;
-    while (fread(&u, 4, 1, in) == 1) {
-        float x = mt_bits_f32(u);
-        uint32_t r[3] = {mt_f32_bits(mt_expf(x)), mt_f32_bits(mt_logf(x)), mt_f32_bits(mt_log1pf(x))};
-        if (fwrite(r, 4, 3, out) != 3) return 4;
-    }
-    return fclose(out) == 0 ? 0 : 5;
 }
 """
 
