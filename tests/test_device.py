@@ -21,6 +21,11 @@ def _filled(n, seed, stream, low=-1.0, high=1.0):
     return a
 
 
+def _torch_filled(torch, n, seed, stream):
+    """The same Philox draw as _filled, as a torch CUDA tensor."""
+    return torch.frombuffer(bytearray(_filled(n, seed, stream).tobytes()), dtype=torch.float32).cuda()
+
+
 def _digest(*arrays):
     h = hashlib.sha256()
     for a in arrays:
@@ -158,13 +163,12 @@ def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(identical
     sizes = [1, 1023, 4096 * 3 + 5]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
-    params = [torch.frombuffer(bytearray(_filled(n, 11, 0).tobytes()), dtype=torch.float32).cuda() for n in sizes]
+    params = [_torch_filled(torch, n, 11, 0) for n in sizes]
     ptrs = [p.data_ptr() for p in params]
     opt = mt.AdamW([p.detach() for p in params], lr=1e-2)
     norms = []
     for s in range(3):
-        grads = [torch.frombuffer(bytearray(_filled(n, 11, 1 + s).tobytes()), dtype=torch.float32).cuda()
-                 for n in sizes]
+        grads = [_torch_filled(torch, n, 11, 1 + s) for n in sizes]
         norms.append(opt.step(grads, max_norm=0.5))
     assert [p.data_ptr() for p in params] == ptrs
     assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
@@ -182,9 +186,8 @@ def test_two_hundred_separate_torch_tensors_take_one_step_with_the_oracles_bits(
     sizes = [1000 + 7 * j for j in range(200)]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 2, 1.0, monkeypatch)
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
-    params = [torch.frombuffer(bytearray(_filled(n, 11, 0).tobytes()), dtype=torch.float32).cuda() for n in sizes]
+    params = [_torch_filled(torch, n, 11, 0) for n in sizes]
     opt = mt.AdamW(params, lr=1e-2)
-    norms = [opt.step([torch.frombuffer(bytearray(_filled(n, 11, 1 + s).tobytes()), dtype=torch.float32).cuda()
-                       for n in sizes], max_norm=1.0) for s in range(2)]
+    norms = [opt.step([_torch_filled(torch, n, 11, 1 + s) for n in sizes], max_norm=1.0) for s in range(2)]
     assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
     assert norms == want_norms

@@ -39,8 +39,6 @@ int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset,
 /* ---- the device half of the ABI, on a vendor without devices ---- */
 #include <string.h>
 
-static int64_t g_last_threads = 0;
-
 int mt_device_count(int32_t *out) {
     int rc = mt_check_ptr(out, "out");
     if (rc) return rc;
@@ -89,8 +87,7 @@ int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks) {
 int mt_launch_geometry(int32_t *out) {
     int rc = mt_check_ptr(out, "out");
     if (rc) return rc;
-    g_last_threads = mt_pool_threads();
-    out[0] = (int32_t)g_last_threads;
+    out[0] = (int32_t)mt_pool_threads();
     out[1] = 1;
     return MT_OK;
 }

@@ -190,7 +190,6 @@ MT_NOINLINE static int clip_body(float *const *grads, float *norm_out, const int
     if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
         (rc = mt_check_ptr(norm_out, "norm_out")) || (rc = mt_check_nonneg(max_norm, "max_norm")))
         return rc;
-    step_job job = {grads, grads, 0, 0, 0, 1.0f, 0};
     float total = 0.0f;
     if (mt_cpu_norms(0, &total, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
     if (!mt_is_finite(total)) {
@@ -198,7 +197,6 @@ MT_NOINLINE static int clip_body(float *const *grads, float *norm_out, const int
         if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
         return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
     }
-    (void)job;
     float coef = mt_clip_coefficient(max_norm, total);
     if (coef < 1.0f) {
         scale_job sj = {grads, coef};
