@@ -103,6 +103,24 @@ _KEYS = {
 }
 _REQUIRED = {op: ("seed", "sizes", "g", "max_norm") if op == "clip"
              else ("seed", "sizes", "p", "g", "steps", "lr") for op in _KEYS}
+_OUTPUTS = {}   # op -> outputs(case), for ops registered by other modules
+_RUNNERS = {}   # op -> run(case, backend)
+_NOTES = {"optim": ("# p=/g= low,high: params from stream 0, step-k grads from stream k (clip: stream 1),",
+                    "# tensor j at offset offsets[j]; unset hyper-parameters take the public API defaults.")}
+_NOTES["clip"] = _NOTES["optim"]
+
+
+def register(card, contract, cases, ops, notes):
+    """Add a card family: ``cases()`` lists its specs; ``ops`` maps each op name of its lines
+    to ``(keys, required, outputs, run)``: the key parsers, the keys a case must give,
+    ``outputs(case)`` (digest names in line order) and ``run(case, backend)`` ({name: sha256},
+    through the public API on the selected vendor's identical tier); ``notes`` are the
+    header's comment lines saying how inputs are drawn."""
+    CONTRACTS[card] = contract
+    CASES[card] = cases
+    _NOTES[card] = tuple("# " + n for n in notes)
+    for op, (keys, required, outputs, run) in ops.items():
+        _KEYS[op], _REQUIRED[op], _OUTPUTS[op], _RUNNERS[op] = keys, tuple(required), outputs, run
 
 
 def case_key(case):
@@ -112,6 +130,8 @@ def case_key(case):
 
 def output_names(case):
     """The outputs a case's line must carry a digest for, in line order."""
+    if case.op in _OUTPUTS:
+        return tuple(_OUTPUTS[case.op](case))
     if case.op == "clip":
         return ("tensor_norms", "norms_total", "grads", "total")
     names = ["params", "grads"]
@@ -290,6 +310,8 @@ def _run_clip(case, backend):
 
 def run_case(case, backend):
     """{output: sha256 hex} of ``case`` on the vendor currently selected (see vendor_selected)."""
+    if case.op in _RUNNERS:
+        return _RUNNERS[case.op](case, backend)
     return (_run_clip if case.op == "clip" else _run_optim)(case, backend)
 
 
@@ -329,9 +351,7 @@ def check_card(path, vendor, device=False):
 def _header(name):
     return ["# mojo_train card %s; contract %s; inputs: %s" % (name, CONTRACTS[name], _INPUTS),
             "# append-only: a changed digest needs a contract version bump. A case line is",
-            "#   <op> key=value ... | output=<sha256 of the output's bytes> ...",
-            "# p=/g= low,high: params from stream 0, step-k grads from stream k (clip: stream 1),",
-            "# tensor j at offset offsets[j]; unset hyper-parameters take the public API defaults."]
+            "#   <op> key=value ... | output=<sha256 of the output's bytes> ..."] + list(_NOTES[name])
 
 
 def write_missing(path):
@@ -473,3 +493,7 @@ def _clip_cases():
 
 
 CASES = {"optim": _optim_cases, "clip": _clip_cases}
+
+# Card families of later ops register themselves (see register); imported last, so that
+# everything above is defined when they import it.
+from . import _cards_loss, _cards_dense  # noqa: E402,F401  (registration only)

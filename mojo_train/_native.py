@@ -13,7 +13,7 @@ import threading
 
 import cffi
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 TIERS = ("identical", "deterministic", "fast")
 VENDORS = ("cpu", "cuda", "hip", "metal")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")

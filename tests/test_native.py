@@ -103,7 +103,7 @@ def test_identity_exports_agree_with_what_was_asked(mode):
     lib = mode.backend.lib
     assert ffi.string(lib.mt_vendor()).decode() == mode.vendor
     assert ffi.string(lib.mt_numeric_mode()).decode() == mode.tier
-    assert lib.mt_abi_version() == _native.ABI_VERSION == 1
+    assert lib.mt_abi_version() == _native.ABI_VERSION == 2
     assert os.path.basename(mode.backend.path) == _native.library_name(mode.vendor, mode.tier)
     assert int(lib.mt_features()) == mode.backend.features
     for capability in ("optim", "clip", "random"):
@@ -413,7 +413,7 @@ def test_c_host_passes_its_own_checks(host_output):
     res, lines = host_output
     assert res.returncode == 0, res.stdout + res.stderr
     assert "OK" in lines and "FAIL" not in res.stdout
-    assert lines["IDENTITY"].split()[:3] == ["cpu", "identical", "1"]
+    assert lines["IDENTITY"].split()[:3] == ["cpu", "identical", str(_native.ABI_VERSION)]
 
 
 def test_c_host_refusal_reports_enonfinite_and_a_message(host_output):

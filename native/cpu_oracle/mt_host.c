@@ -1,5 +1,6 @@
 /* mt_host.c -- see mt_host.h. Identity exports live here so every vendor reports the same
  * way; MT_TIER and MT_VENDOR_NAME come from the build. */
+#include <stdlib.h>
 #include "mt_host.h"
 #include "mt_pinned.h"
 #include <stdarg.h>
@@ -86,7 +87,8 @@ const char *mt_numeric_mode(void) {
 }
 
 uint64_t mt_features(void) {
-    uint64_t f = MT_FEATURE_OPTIM | MT_FEATURE_CLIP | MT_FEATURE_RANDOM | mt_vendor_features();
+    uint64_t f = MT_FEATURE_OPTIM | MT_FEATURE_CLIP | MT_FEATURE_RANDOM | mt_vendor_features() |
+                 mt_loss_features() | mt_dense_features() | mt_lm_head_features();
 #if MT_TIER == MT_TIER_IDENTICAL
     f |= MT_FEATURE_PINNED_MATH;
 #else
@@ -199,5 +201,41 @@ int mt_check_uniform_args(float *width, float *low32, const float *out, double l
     if (!mt_is_finite(*width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
     if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
     *low32 = lo;
+    return MT_OK;
+}
+
+/* ---- scratch memory counters ---- */
+static int64_t mem_now, mem_peak;
+
+void mt_mem_count(int64_t bytes) {
+    int64_t now = __atomic_add_fetch(&mem_now, bytes, __ATOMIC_RELAXED);
+    int64_t peak = __atomic_load_n(&mem_peak, __ATOMIC_RELAXED);
+    while (now > peak &&
+           !__atomic_compare_exchange_n(&mem_peak, &peak, now, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    }
+}
+
+void *mt_scratch_alloc(int64_t bytes, const char *what) {
+    void *p = bytes > 0 ? malloc((size_t)bytes) : NULL;
+    if (bytes > 0 && !p) {
+        mt_fail(MT_ENOMEM, "cannot allocate %lld bytes for %s", (long long)bytes, what);
+        return NULL;
+    }
+    mt_mem_count(bytes);
+    return p;
+}
+
+void mt_scratch_free(void *p, int64_t bytes) {
+    if (!p) return;
+    free(p);
+    mt_mem_count(-bytes);
+}
+
+int mt_memory_stats(int64_t *out, int32_t reset) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    out[0] = __atomic_load_n(&mem_now, __ATOMIC_RELAXED);
+    out[1] = __atomic_load_n(&mem_peak, __ATOMIC_RELAXED);
+    if (reset) __atomic_store_n(&mem_peak, out[0], __ATOMIC_RELAXED);
     return MT_OK;
 }

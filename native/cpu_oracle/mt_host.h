@@ -58,8 +58,19 @@ void mt_fp_set(unsigned control);
 float mt_host_one_minus_pow(float base, int64_t exponent);
 float mt_host_round(double x);
 
-/* The vendor's feature bits beyond the tier's (defined by each vendor). */
+/* The vendor's feature bits beyond the tier's (defined by each vendor), and those of each op
+ * family, defined beside the family's code (0 until it is built on that vendor). */
 uint64_t mt_vendor_features(void);
+uint64_t mt_loss_features(void);
+uint64_t mt_dense_features(void);
+uint64_t mt_lm_head_features(void);
+
+/* The library's own scratch memory, counted for mt_memory_stats: vendors report every
+ * allocation they make for an op (bytes > 0) and its release (bytes < 0). mt_scratch_alloc
+ * and mt_scratch_free are counted host malloc/free (NULL on failure, with the error set). */
+void mt_mem_count(int64_t bytes);
+void *mt_scratch_alloc(int64_t bytes, const char *what);
+void mt_scratch_free(void *p, int64_t bytes);
 
 #ifdef __cplusplus
 }

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#define MT_ABI_VERSION 1
+#define MT_ABI_VERSION 2
 
 /* error codes */
 #define MT_OK 0
@@ -30,10 +30,18 @@ extern "C" {
 #define MT_EDEVICE 4      /* the vendor runtime failed or is absent */
 #define MT_EUNSUPPORTED 5 /* not built into this library */
 
+/* cross-entropy reductions */
+#define MT_REDUCTION_NONE 0
+#define MT_REDUCTION_SUM 1
+#define MT_REDUCTION_MEAN 2
+
 /* mt_features() bits */
 #define MT_FEATURE_OPTIM (1u << 0)        /* SGD / Adam / AdamW steps */
 #define MT_FEATURE_CLIP (1u << 1)         /* global-norm clipping */
 #define MT_FEATURE_RANDOM (1u << 2)       /* Philox streams */
+#define MT_FEATURE_LOSS (1u << 3)         /* cross_entropy */
+#define MT_FEATURE_DENSE (1u << 4)        /* linear, rms_norm, relu */
+#define MT_FEATURE_LM_HEAD (1u << 5)      /* the chunked LM head / linear_cross_entropy */
 #define MT_FEATURE_HOST_BUFFERS (1u << 8) /* accepts host pointers */
 #define MT_FEATURE_DEVICE_BUFFERS (1u << 9) /* accepts device pointers */
 #define MT_FEATURE_THREADS (1u << 10)     /* thread pool */
@@ -101,6 +109,52 @@ int mt_uniform_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64
                     double low /* rounded to float32 inside */, double high, int64_t n);
 
 int mt_one_minus_pow(float *out /* (1) */, float base, int64_t exponent);
+
+/* Loss and dense layers (contracts: native/contracts/loss.md, dense.md). Every pointer is a
+ * host pointer, or on a GPU vendor a device pointer; results land where the outputs are.
+ * Targets are signed integers of target_bytes (4 or 8) each. On refusal nothing the caller
+ * passed is written except, after a non-finite input is found, outputs the caller must
+ * treat as undefined (dlogits, row_loss, d_hidden, d_weight, d_bias, y, dx, out); loss_out and
+ * every input are never touched then. The Python layer allocates those outputs itself. */
+int mt_cross_entropy(float *loss_out /* (1); may be NULL when reduction is NONE */,
+                     float *row_loss /* (n_rows) or NULL; required when reduction is NONE */,
+                     float *dlogits /* (n_rows*vocab) or NULL: no gradient */,
+                     const float *logits /* (n_rows*vocab) */,
+                     const void *targets /* (n_rows) */, int32_t target_bytes,
+                     int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction,
+                     float label_smoothing, int64_t num_items /* mean's divisor; 0: non-ignored count */);
+
+int mt_linear_forward(float *out /* (m*n) */, const float *a /* (m*k) */,
+                      const float *weight /* (n*k) */, const float *bias /* (n) or NULL */,
+                      int64_t m, int64_t n, int64_t k);
+
+int mt_linear_backward(float *da /* (m*k) or NULL */, float *dweight /* (n*k) or NULL */,
+                       float *dbias /* (n) or NULL */, const float *dc /* (m*n) */,
+                       const float *a /* (m*k) */, const float *weight /* (n*k) */,
+                       int64_t m, int64_t n, int64_t k);
+
+int mt_rms_norm_forward(float *y /* (rows*dim) */, const float *x /* (rows*dim) */,
+                        const float *weight /* (dim) or NULL */, float eps, int64_t rows, int64_t dim);
+
+int mt_rms_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /* (dim) or NULL */,
+                         const float *dy /* (rows*dim) */, const float *x /* (rows*dim) */,
+                         const float *weight /* (dim) or NULL */, float eps, int64_t rows, int64_t dim);
+
+int mt_relu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
+int mt_relu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
+
+int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE */,
+                    float *row_loss /* (rows) or NULL; required when reduction is NONE */,
+                    float *d_hidden /* (rows*width) or NULL */, float *d_weight /* (vocab*width) or NULL */,
+                    float *d_bias /* (vocab) or NULL */, const float *hidden /* (rows*width) */,
+                    const float *weight /* (vocab*width) */, const float *bias /* (vocab) or NULL */,
+                    const void *targets /* (rows) */, int32_t target_bytes, int64_t rows,
+                    int64_t vocab, int64_t width, int64_t ignore_index, int32_t reduction,
+                    float label_smoothing, int64_t num_items, int64_t chunk_rows /* 0: library's choice */);
+
+/* Bytes the library holds for its own scratch (not caller buffers): out[0] now, out[1] the
+ * peak since the last reset (reset != 0 sets the peak to the current value after reading). */
+int mt_memory_stats(int64_t *out /* (2) */, int32_t reset);
 
 /* Devices and memory. On the cpu vendor there is no device: mt_device_count reports 0,
  * mt_device_alloc refuses, mt_memcpy is a host copy. Every op above accepts host pointers on

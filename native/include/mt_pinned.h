@@ -461,4 +461,137 @@ MT_HD float mt_log1pf(float x) {
 }
 /* ==== end of pinned exp, log, log1p ==================================================== */
 
+/* ==== losses and dense layers (contracts: native/contracts/loss.md, dense.md) ===========
+ * The per-element arithmetic every vendor shares. Loop schedules (which thread folds which
+ * lane, which block owns which leaf) belong to the vendors; the trees they must realise are
+ * the chunk tree above (along a row) and the token rule below (across rows). */
+
+/* Sabotage switches of these ops (make SABOTAGE=loss|linear|rms_norm|lm_head): 1 reverses
+ * an order or contracts where the contract forbids it, in that op alone. */
+#ifdef MT_SABOTAGE_LOSS
+#define MT_SAB_LOSS 1
+#else
+#define MT_SAB_LOSS 0
+#endif
+#ifdef MT_SABOTAGE_RMS_NORM
+#define MT_SAB_RMS_NORM 1
+#else
+#define MT_SAB_RMS_NORM 0
+#endif
+#ifdef MT_SABOTAGE_LM_HEAD
+#define MT_SAB_LM_HEAD 1
+#else
+#define MT_SAB_LM_HEAD 0
+#endif
+
+/* One step of every dot-product chain (GEMMs, token contractions): acc = fma(a, b, acc),
+ * one rounding. The linear sabotage rounds the product first. */
+#ifdef MT_SABOTAGE_LINEAR
+#define MT_DOT_STEP(a, b, acc) ((a) * (b) + (acc))
+#else
+#define MT_DOT_STEP(a, b, acc) fmaf((a), (b), (acc))
+#endif
+
+/* A chunk fold (n <= MT_CHUNK elements): lane l folds elements l, l + MT_LANES, ... from
+ * +0.0 with STEP(acc, i), then the lane tree. REVERSED (a sabotage switch) walks the rows
+ * backwards. Defines `MT_HD float NAME(int64_t n, ARGS...)`. */
+#define MT_DEFINE_CHUNK_FOLD(NAME, REVERSED, STEP, ...)                                   \
+    MT_HD float NAME(int64_t n, __VA_ARGS__) {                                              \
+        float acc[MT_LANES];                                                                \
+        for (int l = 0; l < MT_LANES; ++l) acc[l] = 0.0f;                                   \
+        int64_t full = n / MT_LANES;                                                        \
+        for (int64_t rr = 0; rr < full; ++rr) {                                             \
+            int64_t r = (REVERSED) ? full - 1 - rr : rr;                                    \
+            for (int l = 0; l < MT_LANES; ++l) STEP(acc[l], r * MT_LANES + l);              \
+        }                                                                                   \
+        for (int64_t l = 0; l < n - full * MT_LANES; ++l) STEP(acc[l], full * MT_LANES + l); \
+        return mt_lane_tree(acc);                                                           \
+    }
+
+/* sum of e^(x_i - m): the softmax denominator of one chunk of a row */
+#define MT_STEP_SUM_EXP(acc, i) (acc) = (acc) + mt_expf(x[i] - m)
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_exp, MT_SAB_LOSS, MT_STEP_SUM_EXP, const float *x, float m)
+/* sum of x_i (label smoothing's mean logit) */
+#define MT_STEP_SUM(acc, i) (acc) = (acc) + x[i]
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum, MT_SAB_LOSS, MT_STEP_SUM, const float *x)
+/* sum of x_i^2 (RMSNorm's mean square): fma(x, x, acc) as in the clip tree */
+#define MT_STEP_SUMSQ(acc, i) (acc) = fmaf(x[i], x[i], (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sumsq_rms, MT_SAB_RMS_NORM, MT_STEP_SUMSQ, const float *x)
+/* sum of (dy_i * w_i) * x_i (RMSNorm backward's row dot); w may be NULL (all ones) */
+#define MT_STEP_GDOT(acc, i) (acc) = fmaf(w ? dy[i] * w[i] : dy[i], x[i], (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_rms_dot, MT_SAB_RMS_NORM, MT_STEP_GDOT, const float *dy, const float *w,
+                     const float *x)
+
+/* ---- the token rule (every contraction over tokens/rows) ----------------------------------
+ * Tokens are cut into leaves of MT_TOKEN_LEAF (the last may be short). A leaf's partial
+ * starts at +0.0 and folds its tokens in ascending order (MT_DOT_STEP for products, + for
+ * single terms); the partials meet in the pairwise tree of mt_tree_fold. That tree equals
+ * "split off the largest power of two on the left, recurse on the rest", so it can also be
+ * built on the fly with a stack of complete subtrees (mt_token_stack) in log2 memory. */
+#define MT_TOKEN_LEAF 1024
+
+MT_HD int64_t mt_token_leaves(int64_t tokens) { return (tokens + MT_TOKEN_LEAF - 1) / MT_TOKEN_LEAF; }
+
+/* The pairwise tree over leaf partials; `reversed` (a sabotage switch) folds leaves
+ * right to left, which must change bits. */
+MT_HD float mt_token_tree(float *s, int64_t m, int reversed) {
+    if (reversed) {
+        float acc = m > 0 ? s[m - 1] : 0.0f;
+        for (int64_t k = m - 2; k >= 0; --k) acc = s[k] + acc;
+        return acc;
+    }
+    return mt_tree_fold(s, m);
+}
+
+/* ---- cross-entropy ------------------------------------------------------------------------ */
+typedef struct {
+    float g;      /* gradient scale: 1 (sum) or 1 / D (mean) */
+    float off;    /* smoothed target of a non-target class: eps / V (0 without smoothing) */
+    float hit;    /* smoothed target of the target class: (1 - eps) + off */
+    float keep;   /* 1 - eps */
+    float eps;
+    float vocab;  /* V as a float (V < 2^24, exact) */
+} mt_ce_scalars;
+
+/* Host side, once per call. divisor is D for the mean (any value for the other reductions). */
+MT_HD mt_ce_scalars mt_ce_scalars_for(float eps, int64_t vocab, int32_t mean, float divisor) {
+    mt_ce_scalars c;
+    c.eps = eps;
+    c.vocab = (float)vocab;
+    c.keep = 1.0f - eps;
+    c.off = eps / c.vocab;
+    c.hit = c.keep + c.off;
+    c.g = mean ? 1.0f / divisor : 1.0f;
+    return c;
+}
+
+/* A row's loss from its max m, softmax denominator s, target logit xt and (smoothing only)
+ * the tree sum of its logits. */
+MT_HD float mt_ce_row_loss(float m, float s, float xt, float sum_x, const mt_ce_scalars *c) {
+    float lse = m + mt_logf(s);
+    float nll = lse - xt;
+    if (c->eps == 0.0f) return nll;
+    float smooth = lse - sum_x / c->vocab;
+    return c->keep * nll + c->eps * smooth;
+}
+
+/* d loss / d x_j of a non-ignored row: e = e^(x_j - m) as in the denominator's fold. */
+MT_HD float mt_ce_grad(float e, float s, int is_target, const mt_ce_scalars *c) {
+    float p = e / s;
+    return (p - (is_target ? c->hit : c->off)) * c->g;
+}
+
+/* ---- RMSNorm ------------------------------------------------------------------------------ */
+/* 1 / sqrt(ss / dim + eps) from a row's sum of squares: three roundings and a division. */
+MT_HD float mt_rms_rstd(float ss, float dimf, float eps) { return 1.0f / sqrtf(ss / dimf + eps); }
+
+/* dx_i = r * g_i - k * x_i with g_i = dy_i * w_i and k = (c / dim) * (r * r * r). */
+MT_HD float mt_rms_k(float c, float dimf, float r) { return (c / dimf) * ((r * r) * r); }
+MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return r * (dy * w) - k * x; }
+
+/* ---- ReLU --------------------------------------------------------------------------------- */
+MT_HD float mt_relu(float x) { return x > 0.0f ? x : 0.0f; }
+MT_HD float mt_relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
+/* ==== end of losses and dense layers ==================================================== */
+
 #endif /* MT_PINNED_H */
