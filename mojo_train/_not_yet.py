@@ -14,6 +14,7 @@ def placeholder(name, area):
     refuse.__name__ = name.rsplit(".", 1)[-1]
     refuse.__qualname__ = refuse.__name__
     refuse.__doc__ = "Not implemented yet (%s): raises NotImplementedError." % area
+    refuse.not_implemented = True
     return refuse
 
 
@@ -21,4 +22,4 @@ def placeholder_class(name, area):
     """A class whose construction refuses like `placeholder`."""
     refuse = placeholder(name, area)
     return type(name.rsplit(".", 1)[-1], (), {"__init__": lambda self, *a, **k: refuse(),
-                                              "__doc__": refuse.__doc__})
+                                              "__doc__": refuse.__doc__, "not_implemented": True})

@@ -65,6 +65,21 @@ class DeviceArray:
         self._alloc = _alloc
         self._cptr = ffi.cast("float *", _alloc.ptr + _offset)   # for the hot calls
 
+    @classmethod
+    def empty(cls, shape, dtype="float32", numeric_mode=None):
+        """An uninitialised DeviceArray (for outputs a kernel fills completely)."""
+        if dtype not in _TYPESTR:
+            raise TypeError("mojo_train.DeviceArray: dtype %r is not supported (%s)"
+                            % (dtype, ", ".join(_TYPESTR)))
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        n = 1
+        for d in shape:
+            if d < 0:
+                raise ValueError("mojo_train.DeviceArray: negative dimension in shape %r" % (shape,))
+            n *= d
+        alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), n * _ITEMSIZE[dtype])
+        return cls(shape, dtype, _alloc=alloc)
+
     def _zero(self):
         """Zero-fill on the device (a kernel; nothing crosses the bus)."""
         if not self.nbytes:

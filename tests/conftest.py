@@ -7,7 +7,8 @@ import pytest
 
 from mojo_train import _native
 
-FEATURE = {"optim": 1 << 0, "clip": 1 << 1, "random": 1 << 2, "host": 1 << 8, "device": 1 << 9,
+FEATURE = {"optim": 1 << 0, "clip": 1 << 1, "random": 1 << 2, "loss": 1 << 3, "dense": 1 << 4,
+           "lm_head": 1 << 5, "host": 1 << 8, "device": 1 << 9,
            "threads": 1 << 10, "pinned": 1 << 16, "contraction": 1 << 17}
 
 
