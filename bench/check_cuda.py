@@ -13,7 +13,11 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SABOTAGE_OPS = ("optim", "clip")
+# One sabotage per card file (fixtures/<op>.card is failed by make cuda SABOTAGE=<op>).
+SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "fixtures"))
+                            if f.endswith(".card")))
+# GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
+BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py")
 
 
 def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
@@ -33,7 +37,7 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
             f.write(out)
     tail = "\n".join(out.strip().splitlines()[-12:])
     print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
-    return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail}
+    return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail, "out": out.strip()}
 
 
 def gpu_name():
@@ -66,22 +70,27 @@ def main():
         steps.append(run("sabotage %s fails its cards" % op, [py, "-m", "mojo_train", "selfcheck", "--card", op],
                          dict(cuda, MOJO_TRAIN_LIBRARY_PATH=lib), expect_fail=True,
                          must_print="FAIL %s on cuda" % op))
-    steps.append(run("benchmarks", [py, "bench/optim_cuda.py", "--write"], cuda))
+    script = ("import runpy, sys, os\n"
+              "for b in sys.argv[1:]:\n"
+              "    if os.path.exists(b):\n"
+              "        sys.argv = [b, '--write']; print('#', b, flush=True); runpy.run_path(b, run_name='__main__')\n")
+    steps.append(run("benchmarks", [py, "-c", script] + list(BENCHMARKS), cuda))
     table = ["| step | outcome | seconds |", "| --- | --- | --- |"]
     table += ["| %s | %s | %.0f |" % (s["step"], "ok" if s["ok"] else "FAILED", s["seconds"]) for s in steps]
     print("\n".join(table))
     record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
               "", "Command: `make check-cuda`", ""] + table
-    record += ["", "Benchmark output:", "", "```", next(s["tail"] for s in steps if s["step"] == "benchmarks"), "```"]
+    record += ["", "Benchmark output:", "", "```", next(s["out"] for s in steps if s["step"] == "benchmarks"), "```"]
     path = os.path.join(ROOT, "bench", "results", "check-cuda.md")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:
         f.write("\n".join(record) + "\n")
     if os.environ.get("OUT"):
         shutil.copy(path, os.environ["OUT"])
-        jl = os.path.join(ROOT, "bench", "results", "optim_cuda.jsonl")
-        if os.path.exists(jl):
-            shutil.copy(jl, os.environ["OUT"])
+        for b in BENCHMARKS:
+            jl = os.path.join(ROOT, "bench", "results", os.path.basename(b)[:-3] + ".jsonl")
+            if os.path.exists(jl):
+                shutil.copy(jl, os.environ["OUT"])
     sys.exit(0 if all(s["ok"] for s in steps) else 1)
 
 

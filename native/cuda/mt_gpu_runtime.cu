@@ -86,8 +86,13 @@ struct mt_scratch {
     ~mt_scratch() {
         if (dev) gpuFree(dev);
         if (pinned) gpuFreeHost(pinned);
+        mt_mem_count(-(int64_t)cap);
     }
 };
+
+/* Calls needing more than this get stream-ordered allocations for the excess instead of a
+ * per-thread scratch that would stay that large (and twice that) for the thread's life. */
+#define MT_SCRATCH_MAX ((size_t)256 << 20)
 static thread_local mt_scratch t_scratch;
 
 #define MT_ALIGN(x) (((x) + 255) & ~(size_t)255)
@@ -98,6 +103,7 @@ mt_arena::mt_arena() {
         size_t want_cap = sc.grow_to > (size_t)(1 << 20) ? sc.grow_to : (size_t)(1 << 20);
         if (sc.dev) gpuFree(sc.dev);
         if (sc.pinned) gpuFreeHost(sc.pinned);
+        mt_mem_count(-(int64_t)sc.cap);
         sc.dev = nullptr;
         sc.pinned = nullptr;
         sc.cap = 0;
@@ -106,6 +112,7 @@ mt_arena::mt_arena() {
             sc.cap = want_cap;
         else
             gpuGetLastError();
+        mt_mem_count((int64_t)sc.cap);
     }
     dev = sc.dev;
     pinned = sc.pinned;
@@ -114,6 +121,8 @@ mt_arena::mt_arena() {
 
 mt_arena::~mt_arena() {
     for (void *p : owned) gpuFreeAsync(p, MT_STREAM);
+    mt_mem_count(-owned_bytes);
+    if (want > MT_SCRATCH_MAX) want = MT_SCRATCH_MAX;
     if (want > t_scratch.grow_to) t_scratch.grow_to = want;
 }
 
@@ -130,6 +139,8 @@ int mt_arena::alloc(void **out, int64_t bytes) {
     void *p = nullptr;
     MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
     owned.push_back(p);
+    owned_bytes += (int64_t)b;
+    mt_mem_count((int64_t)b);
     *out = p;
     return MT_OK;
 }
@@ -146,6 +157,8 @@ int mt_arena::stage(void **out, const void *host, int64_t bytes) {
     void *p = nullptr;
     MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
     owned.push_back(p);
+    owned_bytes += (int64_t)b;
+    mt_mem_count((int64_t)b);
     *out = p;
     MT_GPU_CHECK(gpuMemcpyAsync(p, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
     mt_gpu_count_h2d(bytes);
