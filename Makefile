@@ -13,6 +13,13 @@ UNAME := $(shell uname -s)
 SO := $(if $(filter Darwin,$(UNAME)),dylib,so)
 
 CPU_SRC := $(wildcard native/cpu_oracle/*.c)
+# Host code every vendor links beside its kernels (errors, checks, identity, schedules).
+SHARED_HOST_SRC := native/cpu_oracle/mt_host.c native/cpu_oracle/mt_schedule.c
+# $(call host_objs,<cc flags>,<dir>): compile SHARED_HOST_SRC into <dir>; host_o lists the objects.
+define host_objs
+	for f in $(SHARED_HOST_SRC); do $(CC) $(BASE_CFLAGS) $(1) -c $$f -o $(2)/$$(basename $$f .c).o || exit 1; done
+endef
+host_o = $(patsubst native/cpu_oracle/%.c,$(1)/%.o,$(SHARED_HOST_SRC))
 HDRS := $(wildcard native/include/*.h native/cpu_oracle/*.h)
 INCLUDES := -Inative/include -Inative/cpu_oracle
 BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fno-math-errno -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
@@ -54,15 +61,15 @@ CUDA_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
 
 cuda: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS))
 
-$(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+$(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-cuda-$*
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/obj-cuda-$*/mt_host.o
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(BUILD)/obj-cuda-$*/mt_host.o
+	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/obj-cuda-$*)
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*)
 
-$(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+$(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/sabotage-$*/obj/mt_host.o
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(BUILD)/sabotage-$*/obj/mt_host.o
+	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj)
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -101,15 +108,15 @@ HIP_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_hip_$(t).$(SO))
 
 hip: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS))
 
-$(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+$(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-hip-$*
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"hip"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/obj-hip-$*/mt_host.o
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(BUILD)/obj-hip-$*/mt_host.o
+	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"hip"',$(BUILD)/obj-hip-$*)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*)
 
-$(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) native/cpu_oracle/mt_host.c
+$(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"hip"' -c native/cpu_oracle/mt_host.c -o $(BUILD)/sabotage-$*/obj-hip/mt_host.o
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(BUILD)/sabotage-$*/obj-hip/mt_host.o
+	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip)
 
 .PHONY: hip
 

@@ -64,6 +64,11 @@ uint64_t mt_vendor_features(void);
 uint64_t mt_loss_features(void);
 uint64_t mt_dense_features(void);
 uint64_t mt_lm_head_features(void);
+uint64_t mt_embedding_features(void);
+uint64_t mt_random_features(void);
+uint64_t mt_accumulate_features(void);
+uint64_t mt_elementwise_features(void);
+uint64_t mt_schedule_features(void);
 
 /* The library's own scratch memory, counted for mt_memory_stats: vendors report every
  * allocation they make for an op (bytes > 0) and its release (bytes < 0). mt_scratch_alloc

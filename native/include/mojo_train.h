@@ -30,6 +30,11 @@ extern "C" {
 #define MT_EDEVICE 4      /* the vendor runtime failed or is absent */
 #define MT_EUNSUPPORTED 5 /* not built into this library */
 
+/* learning-rate schedules (mt_lr_values) */
+#define MT_SCHEDULE_CONSTANT 0
+#define MT_SCHEDULE_WARMUP_LINEAR 1
+#define MT_SCHEDULE_WARMUP_COSINE 2
+
 /* cross-entropy reductions */
 #define MT_REDUCTION_NONE 0
 #define MT_REDUCTION_SUM 1
@@ -42,6 +47,11 @@ extern "C" {
 #define MT_FEATURE_LOSS (1u << 3)         /* cross_entropy */
 #define MT_FEATURE_DENSE (1u << 4)        /* linear, rms_norm, relu */
 #define MT_FEATURE_LM_HEAD (1u << 5)      /* the chunked LM head / linear_cross_entropy */
+#define MT_FEATURE_SCHEDULE (1u << 6)     /* exact learning-rate schedules */
+#define MT_FEATURE_EMBEDDING (1u << 7)    /* embedding forward / backward */
+#define MT_FEATURE_ACCUMULATE (1u << 11)  /* gradient accumulation by the token tree */
+#define MT_FEATURE_DROPOUT (1u << 12)     /* normal fills, dropout */
+#define MT_FEATURE_ELEMENTWISE (1u << 13) /* SiLU, residual add */
 #define MT_FEATURE_HOST_BUFFERS (1u << 8) /* accepts host pointers */
 #define MT_FEATURE_DEVICE_BUFFERS (1u << 9) /* accepts device pointers */
 #define MT_FEATURE_THREADS (1u << 10)     /* thread pool */
@@ -151,6 +161,37 @@ int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE *
                     const void *targets /* (rows) */, int32_t target_bytes, int64_t rows,
                     int64_t vocab, int64_t width, int64_t ignore_index, int32_t reduction,
                     float label_smoothing, int64_t num_items, int64_t chunk_rows /* 0: library's choice */);
+
+/* Embedding, random streams, schedules, accumulation, elementwise ops (contracts:
+ * native/contracts/embedding.md, random.md, schedule.md, accumulate.md, elementwise.md). */
+int mt_embedding_forward(float *out /* (n_ids*dim) */, const float *weight /* (vocab*dim) */,
+                         const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
+                         int64_t vocab, int64_t dim);
+int mt_embedding_backward(float *dweight /* (vocab*dim) */, const float *dy /* (n_ids*dim) */,
+                          const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
+                          int64_t vocab, int64_t dim, int64_t padding_idx /* < 0: none */,
+                          int32_t accumulate /* 0: overwrite dweight, 1: dweight += new */);
+
+int mt_normal_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64_t offset,
+                   double mean /* rounded to float32 inside */, double std, int64_t n);
+int mt_dropout_forward(float *y /* (n) */, const float *x /* (n) */, float p, uint64_t seed,
+                       uint64_t stream, uint64_t offset, int64_t n);
+int mt_dropout_backward(float *dx /* (n) */, const float *dy /* (n) */, float p, uint64_t seed,
+                        uint64_t stream, uint64_t offset, int64_t n);
+
+/* out[i] = the learning rate of step first_step + i (one-based), the float32 nearest the
+ * exact value of the schedule for these arguments (taken as exact binary64 values). Host
+ * memory only, on every vendor. */
+int mt_lr_values(float *out /* (n) */, int32_t kind, double peak_lr, double min_lr,
+                 int64_t warmup_steps, int64_t total_steps, int64_t first_step, int64_t n);
+
+/* out = the pairwise tree (clip.md step 4) over parts[0..n_parts), elementwise. */
+int mt_accumulate(float *out /* (n) */, const float *const *parts /* (n_parts) -> (n) */,
+                  int32_t n_parts, int64_t n);
+
+int mt_silu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
+int mt_silu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
+int mt_add(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, int64_t n);
 
 /* Bytes the library holds for its own scratch (not caller buffers): out[0] now, out[1] the
  * peak since the last reset (reset != 0 sets the peak to the current value after reading). */
