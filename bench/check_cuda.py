@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "fixtures"))
                             if f.endswith(".card")))
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
-BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py")
+BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py", "bench/dropout_cuda.py",
+              "bench/embedding_cuda.py")
 
 
 def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):

@@ -8,22 +8,24 @@ the arithmetic each op is pinned to.
 """
 from ._array import Array
 from ._native import BackendError, backend_info
-from .device import DeviceArray, to_device, transfer_bytes
+from .device import DeviceArray, memory_stats, to_device, transfer_bytes
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
 from .loss import chunked_lm_head_loss, cross_entropy, linear_cross_entropy
 from .nn import (Embedding, embedding_backward, embedding_forward, linear_backward, linear_forward,
                  mlp_inference_sessions, rms_norm_backward, rms_norm_forward)
-from .random import Generator
+from .random import DropoutKey, Generator
+from .elementwise import add, silu_backward, silu_forward
 from .schedule import (ConstantLR, WarmupCosineLR, WarmupLinearLR, accumulate_grads,
                        accumulation_is_aligned)
 
 __version__ = "0.1.0"
 
-__all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes",
-           "SGD", "Adam", "AdamW", "clip_grad_norm_",
+__all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats",
+           "SGD", "Adam", "AdamW", "clip_grad_norm_", "Generator", "DropoutKey", "silu_forward",
+           "silu_backward", "add",
            # not implemented yet (raise NotImplementedError naming themselves):
            "cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy", "linear_forward",
            "linear_backward", "rms_norm_forward", "rms_norm_backward", "mlp_inference_sessions",
-           "Embedding", "embedding_forward", "embedding_backward", "Generator", "ConstantLR",
+           "Embedding", "embedding_forward", "embedding_backward", "ConstantLR",
            "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads", "accumulation_is_aligned",
            "__version__"]

@@ -18,6 +18,8 @@ import cffi
 from ._errors import where_msg
 
 _FFI = cffi.FFI()
+_NO_CLEAR = _FFI.new_allocator(should_clear_after_alloc=False)
+_NO_CLEAR_FROM = 1 << 16     # bytes: smaller empty() Arrays are plain zeroed bytearrays
 
 # dtype name -> (struct format char, array-interface typestr, itemsize)
 _DTYPES = {
@@ -124,8 +126,14 @@ class Array:
 
     @classmethod
     def empty(cls, shape, dtype="float32"):
-        """Return an Array whose content is unspecified (here: zeros)."""
-        return cls(shape, dtype)
+        """Return an Array whose content is unspecified: large ones are not zero-filled
+        (outputs a native call overwrites completely need no memset)."""
+        dtype = _check_dtype(dtype)
+        shape = _check_shape(shape)
+        nbytes = _prod(shape) * _DTYPES[dtype][2]
+        if nbytes < _NO_CLEAR_FROM:
+            return cls(shape, dtype)
+        return cls._wrap(_FFI.buffer(_NO_CLEAR("char[]", nbytes)), shape, dtype)
 
     @classmethod
     def from_list(cls, values, dtype="float32"):

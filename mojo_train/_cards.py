@@ -496,4 +496,8 @@ CASES = {"optim": _optim_cases, "clip": _clip_cases}
 
 # Card families of later ops register themselves (see register); imported last, so that
 # everything above is defined when they import it.
-from . import _cards_loss, _cards_dense  # noqa: E402,F401  (registration only)
+# (every module named mojo_train/_cards_<family>.py that exists; helpers need not edit this)
+import importlib as _importlib  # noqa: E402
+for _family in sorted(f[:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__)))
+                      if f.startswith("_cards_") and f.endswith(".py")):
+    _importlib.import_module("." + _family, __package__)

@@ -1,4 +1,159 @@
-"""Cards of cross_entropy and the LM head: their cases, inputs and runners (registered with _cards).
+"""Cards of cross_entropy (card ``loss``, contract loss v1): cases, inputs and the runner,
+registered with _cards.
 
-NOT BUILT YET: no cases are registered until the ops exist.
+A case ``cross_entropy seed=S rows=N vocab=V x=low,high ...`` draws everything from the
+library's Philox (mt_uniform_fill of mt_pinned.h), nothing from disk:
+
+- logits (N, V), row-major: stream 0 of seed S, uniform in [low, high);
+- targets: u_i = element i of stream 1 in [0, 1) (a multiple of 2^-24, exact), and
+  targets[i] = floor(u_i * V), computed exactly as (u_i * 2^24 * V) >> 24;
+- ignored rows: w_i = element i of stream 2 in [0, 1); row i is ignored (its target set to
+  ignore_index) when w_i < ignore. A drawn target equal to ignore_index is ignored too.
+
+Keys beyond those: ignore (fraction, default 0), ignore_index (default -100), reduction
+(none/sum/mean, default mean), smoothing (default 0), num_items (mean only), grad (0/1:
+return_grad), tbytes (4: int32 targets, 8: int64, the default). Outputs: ``loss`` (the
+float32 bytes of a mean or sum), ``row_loss`` (reduction=none), ``dlogits`` (grad=1).
 """
+import mojo_train
+
+from . import _cards, _native
+from ._array import Array
+from .device import DeviceArray
+
+_REDUCTIONS = ("none", "sum", "mean")
+
+
+def _reduction(text):
+    if text not in _REDUCTIONS:
+        raise ValueError("%r is not one of %s" % (text, ", ".join(_REDUCTIONS)))
+    return text
+
+
+def _fraction(text):
+    value = _cards._number(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("%r is not in [0, 1]" % text)
+    return value
+
+
+def _integer(text):
+    return int(text)
+
+
+def _tbytes(text):
+    if text not in ("4", "8"):
+        raise ValueError("%r is not 4 or 8" % text)
+    return int(text)
+
+
+_KEYS = {"seed": _cards._count, "rows": _cards._count, "vocab": _cards._count, "x": _cards._pair,
+         "ignore": _fraction, "ignore_index": _integer, "reduction": _reduction,
+         "smoothing": _cards._number, "num_items": _cards._count, "grad": _cards._flag,
+         "tbytes": _tbytes}
+_REQUIRED = ("seed", "rows", "vocab", "x")
+
+
+def _outputs(case):
+    names = ["row_loss"] if case.args.get("reduction", "mean") == "none" else ["loss"]
+    if case.args.get("grad", False):
+        names.append("dlogits")
+    return names
+
+
+def _uniform(backend, seed, stream, low, high, n):
+    """n floats of (seed, stream) from offset 0, on the device when cards run there."""
+    a = DeviceArray((n,), "float32", numeric_mode="identical") if _cards._ON_DEVICE else Array((n,), "float32")
+    rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.ptr if _cards._ON_DEVICE else a.address),
+                                     seed, stream, 0, low, high, n)
+    backend.check(rc, "mt_uniform_fill")
+    return a
+
+
+def _host(a):
+    return a.to_host() if isinstance(a, DeviceArray) else a
+
+
+def targets_for(backend, args):
+    """The case's targets as a host list of ints (see the module docstring)."""
+    n, vocab, seed = args["rows"], args["vocab"], args["seed"]
+    ignore_index = args.get("ignore_index", -100)
+    u = _host(_uniform(backend, seed, 1, 0.0, 1.0, n)).tolist() if n else []
+    w = _host(_uniform(backend, seed, 2, 0.0, 1.0, n)).tolist() if n else []
+    frac = args.get("ignore", 0.0)
+    return [ignore_index if w[i] < frac else (int(u[i] * 2 ** 24) * vocab) >> 24 for i in range(n)]
+
+
+def _run(case, backend):
+    args = case.args
+    n, vocab = args["rows"], args["vocab"]
+    logits = _uniform(backend, args["seed"], 0, args["x"][0], args["x"][1], n * vocab).reshape(n, vocab)
+    targets = Array.from_list(targets_for(backend, args), "int32" if args.get("tbytes", 8) == 4 else "int64")
+    if _cards._ON_DEVICE:
+        targets = mojo_train.to_device(targets, numeric_mode="identical")
+    reduction, grad = args.get("reduction", "mean"), args.get("grad", False)
+    got = mojo_train.cross_entropy(logits, targets, ignore_index=args.get("ignore_index", -100),
+                                   reduction=reduction, label_smoothing=args.get("smoothing", 0.0),
+                                   num_items=args.get("num_items"), return_grad=grad, numeric_mode="identical")
+    loss, dlogits = got if grad else (got, None)
+    out = {"row_loss": _cards._sha([loss])} if reduction == "none" else {"loss": _cards._sha(raw=_cards._f32(loss))}
+    if grad:
+        out["dlogits"] = _cards._sha([dlogits])
+    return out
+
+
+# ---- the cases ------------------------------------------------------------------------------
+UNIT = "-4,4"
+WIDE = "-60,60"                  # e^(x - m) down to e^-120: subnormal terms and zeros in the sums
+SUB = "-2**-140,2**-140"         # subnormal logits: every e^(x - m) rounds to 1
+BIG = "-1e4,1e4"                 # only the few largest logits of a row count
+HUGE = "-1e30,1e30"
+LM = 50304                       # GPT-2's padded vocabulary
+
+
+def _loss_cases():
+    specs = []
+    shapes = [(1, 1), (3, 2), (1, 50), (3, 1000), (17, 4096), (5, 4097), (1023, 129), (2049, 384),
+              (3, LM), (40, 12289)]
+    for rows, vocab in shapes:
+        for opts in ("reduction=mean grad=1", "reduction=sum grad=1", "reduction=none"):
+            specs.append("cross_entropy rows=%d vocab=%d x=%s ignore=0.1 %s" % (rows, vocab, UNIT, opts))
+    specs += [
+        # label smoothing, with and without the gradient, every reduction
+        "cross_entropy rows=67 vocab=%d x=%s smoothing=0.1 reduction=mean grad=1" % (LM, UNIT),
+        "cross_entropy rows=1023 vocab=1000 x=%s ignore=0.25 smoothing=0.5 reduction=sum grad=1" % UNIT,
+        "cross_entropy rows=300 vocab=4097 x=%s smoothing=0.9 reduction=none" % UNIT,
+        "cross_entropy rows=2100 vocab=777 x=%s ignore=0.05 smoothing=0.2 reduction=mean" % WIDE,
+        # num_items (the mean's divisor given), int32 targets, ignore_index a valid class
+        "cross_entropy rows=1023 vocab=1000 x=%s ignore=0.3 num_items=4000 reduction=mean grad=1" % UNIT,
+        "cross_entropy rows=130 vocab=%d x=%s num_items=1 reduction=mean grad=1 tbytes=4" % (LM, UNIT),
+        "cross_entropy rows=1023 vocab=1000 x=%s ignore=0.1 reduction=mean grad=1 tbytes=4" % UNIT,
+        "cross_entropy rows=500 vocab=3 x=%s ignore_index=1 reduction=mean grad=1" % UNIT,
+        "cross_entropy rows=513 vocab=999 x=%s ignore=0.2 ignore_index=7 reduction=sum grad=1" % UNIT,
+        # every row ignored: the mean is the canonical NaN, the gradient all +0.0
+        "cross_entropy rows=64 vocab=500 x=%s ignore=1 reduction=mean grad=1" % UNIT,
+        "cross_entropy rows=64 vocab=500 x=%s ignore=1 reduction=sum grad=1" % UNIT,
+        # many rows: several token leaves (1024 rows each) in the reduction
+        "cross_entropy rows=5000 vocab=257 x=%s ignore=0.1 reduction=sum grad=1" % UNIT,
+        "cross_entropy rows=4097 vocab=1000 x=%s ignore=0.1 reduction=mean" % WIDE,
+        # magnitudes: e^(x - m) underflowing to subnormals and zero; subnormal logits
+        "cross_entropy rows=1023 vocab=1000 x=%s reduction=mean grad=1" % WIDE,
+        "cross_entropy rows=100 vocab=%d x=%s ignore=0.1 reduction=sum grad=1" % (LM, WIDE),
+        "cross_entropy rows=129 vocab=4097 x=%s reduction=mean grad=1" % SUB,
+        "cross_entropy rows=129 vocab=4097 x=%s smoothing=0.1 reduction=none" % SUB,
+        "cross_entropy rows=1023 vocab=385 x=%s ignore=0.1 reduction=sum grad=1" % BIG,
+        "cross_entropy rows=9 vocab=%d x=%s smoothing=0.3 reduction=mean grad=1" % (LM, BIG),
+        "cross_entropy rows=1023 vocab=385 x=%s ignore=0.1 reduction=mean grad=1" % HUGE,
+        "cross_entropy rows=9 vocab=%d x=%s smoothing=0.3 reduction=none" % (LM, HUGE),
+        # empty batch
+        "cross_entropy rows=0 vocab=10 x=%s reduction=sum grad=1" % UNIT,
+        "cross_entropy rows=0 vocab=10 x=%s reduction=mean" % UNIT,
+    ]
+    return [_cards._seeded(" ".join(s.split())) for s in specs]
+
+
+_cards.register("loss", "loss v1", _loss_cases,
+                {"cross_entropy": (_KEYS, _REQUIRED, _outputs, _run)},
+                ("logits (rows, vocab): stream 0 in [x); targets[i] = (u_i * 2^24 * vocab) >> 24 with u_i",
+                 "element i of stream 1 in [0, 1); row i ignored (target = ignore_index, default -100)",
+                 "when element i of stream 2 in [0, 1) is < ignore; unset options take the API defaults."))

@@ -46,7 +46,7 @@ def ids_in(x, n, name, where):
     if p.dtype not in _buffer.INT_DTYPES:
         raise TypeError(where_msg(where, "%s has dtype %s; integer indices are required"
                                   % (name, p.dtype)))
-    copy = Array.from_list(list(p.view.cast(p.format)) if p.nelems else [], "int64")
+    copy = Array.from_list(list(p.view.cast("B").cast(p.format)) if p.nelems else [], "int64")
     return _buffer.probe(copy, name, where), 8
 
 

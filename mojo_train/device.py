@@ -11,7 +11,7 @@ from . import _buffer
 from ._array import Array
 from ._native import ffi, load
 
-__all__ = ["DeviceArray", "to_device", "transfer_bytes"]
+__all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
 
 _TYPESTR = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8", "uint8": "|u1",
             "uint32": "<u4"}
@@ -196,3 +196,13 @@ def transfer_bytes(numeric_mode=None):
     out = ffi.new("int64_t[2]")
     backend.check(backend.lib.mt_transfer_bytes(out), "transfer_bytes")
     return int(out[0]), int(out[1])
+
+
+def memory_stats(reset=False, numeric_mode=None):
+    """The loaded library's own scratch memory in bytes (not caller buffers or DeviceArrays):
+    ``{'current': ..., 'peak': ...}``, the peak since load or the last ``reset=True`` (which
+    then lowers the peak to the current value). On a GPU vendor this is device memory."""
+    backend = load(numeric_mode)
+    out = ffi.new("int64_t[2]")
+    backend.check(backend.lib.mt_memory_stats(out, 1 if reset else 0), "memory_stats")
+    return {"current": int(out[0]), "peak": int(out[1])}

@@ -7,6 +7,15 @@ returns the pre-clip total norm or None. A refused step changes nothing: not the
 not the grads, not the moments, not ``t``. The arithmetic is native/contracts/optimizer.md
 and clip.md; tensors are addressed in place through a pointer table, so a list of separate
 arrays is neither packed nor copied.
+
+``lr_schedule=`` (``ConstantLR``, ``WarmupLinearLR``, ``WarmupCosineLR`` or any object with a
+one-based ``lr_at(t)``): step t's lr is ``lr_schedule.lr_at(t)``, rounded to float32 (our
+schedules already are), and ``lr`` is not read while a schedule is set (it is kept for when
+``lr_schedule`` is set back to None). ``accumulation_steps=A`` and
+``step_accumulated(microbatch_grads, tokens, max_norm=None)``: the A microbatch gradients are
+combined by ``accumulate_grads`` (the pairwise tree; an unaligned split is refused when
+``tokens`` is given), then one ``step``. ``state_dict`` carries ``lr``, the schedule's
+``config()`` and ``accumulation_steps`` beside ``t`` and the moments.
 """
 import numbers
 import threading
@@ -55,6 +64,14 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
         rng = "[%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
         raise ValueError("mojo_train.%s: %s must be finite and in %s, got %r" % (where, name, rng, value))
     return v
+
+
+def _accumulation_steps(value, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError("mojo_train.%s: accumulation_steps must be an int, got %r" % (where, value))
+    if not 1 <= int(value) <= 2 ** 31 - 1:
+        raise ValueError("mojo_train.%s: accumulation_steps must be in [1, 2**31 - 1], got %r" % (where, value))
+    return int(value)
 
 
 def _flag(value, name, where):
@@ -119,8 +136,9 @@ class _Optimizer:
 
     _WHERE = "Optimizer"
 
-    def __init__(self, params, lr, numeric_mode, lr_schedule, resident):
+    def __init__(self, params, lr, numeric_mode, lr_schedule, resident, accumulation_steps=1):
         where = self._WHERE
+        self.accumulation_steps = _accumulation_steps(accumulation_steps, where)
         if resident not in (None, True, False):
             raise TypeError("mojo_train.%s: resident must be None, True or False, got %r" % (where, resident))
         if lr_schedule is not None and not callable(getattr(lr_schedule, "lr_at", None)):
@@ -181,6 +199,25 @@ class _Optimizer:
             self.total_norm_ = self.clip_coef_ = None
         return self.total_norm_
 
+    def step_accumulated(self, microbatch_grads, tokens, max_norm=None):
+        """One step from ``accumulation_steps`` microbatch gradients (each a gradient list
+        matching params), in microbatch order: they are combined by ``accumulate_grads``
+        (the pairwise tree over microbatches; with ``tokens``, the whole step's token count,
+        a split that ``accumulation_is_aligned`` rejects is refused) into new arrays, which
+        ``step`` then takes (and clips, with ``max_norm``). The microbatch gradients are
+        never written. Returns what ``step`` returns; a refusal changes nothing."""
+        from .schedule import accumulate_grads
+        where = self._WHERE + ".step_accumulated"
+        if _buffer._is_buffer(microbatch_grads) or not isinstance(microbatch_grads, (list, tuple)):
+            raise TypeError("mojo_train.%s: microbatch_grads must be a list of %d gradient lists, got %s"
+                            % (where, self.accumulation_steps, type(microbatch_grads).__name__))
+        if len(microbatch_grads) != self.accumulation_steps:
+            raise ValueError("mojo_train.%s: %d microbatch gradients for accumulation_steps=%d; the count "
+                             "is part of the run's arithmetic (make the optimizer with the count you use)"
+                             % (where, len(microbatch_grads), self.accumulation_steps))
+        combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
+        return self.step(combined, max_norm=max_norm)
+
     def zero_grad(self, grads):
         """Write +0.0 into every gradient tensor (matching params in count and shape)."""
         where = self._WHERE + ".zero_grad"
@@ -231,8 +268,13 @@ class _Optimizer:
                                doc="SGD: one int32 flag per tensor, 1 once its momentum buffer exists.")
 
     def state_dict(self):
-        """``t`` and copies of the state arrays; enough to resume bit-identically."""
-        state = {"t": self.t, "kind": self._WHERE, "n_total": self.n_total}
+        """``t``, ``lr``, the schedule's ``config()`` (None without a schedule, or for a schedule
+        without ``config``), ``accumulation_steps`` and copies of the state arrays: enough to
+        resume bit-identically."""
+        sched = self.lr_schedule
+        cfg = sched.config() if sched is not None and callable(getattr(sched, "config", None)) else None
+        state = {"t": self.t, "kind": self._WHERE, "n_total": self.n_total, "lr": self.lr,
+                 "lr_schedule": cfg, "accumulation_steps": self.accumulation_steps}
         for name in self._STATE:
             value = self._state.get(name)
             state[name] = None if value is None else (value.to_host() if type(value) is DeviceArray else value.copy())
@@ -252,10 +294,37 @@ class _Optimizer:
         t = state["t"]
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < 2 ** 62:
             raise ValueError("mojo_train.%s: t must be an int in [0, 2**62), got %r" % (where, t))
+        lr = _real(state["lr"], "lr", where) if "lr" in state else self.lr
+        sched = self._schedule_from_state(state.get("lr_schedule"), where)
+        if "accumulation_steps" in state:
+            a = _accumulation_steps(state["accumulation_steps"], where)
+            if a != self.accumulation_steps:
+                raise ValueError("mojo_train.%s: the state was saved with accumulation_steps=%d, this optimizer "
+                                 "has %d" % (where, a, self.accumulation_steps))
         new = {name: self._state_copy(state[name], name, where) for name in self._STATE}
         for name, value in new.items():
             self._put_state(name, value)
         self.t = int(t)
+        self.lr = lr
+        self.lr_schedule = sched
+
+    def _schedule_from_state(self, cfg, where):
+        """The schedule to resume with: this optimizer's, which must agree with a saved config;
+        or, when it has none, the one the config describes."""
+        if cfg is None:
+            return self.lr_schedule
+        from .schedule import _Schedule
+        try:
+            saved = _Schedule.from_config(cfg)
+        except (TypeError, ValueError) as e:
+            raise ValueError("mojo_train.%s: lr_schedule in the state is not a schedule config: %s" % (where, e))
+        mine = self.lr_schedule
+        if mine is None:
+            return saved
+        if not callable(getattr(mine, "config", None)) or mine.config() != saved.config():
+            raise ValueError("mojo_train.%s: the state was saved with lr_schedule %r, this optimizer has %r"
+                             % (where, saved, mine))
+        return mine
 
     def _state_copy(self, value, name, where):
         dtype, want, nullable = self._state_layout(name)
@@ -290,7 +359,7 @@ class Adam(_Optimizer):
     """Adam with coupled weight decay (``g + weight_decay * p``), as ``torch.optim.Adam``.
 
     ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
-    lr_schedule=None, numeric_mode=None)``. ``params`` is a float32 buffer or a list of them
+    lr_schedule=None, numeric_mode=None, accumulation_steps=1)``. ``params`` is a float32 buffer or a list of them
     (updated in place). State: ``exp_avg``, ``exp_avg_sq`` (flat float32 Arrays over all
     parameters, in registry order), ``t`` (steps taken). Bias corrections are computed in
     float32 by the contract's pinned routine, not in float64 as torch does.
@@ -301,7 +370,8 @@ class Adam(_Optimizer):
     _STATE = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, **kwargs):
+                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, accumulation_steps=1,
+                 **kwargs):
         _refuse_kwargs(kwargs, self._WHERE)
         try:
             b1, b2 = betas
@@ -312,7 +382,7 @@ class Adam(_Optimizer):
         self.eps = _real(eps, "eps", self._WHERE)
         self.weight_decay = _real(weight_decay, "weight_decay", self._WHERE)
         self.maximize = _flag(maximize, "maximize", self._WHERE)
-        super().__init__(params, lr, numeric_mode, lr_schedule, resident)
+        super().__init__(params, lr, numeric_mode, lr_schedule, resident, accumulation_steps)
         self._init_state()
 
     def step(self, grads, max_norm=None):
@@ -343,17 +413,18 @@ class AdamW(Adam):
     _DECOUPLED = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, **kwargs):
+                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, accumulation_steps=1,
+                 **kwargs):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          maximize=maximize, lr_schedule=lr_schedule, numeric_mode=numeric_mode,
-                         resident=resident, **kwargs)
+                         resident=resident, accumulation_steps=accumulation_steps, **kwargs)
 
 
 class SGD(_Optimizer):
     """Stochastic gradient descent, as ``torch.optim.SGD``.
 
     ``SGD(params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-    maximize=False, lr_schedule=None, numeric_mode=None)``. Weight decay is coupled. The
+    maximize=False, lr_schedule=None, numeric_mode=None, accumulation_steps=1)``. Weight decay is coupled. The
     momentum buffer is ``exp_avg`` (allocated when momentum > 0); ``buf_initialized`` holds
     one int32 flag per tensor (0 until its buffer is first written, as torch's ``None``).
     """
@@ -363,7 +434,7 @@ class SGD(_Optimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, maximize=False, lr_schedule=None, numeric_mode=None, resident=None,
-                 **kwargs):
+                 accumulation_steps=1, **kwargs):
         _refuse_kwargs(kwargs, self._WHERE)
         self.momentum = _real(momentum, "momentum", self._WHERE)
         self.dampening = _real(dampening, "dampening", self._WHERE, low=None)
@@ -373,7 +444,7 @@ class SGD(_Optimizer):
         if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
             raise ValueError("mojo_train.SGD: nesterov=True needs momentum > 0 and dampening == 0, "
                              "got momentum=%r, dampening=%r" % (momentum, dampening))
-        super().__init__(params, lr, numeric_mode, lr_schedule, resident)
+        super().__init__(params, lr, numeric_mode, lr_schedule, resident, accumulation_steps)
         self._init_state()
 
     def _state_layout(self, name):

@@ -1,6 +1,283 @@
-"""Philox random streams: Generator, initializers, dropout. The stream itself (Philox4x32-10
-and its float mapping) is pinned in native/include/mt_pinned.h already and draws the cards'
-inputs; the public Generator is not built yet and raises NotImplementedError."""
-from ._not_yet import placeholder_class
+"""Philox random streams: ``Generator`` (uniform and normal draws, initializers, dropout).
 
-Generator = placeholder_class("Generator", "embedding, random streams and schedules")
+Contract (native/contracts/random.md): a generator is a seed and a counter. Every draw takes
+one stream id -- the counter's value, which then advances -- unless the caller names a
+stream, and element ``i`` of a draw is stream element ``offset + i``: a pure function of
+(seed, stream, offset + i) computed by the pinned Philox4x32-10 and its float mappings, the
+same bits on every vendor's identical tier, thread count and launch geometry. So a draw
+split into pieces at matching offsets gives exactly the unsplit draw, and dropout's
+backward regenerates the forward's mask from its key instead of storing it. A refused call
+changes nothing: the counter advances only after a draw succeeded.
+
+Host scalars (initializer bounds and standard deviations) follow torch.nn.init's formulas
+in IEEE binary64 (only ``+ - * /`` and ``math.sqrt``, correctly rounded on every platform)
+and are rounded once to float32 inside the library, so every vendor gets the same float32.
+"""
+import collections
+import math
+import numbers
+import struct
+
+from . import _buffer, _ops
+from ._array import Array
+from ._errors import where_msg
+from ._native import ffi, load
+
+__all__ = ["Generator", "DropoutKey"]
+
+_U64 = 1 << 64
+
+DropoutKey = collections.namedtuple("DropoutKey", "seed stream offset p size")
+DropoutKey.__doc__ = """What ``Generator.dropout`` drew with: seed, stream, offset (the stream
+element of the input's first element), p (the float32 drop probability, as a Python float) and
+size (the number of elements). ``Generator.dropout_backward`` regenerates the mask from it."""
+
+_SCRATCH = Array((1,), "float32")   # stands in for the address of an empty buffer
+
+
+def _uint64(value, name, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(where_msg(where, "%s must be an int, got %s" % (name, type(value).__name__)))
+    value = int(value)
+    if not 0 <= value < _U64:
+        raise ValueError(where_msg(where, "%s must be in [0, 2**64), got %d" % (name, value)))
+    return value
+
+
+def _real(value, name, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(where_msg(where, "%s must be a real number, got %s" % (name, type(value).__name__)))
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(where_msg(where, "%s must be finite, got %r" % (name, value)))
+    return value
+
+
+def _fan(value, name, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(where_msg(where, "%s must be a positive int, got %r" % (name, value)))
+    return int(value)
+
+
+def _shape(shape, where):
+    """(shape tuple, element count) of an int or a sequence of ints >= 0."""
+    dims = (shape,) if isinstance(shape, numbers.Integral) and not isinstance(shape, bool) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        raise TypeError(where_msg(where, "shape must be an int or a tuple of ints, got %r" % (shape,))) from None
+    n = 1
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 0:
+            raise ValueError(where_msg(where, "shape must hold ints >= 0, got %r" % (shape,)))
+        n *= int(d)
+    return tuple(int(d) for d in dims), n
+
+
+def _f32(value, name, where):
+    """The float32 nearest to ``value`` (a finite real)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", _real(value, name, where)))[0]
+    except OverflowError:
+        raise ValueError(where_msg(where, "%s is outside float32's range, got %r" % (name, value))) from None
+
+
+def _ptr(x):
+    """``float *`` of an output or input; an empty buffer (address 0) gets a stand-in."""
+    p = _ops.fptr(x)
+    return p if p != ffi.NULL else ffi.cast("float *", _SCRATCH.address)
+
+
+class Generator:
+    """A seeded Philox4x32-10 random stream: draws, initializers and dropout.
+
+    ``Generator(seed)`` with ``seed`` an int in [0, 2**64); ``numeric_mode`` picks the tier
+    (None: the library default). Each draw takes the next stream id from the generator's
+    counter (``state_dict()`` holds seed and counter: save it beside the optimizer state to
+    resume exactly). Results are ``mojo_train.Array`` of float32, or ``DeviceArray`` with
+    ``device=True`` on a GPU vendor (dropout's output sits where its input does).
+
+    >>> g = Generator(0)
+    >>> w = g.kaiming_uniform((128, 64), fan_in=64)
+    >>> y, key = g.dropout(w, p=0.1)
+    >>> dw = g.dropout_backward(w, key)
+    """
+
+    def __init__(self, seed, numeric_mode=None):
+        self._seed = _uint64(seed, "seed", "Generator")
+        self._counter = 0
+        self.numeric_mode = numeric_mode
+
+    @property
+    def seed(self):
+        return self._seed
+
+    @property
+    def counter(self):
+        """The stream id the next draw will take."""
+        return self._counter
+
+    def state_dict(self):
+        """``{'seed': int, 'counter': int}``: everything that decides the next draws."""
+        return {"seed": self._seed, "counter": self._counter}
+
+    def load_state_dict(self, state):
+        """Resume from ``state_dict()``: both keys required, ints in [0, 2**64); nothing
+        changes when refused."""
+        where = "Generator.load_state_dict"
+        if not isinstance(state, dict) or set(state) != {"seed", "counter"}:
+            raise ValueError(where_msg(where, "state must be a dict with exactly the keys 'seed' and "
+                                       "'counter', got %r" % (state,)))
+        seed, counter = _uint64(state["seed"], "seed", where), _uint64(state["counter"], "counter", where)
+        self._seed, self._counter = seed, counter
+
+    def next_stream(self):
+        """Take and return the next stream id (e.g. to drop out a batch split into microbatches
+        with one stream and per-piece offsets)."""
+        return self._take(None, "Generator.next_stream")
+
+    def _take(self, stream, where, commit=True):
+        """The stream a draw uses: ``stream`` when given, else the counter (advanced when
+        ``commit``)."""
+        if stream is not None:
+            return _uint64(stream, "stream", where)
+        if self._counter >= _U64 - 1:
+            raise RuntimeError(where_msg(where, "the stream counter is exhausted (2**64 - 1 streams drawn)"))
+        s = self._counter
+        if commit:
+            self._counter += 1
+        return s
+
+    # ---- draws ---------------------------------------------------------------------------
+    def _fill(self, where, fill, shape, a, b, stream, offset, device):
+        shape, n = _shape(shape, where)
+        offset = _uint64(offset, "offset", where)
+        s = self._take(stream, where, commit=False)
+        backend = load(self.numeric_mode)
+        if device and backend.vendor == "cpu":
+            raise ValueError(where_msg(where, "device=True but the loaded vendor is cpu; set "
+                                       "MOJO_TRAIN_VENDOR=cuda"))
+        out = _ops.out_f32(shape, bool(device), self.numeric_mode)
+        backend.check(getattr(backend.lib, fill)(_ptr(out), self._seed, s, offset, a, b, n), where)
+        if stream is None:
+            self._counter += 1
+        return out
+
+    def uniform(self, shape, low=0.0, high=1.0, *, stream=None, offset=0, device=False):
+        """Uniform float32 values in [low, high] (``low + (high - low) * u``, u on the 2**-24
+        grid of [0, 1); the top can be reached by rounding). low < high, both finite in
+        float32. ``stream``: None takes the next stream id; ``offset``: the stream element of
+        the first value, so pieces drawn at matching offsets equal one draw."""
+        where = "Generator.uniform"
+        return self._fill(where, "mt_uniform_fill", shape, _real(low, "low", where), _real(high, "high", where),
+                          stream, offset, device)
+
+    def normal(self, shape, mean=0.0, std=1.0, *, stream=None, offset=0, device=False):
+        """Normal float32 values ``mean + std * z`` (z by Box-Muller from pairs of stream
+        elements, |z| <= 5.77); std >= 0. ``stream``, ``offset``, ``device`` as in uniform."""
+        where = "Generator.normal"
+        return self._fill(where, "mt_normal_fill", shape, _real(mean, "mean", where), _real(std, "std", where),
+                          stream, offset, device)
+
+    # ---- initializers (torch.nn.init's formulas) -----------------------------------------
+    def kaiming_uniform(self, shape, fan_in, a=math.sqrt(5.0), *, device=False):
+        """U(-bound, bound) with bound = gain * sqrt(3 / fan_in), gain = sqrt(2 / (1 + a*a)):
+        torch's kaiming_uniform_ (mode='fan_in', leaky_relu slope a); the default a = sqrt(5)
+        is nn.Linear's weight init."""
+        where = "Generator.kaiming_uniform"
+        bound = math.sqrt(3.0) * (self._gain(a, where) / math.sqrt(_fan(fan_in, "fan_in", where)))
+        return self._bounded(where, bound, shape, device)
+
+    def kaiming_normal(self, shape, fan_in, a=0.0, *, device=False):
+        """N(0, std) with std = gain / sqrt(fan_in), gain = sqrt(2 / (1 + a*a)): torch's
+        kaiming_normal_ (mode='fan_in', leaky_relu slope a; a = 0 is ReLU's gain sqrt(2))."""
+        where = "Generator.kaiming_normal"
+        std = self._gain(a, where) / math.sqrt(_fan(fan_in, "fan_in", where))
+        return self.normal(shape, 0.0, std, device=device)
+
+    def xavier_uniform(self, shape, fan_in, fan_out, gain=1.0, *, device=False):
+        """U(-b, b) with b = sqrt(3) * gain * sqrt(2 / (fan_in + fan_out)): torch's
+        xavier_uniform_; gain > 0."""
+        where = "Generator.xavier_uniform"
+        bound = math.sqrt(3.0) * self._xavier_std(fan_in, fan_out, gain, where)
+        return self._bounded(where, bound, shape, device)
+
+    def xavier_normal(self, shape, fan_in, fan_out, gain=1.0, *, device=False):
+        """N(0, std) with std = gain * sqrt(2 / (fan_in + fan_out)): torch's xavier_normal_."""
+        std = self._xavier_std(fan_in, fan_out, gain, "Generator.xavier_normal")
+        return self.normal(shape, 0.0, std, device=device)
+
+    @staticmethod
+    def _gain(a, where):
+        a = _real(a, "a", where)
+        return math.sqrt(2.0 / (1 + a * a))
+
+    @staticmethod
+    def _xavier_std(fan_in, fan_out, gain, where):
+        gain = _real(gain, "gain", where)
+        if gain <= 0.0:
+            raise ValueError(where_msg(where, "gain must be > 0, got %r" % gain))
+        return gain * math.sqrt(2.0 / float(_fan(fan_in, "fan_in", where) + _fan(fan_out, "fan_out", where)))
+
+    def _bounded(self, where, bound, shape, device):
+        if not bound > 0.0 or (struct.unpack("<f", struct.pack("<f", bound))[0] == 0.0):
+            raise ValueError(where_msg(where, "the bound %r rounds to 0 in float32" % bound))
+        return self._fill(where, "mt_uniform_fill", shape, -bound, bound, None, 0, device)
+
+    # ---- dropout -------------------------------------------------------------------------
+    def dropout(self, x, p, offset=0, stream=None, *, out=None):
+        """Inverted dropout of float32 ``x``: ``(y, key)``.
+
+        Element i is kept iff the uniform u of stream element ``offset + i`` (the value
+        ``uniform`` would draw there) satisfies u >= p; kept elements become x * scale,
+        scale = 1 / (1 - p) in float32; dropped ones +0.0. p (rounded to float32) must lie in
+        [0, 1); p = 0 returns x bit for bit. ``offset`` lets a microbatch draw exactly the
+        values it would draw inside the whole batch (use one ``stream`` for all pieces);
+        ``stream`` None takes the next stream id. A NaN or inf in x is refused
+        (ValueError). ``out``: a float32 buffer of x's size to write (may be x itself),
+        else a new one on x's side (host or device). ``key`` feeds dropout_backward.
+        """
+        where = "Generator.dropout"
+        px = _ops.f32_in(x, "x", where)
+        p32 = self._p(p, where)
+        offset = _uint64(offset, "offset", where)
+        s = self._take(stream, where, commit=False)
+        y = self._apply(where, "mt_dropout_forward", px, out, p32, self._seed, s, offset, ("x", "out"))
+        if stream is None:
+            self._counter += 1
+        return y, DropoutKey(self._seed, s, offset, p32, px.nelems)
+
+    def dropout_backward(self, dy, key, *, out=None):
+        """Gradient of ``dropout``: dy * scale where the forward kept, +0.0 where it dropped,
+        with the mask regenerated from ``key`` (a DropoutKey; dy must have key.size
+        elements). Takes no stream. ``out`` as in dropout."""
+        where = "Generator.dropout_backward"
+        if not isinstance(key, DropoutKey):
+            raise TypeError(where_msg(where, "key must be the DropoutKey dropout returned, got %s"
+                                      % type(key).__name__))
+        pdy = _ops.f32_in(dy, "dy", where)
+        if pdy.nelems != key.size:
+            raise ValueError(where_msg(where, "dy has %d elements, the key's forward had %d" % (pdy.nelems, key.size)))
+        return self._apply(where, "mt_dropout_backward", pdy, out, self._p(key.p, where), key.seed, key.stream,
+                           key.offset, ("dy", "out"))
+
+    @staticmethod
+    def _p(p, where):
+        p32 = _f32(p, "p", where)
+        if not 0.0 <= p32 < 1.0:
+            raise ValueError(where_msg(where, "p must be in [0, 1) after rounding to float32, got %r" % p))
+        return p32
+
+    def _apply(self, where, fn, px, out, p32, seed, stream, offset, names):
+        pout = None if out is None else _buffer.float32_tensor(out, names[1], where, inplace=True, allow_empty=True)
+        if pout is not None and pout.nelems != px.nelems:
+            raise ValueError(where_msg(where, "%s has %d elements, %s has %d" % (names[1], pout.nelems, names[0],
+                                                                             px.nelems)))
+        backend, on_device = _ops.placement(where, self.numeric_mode, **{names[0]: px, names[1]: pout})
+        y = out if out is not None else _ops.out_f32(px.shape, on_device, self.numeric_mode)
+        target = pout if pout is not None else y
+        backend.check(getattr(backend.lib, fn)(_ptr(target), _ptr(px), p32, seed, stream, offset, px.nelems), where)
+        return y
+
+    def __repr__(self):
+        return "Generator(seed=%d, counter=%d)" % (self._seed, self._counter)

@@ -1,17 +1,130 @@
-/* mt_cpu_random.c -- normal fills and dropout on the cpu vendor: NOT BUILT YET (placeholder; every entry refuses with
- * MT_EUNSUPPORTED and the family's feature bit stays clear). */
+/* mt_cpu_random.c -- normal fills and dropout on the cpu vendor (contract: native/contracts/random.md).
+ *
+ * Every value is a pure function of (seed, stream, stream element), computed by mt_pinned.h;
+ * the thread pool only decides who computes which elements. Loops walk Philox counter blocks
+ * (four stream elements each), so each block is computed once per range.
+ * Dropout refuses a NaN or inf in its input: the check rides along the one pass, so after a
+ * refusal the output (never an input) holds undefined values; when the output is the input
+ * (in place), a separate pre-pass decides before anything is written.
+ */
+#include "mt_cpu.h"
 #include "mt_host.h"
+#include "mt_pinned.h"
+#include "mt_pool.h"
 
-uint64_t mt_random_features(void) { return 0; }
+uint64_t mt_random_features(void) { return MT_FEATURE_DROPOUT; }
+
+/* The counter blocks (four stream elements each) that hold stream elements [first, last):
+ * the body runs once per block; it writes only the elements of the range. */
+#define MT_FOR_BLOCKS(first, last, block, ...)                                                  \
+    for (uint64_t block = (first) >> 2; (first) < (last) && block <= ((last) - 1) >> 2; ++block) { \
+        __VA_ARGS__                                                                             \
+    }
+
+static int span_check(uint64_t offset, int64_t n) {
+    const char *why = mt_span_problem(offset, n);
+    return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
+               : MT_OK;
+}
+
+/* ---- normal fill ---- */
+typedef struct { float *out; uint64_t seed, stream, offset; float mean, std; } normal_job;
+
+MT_SIMD static void normal_range(void *ctx, int64_t b, int64_t e) {
+    normal_job *job = (normal_job *)ctx;
+    uint64_t first = job->offset + (uint64_t)b, last = job->offset + (uint64_t)e;
+    MT_FOR_BLOCKS(first, last, block, {
+        float z[4];
+        mt_normal_block(z, job->seed, job->stream, block);
+        for (int k = 0; k < 4; ++k) {
+            uint64_t j = 4 * block + (uint64_t)k;
+            if (j >= first && j < last) job->out[j - job->offset] = mt_normal_value(job->mean, job->std, z[k]);
+        }
+    })
+}
+
+/* mean and std rounded to float32 under IEEE defaults (out of line, see mt_host.h). */
+MT_NOINLINE static void normal_scalars(float *mean32, float *std32, double mean, double std) {
+    *mean32 = mt_host_round(mean);
+    *std32 = mt_host_round(std);
+}
 
 int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double mean, double std, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_normal_fill is not built yet on the %s vendor", mt_vendor());
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = span_check(offset, n))) return rc;
+    normal_job job = {out, seed, stream, offset, 0.0f, 0.0f};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    normal_scalars(&job.mean, &job.std, mean, std);
+    mt_fp_end(&env);
+    if (!mt_is_finite(job.mean)) return mt_fail(MT_EINVAL, "mean must be finite in float32, got %g", mean);
+    if (!mt_is_finite(job.std) || job.std < 0.0f)
+        return mt_fail(MT_EINVAL, "std must be finite in float32 and >= 0, got %g", std);
+    mt_fp_begin(&env);
+    mt_parallel_for(n, 4, normal_range, &job);
+    mt_fp_end(&env);
+    return MT_OK;
+}
+
+/* ---- dropout (forward and backward are the same map of their input) ---- */
+typedef struct { float *y; const float *x; uint64_t seed, stream, offset; float p, scale; int bad; } dropout_job;
+
+MT_SIMD static int any_nonfinite(const float *x, int64_t n) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) bad |= !mt_is_finite(x[i]);
+    return bad;
+}
+
+static void finite_range(void *ctx, int64_t b, int64_t e) {
+    dropout_job *job = (dropout_job *)ctx;
+    if (any_nonfinite(job->x + b, e - b)) job->bad = 1;   /* every writer stores the same value */
+}
+
+MT_SIMD static void dropout_range(void *ctx, int64_t b, int64_t e) {
+    dropout_job *job = (dropout_job *)ctx;
+    uint64_t first = job->offset + (uint64_t)b, last = job->offset + (uint64_t)e;
+    int bad = 0;
+    MT_FOR_BLOCKS(first, last, block, {
+        uint32_t w[4];
+        mt_philox_words(w, job->seed, job->stream, block);
+        for (int k = 0; k < 4; ++k) {
+            uint64_t j = 4 * block + (uint64_t)k;
+            if (j >= first && j < last) {
+                float x = job->x[j - job->offset];
+                bad |= !mt_is_finite(x);
+                job->y[j - job->offset] = mt_dropout_elem(x, w[k], job->p, job->scale);
+            }
+        }
+    })
+    if (bad) job->bad = 1;
+}
+
+MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p); }
+
+static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset,
+                          int64_t n, const char *yname, const char *xname) {
+    int rc;
+    const char *why = mt_dropout_problem(p);
+    if ((rc = mt_check_ptr(y, yname)) || (rc = mt_check_ptr(x, xname)) || (rc = span_check(offset, n))) return rc;
+    if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
+    dropout_job job = {y, x, seed, stream, offset, p, 0.0f, 0};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    job.scale = host_dropout_scale(p);
+    if (y == x) mt_parallel_for(n, 1024, finite_range, &job);   /* in place: decide first */
+    if (!job.bad) mt_parallel_for(n, 4, dropout_range, &job);
+    mt_fp_end(&env);
+    if (job.bad)
+        return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname,
+                       y == x ? MT_REFUSED_CLEAN : MT_REFUSED_DIRTY);
+    return MT_OK;
 }
 
 int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_dropout_forward is not built yet on the %s vendor", mt_vendor());
+    return dropout_common(y, x, p, seed, stream, offset, n, "y", "x");
 }
 
-int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_dropout_backward is not built yet on the %s vendor", mt_vendor());
+int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset,
+                        int64_t n) {
+    return dropout_common(dx, dy, p, seed, stream, offset, n, "dx", "dy");
 }

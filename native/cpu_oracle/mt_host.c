@@ -241,3 +241,55 @@ int mt_memory_stats(int64_t *out, int32_t reset) {
     if (reset) __atomic_store_n(&mem_peak, out[0], __ATOMIC_RELAXED);
     return MT_OK;
 }
+
+/* ---- checks and reductions the loss ops of every vendor share ---- */
+int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const float *d_hidden,
+                          const float *d_weight, const float *d_bias, const float *hidden,
+                          const float *weight, const float *bias, const void *targets,
+                          int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width,
+                          int32_t reduction, int64_t chunk_rows) {
+    int rc;
+    if (reduction < MT_REDUCTION_NONE || reduction > MT_REDUCTION_MEAN)
+        return mt_fail(MT_EINVAL, "reduction must be 0 (none), 1 (sum) or 2 (mean), got %d", (int)reduction);
+    if (rows < 0 || width < 0 || vocab < 1 || vocab >= ((int64_t)1 << 24) || chunk_rows < 0)
+        return mt_fail(MT_EINVAL, "rows (%lld) and width (%lld) must be >= 0, vocab (%lld) in [1, 2^24), "
+                       "chunk_rows (%lld) >= 0", (long long)rows, (long long)width, (long long)vocab,
+                       (long long)chunk_rows);
+    if (reduction == MT_REDUCTION_NONE && (d_hidden || d_weight || d_bias))
+        return mt_fail(MT_EINVAL, "reduction NONE has no gradient: d_hidden, d_weight and d_bias must be NULL");
+    if (reduction == MT_REDUCTION_NONE ? !row_loss && rows > 0 : !loss_out)
+        return mt_fail(MT_EINVAL, "%s is NULL", reduction == MT_REDUCTION_NONE ? "row_loss" : "loss_out");
+    if (d_bias && !bias) return mt_fail(MT_EINVAL, "d_bias needs bias (the call has none)");
+    if (target_bytes != 4 && target_bytes != 8)
+        return mt_fail(MT_EINVAL, "target_bytes must be 4 or 8, got %d", (int)target_bytes);
+    if (rows > 0 && ((rc = mt_check_ptr(hidden, "hidden")) || (rc = mt_check_ptr(targets, "targets"))))
+        return rc;
+    return mt_check_ptr(weight, "weight");
+}
+
+int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t rows, int64_t vocab,
+                     int64_t ignore_index) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+        int64_t t = mt_index_at(targets, bytes, i);
+        if (t == ignore_index) continue;
+        if (t < 0 || t >= vocab)
+            return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
+                           "nothing was written", (long long)i, (long long)t, (long long)vocab,
+                           (long long)ignore_index);
+        ++count;
+    }
+    *kept = count;
+    return MT_OK;
+}
+
+float mt_token_sum(const float *x, int64_t rows, float *partials) {
+    int64_t leaves = mt_token_leaves(rows);
+    for (int64_t k = 0; k < leaves; ++k) {
+        int64_t end = (k + 1) * MT_TOKEN_LEAF < rows ? (k + 1) * MT_TOKEN_LEAF : rows;
+        float acc = 0.0f;
+        for (int64_t r = k * MT_TOKEN_LEAF; r < end; ++r) acc = acc + x[r];
+        partials[k] = acc;
+    }
+    return mt_token_tree(partials, leaves, 0);
+}

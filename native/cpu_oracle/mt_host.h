@@ -70,6 +70,28 @@ uint64_t mt_accumulate_features(void);
 uint64_t mt_elementwise_features(void);
 uint64_t mt_schedule_features(void);
 
+/* mt_lm_head_loss's argument checks, for every vendor (pointers may be device pointers). */
+int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const float *d_hidden,
+                          const float *d_weight, const float *d_bias, const float *hidden,
+                          const float *weight, const float *bias, const void *targets,
+                          int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width,
+                          int32_t reduction, int64_t chunk_rows);
+
+/* Host targets: each is ignore_index or in [0, vocab) (else refused naming the first bad
+ * row); *kept counts those not ignored. */
+int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t rows, int64_t vocab,
+                     int64_t ignore_index);
+
+/* The token rule over rows of single terms (dense.md): each leaf of MT_TOKEN_LEAF rows folds
+ * acc + x[r] from +0.0, the leaves meet in the pairwise tree. partials holds
+ * mt_token_leaves(rows) floats of scratch. */
+float mt_token_sum(const float *x, int64_t rows, float *partials);
+
+/* Element i of an index buffer of signed 4- or 8-byte integers (targets, ids). */
+static inline int64_t mt_index_at(const void *ids, int32_t bytes, int64_t i) {
+    return bytes == 8 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];
+}
+
 /* The library's own scratch memory, counted for mt_memory_stats: vendors report every
  * allocation they make for an op (bytes > 0) and its release (bytes < 0). mt_scratch_alloc
  * and mt_scratch_free are counted host malloc/free (NULL on failure, with the error set). */

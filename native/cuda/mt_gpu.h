@@ -21,6 +21,8 @@ typedef hipStream_t gpuStream_t;
 #define gpuMallocHost hipHostMalloc
 #define gpuFreeHost hipHostFree
 #define gpuMemcpyAsync hipMemcpyAsync
+#define gpuFuncSetAttribute hipFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMemcpy hipMemcpy
 #define gpuMemcpyDefault hipMemcpyDefault
 #define gpuMemsetAsync hipMemsetAsync
@@ -57,6 +59,8 @@ typedef cudaStream_t gpuStream_t;
 #define gpuMallocHost cudaMallocHost
 #define gpuFreeHost cudaFreeHost
 #define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuFuncSetAttribute cudaFuncSetAttribute
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define gpuMemcpy cudaMemcpy
 #define gpuMemcpyDefault cudaMemcpyDefault
 #define gpuMemsetAsync cudaMemsetAsync
@@ -74,5 +78,59 @@ typedef cudaStream_t gpuStream_t;
 /* `#pragma unroll` inside a macro argument (the bodies of MT_FOR_TILES) is refused by clang
  * (HIP); the _Pragma operator spells the same pragma for nvcc and clang alike. */
 #define MT_PRAGMA_UNROLL _Pragma("unroll")
+
+/* Asynchronous global -> shared copies (the tile loads of mt_gpu_gemm.cuh). On CUDA (sm_80+)
+ * they are cp.async: `src_bytes` of the source are copied and the rest of the 4 or 16 bytes
+ * is zero-filled (src_bytes == 0 reads nothing); a group of copies is committed, and
+ * waiting for all but the newest N groups precedes the barrier that publishes them. On HIP
+ * (and older CUDA targets) the same calls are plain loads and stores, and commit and wait do
+ * nothing: the barrier after them is all the ordering a synchronous copy needs. */
+#ifndef MT_CP_ASYNC
+#if defined(__HIPCC__) || defined(MT_HIP) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800)
+#define MT_CP_ASYNC 0
+#else
+#define MT_CP_ASYNC 1
+#endif
+#endif
+
+__device__ __forceinline__ void mt_cp_async4(float *smem, const float *gmem, int src_bytes /* 0 or 4 */) {
+#if MT_CP_ASYNC
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+#else
+    *smem = src_bytes ? *gmem : 0.0f;
+#endif
+}
+
+/* smem and gmem 16-byte aligned; src_bytes a multiple of 4 in 0..16. */
+__device__ __forceinline__ void mt_cp_async16(float *smem, const float *gmem, int src_bytes) {
+#if MT_CP_ASYNC
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+#else
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (src_bytes == 16) {
+        v = *(const float4 *)gmem;
+    } else {
+        if (src_bytes > 0) v.x = gmem[0];
+        if (src_bytes > 4) v.y = gmem[1];
+        if (src_bytes > 8) v.z = gmem[2];
+    }
+    *(float4 *)smem = v;
+#endif
+}
+
+__device__ __forceinline__ void mt_cp_async_commit() {
+#if MT_CP_ASYNC
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void mt_cp_async_wait() {
+#if MT_CP_ASYNC
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 
 #endif /* MT_GPU_H */

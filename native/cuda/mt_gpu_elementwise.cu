@@ -1,17 +1,161 @@
-/* mt_gpu_elementwise.cu -- SiLU and the residual add on the gpu vendor: NOT BUILT YET (placeholder; every entry refuses with
- * MT_EUNSUPPORTED and the family's feature bit stays clear). */
-#include "mt_host.h"
+/* mt_gpu_elementwise.cu -- SiLU and the residual add on a GPU (contract:
+ * native/contracts/elementwise.md), and the call shape every one-pass map shares
+ * (mt_gpu_map; dropout uses it too).
+ *
+ * A call: argument checks on the host; staging (host inputs uploaded, device buffers used in
+ * place, a host output gets a device twin); when the output is one of the inputs (in place),
+ * a finiteness pre-pass decides before anything is written; the map kernel, which also sets
+ * a refusal word on any NaN or inf it reads (every writer stores 1: no atomic); one
+ * synchronizing read of that word; then the refusal (a host output untouched, a device
+ * output undefined) or the download of a staged output. Kernels read float4 where every
+ * pointer is 16-byte aligned; the arithmetic is mt_pinned.h's, one element at a time.
+ */
+#include "mt_gpu_map.h"
 
-uint64_t mt_elementwise_features(void) { return 0; }
+uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
+
+/* ---- the refusal word and the pre-pass ---- */
+int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena) {
+    f->mapped = mt_mapped_status();
+    if (f->mapped) {
+        f->mapped->bad_params = 0;       /* pinned host memory the kernels write across the bus */
+        f->dev = &f->mapped->bad_params;
+        return MT_OK;
+    }
+    int rc = arena->alloc((void **)&f->dev, 4);
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 4, MT_STREAM), "refusal word reset");
+    return MT_OK;
+}
+
+int mt_gpu_flag_read(const mt_gpu_flag *f, int *bad) {
+    int32_t v = 0;
+    if (!f->mapped) MT_GPU_CHECK(gpuMemcpyAsync(&v, f->dev, 4, gpuMemcpyDefault, MT_STREAM), "refusal word");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "map");
+    if (f->mapped) v = f->mapped->bad_params;
+    mt_gpu_count_d2h(4);
+    *bad = v != 0;
+    return MT_OK;
+}
+
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_nonfinite2(const float *a, const float *b, int64_t n, int32_t *bad) {
+    bool found = false;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        found |= !(mt_is_finite(a[i]) & mt_is_finite(b ? b[i] : 0.0f));
+    if (found) *bad = 1;
+}
+
+/* ---- the call shape ---- */
+int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char *const names[3],
+               mt_map_launch launch, void *ctx) {
+    if (n == 0) return MT_OK;
+    int rc = mt_gpu_ready();
+    if (rc) return rc;
+    mt_arena arena;
+    const float *da = nullptr, *db = nullptr;
+    float *dout = nullptr;
+    bool sa = false, sb = false, sout = false;
+    if ((rc = mt_buf_to_device((void **)&da, &sa, &arena, (void *)a, n * 4, true))) return rc;
+    if (b && b != a && (rc = mt_buf_to_device((void **)&db, &sb, &arena, (void *)b, n * 4, true))) return rc;
+    if (b == a) db = da;
+    bool in_place = out == a || (b && out == b);
+    if (in_place) dout = (float *)(out == a ? da : db), sout = out == a ? sa : sb;
+    else if ((rc = mt_buf_to_device((void **)&dout, &sout, &arena, out, n * 4, false))) return rc;
+    mt_gpu_flag flag;
+    int bad = 0, threads = mt_gpu_threads();
+    if ((rc = mt_gpu_flag_init(&flag, &arena))) return rc;
+    if (in_place) {
+        mt_k_nonfinite2<<<mt_gpu_blocks(n, threads), threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
+        MT_GPU_CHECK(gpuGetLastError(), "finiteness pre-pass");
+        if ((rc = mt_gpu_flag_read(&flag, &bad))) return rc;
+        if (bad) return mt_fail(MT_ENONFINITE, "%s%s%s holds NaN or inf; refused %s", names[1],
+                                b && b != a ? " or " : "", b && b != a ? names[2] : "", MT_REFUSED_CLEAN);
+    }
+    if ((rc = launch(ctx, dout, da, db, n, flag.dev))) return rc;
+    MT_GPU_CHECK(gpuGetLastError(), names[0]);
+    if ((rc = mt_gpu_flag_read(&flag, &bad))) return rc;
+    if (bad) return mt_fail(MT_ENONFINITE, "%s%s%s holds NaN or inf; refused %s", names[1], b && b != a ? " or " : "",
+                            b && b != a ? names[2] : "", sout ? MT_REFUSED_CLEAN : MT_REFUSED_DIRTY);
+    if (sout) {
+        if ((rc = mt_buf_to_host(out, dout, n * 4))) return rc;
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    }
+    return MT_OK;
+}
+
+/* ---- SiLU and add ---- */
+namespace {
+
+enum { OP_SILU, OP_SILU_GRAD, OP_ADD };
+
+template <int OP>
+__device__ __forceinline__ float elt(float a, float b) {
+    return OP == OP_SILU ? mt_silu(a) : OP == OP_SILU_GRAD ? mt_silu_grad(a, b) : mt_add_elem(a, b);
+}
+
+template <int OP>
+__device__ __forceinline__ bool elt_bad(float a, float b) {
+    return !(mt_is_finite(a) & (OP == OP_SILU || mt_is_finite(b)));
+}
+
+/* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. */
+template <int OP, int VEC>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
+                                                       int32_t *bad) {
+    bool found = false;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t groups = VEC ? n / 4 : 0;
+    for (int64_t g = start; g < groups; g += stride) {
+        float4 qa = ((const float4 *)a)[g];
+        float4 qb = OP == OP_SILU ? qa : ((const float4 *)b)[g];
+        found |= elt_bad<OP>(qa.x, qb.x) | elt_bad<OP>(qa.y, qb.y) | elt_bad<OP>(qa.z, qb.z) | elt_bad<OP>(qa.w, qb.w);
+        ((float4 *)out)[g] = make_float4(elt<OP>(qa.x, qb.x), elt<OP>(qa.y, qb.y), elt<OP>(qa.z, qb.z),
+                                         elt<OP>(qa.w, qb.w));
+    }
+    for (int64_t i = 4 * groups + start; i < n; i += stride) {
+        float x = a[i], y = OP == OP_SILU ? x : b[i];
+        found |= elt_bad<OP>(x, y);
+        out[i] = elt<OP>(x, y);
+    }
+    if (found) *bad = 1;
+}
+
+template <int OP>
+int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, int32_t *bad) {
+    int threads = mt_gpu_threads();
+    bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (OP == OP_SILU || mt_gpu_aligned16(b));
+    int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
+    mt_gpu_record_launch(threads, blocks);
+    if (vec) mt_k_elt<OP, 1><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, bad);
+    else mt_k_elt<OP, 0><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, bad);
+    return MT_OK;
+}
+
+int run(float *out, const float *a, const float *b, int64_t n, const char *const names[3], mt_map_launch launch) {
+    int rc;
+    if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) || (rc = mt_check_ptr(b, names[2])))
+        return rc;
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    return mt_gpu_map(out, a, b, n, names, launch, nullptr);
+}
+
+}  // namespace
+
+extern "C" {
 
 int mt_silu_forward(float *y, const float *x, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_silu_forward is not built yet on the %s vendor", mt_vendor());
+    static const char *const names[3] = {"y", "x", "x"};
+    return run(y, x, x, n, names, launch_elt<OP_SILU>);
 }
 
 int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_silu_backward is not built yet on the %s vendor", mt_vendor());
+    static const char *const names[3] = {"dx", "dy", "x"};
+    return run(dx, dy, x, n, names, launch_elt<OP_SILU_GRAD>);
 }
 
 int mt_add(float *out, const float *a, const float *b, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_add is not built yet on the %s vendor", mt_vendor());
+    static const char *const names[3] = {"out", "a", "b"};
+    return run(out, a, b, n, names, launch_elt<OP_ADD>);
 }
+
+}  /* extern "C" */

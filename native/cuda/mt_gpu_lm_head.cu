@@ -1,9 +1,280 @@
-/* mt_gpu_lm_head.cu -- the chunked LM head on the gpu vendor: NOT BUILT YET (placeholder; every entry refuses with
- * MT_EUNSUPPORTED and the family's feature bit stays clear). */
-#include "mt_host.h"
+/* mt_gpu_lm_head.cu -- the chunked LM head (mt_lm_head_loss) on a GPU: the CPU oracle's plan
+ * (native/cpu_oracle/mt_cpu_lm_head.c) with the GPU's chain GEMM and cross-entropy.
+ *
+ * Contract: the bits of linear_forward -> cross_entropy -> linear_backward run separately.
+ * Per chunk of rows: logits = the forward GEMM (+ bias) into scratch; mt_cross_entropy on the
+ * chunk (device pointers, the whole call's divisor) writes the rows' losses and, in place,
+ * dlogits; d_hidden rows = dlogits . weight; the weight and bias gradients continue each
+ * token leaf's chain across chunk boundaries (the GEMM's accumulate mode) and every finished
+ * leaf joins a stack of complete subtrees, merged left + right as they pair up (the pairwise
+ * tree of mt_tree_fold, built on the fly). The leftmost subtree lives in d_weight itself, so
+ * the scratch is one chunk of logits plus log2(leaves) partials. The loss is the token rule
+ * over the rows' losses, summed on the host by the oracle's own function.
+ */
+#include <vector>
+#include "mt_gpu_gemm.cuh"
 
-uint64_t mt_lm_head_features(void) { return 0; }
+namespace {
 
-int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias, const float *hidden, const float *weight, const float *bias, const void *targets, int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index, int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_lm_head_loss is not built yet on the %s vendor", mt_vendor());
+#define LM_DEFAULT_CHUNK 2048   /* rows: 412 MB of logits at vocab 50304 */
+
+__global__ void k_pair_add(float *dst, const float *left, const float *right, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = left[i] + right[i];
+}
+
+/* acc[j] (fresh: from +0.0) = acc[j] + x[r * cols + j] for r ascending: a leaf's bias chain. */
+__global__ void k_col_chain(float *acc, const float *x, int64_t rows, int64_t cols, int fresh) {
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < cols; j += (int64_t)gridDim.x * blockDim.x) {
+        float a = fresh ? 0.0f : acc[j];
+        for (int64_t r = 0; r < rows; ++r) a = a + x[r * cols + j];
+        acc[j] = a;
+    }
+}
+
+int launched(const char *what) {
+    MT_GPU_CHECK(gpuGetLastError(), what);
+    return MT_OK;
+}
+
+int pair_add(float *dst, const float *left, const float *right, int64_t n) {
+    int threads = 256, blocks = mt_gpu_blocks((n + threads - 1) / threads, 1);
+    k_pair_add<<<blocks, threads, 0, MT_STREAM>>>(dst, left, right, n);
+    return launched("token-tree merge");
+}
+
+/* A stack of complete subtrees of leaf partials (n floats each); the bottom one is `root`
+ * (the caller's output), the others arena buffers. A leaf is written into next(), then
+ * pushed; sabotage (MT_SAB_LM_HEAD) folds right to left at the end instead. */
+struct token_stack {
+    float *root = nullptr;
+    int64_t n = 0;
+    mt_arena *arena = nullptr;
+    std::vector<float *> slot;      /* slot[d]: the buffer of stack level d (0 = root) */
+    std::vector<int64_t> leaves;    /* leaves under each held subtree */
+    int reversed = MT_SAB_LM_HEAD;
+
+    int next(float **out) {
+        size_t d = leaves.size();
+        if (d == 0) { *out = root; return MT_OK; }
+        while (slot.size() <= d) slot.push_back(nullptr);
+        if (!slot[d]) {
+            int rc = arena->alloc((void **)&slot[d], n * 4);
+            if (rc) return rc;
+        }
+        *out = slot[d];
+        return MT_OK;
+    }
+    int push() {
+        leaves.push_back(1);
+        while (!reversed && leaves.size() >= 2 && leaves[leaves.size() - 1] == leaves[leaves.size() - 2]) {
+            size_t top = leaves.size() - 1;
+            float *left = top - 1 == 0 ? root : slot[top - 1];
+            int rc = pair_add(left, left, slot[top], n);
+            if (rc) return rc;
+            leaves[top - 1] *= 2;
+            leaves.pop_back();
+        }
+        return MT_OK;
+    }
+    int finish() {      /* the held subtrees, right to left: s[k] + (s[k+1] + ...) */
+        for (size_t d = leaves.size(); d-- > 1;) {
+            float *left = d - 1 == 0 ? root : slot[d - 1];
+            int rc = pair_add(left, left, slot[d], n);
+            if (rc) return rc;
+        }
+        return MT_OK;
+    }
+};
+
+struct lm_call {
+    float *loss_out, *row_loss, *d_hidden, *d_weight, *d_bias;
+    const float *hidden, *weight, *bias;
+    const void *targets;
+    int32_t target_bytes, reduction;
+    int64_t rows, vocab, width, ignore_index, num_items, chunk;
+    float label_smoothing;
+};
+
+struct lm_device {               /* device twins of every buffer, and what to download */
+    const float *hidden = nullptr, *weight = nullptr, *bias = nullptr;
+    const void *targets = nullptr;
+    float *d_hidden = nullptr, *d_weight = nullptr, *d_bias = nullptr, *logits = nullptr, *losses = nullptr;
+    int32_t *flags = nullptr;
+};
+
+int to_device(lm_device *dv, mt_arena *arena, const lm_call &c) {
+    bool st;
+    int rc;
+    int64_t w = c.width, v = c.vocab, r = c.rows;
+    if ((rc = mt_buf_to_device((void **)&dv->hidden, &st, arena, (void *)c.hidden, r * w * 4, true)) ||
+        (rc = mt_buf_to_device((void **)&dv->weight, &st, arena, (void *)c.weight, v * w * 4, true)) ||
+        (c.bias && (rc = mt_buf_to_device((void **)&dv->bias, &st, arena, (void *)c.bias, v * 4, true))) ||
+        (rc = mt_buf_to_device((void **)&dv->targets, &st, arena, (void *)c.targets, r * c.target_bytes, true)) ||
+        (c.d_hidden && (rc = mt_buf_to_device((void **)&dv->d_hidden, &st, arena, c.d_hidden, r * w * 4, false))) ||
+        (c.d_weight && (rc = mt_buf_to_device((void **)&dv->d_weight, &st, arena, c.d_weight, v * w * 4, false))) ||
+        (c.d_bias && (rc = mt_buf_to_device((void **)&dv->d_bias, &st, arena, c.d_bias, v * 4, false))) ||
+        (rc = arena->alloc((void **)&dv->logits, c.chunk * v * 4)) ||
+        (rc = arena->alloc((void **)&dv->losses, (r > 0 ? r : 1) * 4)) ||
+        (rc = arena->alloc((void **)&dv->flags, 8 * 4)))
+        return rc;
+    return arena->flush();
+}
+
+/* Targets (read on the host: rows * 8 bytes at most), then finite inputs (one pre-pass). */
+int check_inputs(int64_t *kept, const lm_call &c, const lm_device &dv) {
+    std::vector<char> host((size_t)(c.rows * c.target_bytes));
+    int rc;
+    if (c.rows) {
+        MT_GPU_CHECK(gpuMemcpyAsync(host.data(), dv.targets, host.size(), gpuMemcpyDefault, MT_STREAM), "targets");
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "targets");
+        if (mt_gpu_is_device(c.targets)) mt_gpu_count_d2h((int64_t)host.size());
+    }
+    if ((rc = mt_check_targets(kept, host.data(), c.target_bytes, c.rows, c.vocab, c.ignore_index))) return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(dv.flags, 0, 8 * 4, MT_STREAM), "flags");
+    const float *ptrs[3] = {dv.hidden, dv.weight, dv.bias};
+    int64_t counts[3] = {c.rows * c.width, c.vocab * c.width, c.vocab};
+    if ((rc = mt_gemm::finite_check(dv.flags, ptrs, counts, 3))) return rc;
+    int32_t flags[4];
+    MT_GPU_CHECK(gpuMemcpyAsync(flags, dv.flags, sizeof flags, gpuMemcpyDefault, MT_STREAM), "flags");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "finiteness pre-pass");
+    const char *names[3] = {"hidden", "weight", "bias"};
+    for (int b = 0; b < 3; ++b)
+        if (flags[1 + b]) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", names[b]);
+    return MT_OK;
+}
+
+/* Weight and bias gradients of chunk rows [r0, r0 + n), leaf by leaf. */
+int chunk_gradients(token_stack *dw, token_stack *db, float **dw_leaf, float **db_leaf, const lm_call &c,
+                    const lm_device &dv, int64_t r0, int64_t n) {
+    int64_t v = c.vocab, w = c.width;
+    int rc;
+    for (int64_t r = r0; r < r0 + n;) {
+        int64_t leaf_end = (r / MT_TOKEN_LEAF + 1) * MT_TOKEN_LEAF, end = leaf_end < r0 + n ? leaf_end : r0 + n;
+        bool fresh = r % MT_TOKEN_LEAF == 0, done = end == leaf_end || end == c.rows;
+        const float *dl = dv.logits + (r - r0) * v;
+        if (dv.d_weight) {
+            if (fresh && (rc = dw->next(dw_leaf))) return rc;
+            mt_gemm::desc d;
+            d.c = *dw_leaf; d.ldc = w;
+            d.a = {dl, v, mt_gemm::MT_RMAJOR};                  /* A(i = class, p = row) */
+            d.b = {dv.hidden + r * w, w, mt_gemm::MT_RMAJOR};   /* B(j = feature, p = row) */
+            d.m = v; d.n = w; d.k = end - r; d.accumulate = !fresh;
+            if ((rc = mt_gemm::gemm(d)) || (done && (rc = dw->push()))) return rc;
+        }
+        if (dv.d_bias) {
+            if (fresh && (rc = db->next(db_leaf))) return rc;
+            int threads = 256, blocks = mt_gpu_blocks((v + threads - 1) / threads, 1);
+            k_col_chain<<<blocks, threads, 0, MT_STREAM>>>(*db_leaf, dl, end - r, v, fresh ? 1 : 0);
+            if ((rc = launched("bias chain")) || (done && (rc = db->push()))) return rc;
+        }
+        r = end;
+    }
+    return MT_OK;
+}
+
+int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t kept) {
+    int64_t v = c.vocab, w = c.width;
+    bool grad = dv.d_hidden || dv.d_weight || dv.d_bias;
+    token_stack dw, db;
+    dw.root = dv.d_weight; dw.n = v * w; dw.arena = arena;
+    db.root = dv.d_bias; db.n = v; db.arena = arena;
+    float *dw_leaf = nullptr, *db_leaf = nullptr;
+    int rc;
+    for (int64_t r0 = 0; r0 < c.rows; r0 += c.chunk) {
+        int64_t n = c.rows - r0 < c.chunk ? c.rows - r0 : c.chunk;
+        mt_gemm::desc f;
+        f.c = dv.logits; f.ldc = v;
+        f.a = {dv.hidden + r0 * w, w, mt_gemm::MT_KMAJOR};
+        f.b = {dv.weight, w, mt_gemm::MT_KMAJOR};
+        f.bias = dv.bias; f.m = n; f.n = v; f.k = w;
+        if ((rc = mt_gemm::gemm(f))) return rc;
+        float ignored;
+        rc = mt_cross_entropy(&ignored, dv.losses + r0, grad ? dv.logits : nullptr, dv.logits,
+                              (const char *)dv.targets + r0 * c.target_bytes, c.target_bytes, n, v, c.ignore_index,
+                              c.reduction, c.label_smoothing,
+                              c.reduction == MT_REDUCTION_MEAN ? (c.num_items ? c.num_items : kept) : 0);
+        if (rc) return rc;
+        if (dv.d_hidden) {
+            mt_gemm::desc h;
+            h.c = dv.d_hidden + r0 * w; h.ldc = w;
+            h.a = {dv.logits, v, mt_gemm::MT_KMAJOR};
+            h.b = {dv.weight, w, mt_gemm::MT_RMAJOR};
+            h.m = n; h.n = w; h.k = v;
+            if ((rc = mt_gemm::gemm(h))) return rc;
+        }
+        if (grad && (rc = chunk_gradients(&dw, &db, &dw_leaf, &db_leaf, c, dv, r0, n))) return rc;
+    }
+    if (dv.d_weight && (rc = dw.finish())) return rc;
+    if (dv.d_bias && (rc = db.finish())) return rc;
+    return MT_OK;
+}
+
+MT_NOINLINE float host_loss(const float *losses, int64_t rows, int32_t reduction, float divisor, float *partials) {
+    float total = mt_token_sum(losses, rows, partials);
+    if (reduction != MT_REDUCTION_MEAN) return total;
+    return divisor == 0.0f ? mt_bits_f32(MT_MATH_QNAN) : total / divisor;
+}
+
+/* Losses to the caller: the per-row values, or the token rule's total (mean: / D). */
+int finish(const lm_call &c, const lm_device &dv, int64_t kept) {
+    std::vector<float> losses((size_t)(c.rows > 0 ? c.rows : 1)), partials((size_t)(mt_token_leaves(c.rows) + 1));
+    if (c.rows) MT_GPU_CHECK(gpuMemcpyAsync(losses.data(), dv.losses, c.rows * 4, gpuMemcpyDefault, MT_STREAM), "losses");
+    int rc;
+    if (c.d_hidden && dv.d_hidden != c.d_hidden && (rc = mt_buf_to_host(c.d_hidden, dv.d_hidden, c.rows * c.width * 4)))
+        return rc;
+    if (c.d_weight && dv.d_weight != c.d_weight &&
+        (rc = mt_buf_to_host(c.d_weight, dv.d_weight, c.vocab * c.width * 4)))
+        return rc;
+    if (c.d_bias && dv.d_bias != c.d_bias && (rc = mt_buf_to_host(c.d_bias, dv.d_bias, c.vocab * 4))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "LM head");
+    if (c.rows) mt_gpu_count_d2h(c.rows * 4);
+    if (c.reduction == MT_REDUCTION_NONE) {
+        if (c.rows) MT_GPU_CHECK(gpuMemcpy(c.row_loss, losses.data(), c.rows * 4, gpuMemcpyDefault), "row losses");
+        if (c.rows && mt_gpu_is_device(c.row_loss)) mt_gpu_count_h2d(c.rows * 4);
+        return MT_OK;
+    }
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    float loss = host_loss(losses.data(), c.rows, c.reduction, (float)(c.num_items ? c.num_items : kept),
+                           partials.data());
+    mt_fp_end(&env);
+    if (mt_gpu_is_device(c.loss_out)) {
+        MT_GPU_CHECK(gpuMemcpy(c.loss_out, &loss, 4, gpuMemcpyDefault), "loss");
+        mt_gpu_count_h2d(4);
+    } else {
+        *c.loss_out = loss;
+    }
+    return MT_OK;
+}
+
+}  // namespace
+
+uint64_t mt_lm_head_features(void) { return MT_FEATURE_LM_HEAD; }
+
+extern "C" int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
+                               const float *hidden, const float *weight, const float *bias, const void *targets,
+                               int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
+                               int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
+    int rc = mt_check_lm_head_args(loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets,
+                                   target_bytes, rows, vocab, width, reduction, chunk_rows);
+    if (rc || (rc = mt_gpu_ready())) return rc;
+    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
+        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
+    if (num_items < 0) return mt_fail(MT_EINVAL, "num_items must be >= 0, got %lld", (long long)num_items);
+    lm_call c = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
+                 reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
+    if (!c.chunk) c.chunk = LM_DEFAULT_CHUNK;
+    if (c.chunk > rows) c.chunk = rows > 0 ? rows : 1;
+    mt_arena arena;
+    lm_device dv;
+    int64_t kept = 0;
+    if ((rc = to_device(&dv, &arena, c)) || (rc = check_inputs(&kept, c, dv)) ||
+        (rc = run_chunks(c, dv, &arena, kept)))
+        return rc;
+    if (rows == 0) {   /* no chains ran: the gradients are zero sums */
+        if (dv.d_weight) MT_GPU_CHECK(gpuMemsetAsync(dv.d_weight, 0, vocab * width * 4, MT_STREAM), "zero");
+        if (dv.d_bias) MT_GPU_CHECK(gpuMemsetAsync(dv.d_bias, 0, vocab * 4, MT_STREAM), "zero");
+    }
+    return finish(c, dv, kept);
 }

@@ -1,9 +1,487 @@
-/* mt_gpu_loss.cu -- cross-entropy on the gpu vendor: NOT BUILT YET (placeholder; every entry refuses with
- * MT_EUNSUPPORTED and the family's feature bit stays clear). */
-#include "mt_host.h"
+/* mt_gpu_loss.cu -- cross-entropy on a GPU (contract: native/contracts/loss.md); the same bits
+ * as the CPU oracle (native/cpu_oracle/mt_cpu_loss.c) in the identical tier.
+ *
+ * A call is three kernels on the calling thread's stream and one synchronization:
+ *  1. k_ce_targets (one block) reads every target once: the smallest refused row and the
+ *     count of rows not ignored (block trees of min and sum; no atomics) go to device scratch
+ *     with the scalars (g = 1 / count for a counted mean, one division as on the host).
+ *  2. k_ce_rows: each block takes rows in turn. A row is staged once into shared memory (or,
+ *     when it does not fit, read from global memory each pass), then: pass A, the max and
+ *     the largest |x| bit pattern (NaN or inf shows there); the smoothing sum and the softmax
+ *     denominator by the chunk tree, one warp per 4096-chunk (mt_warp_chunk_fold), e_j kept
+ *     in place of x_j; pass C, dlogits from the kept e_j. Thread 0 writes the row's loss and
+ *     finiteness flag. Nothing is written when a target was refused.
+ *  3. k_ce_finish (one block): the first non-finite row, the token rule over the row losses,
+ *     the mean's division; loss_out (a device pointer) is written only when nothing is
+ *     refused, and everything is reported through mapped memory.
+ * Refusals follow the oracle: arguments first, then targets (nothing written), then
+ * non-finite logits (dlogits and row_loss may have been written: undefined, mojo_train.h).
+ * Host buffers are staged through device memory and downloaded only on success.
+ */
+#include <math.h>
+#include "mt_gpu_rows.cuh"
 
-uint64_t mt_loss_features(void) { return 0; }
+uint64_t mt_loss_features(void) { return MT_FEATURE_LOSS; }
 
-int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets, int32_t target_bytes, int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction, float label_smoothing, int64_t num_items) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_cross_entropy is not built yet on the %s vendor", mt_vendor());
+namespace {
+
+#define CE_MAX_VOCAB (INT64_C(1) << 24)
+#define CE_SMEM_WARPS 16      /* a staged row has at most ~58K floats: 15 chunks */
+#define CE_GLOBAL_WARPS 32
+#define CE_ONE_BLOCK 1024     /* threads of the two one-block kernels (a power of two) */
+
+/* The mean T / D; with no row counted (D = 0) the canonical NaN of math.md, as the oracle
+ * writes it (the bits of a NaN from 0 / 0 differ between vendors). */
+__host__ __device__ __forceinline__ float ce_mean(float total, float divisor) {
+    return divisor != 0.0f ? total / divisor : mt_bits_f32(MT_MATH_QNAN);
+}
+
+/* Device scratch written by k_ce_targets. */
+struct ce_dev {
+    int64_t first_bad, bad_value, count;
+    float divisor;
+    mt_ce_scalars sc;
+};
+
+__device__ __forceinline__ int64_t ce_target(const void *targets, int32_t bytes, int64_t i) {
+    return bytes == 4 ? (int64_t)((const int32_t *)targets)[i] : ((const int64_t *)targets)[i];
+}
+
+/* Block tree over one int64 per thread (min or sum; exact in any order). s: blockDim int64. */
+template <bool MIN>
+__device__ __forceinline__ int64_t ce_block_reduce(int64_t v, int64_t *s) {
+    s[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h >= 1; h >>= 1) {
+        if ((int)threadIdx.x < h) {
+            int64_t o = s[threadIdx.x + h];
+            s[threadIdx.x] = MIN ? (o < s[threadIdx.x] ? o : s[threadIdx.x]) : s[threadIdx.x] + o;
+        }
+        __syncthreads();
+    }
+    v = s[0];
+    __syncthreads();
+    return v;
+}
+
+__global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_targets(const void *targets, int32_t bytes, int64_t n, int64_t vocab,
+                                                            int64_t ignore, mt_ce_scalars sc, float divisor,
+                                                            int32_t counted_mean, ce_dev *dev) {
+    __shared__ int64_t s[CE_ONE_BLOCK];
+    int64_t bad = n, count = 0;
+    for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+        int64_t t = ce_target(targets, bytes, r);
+        if (t == ignore) continue;
+        if (t < 0 || t >= vocab) {
+            bad = r;      /* this thread's rows ascend: its first bad one is its smallest */
+            break;
+        }
+        ++count;
+    }
+    bad = ce_block_reduce<true>(bad, s);
+    count = ce_block_reduce<false>(count, s);
+    if (threadIdx.x == 0) {
+        dev->first_bad = bad;
+        dev->bad_value = bad < n ? ce_target(targets, bytes, bad) : 0;
+        dev->count = count;
+        if (counted_mean) {            /* D = the count, rounded to nearest; g = 1 / D */
+            divisor = (float)count;
+            sc.g = 1.0f / divisor;
+        }
+        dev->divisor = divisor;
+        dev->sc = sc;
+    }
+}
+
+/* Step of the softmax denominator: acc = acc + e, e = mt_expf(x - m) (MT_STEP_SUM_EXP), and
+ * e written to `e` (the row's place in shared memory, or dlogits; NULL: not kept). */
+template <bool VEC>
+struct ce_sum_exp {
+    typedef float4 V;
+    const float *x;
+    float *e;
+    float m;
+    __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
+    __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t i) const {
+        float4 v = make_float4(mt_expf(q.x - m), mt_expf(q.y - m), mt_expf(q.z - m), mt_expf(q.w - m));
+        a[0][0] = a[0][0] + v.x; a[0][1] = a[0][1] + v.y;
+        a[0][2] = a[0][2] + v.z; a[0][3] = a[0][3] + v.w;
+        if (!e) return;
+        if (VEC) *(float4 *)(e + i) = v;
+        else { e[i] = v.x; e[i + 1] = v.y; e[i + 2] = v.z; e[i + 3] = v.w; }
+    }
+    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const {
+        float v = mt_expf(x[i] - m);
+        a[0][q] = a[0][q] + v;
+        if (e) e[i] = v;
+    }
+};
+
+/* Step of label smoothing's sum of the logits (MT_STEP_SUM). */
+template <bool VEC>
+struct ce_sum {
+    typedef float4 V;
+    const float *x;
+    __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
+    __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t) const {
+        const float v[4] = {q.x, q.y, q.z, q.w};
+        const float *x = v;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) MT_STEP_SUM(a[0][k], k);
+    }
+    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const { MT_STEP_SUM(a[0][q], i); }
+};
+
+/* e / s, correctly rounded, for 0 <= e <= 1 <= s < 2^24 with y = 1 / s (correctly rounded,
+ * once per row): q = e * y is within an ulp of e / s, the remainder e - q s is exact under
+ * fmaf, and q + (e - q s) y rounded once is the correctly rounded quotient (Markstein's
+ * theorem; checked against IEEE division for all 2^24 significands of e at 96 divisors, no
+ * difference). Quotients that may be subnormal take the plain division. mt_ce_grad then
+ * gets (q, 1): q / 1 == q exactly, so the gradient's arithmetic stays the pinned one. */
+__device__ __forceinline__ bool ce_tiny(float e) { return mt_f32_bits(e) - 1u < 0x0d7fffffu; }   /* 0 < e < 2^-100 */
+
+__device__ __forceinline__ float ce_quotient(float e, float s, float y) {
+    if (ce_tiny(e)) return e / s;
+    float q = e * y;
+    return fmaf(fmaf(-q, s, e), y, q);
+}
+
+__device__ __forceinline__ float4 ce_quotient4(float4 e, float s, float y) {
+    float4 q = make_float4(e.x * y, e.y * y, e.z * y, e.w * y);
+    q = make_float4(fmaf(fmaf(-q.x, s, e.x), y, q.x), fmaf(fmaf(-q.y, s, e.y), y, q.y),
+                    fmaf(fmaf(-q.z, s, e.z), y, q.z), fmaf(fmaf(-q.w, s, e.w), y, q.w));
+    if (ce_tiny(e.x) | ce_tiny(e.y) | ce_tiny(e.z) | ce_tiny(e.w))
+        q = make_float4(ce_quotient(e.x, s, y), ce_quotient(e.y, s, y), ce_quotient(e.z, s, y), ce_quotient(e.w, s, y));
+    return q;
+}
+
+/* Shared floats of a row block: the staged row (SMEM), the fold's partials, 64 for pass A. */
+__host__ __device__ __forceinline__ int64_t ce_smem_floats(bool staged, int64_t vocab) {
+    return (staged ? (vocab + 3) / 4 * 4 : 0) + mt_rows_fold_floats(1, vocab) + 64;
+}
+
+/* Pass A's view of the logits: the max, and the largest |x| bit pattern (a pattern >= inf's
+ * is NaN or inf), fed by the staging loads or by a walk of the row. */
+struct ce_scan {
+    float m = -INFINITY;
+    uint32_t top = 0;
+    __device__ __forceinline__ void operator()(float v) {
+        m = fmaxf(m, v);
+        top = max(top, mt_f32_bits(v) & 0x7fffffffu);
+    }
+    __device__ __forceinline__ void operator()(const float4 &q) {
+        m = fmaxf(fmaxf(m, q.x), fmaxf(q.y, fmaxf(q.z, q.w)));
+        uint32_t a = mt_f32_bits(q.x) & 0x7fffffffu, b = mt_f32_bits(q.y) & 0x7fffffffu;
+        uint32_t c = mt_f32_bits(q.z) & 0x7fffffffu, g = mt_f32_bits(q.w) & 0x7fffffffu;
+        top = max(max(top, a), max(max(b, c), g));
+    }
+    /* Both over the block, in every thread (red: 64 words of shared memory). */
+    __device__ __forceinline__ void block(uint32_t *red) {
+        for (int d = 16; d >= 1; d >>= 1) {
+            m = fmaxf(m, MT_WARP_XOR(m, d));
+            top = max(top, (uint32_t)MT_WARP_XOR(top, d));
+        }
+        const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+        if ((threadIdx.x & 31) == 0) {
+            red[w] = mt_f32_bits(m);
+            red[32 + w] = top;
+        }
+        __syncthreads();
+        for (int k = 0; k < nw; ++k) {
+            m = fmaxf(m, mt_bits_f32(red[k]));
+            top = max(top, red[32 + k]);
+        }
+        __syncthreads();
+    }
+};
+
+/* One row: x (shared or global) holds the logits, e receives e_j (x itself when staged, or
+ * the dlogits row, or NULL), d the dlogits row (or NULL); `scan` has seen this thread's share
+ * of the row already when `scanned` (the staging loads), else the row is walked here. Returns
+ * the row's loss; *bad says it held NaN or inf. XV: x (and e) 16-byte aligned rows; DV: d too. */
+template <bool XV, bool DV>
+__device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int64_t vocab, int64_t t, bool ignored,
+                                        const mt_ce_scalars &sc, float *part, float *part2, float *red, ce_scan scan,
+                                        bool scanned, bool *bad) {
+    if (!scanned) mt_rows_walk<XV>(vocab, [&](int64_t i) { scan(*(const float4 *)(x + i)); }, [&](int64_t i) { scan(x[i]); });
+    float xt = (!ignored && threadIdx.x == 0) ? x[t] : 0.0f;   /* before e_j replaces x_j */
+    scan.block((uint32_t *)red);
+    const float m = scan.m;
+    *bad = scan.top >= 0x7f800000u;
+    float s = 0.0f, sum_x = 0.0f;
+    if (!ignored) {
+        float root[1];
+        if (sc.eps != 0.0f) {
+            mt_rows_fold<1>(root, vocab, [&](int64_t c) { return ce_sum<XV>{x + c * MT_CHUNK}; }, part, part2, MT_SAB_LOSS);
+            sum_x = root[0];
+        }
+        mt_rows_fold<1>(root, vocab, [&](int64_t c) {
+            return ce_sum_exp<XV>{x + c * MT_CHUNK, e ? e + c * MT_CHUNK : nullptr, m};
+        }, part, part2, MT_SAB_LOSS);
+        s = root[0];
+    }
+    if (d) {
+        if (ignored) {
+            mt_rows_walk<DV>(vocab, [&](int64_t i) { MT_STCS((float4 *)(d + i), make_float4(0.0f, 0.0f, 0.0f, 0.0f)); },
+                             [&](int64_t i) { d[i] = 0.0f; });
+        } else {
+            const float y = 1.0f / s;
+            const int tt = (int)t;   /* row-local indices fit in int: vocab < 2^24 */
+            mt_rows_walk<DV && XV>(
+                vocab,
+                [&](int64_t i) {
+                    float4 p = ce_quotient4(*(const float4 *)(e + i), s, y);
+                    float4 g = make_float4(mt_ce_grad(p.x, 1.0f, 0, &sc), mt_ce_grad(p.y, 1.0f, 0, &sc),
+                                           mt_ce_grad(p.z, 1.0f, 0, &sc), mt_ce_grad(p.w, 1.0f, 0, &sc));
+                    unsigned j = (unsigned)(tt - (int)i);
+                    if (j < 4u) {         /* the target's group: its element again, as the target */
+                        g.x = j == 0 ? mt_ce_grad(p.x, 1.0f, 1, &sc) : g.x;
+                        g.y = j == 1 ? mt_ce_grad(p.y, 1.0f, 1, &sc) : g.y;
+                        g.z = j == 2 ? mt_ce_grad(p.z, 1.0f, 1, &sc) : g.z;
+                        g.w = j == 3 ? mt_ce_grad(p.w, 1.0f, 1, &sc) : g.w;
+                    }
+                    MT_STCS((float4 *)(d + i), g);
+                },
+                [&](int64_t i) { d[i] = mt_ce_grad(ce_quotient(e[i], s, y), 1.0f, (int)i == tt, &sc); });
+        }
+    }
+    if (ignored) return 0.0f;
+    return mt_ce_row_loss(m, s, xt, sum_x, &sc);   /* used by thread 0 only */
+}
+
+/* STAGED: rows go through shared memory (one read of the logits); else every pass reads them
+ * from global memory and e_j is kept in dlogits. VEC: logits and dlogits rows are 16-byte
+ * aligned (vocab % 4 == 0 and aligned bases). */
+template <bool STAGED, bool VEC>
+__global__ void __launch_bounds__(32 * (STAGED ? CE_SMEM_WARPS : CE_GLOBAL_WARPS))
+    k_ce_rows(const float *logits, float *dlogits, float *losses, uint8_t *flags, const void *targets, int32_t bytes,
+              int64_t n, int64_t vocab, int64_t ignore, const ce_dev *dev) {
+    extern __shared__ float4 smem4[];
+    if (dev->first_bad < n) return;
+    const mt_ce_scalars sc = dev->sc;
+    float *row = (float *)smem4, *part = row + (STAGED ? (vocab + 3) / 4 * 4 : 0);
+    float *part2 = part + mt_chunk_count(vocab), *red = part + mt_rows_fold_floats(1, vocab);
+    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+        const float *src = logits + r * vocab;
+        float *d = dlogits ? dlogits + r * vocab : nullptr;
+        ce_scan scan;
+        if (STAGED) {
+            mt_rows_stage<VEC>(row, src, vocab, [&](const auto &v) { scan(v); });
+            if (r + gridDim.x < n) mt_rows_prefetch_l2(src + gridDim.x * vocab, vocab);
+            __syncthreads();
+        }
+        int64_t t = ce_target(targets, bytes, r);
+        bool bad, ignored = t == ignore;
+        float loss = STAGED ? ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad)
+                            : ce_row<VEC, VEC>(src, d, d, vocab, t, ignored, sc, part, part2, red, scan, false, &bad);
+        if (threadIdx.x == 0) {
+            losses[r] = loss;
+            flags[r] = bad;
+        }
+        __syncthreads();   /* the row's shared memory is free again */
+    }
+}
+
+__global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_finish(const float *losses, const uint8_t *flags, int64_t n,
+                                                           int32_t reduction, const ce_dev *dev, float *loss_dev,
+                                                           float *leaves, mt_rows_status *st) {
+    __shared__ int64_t s[CE_ONE_BLOCK];
+    if (dev->first_bad < n) {
+        if (threadIdx.x == 0) {
+            st->first_bad = dev->first_bad;
+            st->bad_value = dev->bad_value;
+            st->first_nonfinite = n;
+        }
+        return;
+    }
+    int64_t first = n;
+    for (int64_t r = threadIdx.x; r < n; r += blockDim.x)
+        if (flags[r]) { first = r; break; }   /* ascending: this thread's smallest */
+    first = ce_block_reduce<true>(first, s);
+    if (first == n && reduction != MT_REDUCTION_NONE) {
+        int64_t nl = mt_token_leaves(n);       /* the token rule: leaves of MT_TOKEN_LEAF rows */
+        for (int64_t l = threadIdx.x; l < nl; l += blockDim.x) {
+            int64_t end = (l + 1) * MT_TOKEN_LEAF < n ? (l + 1) * MT_TOKEN_LEAF : n;
+            float acc = 0.0f;
+            for (int64_t r = l * MT_TOKEN_LEAF; r < end; ++r) acc = acc + losses[r];
+            leaves[l] = acc;
+        }
+        __syncthreads();
+        float total = mt_block_tree_fold(leaves, leaves + nl, nl);
+        float loss = reduction == MT_REDUCTION_MEAN ? ce_mean(total, dev->divisor) : total;
+        if (threadIdx.x == 0) {
+            st->loss = loss;
+            if (loss_dev) *loss_dev = loss;
+        }
+    }
+    if (threadIdx.x == 0) {
+        st->first_bad = n;
+        st->first_nonfinite = first;
+    }
+}
+
+/* ---- host ---- */
+
+/* The oracle's argument checks, in its order (mt_cpu_loss.c). */
+int check_args(const float *loss_out, const float *row_loss, const float *dlogits, const float *logits,
+               const void *targets, int32_t target_bytes, int64_t n_rows, int64_t vocab, int32_t reduction,
+               float label_smoothing, int64_t num_items) {
+    int rc;
+    if (reduction < MT_REDUCTION_NONE || reduction > MT_REDUCTION_MEAN)
+        return mt_fail(MT_EINVAL, "reduction must be 0 (none), 1 (sum) or 2 (mean), got %d", (int)reduction);
+    if (n_rows < 0) return mt_fail(MT_EINVAL, "n_rows must be >= 0, got %lld", (long long)n_rows);
+    if (vocab < 1 || vocab >= CE_MAX_VOCAB)
+        return mt_fail(MT_EINVAL, "vocab must be in [1, 2^24), got %lld", (long long)vocab);
+    if (n_rows > INT64_MAX / 4 / vocab)
+        return mt_fail(MT_EINVAL, "n_rows * vocab overflows (%lld x %lld)", (long long)n_rows, (long long)vocab);
+    if (target_bytes != 4 && target_bytes != 8)
+        return mt_fail(MT_EINVAL, "target_bytes must be 4 (int32) or 8 (int64), got %d", (int)target_bytes);
+    if (n_rows > 0 && ((rc = mt_check_ptr(logits, "logits")) || (rc = mt_check_ptr(targets, "targets"))))
+        return rc;
+    if (reduction == MT_REDUCTION_NONE) {
+        if (!row_loss) return mt_fail(MT_EINVAL, "row_loss is NULL; reduction NONE returns the per-row losses there");
+        if (dlogits)
+            return mt_fail(MT_EINVAL, "dlogits must be NULL with reduction NONE: 'none' has no gradient "
+                                      "(the placement of a per-row upstream gradient is not in loss v1)");
+    } else if ((rc = mt_check_ptr(loss_out, "loss_out"))) {
+        return rc;
+    }
+    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
+        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
+    if (num_items < 0)
+        return mt_fail(MT_EINVAL, "num_items must be >= 1, or 0 for the count of non-ignored rows; got %lld",
+                       (long long)num_items);
+    return MT_OK;
+}
+
+/* Out of line, so that nothing of it moves across the floating-point environment switch. The
+ * divisor is num_items rounded to nearest; a counted mean gets its divisor and g on the device
+ * (k_ce_targets: the same two roundings, (float)count and 1 / D). */
+MT_NOINLINE mt_ce_scalars host_ce_scalars(float eps, int64_t vocab, int32_t mean, int64_t num_items, float *divisor) {
+    *divisor = (float)(num_items ? num_items : 1);
+    return mt_ce_scalars_for(eps, vocab, mean, *divisor);
+}
+
+MT_NOINLINE float host_empty_loss(int32_t mean, int64_t num_items) {
+    float total = 0.0f, divisor = (float)num_items;   /* no rows: the count is 0 */
+    return mean ? ce_mean(total, divisor) : total;
+}
+
+/* No rows: loss_out only (sum 0, mean 0 / D). */
+int ce_empty(float *loss_out, int32_t reduction, int64_t num_items) {
+    if (reduction == MT_REDUCTION_NONE) return MT_OK;
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    float loss = host_empty_loss(reduction == MT_REDUCTION_MEAN, num_items);
+    mt_fp_end(&env);
+    if (!mt_gpu_is_device(loss_out)) {
+        *loss_out = loss;
+        return MT_OK;
+    }
+    MT_GPU_CHECK(gpuMemcpyAsync(loss_out, &loss, 4, gpuMemcpyDefault, MT_STREAM), "upload");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "cross_entropy");
+    mt_gpu_count_h2d(4);
+    return MT_OK;
+}
+
+/* Device pointers of a call's buffers (staged: a host buffer the call copied). */
+struct ce_bufs {
+    mt_arena arena;
+    float *logits = nullptr, *dlogits = nullptr, *rows = nullptr, *leaves = nullptr;
+    void *targets = nullptr;
+    uint8_t *flags = nullptr;
+    ce_dev *dev = nullptr;
+    bool s_logits = false, s_targets = false, s_dlogits = false, s_rows = false, loss_on_device = false;
+};
+
+int ce_stage(ce_bufs *b, float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
+             int32_t target_bytes, int64_t n, int64_t vocab) {
+    int rc;
+    int64_t bytes = n * vocab * 4, leaves = mt_token_leaves(n);
+    if ((rc = mt_buf_to_device((void **)&b->logits, &b->s_logits, &b->arena, (void *)logits, bytes, true)) ||
+        (rc = mt_buf_to_device(&b->targets, &b->s_targets, &b->arena, (void *)targets, n * target_bytes, true)) ||
+        (dlogits && (rc = mt_buf_to_device((void **)&b->dlogits, &b->s_dlogits, &b->arena, dlogits, bytes, false))) ||
+        (row_loss && (rc = mt_buf_to_device((void **)&b->rows, &b->s_rows, &b->arena, row_loss, n * 4, false))) ||
+        (!row_loss && (rc = b->arena.alloc((void **)&b->rows, n * 4))) ||
+        (rc = b->arena.alloc((void **)&b->flags, n)) || (rc = b->arena.alloc((void **)&b->dev, sizeof(ce_dev))) ||
+        (rc = b->arena.alloc((void **)&b->leaves, (leaves + (leaves + 31) / 32 + 1) * 4)))
+        return rc;
+    b->loss_on_device = loss_out && mt_gpu_is_device(loss_out);
+    return b->arena.flush();
+}
+
+/* The row kernel for this vocab: staged in shared memory when the row fits. */
+int ce_launch_rows(const ce_bufs &b, const void *targets, int32_t target_bytes, int64_t n, int64_t vocab,
+                   int64_t ignore_index) {
+    static std::once_flag once[4];
+    bool vec = vocab % 4 == 0 && ((uintptr_t)b.logits & 15u) == 0 && ((uintptr_t)b.dlogits & 15u) == 0;
+    size_t smem = (size_t)ce_smem_floats(true, vocab) * 4;
+    bool staged = smem <= (size_t)mt_rows_limits().smem_optin;
+    if (!staged) smem = (size_t)ce_smem_floats(false, vocab) * 4;
+    int64_t chunks = mt_chunk_count(vocab), cap = staged ? CE_SMEM_WARPS : CE_GLOBAL_WARPS;
+    int threads = 32 * (int)(chunks < cap ? chunks : cap);
+    void (*kernel)(const float *, float *, float *, uint8_t *, const void *, int32_t, int64_t, int64_t, int64_t,
+                   const ce_dev *) = staged ? (vec ? k_ce_rows<true, true> : k_ce_rows<true, false>)
+                                            : (vec ? k_ce_rows<false, true> : k_ce_rows<false, false>);
+    int rc, grid = 0;
+    if ((rc = mt_rows_allow_smem(kernel, once[2 * staged + vec])) ||
+        (rc = mt_rows_grid(&grid, kernel, threads, smem, n)))
+        return rc;
+    kernel<<<grid, threads, smem, MT_STREAM>>>(b.logits, b.dlogits, b.rows, b.flags, targets, target_bytes, n, vocab,
+                                               ignore_index, b.dev);
+    return mt_rows_launched("cross_entropy rows");
+}
+
+/* Read the status: refuse, or download staged outputs and write a host loss_out. */
+int ce_finish(ce_bufs *b, const mt_rows_status *st, float *loss_out, float *row_loss, float *dlogits, int64_t n,
+              int64_t vocab, int64_t ignore_index, int32_t reduction) {
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "cross_entropy");
+    mt_gpu_count_d2h((int64_t)sizeof *st);
+    if (st->first_bad < n)
+        return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
+                                  "nothing was written", (long long)st->first_bad, (long long)st->bad_value,
+                       (long long)vocab, (long long)ignore_index);
+    if (st->first_nonfinite < n)
+        return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored "
+                                      "rows too); nothing was written", (long long)st->first_nonfinite);
+    int rc;
+    if ((b->s_dlogits && (rc = mt_buf_to_host(dlogits, b->dlogits, n * vocab * 4))) ||
+        (b->s_rows && (rc = mt_buf_to_host(row_loss, b->rows, n * 4))))
+        return rc;
+    if (b->s_dlogits || b->s_rows) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    if (reduction != MT_REDUCTION_NONE && !b->loss_on_device) *loss_out = st->loss;
+    return MT_OK;
+}
+
+}  // namespace
+
+extern "C" int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const float *logits,
+                                const void *targets, int32_t target_bytes, int64_t n_rows, int64_t vocab,
+                                int64_t ignore_index, int32_t reduction, float label_smoothing, int64_t num_items) {
+    int rc;
+    if ((rc = check_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
+                         label_smoothing, num_items)) ||
+        (rc = mt_gpu_ready()))
+        return rc;
+    if (n_rows == 0) return ce_empty(loss_out, reduction, num_items);
+    mt_rows_status *st = mt_rows_mapped();
+    if (!st) return MT_ENOMEM;
+    ce_bufs b;
+    if ((rc = ce_stage(&b, loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab))) return rc;
+    int32_t mean = reduction == MT_REDUCTION_MEAN, counted = mean && num_items == 0;
+    mt_fp_env env;                  /* host scalars in IEEE defaults, whatever the caller set */
+    mt_fp_begin(&env);
+    float divisor;
+    mt_ce_scalars sc = host_ce_scalars(label_smoothing, vocab, mean, num_items, &divisor);
+    mt_fp_end(&env);
+    *st = mt_rows_status{n_rows, 0, n_rows, 0.0f, {0, 0, 0}};
+    k_ce_targets<<<1, CE_ONE_BLOCK, 0, MT_STREAM>>>(b.targets, target_bytes, n_rows, vocab, ignore_index, sc, divisor,
+                                                    counted, b.dev);
+    if ((rc = mt_rows_launched("cross_entropy targets")) ||
+        (rc = ce_launch_rows(b, b.targets, target_bytes, n_rows, vocab, ignore_index)))
+        return rc;
+    k_ce_finish<<<1, CE_ONE_BLOCK, 0, MT_STREAM>>>(b.rows, b.flags, n_rows, reduction, b.dev,
+                                                   b.loss_on_device ? loss_out : nullptr, b.leaves, st);
+    if ((rc = mt_rows_launched("cross_entropy finish"))) return rc;
+    return ce_finish(&b, st, loss_out, row_loss, dlogits, n_rows, vocab, ignore_index, reduction);
 }

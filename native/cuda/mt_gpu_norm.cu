@@ -1,19 +1,491 @@
-/* mt_gpu_norm.cu -- RMSNorm and ReLU on the gpu vendor: NOT BUILT YET (placeholder; every entry
- * refuses with MT_EUNSUPPORTED). */
-#include "mt_host.h"
+/* mt_gpu_norm.cu -- RMSNorm and ReLU on a GPU (contract: native/contracts/dense.md); the same
+ * bits as the CPU oracle (native/cpu_oracle/mt_cpu_dense.c) in the identical tier.
+ *
+ * RMSNorm forward, one kernel: each block takes rows in turn, stages the row in shared memory
+ * (or, when it does not fit, reads it from global memory twice), folds the squares by the
+ * chunk tree (one warp per 4096-chunk, mt_warp_chunk_fold, then mt_block_tree_fold), forms
+ * r = mt_rms_rstd and writes y.
+ * Backward, up to three kernels: k_rms_backward stages x and dy, folds the squares and the
+ * row dot of (dy * w, x) in one walk, writes dx (mt_rms_dx) and keeps r per row; with dweight,
+ * k_rms_dweight_leaves runs the token rule's leaves (one thread per column walks a leaf's rows
+ * in ascending order: acc = fma(dy, x * r, acc), coalesced across columns) into partials laid
+ * out (column, leaf), and k_rms_dweight_fold folds each column's partials (mt_token_tree).
+ * ReLU: one element kernel (mt_relu, mt_relu_grad).
+ * Finiteness rides along (no pre-pass): kernels raise per-input flags, the host refuses after
+ * the synchronization; y and dx are undefined then (mojo_train.h), dweight is never written
+ * (its fold kernel reads the flags first). Argument checks and refusal order follow the
+ * oracle. Host buffers are staged through device memory and downloaded only on success.
+ */
+#include "mt_gpu_rows.cuh"
+
+namespace {
+
+#define RMS_MIN_WARPS 4
+#define RMS_MAX_WARPS 16
+#define RMS_COL_THREADS 256   /* columns per block of the dweight kernels */
+#define RMS_ROW_BATCH 16      /* rows whose loads a dweight thread has in flight */
+#define MT_MAX_ELEMS ((int64_t)1 << 60)
+enum { BAD_X = 0, BAD_DY = 1, BAD_W = 2 };
+
+__device__ __forceinline__ bool bad4(float4 q) {
+    return !(mt_is_finite(q.x) & mt_is_finite(q.y) & mt_is_finite(q.z) & mt_is_finite(q.w));
+}
+
+/* Both RMSNorm steps of a row of four lanes: squares (MT_STEP_SUMSQ) and, with dy, the row dot
+ * of (dy * w, x) (MT_STEP_GDOT). x and dy may be shared memory (VEC: 16-byte aligned rows);
+ * w is global (or NULL; WVEC: 16-byte aligned). */
+template <bool VEC, bool WVEC, int K>
+struct rms_step {
+    struct V { float4 x, dy, w; };
+    const float *x, *dy, *w;
+    __device__ __forceinline__ V load(int64_t i) const {
+        V v;
+        v.x = mt_load4<VEC>(x + i);
+        if constexpr (K == 2) {
+            v.dy = mt_load4<VEC>(dy + i);
+            v.w = w ? mt_load4<WVEC>(w + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        return v;
+    }
+    __device__ __forceinline__ void step(float (&a)[K][4], const V &v, int64_t) const {
+        const float xv[4] = {v.x.x, v.x.y, v.x.z, v.x.w};
+        const float *x = xv;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) MT_STEP_SUMSQ(a[0][k], k);
+        if constexpr (K == 2) {
+            const float dv[4] = {v.dy.x, v.dy.y, v.dy.z, v.dy.w}, wv[4] = {v.w.x, v.w.y, v.w.z, v.w.w};
+            const float *dy = dv, *w = this->w ? wv : nullptr;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) MT_STEP_GDOT(a[K - 1][k], k);
+        }
+    }
+    __device__ __forceinline__ void one(float (&a)[K][4], int q, int64_t i) const {
+        MT_STEP_SUMSQ(a[0][q], i);
+        if constexpr (K == 2) MT_STEP_GDOT(a[K - 1][q], i);
+    }
+};
+
+/* Shared floats of a row block: the staged rows (n_staged of them), the folds, 32 spare. */
+__host__ __device__ __forceinline__ int64_t rms_smem_floats(int n_staged, int k, int64_t dim) {
+    return n_staged * ((dim + 3) / 4 * 4) + mt_rows_fold_floats(k, dim) + 32;
+}
+
+template <bool STAGED, bool VEC>
+__global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
+    k_rms_forward(float *y, const float *x, const float *w, float eps, int64_t rows, int64_t dim, int32_t *bad) {
+    extern __shared__ float4 smem4[];
+    const int64_t pitch = (dim + 3) / 4 * 4;
+    float *row = (float *)smem4, *part = row + (STAGED ? pitch : 0), *part2 = part + mt_chunk_count(dim);
+    const float dimf = (float)dim;
+    bool bx = false, bw = false;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *src = x + r * dim;
+        float *out = y + r * dim;
+        if (STAGED) {
+            mt_rows_stage<VEC>(row, src, dim);
+            __syncthreads();
+        }
+        const float *xr = STAGED ? row : src;
+        float ss[1];
+        mt_rows_fold<1>(ss, dim, [&](int64_t c) { return rms_step<STAGED || VEC, VEC, 1>{xr + c * MT_CHUNK, nullptr, nullptr}; },
+                        part, part2, MT_SAB_RMS_NORM);
+        const float rs = mt_rms_rstd(ss[0], dimf, eps);
+        mt_rows_walk<VEC>(
+            dim,
+            [&](int64_t i) {
+                float4 q = *(const float4 *)(xr + i), o;
+                bx |= bad4(q);
+                if (w) {
+                    float4 g = *(const float4 *)(w + i);
+                    bw |= bad4(g);
+                    o = make_float4((q.x * rs) * g.x, (q.y * rs) * g.y, (q.z * rs) * g.z, (q.w * rs) * g.w);
+                } else {
+                    o = make_float4(q.x * rs, q.y * rs, q.z * rs, q.w * rs);
+                }
+                MT_STCS((float4 *)(out + i), o);
+            },
+            [&](int64_t i) {
+                float v = xr[i];
+                bx |= !mt_is_finite(v);
+                if (w) {
+                    bw |= !mt_is_finite(w[i]);
+                    out[i] = (v * rs) * w[i];
+                } else {
+                    out[i] = v * rs;
+                }
+            });
+        __syncthreads();   /* the row's shared memory is free again */
+    }
+    if (bx) bad[BAD_X] = 1;   /* every writer stores the same value: no atomic needed */
+    if (bw) bad[BAD_W] = 1;
+}
+
+/* dx (or NULL) and r per row (or NULL) of every row; flags to both the device copy (read by
+ * the dweight fold) and the mapped status. */
+template <bool STAGED, bool VEC>
+__global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
+    k_rms_backward(float *dx, float *rstd, const float *dy, const float *x, const float *w, float eps, int64_t rows,
+                   int64_t dim, int32_t *bad_dev, int32_t *bad) {
+    extern __shared__ float4 smem4[];
+    const int64_t pitch = (dim + 3) / 4 * 4;
+    float *xs = (float *)smem4, *dys = xs + (STAGED ? pitch : 0), *part = dys + (STAGED ? pitch : 0);
+    float *part2 = part + 2 * mt_chunk_count(dim);
+    const float dimf = (float)dim;
+    bool bx = false, bdy = false, bw = false;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const float *xg = x + r * dim, *dyg = dy + r * dim;
+        if (STAGED) {
+            mt_rows_stage<VEC>(xs, xg, dim);
+            mt_rows_stage<VEC>(dys, dyg, dim);
+            __syncthreads();
+        }
+        const float *xr = STAGED ? xs : xg, *dyr = STAGED ? dys : dyg;
+        float sums[2];
+        mt_rows_fold<2>(sums, dim, [&](int64_t c) {
+            return rms_step<STAGED || VEC, VEC, 2>{xr + c * MT_CHUNK, dyr + c * MT_CHUNK, w ? w + c * MT_CHUNK : nullptr};
+        }, part, part2, MT_SAB_RMS_NORM);
+        const float rs = mt_rms_rstd(sums[0], dimf, eps), k = mt_rms_k(sums[1], dimf, rs);
+        if (rstd && threadIdx.x == 0) rstd[r] = rs;
+        float *out = dx ? dx + r * dim : nullptr;
+        mt_rows_walk<VEC>(
+            dim,
+            [&](int64_t i) {
+                float4 q = *(const float4 *)(xr + i), g = *(const float4 *)(dyr + i);
+                float4 wv = w ? *(const float4 *)(w + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+                bx |= bad4(q);
+                bdy |= bad4(g);
+                bw |= bad4(wv);
+                if (out)
+                    MT_STCS((float4 *)(out + i),
+                            make_float4(mt_rms_dx(g.x, wv.x, q.x, rs, k), mt_rms_dx(g.y, wv.y, q.y, rs, k),
+                                        mt_rms_dx(g.z, wv.z, q.z, rs, k), mt_rms_dx(g.w, wv.w, q.w, rs, k)));
+            },
+            [&](int64_t i) {
+                float q = xr[i], g = dyr[i], wv = w ? w[i] : 1.0f;
+                bx |= !mt_is_finite(q);
+                bdy |= !mt_is_finite(g);
+                bw |= !mt_is_finite(wv);
+                if (out) out[i] = mt_rms_dx(g, wv, q, rs, k);
+            });
+        __syncthreads();
+    }
+    if (bx) bad[BAD_X] = bad_dev[BAD_X] = 1;
+    if (bdy) bad[BAD_DY] = bad_dev[BAD_DY] = 1;
+    if (bw) bad[BAD_W] = bad_dev[BAD_W] = 1;
+}
+
+/* The token rule's leaves: partial (column c, leaf l) = chain over the leaf's rows, ascending,
+ * of (dy, x * r) -- MT_DOT_STEP. RMS_ROW_BATCH rows' loads go out ahead of their steps. */
+__global__ void __launch_bounds__(RMS_COL_THREADS, 4)
+    k_rms_dweight_leaves(float *__restrict__ part, const float *__restrict__ dy, const float *__restrict__ x,
+                         const float *__restrict__ rstd, int64_t rows, int64_t dim, int64_t leaves) {
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= dim) return;
+    for (int64_t l = blockIdx.y; l < leaves; l += gridDim.y) {
+        int64_t r0 = l * MT_TOKEN_LEAF, r1 = r0 + MT_TOKEN_LEAF < rows ? r0 + MT_TOKEN_LEAF : rows;
+        float acc = 0.0f;
+        int64_t r = r0;
+        for (; r + RMS_ROW_BATCH <= r1; r += RMS_ROW_BATCH) {
+            float a[RMS_ROW_BATCH], b[RMS_ROW_BATCH], s[RMS_ROW_BATCH];
+#pragma unroll
+            for (int u = 0; u < RMS_ROW_BATCH; ++u) {
+                a[u] = dy[(r + u) * dim + c];
+                b[u] = x[(r + u) * dim + c];
+                s[u] = rstd[r + u];
+            }
+#pragma unroll
+            for (int u = 0; u < RMS_ROW_BATCH; ++u) acc = MT_DOT_STEP(a[u], b[u] * s[u], acc);
+        }
+        for (; r < r1; ++r) acc = MT_DOT_STEP(dy[r * dim + c], x[r * dim + c] * rstd[r], acc);
+        part[c * leaves + l] = acc;
+    }
+}
+
+/* dweight[c] = the pairwise tree of column c's leaf partials -- unless an input was refused. */
+__global__ void __launch_bounds__(RMS_COL_THREADS)
+    k_rms_dweight_fold(float *dweight, float *part, int64_t dim, int64_t leaves, const int32_t *bad_dev) {
+    if (bad_dev[BAD_X] | bad_dev[BAD_DY] | bad_dev[BAD_W]) return;
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < dim) dweight[c] = mt_token_tree(part + c * leaves, leaves, 0);
+}
+
+/* A NaN/inf anywhere in p[0..n) raises *flag (the weight of a call with no rows). */
+__global__ void k_nonfinite(const float *p, int64_t n, int32_t *flag) {
+    bool b = false;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        b |= !mt_is_finite(p[i]);
+    if (b) *flag = 1;
+}
+
+template <bool VEC>
+__global__ void k_relu(float *out, const float *dy, const float *x, int64_t n, int32_t *bad) {
+    bool bx = false, bdy = false;
+    int64_t step = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (VEC) {
+        for (; 4 * i + 3 < n; i += step) {
+            float4 q = ((const float4 *)x)[i], o;
+            bx |= bad4(q);
+            if (dy) {
+                float4 g = ((const float4 *)dy)[i];
+                bdy |= bad4(g);
+                o = make_float4(mt_relu_grad(g.x, q.x), mt_relu_grad(g.y, q.y), mt_relu_grad(g.z, q.z), mt_relu_grad(g.w, q.w));
+            } else {
+                o = make_float4(mt_relu(q.x), mt_relu(q.y), mt_relu(q.z), mt_relu(q.w));
+            }
+            ((float4 *)out)[i] = o;
+        }
+        i = 4 * (n / 4) + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    }
+    for (; i < n; i += step) {
+        float q = x[i];
+        bx |= !mt_is_finite(q);
+        if (dy) {
+            bdy |= !mt_is_finite(dy[i]);
+            out[i] = mt_relu_grad(dy[i], q);
+        } else {
+            out[i] = mt_relu(q);
+        }
+    }
+    if (bx) bad[BAD_X] = 1;
+    if (bdy) bad[BAD_DY] = 1;
+}
+
+/* ---- host ---- */
+
+/* The oracle's checks (mt_cpu_dense.c), in its order. */
+int check_count(int64_t v, const char *name) {
+    if (v < 0) return mt_fail(MT_EINVAL, "%s must be >= 0, got %lld", name, (long long)v);
+    return MT_OK;
+}
+
+int check_tensor(const void *p, int64_t elems, const char *name) {
+    return elems > 0 && !p ? mt_fail(MT_EINVAL, "%s is NULL", name) : MT_OK;
+}
+
+int check_rms(float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if (dim < 1) return mt_fail(MT_EINVAL, "dim must be >= 1, got %lld", (long long)dim);
+    if ((rc = check_count(rows, "rows"))) return rc;
+    if (rows && dim > MT_MAX_ELEMS / rows)
+        return mt_fail(MT_EINVAL, "x (rows x dim) = %lld x %lld elements is too large", (long long)rows, (long long)dim);
+    return mt_check_nonneg(eps, "eps");
+}
+
+/* Refuse on the first raised flag, in `order`; names[i] names input i. */
+int refuse_flags(const mt_rows_status *st, const int *order, int n, const char *const *names) {
+    for (int i = 0; i < n; ++i)
+        if (st->bad[order[i]])
+            return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", names[order[i]]);
+    return MT_OK;
+}
+
+const char *const RMS_NAMES[3] = {"x", "dy", "weight"};
+
+/* Threads and shared memory of a row kernel; staged when `n_staged` rows of dim fit. */
+struct row_plan {
+    bool staged;
+    int threads;
+    size_t smem;
+};
+
+row_plan plan_rows(int n_staged, int k, int64_t dim) {
+    row_plan p;
+    p.smem = (size_t)rms_smem_floats(n_staged, k, dim) * 4;
+    p.staged = p.smem <= (size_t)mt_rows_limits().smem_optin;
+    if (!p.staged) p.smem = (size_t)rms_smem_floats(0, k, dim) * 4;
+    int64_t w = mt_chunk_count(dim), hi = RMS_MAX_WARPS;
+    w = w < RMS_MIN_WARPS ? RMS_MIN_WARPS : w > hi ? hi : w;
+    p.threads = 32 * (int)w;
+    return p;
+}
+
+bool aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* One synchronization, then the flags: a refusal, or the downloads of staged outputs. */
+int finish(const mt_rows_status *st, const int *order, int n, const char *const *names, void *host_out,
+           const void *dev_out, int64_t bytes, void *host_out2, const void *dev_out2, int64_t bytes2) {
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
+    int rc;
+    if ((rc = refuse_flags(st, order, n, names))) return rc;
+    if ((host_out && (rc = mt_buf_to_host(host_out, dev_out, bytes))) ||
+        (host_out2 && (rc = mt_buf_to_host(host_out2, dev_out2, bytes2))))
+        return rc;
+    if (host_out || host_out2) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    return MT_OK;
+}
+
+int check_weight_only(const float *w, int64_t dim, mt_rows_status *st) {
+    if (!w) return MT_OK;
+    k_nonfinite<<<mt_gpu_blocks(dim, 256), 256, 0, MT_STREAM>>>(w, dim, &st->bad[BAD_W]);
+    return mt_rows_launched("weight finiteness");
+}
+
+template <class K>
+int launch_rows(K kernel, std::once_flag &once, const row_plan &p, int64_t rows, int *grid) {
+    int rc;
+    if ((rc = mt_rows_allow_smem(kernel, once)) || (rc = mt_rows_grid(grid, kernel, p.threads, p.smem, rows)))
+        return rc;
+    return MT_OK;
+}
+
+MT_NOINLINE int rms_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = check_rms(eps, rows, dim)) || (rc = check_tensor(y, rows * dim, "y")) ||
+        (rc = check_tensor(x, rows * dim, "x")) || (rc = mt_gpu_ready()))
+        return rc;
+    mt_rows_status *st = mt_rows_mapped();
+    if (!st) return MT_ENOMEM;
+    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
+    mt_arena arena;
+    float *d_y = nullptr, *d_x = nullptr, *d_w = nullptr;
+    bool sy = false, sx = false, sw = false;
+    int64_t bytes = rows * dim * 4;
+    if ((rows && ((rc = mt_buf_to_device((void **)&d_x, &sx, &arena, (void *)x, bytes, true)) ||
+                  (rc = mt_buf_to_device((void **)&d_y, &sy, &arena, y, bytes, false)))) ||
+        (weight && (rc = mt_buf_to_device((void **)&d_w, &sw, &arena, (void *)weight, dim * 4, true))))
+        return rc;
+    if (rows == 0) {
+        if ((rc = check_weight_only(d_w, dim, st))) return rc;
+    } else {
+        static std::once_flag once[4];
+        row_plan p = plan_rows(1, 1, dim);
+        bool vec = dim % 4 == 0 && aligned(d_x) && aligned(d_y) && aligned(d_w);
+        auto kernel = p.staged ? (vec ? k_rms_forward<true, true> : k_rms_forward<true, false>)
+                               : (vec ? k_rms_forward<false, true> : k_rms_forward<false, false>);
+        int grid = 0;
+        if ((rc = launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
+        kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(d_y, d_x, d_w, eps, rows, dim, st->bad);
+        if ((rc = mt_rows_launched("rms_norm forward"))) return rc;
+    }
+    static const int order[2] = {BAD_X, BAD_W};
+    return finish(st, order, 2, RMS_NAMES, sy ? y : nullptr, d_y, bytes, nullptr, nullptr, 0);
+}
+
+/* Device buffers of a backward call (staged: a host buffer the call copied). */
+struct rms_bwd_bufs {
+    mt_arena arena;
+    float *dx = nullptr, *dweight = nullptr, *dy = nullptr, *x = nullptr, *w = nullptr, *rstd = nullptr,
+          *part = nullptr;
+    int32_t *flags = nullptr;
+    bool sdx = false, sdw = false, sdy = false, sx = false, sw = false;
+};
+
+int rms_bwd_stage(rms_bwd_bufs *b, float *dx, float *dweight, const float *dy, const float *x, const float *weight,
+                  int64_t rows, int64_t dim) {
+    int rc;
+    int64_t bytes = rows * dim * 4, leaves = mt_token_leaves(rows);
+    if ((rows && ((rc = mt_buf_to_device((void **)&b->dy, &b->sdy, &b->arena, (void *)dy, bytes, true)) ||
+                  (rc = mt_buf_to_device((void **)&b->x, &b->sx, &b->arena, (void *)x, bytes, true)) ||
+                  (dx && (rc = mt_buf_to_device((void **)&b->dx, &b->sdx, &b->arena, dx, bytes, false))))) ||
+        (weight && (rc = mt_buf_to_device((void **)&b->w, &b->sw, &b->arena, (void *)weight, dim * 4, true))) ||
+        (dweight && (rc = mt_buf_to_device((void **)&b->dweight, &b->sdw, &b->arena, dweight, dim * 4, false))) ||
+        (dweight && rows && ((rc = b->arena.alloc((void **)&b->rstd, rows * 4)) ||
+                             (rc = b->arena.alloc((void **)&b->part, leaves * dim * 4)))) ||
+        (rc = b->arena.alloc((void **)&b->flags, 16)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(b->flags, 0, 16, MT_STREAM), "flags reset");
+    return MT_OK;
+}
+
+int rms_bwd_launch(const rms_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
+    static std::once_flag once[4];
+    row_plan p = plan_rows(2, 2, dim);
+    bool vec = dim % 4 == 0 && aligned(b.dx) && aligned(b.dy) && aligned(b.x) && aligned(b.w);
+    auto kernel = p.staged ? (vec ? k_rms_backward<true, true> : k_rms_backward<true, false>)
+                           : (vec ? k_rms_backward<false, true> : k_rms_backward<false, false>);
+    int rc, grid = 0;
+    if ((rc = launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
+    kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(b.dx, b.rstd, b.dy, b.x, b.w, eps, rows, dim, b.flags, st->bad);
+    if ((rc = mt_rows_launched("rms_norm backward")) || !b.dweight) return rc;
+    int64_t leaves = mt_token_leaves(rows), cols = (dim + RMS_COL_THREADS - 1) / RMS_COL_THREADS;
+    dim3 g((unsigned)cols, (unsigned)(leaves < 65535 ? leaves : 65535));
+    k_rms_dweight_leaves<<<g, RMS_COL_THREADS, 0, MT_STREAM>>>(b.part, b.dy, b.x, b.rstd, rows, dim, leaves);
+    if ((rc = mt_rows_launched("rms_norm dweight leaves"))) return rc;
+    k_rms_dweight_fold<<<(unsigned)cols, RMS_COL_THREADS, 0, MT_STREAM>>>(b.dweight, b.part, dim, leaves, b.flags);
+    return mt_rows_launched("rms_norm dweight fold");
+}
+
+MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
+                 int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = check_rms(eps, rows, dim)) || (rc = check_tensor(dy, rows * dim, "dy")) ||
+        (rc = check_tensor(x, rows * dim, "x")))
+        return rc;
+    if (dweight && !weight)
+        return mt_fail(MT_EINVAL, "dweight was asked for but weight is NULL (no affine weight, no gradient)");
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_rows_status *st = mt_rows_mapped();
+    if (!st) return MT_ENOMEM;
+    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
+    rms_bwd_bufs b;
+    if ((rc = rms_bwd_stage(&b, dx, dweight, dy, x, weight, rows, dim))) return rc;
+    if (rows == 0) {
+        if ((rc = check_weight_only(b.w, dim, st))) return rc;
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
+        if (st->bad[BAD_W]) return mt_fail(MT_ENONFINITE, "weight holds NaN or inf; nothing was written");
+        if (dweight) MT_GPU_CHECK(gpuMemsetAsync(b.dweight, 0, (size_t)dim * 4, MT_STREAM), "dweight zero");
+    } else if ((rc = rms_bwd_launch(b, eps, rows, dim, st))) {
+        return rc;
+    }
+    static const int order[3] = {BAD_DY, BAD_X, BAD_W};
+    return finish(st, order, 3, RMS_NAMES, b.sdx ? dx : nullptr, b.dx, rows * dim * 4, b.sdw ? dweight : nullptr,
+                  b.dweight, dim * 4);
+}
+
+int relu(float *out, const float *dy, const float *x, int64_t n) {
+    int rc;
+    if ((rc = check_count(n, "n")) || (rc = check_tensor(out, n, dy ? "dx" : "y")) || (rc = check_tensor(x, n, "x")))
+        return rc;
+    if (n == 0) return MT_OK;
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_rows_status *st = mt_rows_mapped();
+    if (!st) return MT_ENOMEM;
+    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
+    mt_arena arena;
+    float *d_out = nullptr, *d_x = nullptr, *d_dy = nullptr;
+    bool so = false, sx = false, sdy = false;
+    if ((rc = mt_buf_to_device((void **)&d_x, &sx, &arena, (void *)x, n * 4, true)) ||
+        (dy && (rc = mt_buf_to_device((void **)&d_dy, &sdy, &arena, (void *)dy, n * 4, true))) ||
+        (rc = mt_buf_to_device((void **)&d_out, &so, &arena, out, n * 4, false)))
+        return rc;
+    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, (int64_t)threads * 16);
+    mt_gpu_record_launch(threads, blocks);
+    if (aligned(d_out) && aligned(d_x) && aligned(d_dy))
+        k_relu<true><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
+    else
+        k_relu<false><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
+    if ((rc = mt_rows_launched("relu"))) return rc;
+    static const int order[2] = {BAD_DY, BAD_X};
+    static const char *const names[3] = {"x", "dy", "unused"};
+    return finish(st, order, 2, names, so ? out : nullptr, d_out, n * 4, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+extern "C" {
 
 int mt_rms_norm_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_rms_norm_forward is not built yet on the %s vendor", mt_vendor());
+    mt_fp_env env;   /* eps's check compares floats: IEEE defaults, as the oracle */
+    mt_fp_begin(&env);
+    int rc = rms_forward(y, x, weight, eps, rows, dim);
+    mt_fp_end(&env);
+    return rc;
 }
 
-int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_rms_norm_backward is not built yet on the %s vendor", mt_vendor());
+int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
+                         int64_t rows, int64_t dim) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = rms_backward(dx, dweight, dy, x, weight, eps, rows, dim);
+    mt_fp_end(&env);
+    return rc;
 }
 
-int mt_relu_forward(float *y, const float *x, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_relu_forward is not built yet on the %s vendor", mt_vendor());
-}
+int mt_relu_forward(float *y, const float *x, int64_t n) { return relu(y, nullptr, x, n); }
 
 int mt_relu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_relu_backward is not built yet on the %s vendor", mt_vendor());
+    if (n > 0 && !dy) return mt_fail(MT_EINVAL, "dy is NULL");
+    return relu(dx, dy, x, n);
 }
+
+}  /* extern "C" */

@@ -1,17 +1,194 @@
-/* mt_gpu_random.cu -- normal fills and dropout on the gpu vendor: NOT BUILT YET (placeholder; every entry refuses with
- * MT_EUNSUPPORTED and the family's feature bit stays clear). */
-#include "mt_host.h"
+/* mt_gpu_random.cu -- normal fills and dropout on a GPU (contract: native/contracts/random.md).
+ *
+ * One thread computes one Philox counter block (four stream elements) at a time and writes
+ * the elements of it that the call covers: element i of the output is stream element
+ * offset + i, whatever the grid. With offset a multiple of 4 and 16-byte aligned buffers a
+ * whole block is one float4 load and store; otherwise element by element. Dropout runs
+ * through mt_gpu_map (mt_gpu_elementwise.cu): one pass that reads x, writes y and sets the
+ * refusal word on a NaN or inf (a pre-pass first when y is x).
+ */
+#include "mt_gpu_map.h"
 
-uint64_t mt_random_features(void) { return 0; }
+uint64_t mt_random_features(void) { return MT_FEATURE_DROPOUT; }
+
+namespace {
+
+#define MT_RNG_UNROLL 4   /* counter blocks a thread loads before it computes any */
+
+/* Stream elements [offset, offset + n) as counter blocks: relative block t holds output
+ * elements 4t - head .. 4t - head + 3 (those in [0, n)). */
+struct span {
+    uint64_t seed, stream, first_block;
+    int64_t n, blocks;
+    int head;
+};
+
+span span_of(uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
+    span s;
+    s.seed = seed;
+    s.stream = stream;
+    s.first_block = offset >> 2;
+    s.head = (int)(offset & 3);
+    s.n = n;
+    s.blocks = (int64_t)(((offset + (uint64_t)n - 1) >> 2) - s.first_block + 1);
+    return s;
+}
+
+/* Whole block t in range and aligned: one float4 (VEC requires head == 0). */
+template <int VEC>
+__device__ __forceinline__ bool whole(const span &s, int64_t t) { return VEC && 4 * t + 3 < s.n; }
+
+template <int VEC>
+__device__ __forceinline__ float4 load4(const float *x, const span &s, int64_t t) {
+    if (whole<VEC>(s, t)) return *(const float4 *)(x + 4 * t);
+    float v[4];
+    for (int k = 0; k < 4; ++k) {
+        int64_t j = 4 * t + k - s.head;
+        v[k] = (t < s.blocks && j >= 0 && j < s.n) ? x[j] : 0.0f;
+    }
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <int VEC>
+__device__ __forceinline__ void store4(float *y, const span &s, int64_t t, float4 q) {
+    if (whole<VEC>(s, t)) {
+        *(float4 *)(y + 4 * t) = q;
+        return;
+    }
+    float v[4] = {q.x, q.y, q.z, q.w};
+    for (int k = 0; k < 4; ++k) {
+        int64_t j = 4 * t + k - s.head;
+        if (j >= 0 && j < s.n) y[j] = v[k];
+    }
+}
+
+template <int VEC>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_normal(float *out, span s, float mean, float std) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < s.blocks; t += stride) {
+        float z[4];
+        mt_normal_block(z, s.seed, s.stream, s.first_block + (uint64_t)t);
+        store4<VEC>(out, s, t, make_float4(mt_normal_value(mean, std, z[0]), mt_normal_value(mean, std, z[1]),
+                                           mt_normal_value(mean, std, z[2]), mt_normal_value(mean, std, z[3])));
+    }
+}
+
+/* Dropout: MT_RNG_UNROLL blocks' loads are issued before any Philox is computed. */
+template <int VEC>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const float *x, span s, float p, float scale,
+                                                           int32_t *bad) {
+    bool found = false;
+    const int64_t tile = (int64_t)blockDim.x * MT_RNG_UNROLL;
+    for (int64_t base = (int64_t)blockIdx.x * tile; base < s.blocks; base += (int64_t)gridDim.x * tile) {
+        float4 q[MT_RNG_UNROLL];
+        MT_PRAGMA_UNROLL
+        for (int u = 0; u < MT_RNG_UNROLL; ++u) q[u] = load4<VEC>(x, s, base + (int64_t)u * blockDim.x + threadIdx.x);
+        MT_PRAGMA_UNROLL
+        for (int u = 0; u < MT_RNG_UNROLL; ++u) {
+            int64_t t = base + (int64_t)u * blockDim.x + threadIdx.x;
+            if (t < s.blocks) {
+                uint32_t w[4];
+                mt_philox_words(w, s.seed, s.stream, s.first_block + (uint64_t)t);
+                found |= !(mt_is_finite(q[u].x) & mt_is_finite(q[u].y) & mt_is_finite(q[u].z) & mt_is_finite(q[u].w));
+                store4<VEC>(y, s, t, make_float4(mt_dropout_elem(q[u].x, w[0], p, scale),
+                                                 mt_dropout_elem(q[u].y, w[1], p, scale),
+                                                 mt_dropout_elem(q[u].z, w[2], p, scale),
+                                                 mt_dropout_elem(q[u].w, w[3], p, scale)));
+            }
+        }
+    }
+    if (found) *bad = 1;   /* every writer stores the same value */
+}
+
+int span_check(uint64_t offset, int64_t n) {
+    const char *why = mt_span_problem(offset, n);
+    return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
+               : MT_OK;
+}
+
+MT_NOINLINE void host_normal_scalars(float *mean32, float *std32, double mean, double std) {
+    *mean32 = mt_host_round(mean);
+    *std32 = mt_host_round(std);
+}
+
+MT_NOINLINE float host_dropout_scale(float p) { return mt_dropout_scale(p); }
+
+struct dropout_ctx {
+    uint64_t seed, stream, offset;
+    float p, scale;
+};
+
+int launch_dropout(void *vctx, float *y, const float *x, const float *, int64_t n, int32_t *bad) {
+    const dropout_ctx *c = (const dropout_ctx *)vctx;
+    span s = span_of(c->seed, c->stream, c->offset, n);
+    int threads = mt_gpu_threads();
+    int blocks = mt_gpu_blocks((s.blocks + MT_RNG_UNROLL - 1) / MT_RNG_UNROLL, threads);
+    mt_gpu_record_launch(threads, blocks);
+    if (s.head == 0 && mt_gpu_aligned16(y) && mt_gpu_aligned16(x))
+        mt_k_dropout<1><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, bad);
+    else
+        mt_k_dropout<0><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, bad);
+    return MT_OK;
+}
+
+int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
+                   const char *const names[3]) {
+    int rc;
+    const char *why = mt_dropout_problem(p);
+    if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = span_check(offset, n)))
+        return rc;
+    if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
+    dropout_ctx c = {seed, stream, offset, p, 0.0f};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    c.scale = host_dropout_scale(p);
+    mt_fp_end(&env);
+    return mt_gpu_map(y, x, nullptr, n, names, launch_dropout, &c);
+}
+
+}  // namespace
+
+extern "C" {
 
 int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double mean, double std, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_normal_fill is not built yet on the %s vendor", mt_vendor());
+    int rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = span_check(offset, n))) return rc;
+    float mean32, std32;
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    host_normal_scalars(&mean32, &std32, mean, std);
+    mt_fp_end(&env);
+    if (!mt_is_finite(mean32)) return mt_fail(MT_EINVAL, "mean must be finite in float32, got %g", mean);
+    if (!mt_is_finite(std32) || std32 < 0.0f)
+        return mt_fail(MT_EINVAL, "std must be finite in float32 and >= 0, got %g", std);
+    if (n == 0) return MT_OK;
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_arena arena;
+    float *dev = nullptr;
+    bool staged = false;
+    if ((rc = mt_buf_to_device((void **)&dev, &staged, &arena, out, n * 4, false))) return rc;
+    span s = span_of(seed, stream, offset, n);
+    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(s.blocks, threads);
+    mt_gpu_record_launch(threads, blocks);
+    if (s.head == 0 && mt_gpu_aligned16(dev))
+        mt_k_normal<1><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
+    else
+        mt_k_normal<0><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
+    MT_GPU_CHECK(gpuGetLastError(), "normal fill");
+    if (staged && (rc = mt_buf_to_host(out, dev, n * 4))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "normal fill");
+    return MT_OK;
 }
 
 int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_dropout_forward is not built yet on the %s vendor", mt_vendor());
+    static const char *const names[3] = {"y", "x", "x"};
+    return dropout_common(y, x, p, seed, stream, offset, n, names);
 }
 
-int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
-    return mt_fail(MT_EUNSUPPORTED, "mt_dropout_backward is not built yet on the %s vendor", mt_vendor());
+int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset,
+                        int64_t n) {
+    static const char *const names[3] = {"dx", "dy", "dy"};
+    return dropout_common(dx, dy, p, seed, stream, offset, n, names);
 }
+
+}  /* extern "C" */

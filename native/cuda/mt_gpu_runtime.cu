@@ -32,6 +32,17 @@ int mt_gpu_ready(void) {
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
 #endif
         g_sms = sms > 0 ? sms : 1;
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+        /* DeviceArrays come from the device's default stream-ordered pool; keeping freed
+         * memory in the pool makes the next allocation of an op's output cheap (no cudaMalloc
+         * per call). */
+        cudaMemPool_t pool;
+        if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
+            uint64_t keep = UINT64_MAX;
+            cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+        }
+        cudaGetLastError();
+#endif
     }
     return MT_OK;
 }
@@ -336,7 +347,9 @@ int mt_device_alloc(void **out, int64_t nbytes) {
     if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready())) return rc;
     if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
     void *p = nullptr;
-    MT_GPU_CHECK(gpuMalloc(&p, (size_t)nbytes), "device allocation");
+    /* Stream-ordered, then synchronized: the memory is usable on any stream on return. */
+    MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM), "device allocation");
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
         g_own[(uintptr_t)p] = (size_t)nbytes;
@@ -351,7 +364,10 @@ int mt_device_free(void *ptr) {
         std::lock_guard<std::mutex> hold(g_own_lock);
         g_own.erase((uintptr_t)ptr);
     }
-    MT_GPU_CHECK(gpuFree(ptr), "device free");
+    /* Back to the pool after the whole device is idle (as cudaFree would wait), so no kernel
+     * on any stream -- torch's included -- can still be reading it when it is reused. */
+    MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+    MT_GPU_CHECK(gpuFreeAsync(ptr, MT_STREAM), "device free");
     return MT_OK;
 }
 

@@ -163,7 +163,10 @@ int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE *
                     float label_smoothing, int64_t num_items, int64_t chunk_rows /* 0: library's choice */);
 
 /* Embedding, random streams, schedules, accumulation, elementwise ops (contracts:
- * native/contracts/embedding.md, random.md, schedule.md, accumulate.md, elementwise.md). */
+ * native/contracts/embedding.md, random.md, schedule.md, accumulate.md, elementwise.md).
+ * As above: a refused call leaves inputs untouched; an output that is not also an input is
+ * undefined after a non-finite input was found (the check is fused into the one pass), while
+ * an output that aliases an input (in place) is checked first and never written on refusal. */
 int mt_embedding_forward(float *out /* (n_ids*dim) */, const float *weight /* (vocab*dim) */,
                          const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
                          int64_t vocab, int64_t dim);

@@ -108,40 +108,94 @@ MT_HD int64_t mt_chunk_count(int64_t n) { return (n + MT_CHUNK - 1) / MT_CHUNK; 
  * one float4 per thread and the lane tree's first five levels are shuffles. */
 #if defined(__HIPCC__)
 #define MT_WARP_DOWN(v, d) __shfl_down((v), (d), 32)
+#define MT_WARP_XOR(v, d) __shfl_xor((v), (d), 32)
 #else
 #define MT_WARP_DOWN(v, d) __shfl_down_sync(0xffffffffu, (v), (d), 32)
+#define MT_WARP_XOR(v, d) __shfl_xor_sync(0xffffffffu, (v), (d), 32)
 #endif
+
+#ifdef MT_SABOTAGE_CLIP
+#define MT_SAB_CLIP 1
+#else
+#define MT_SAB_CLIP 0
+#endif
+
+/* Four consecutive floats at p: one 16-byte load when VEC (p 16-byte aligned), else four. */
+template <bool VEC>
+__device__ __forceinline__ float4 mt_load4(const float *p) {
+    if (VEC) return *(const float4 *)p;
+    return make_float4(p[0], p[1], p[2], p[3]);
+}
+
+/* The chunk fold of clip.md on one warp, for any step: n <= MT_CHUNK elements of one chunk,
+ * K quantities folded side by side over the same lanes. The step F is a functor with
+ *   F::V             what one row of four lanes reads (a float4, or several);
+ *   f.load(i)        reads elements i .. i+3 (lanes 4t .. 4t+3 of one row);
+ *   f.step(acc, v, i) folds them into acc[k][0..3] (and may write element-wise results);
+ *   f.one(acc, q, i) reads and folds element i into acc[k][q] (the short last row).
+ * Rows are walked in ascending order, loads issued MT_FOLD_BATCH rows ahead of their steps, or
+ * descending when `reversed` (a sabotage switch; pass a constant). Then the lane tree (h = 64
+ * .. 4 by shuffles, 2 and 1 in registers); out[k] is valid in thread 0. The C forms are
+ * mt_chunk_sumsq and MT_DEFINE_CHUNK_FOLD. */
+#define MT_FOLD_BATCH 4
+template <int K, class F>
+__device__ __forceinline__ void mt_warp_chunk_fold(float (&out)[K], const F &f, int64_t n, int t, bool reversed) {
+    float a[K][4];
+#pragma unroll
+    for (int k = 0; k < K; ++k) a[k][0] = a[k][1] = a[k][2] = a[k][3] = 0.0f;
+    int full = (int)(n / MT_LANES), l = 4 * t;
+    if (reversed) {
+        for (int r = full - 1; r >= 0; --r) f.step(a, f.load(r * MT_LANES + l), r * MT_LANES + l);
+    } else {
+        int r = 0;
+        for (; r + MT_FOLD_BATCH <= full; r += MT_FOLD_BATCH) {
+            typename F::V v[MT_FOLD_BATCH];
+#pragma unroll
+            for (int u = 0; u < MT_FOLD_BATCH; ++u) v[u] = f.load((r + u) * MT_LANES + l);
+#pragma unroll
+            for (int u = 0; u < MT_FOLD_BATCH; ++u) f.step(a, v[u], (r + u) * MT_LANES + l);
+        }
+        for (; r < full; ++r) f.step(a, f.load(r * MT_LANES + l), r * MT_LANES + l);
+    }
+    int rest = (int)(n - (int64_t)full * MT_LANES);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        if (l + q < rest) f.one(a, q, full * MT_LANES + l + q);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        for (int d = 16; d >= 1; d >>= 1) {      /* lane tree, h = 64 .. 4 */
+            a[k][0] = a[k][0] + MT_WARP_DOWN(a[k][0], d); a[k][1] = a[k][1] + MT_WARP_DOWN(a[k][1], d);
+            a[k][2] = a[k][2] + MT_WARP_DOWN(a[k][2], d); a[k][3] = a[k][3] + MT_WARP_DOWN(a[k][3], d);
+        }
+        a[k][0] = a[k][0] + a[k][2]; a[k][1] = a[k][1] + a[k][3];   /* h = 2 */
+        out[k] = a[k][0] + a[k][1];                                 /* h = 1 */
+    }
+}
+
+/* The clip step: acc = fma(x, x, acc). */
+template <bool VEC>
+struct mt_fold_sumsq {
+    typedef float4 V;
+    const float *x;
+    __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
+    __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t) const {
+        a[0][0] = fmaf(q.x, q.x, a[0][0]); a[0][1] = fmaf(q.y, q.y, a[0][1]);
+        a[0][2] = fmaf(q.z, q.z, a[0][2]); a[0][3] = fmaf(q.w, q.w, a[0][3]);
+    }
+    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const { a[0][q] = fmaf(x[i], x[i], a[0][q]); }
+};
 
 /* Sum of squares of one chunk (n <= MT_CHUNK floats at x); the result is valid in thread 0. */
 __device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, int t) {
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-    int64_t full = n / MT_LANES;
-    bool vec = ((uintptr_t)x & 15u) == 0;
-#ifdef MT_SABOTAGE_CLIP
-    for (int64_t r = full - 1; r >= 0; --r) {
-#else
-#pragma unroll 8
-    for (int64_t r = 0; r < full; ++r) {
-#endif
-        const float *row = x + r * MT_LANES + 4 * t;
-        float4 q;
-        if (vec) q = *(const float4 *)row;
-        else q = make_float4(row[0], row[1], row[2], row[3]);
-        a0 = fmaf(q.x, q.x, a0); a1 = fmaf(q.y, q.y, a1);
-        a2 = fmaf(q.z, q.z, a2); a3 = fmaf(q.w, q.w, a3);
+    float out[1];
+    if (((uintptr_t)x & 15u) == 0) {
+        mt_fold_sumsq<true> f = {x};
+        mt_warp_chunk_fold<1>(out, f, n, t, MT_SAB_CLIP);
+    } else {
+        mt_fold_sumsq<false> f = {x};
+        mt_warp_chunk_fold<1>(out, f, n, t, MT_SAB_CLIP);
     }
-    int64_t rest = n - full * MT_LANES, l = 4 * t;
-    const float *row = x + full * MT_LANES;
-    if (l + 0 < rest) a0 = fmaf(row[l + 0], row[l + 0], a0);
-    if (l + 1 < rest) a1 = fmaf(row[l + 1], row[l + 1], a1);
-    if (l + 2 < rest) a2 = fmaf(row[l + 2], row[l + 2], a2);
-    if (l + 3 < rest) a3 = fmaf(row[l + 3], row[l + 3], a3);
-    for (int d = 16; d >= 1; d >>= 1) {          /* lane tree, h = 64 .. 4 */
-        a0 = a0 + MT_WARP_DOWN(a0, d); a1 = a1 + MT_WARP_DOWN(a1, d);
-        a2 = a2 + MT_WARP_DOWN(a2, d); a3 = a3 + MT_WARP_DOWN(a3, d);
-    }
-    a0 = a0 + a2; a1 = a1 + a3;                  /* h = 2 */
-    return a0 + a1;                              /* h = 1 */
+    return out[0];
 }
 
 /* One level-group of mt_tree_fold: 32 aligned partials (n_valid of them real) folded
@@ -152,6 +206,33 @@ __device__ __forceinline__ float mt_warp_fold32(float x, int t, int n_valid) {
         if ((t & (2 * d - 1)) == 0 && t + d < n_valid) x = x + y;
     }
     return x;
+}
+
+/* mt_tree_fold of m partials at a on a whole block (every thread calls it, after a barrier
+ * that published a): aligned groups of 32 are complete subtrees of five levels, folded by
+ * mt_warp_fold32, so each round leaves ceil(m / 32) partials, written alternately to b
+ * (room for ceil(m / 32) floats) and back to a. Returns the root (0 for m == 0) in every
+ * thread; a and b may be shared or global memory. */
+__device__ __forceinline__ float mt_block_tree_fold(float *a, float *b, int64_t m) {
+    const int t = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    float *cur = a, *nxt = b;
+    while (m > 1) {
+        int64_t groups = (m + 31) / 32;
+        for (int64_t g = w; g < groups; g += nw) {
+            int64_t at = g * 32 + t;
+            int valid = (int)(m - g * 32 < 32 ? m - g * 32 : 32);
+            float r = mt_warp_fold32(at < m ? cur[at] : 0.0f, t, valid);
+            if (t == 0) nxt[g] = r;
+        }
+        __syncthreads();
+        float *swap = cur;
+        cur = nxt;
+        nxt = swap;
+        m = groups;
+    }
+    float root = m == 1 ? cur[0] : 0.0f;
+    __syncthreads();
+    return root;
 }
 #endif
 
@@ -312,6 +393,13 @@ MT_HD float mt_uniform_at(float low, float width, uint32_t word) { return low + 
 /* 2^k for -126 <= k <= 127, built in the exponent field. */
 MT_HD float mt_math_pow2i(int k) { return mt_bits_f32((uint32_t)(k + 127) << 23); }
 
+/* c ? a : b on the bits (c is 0 or 1): a select without a branch, which compilers keep as
+ * one (a chain of ?: on floats may become jumps that block vectorizing). */
+MT_HD float mt_math_pick(int c, float a, float b) {
+    uint32_t mask = 0u - (uint32_t)c;
+    return mt_bits_f32((mt_f32_bits(a) & mask) | (mt_f32_bits(b) & ~mask));
+}
+
 /* ln 2 = MT_LN2_HI + MT_LN2_LO: the nearest float, then the nearest float to the rest. */
 #define MT_LN2_HI 0.693147182464599609375f                      /* 0x3f317218 */
 #define MT_LN2_LO -1.9046542121259335544891655445098876953125e-9f /* 0xb102e308 */
@@ -325,9 +413,17 @@ MT_HD float mt_math_pow2i(int k) { return mt_bits_f32((uint32_t)(k + 127) << 23)
  * rhi^2 split exactly by fmaf), lo = rhi^3 P(rhi) + (rhi^2 rounding error / 2 + (e0 + e1)),
  * P ~ (e^r - 1 - r - r^2/2) / r^3 of degree 5 on |r| <= 0.35; then e^(rhi + corr) adds
  * corr * (s2 + lo) to lo. y0 = s2 + lo is rounded once, then scaled by 2^k exactly in two
- * normal steps, 2^(k/2) then 2^(k - k/2) (C's truncating /), so k = 128 overflows correctly. When k < -125 the result may be subnormal: the
- * pair is scaled by 2^(k+64) exactly, rounded once onto the subnormal grid by * 2^-64, and
- * that rounding's exact error is added back under one fmaf: one rounding in all. */
+ * normal steps, 2 then 2^(k - 1), so k = 128 overflows correctly. When k < -125 the result
+ * may be subnormal: the pair is scaled by 2^(k+64) exactly, rounded once onto the subnormal
+ * grid by * 2^-64, and that rounding's exact error is added back under one fmaf: one
+ * rounding in all.
+ * Branch-free, so that a loop of it vectorizes: x is clamped to [-104, 89] first (a NaN
+ * becomes -104), and the special results then come out of the main path itself: e^x of a
+ * clamped 89 overflows to +inf, of a clamped -104 rounds to +0, and for |x| < 2^-25 the
+ * pair rounds to 1. Both scalings are formed, each with an exponent that is valid in every
+ * lane, and mt_math_pick chooses; a NaN input picks the canonical NaN last. The same bits as
+ * the branching form this contract was measured with, for all 2^32 inputs, scalar and
+ * vectorized (bench/expf_identity.c). */
 MT_HD float mt_expf(float x) {
     const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
     const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
@@ -337,14 +433,12 @@ MT_HD float mt_expf(float x) {
     const float P3 = 0.001388860284350812435150146484375f;   /* 0x3ab60a6b */
     const float P4 = 0.000199524001800455152988433837890625f; /* 0x39513751 */
     const float P5 = 0.000024987515644170343875885009765625f; /* 0x37d19c48 */
-    uint32_t ax = mt_f32_bits(x) & 0x7fffffffu;
-    if (ax > 0x7f800000u) return mt_bits_f32(MT_MATH_QNAN);
-    if (ax < 0x33000000u) return 1.0f;                             /* |x| < 2^-25 */
-    if (x > 88.72283172607421875f) return mt_bits_f32(MT_MATH_PINF); /* 0x42b17217 */
-    if (x < -103.972076416015625f) return 0.0f;                    /* 0xc2cff1b4 */
-    float kf = fmaf(x, INV_LN2, SHIFT) - SHIFT;      /* round to nearest integer, |k| <= 150 */
+    int is_nan = (mt_f32_bits(x) & 0x7fffffffu) > 0x7f800000u;
+    float xs = x > -104.0f ? x : -104.0f;            /* NaN and -inf too */
+    xs = xs < 89.0f ? xs : 89.0f;
+    float kf = fmaf(xs, INV_LN2, SHIFT) - SHIFT;     /* round to nearest integer, -150 <= k <= 128 */
     int k = (int)kf;
-    float rhi = fmaf(-kf, MT_LN2_HI, x);             /* exact */
+    float rhi = fmaf(-kf, MT_LN2_HI, xs);            /* exact */
     float corr = -kf * MT_LN2_LO;
     float s = 1.0f + rhi;
     float e0 = (1.0f - s) + rhi;                     /* 1 + rhi = s + e0 */
@@ -361,16 +455,17 @@ MT_HD float mt_expf(float x) {
     p = fmaf(p, rhi, P0);
     float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
     lo = lo + corr * (s2 + lo);
-    if (k < -125) {                                  /* subnormal or near: one rounding */
-        float sc = mt_math_pow2i(k + 64);
-        float m = s2 * sc;                           /* exact */
-        float mlo = lo * sc;
-        float y = m * mt_math_pow2i(-64);            /* the rounding onto the grid */
-        float err = m - y * mt_math_pow2i(64);       /* exact */
-        return fmaf(err + mlo, mt_math_pow2i(-64), y);
-    }
+    int sub = k < -125;                              /* subnormal or near: one rounding */
+    int keep_k = sub - 1;                            /* 0 when sub, all ones otherwise */
+    float sc = mt_math_pow2i((k + 64) & ~keep_k);    /* 2^(k+64) when sub, else 1 */
+    float sm = s2 * sc;                              /* exact */
+    float smlo = lo * sc;
+    float sy = sm * mt_math_pow2i(-64);              /* the rounding onto the grid */
+    float serr = sm - sy * mt_math_pow2i(64);        /* exact */
+    float ysub = fmaf(serr + smlo, mt_math_pow2i(-64), sy);
     float y0 = s2 + lo;
-    return (y0 * mt_math_pow2i(k / 2)) * mt_math_pow2i(k - k / 2);   /* both steps normal */
+    float ynorm = (y0 * 2.0f) * mt_math_pow2i((k & keep_k) - 1);   /* exact, or overflow */
+    return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), mt_math_pick(sub, ysub, ynorm));
 }
 
 /* e * ln2 + log1p(f + flo), the core of mt_logf and mt_log1pf: e an integer-valued float
@@ -593,5 +688,221 @@ MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return r *
 MT_HD float mt_relu(float x) { return x > 0.0f ? x : 0.0f; }
 MT_HD float mt_relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
 /* ==== end of losses and dense layers ==================================================== */
+
+/* ==== random draws and elementwise ops (contracts: native/contracts/random.md, elementwise.md)
+ * Normal draws (Box-Muller through mt_logf, sqrtf and the pinned sin/cos of pi*x below),
+ * dropout's keep rule and scaling, SiLU and its gradient through mt_expf, the residual add.
+ * Every value is a function of (seed, stream, element index) and the element's own inputs:
+ * never of threads, blocks or launch geometry. Host checks live here too, so that every
+ * vendor refuses the same arguments in the same words. */
+
+/* Sabotage switches (make SABOTAGE=random|elementwise): each changes bits where the contract
+ * pins them, in that family alone. random: the sin/cos core drops pi's low part, dropout
+ * divides by 1 - p instead of multiplying by the rounded scale. elementwise: SiLU multiplies
+ * by a rounded reciprocal, its gradient fuses 1 + x*t, the add flushes subnormal sums. */
+#ifdef MT_SABOTAGE_RANDOM
+#define MT_SAB_RANDOM 1
+#else
+#define MT_SAB_RANDOM 0
+#endif
+#ifdef MT_SABOTAGE_ELEMENTWISE
+#define MT_SAB_ELEMENTWISE 1
+#define MT_ELT_MADD(a, b, c) fmaf((a), (b), (c))
+#else
+#define MT_SAB_ELEMENTWISE 0
+#define MT_ELT_MADD(a, b, c) MT_MADD(a, b, c)
+#endif
+
+/* The four words of counter block `block` of the stream (seed, stream): stream elements
+ * 4*block .. 4*block + 3 (see mt_philox_word). */
+MT_HD void mt_philox_words(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t block) {
+    uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)};
+    uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
+    mt_philox4x32_10_block(out, ctr, key);
+}
+
+/* ---- sin(pi x), cos(pi x) ----------------------------------------------------------------
+ * Float32 only, no table, no libm call but fmaf. Coefficients by weighted least squares on
+ * 400 Chebyshev points of z = r^2 in [0, 1/16] (60-digit mpmath), each rounded to float32
+ * in turn with the rest refitted (as math.md's). Measured exhaustively over every float
+ * with |x| < 2^24 (contracts/random.md): sin 0.5410 ulp, cos 0.5419 ulp at most; stated
+ * bound 0.55 ulp. */
+#define MT_PI_HI 3.1415927410125732421875f                         /* 0x40490fdb */
+#define MT_PI_LO -8.74227765734758577309548854827880859375e-08f     /* 0xb3bbbd2e */
+
+/* sin(pi r) for |r| <= 1/4: pi r + r^3 (S0 + z S1(z)), z = r^2, carried as exact pairs
+ * (r^2 = z + zl, r^3 = c + cl, r * MT_PI_HI = ah + al, c * S0 = m + ml) and summed by
+ * Fast2Sum (|ah| >= |m|) with one final rounding. |r| < 2^-64: the same sum pi r scaled by
+ * 2^64 and rounded once onto the (possibly subnormal) grid. */
+MT_HD float mt_sinpi_core(float r) {
+    const float S0 = -5.167712688446044921875f;          /* 0xc0a55de7 */
+    const float S1 = 2.550152301788330078125f;           /* 0x402335b2 */
+    const float S2 = -0.598763287067413330078125f;       /* 0xbf19488d */
+    const float S3 = 0.073389939963817596435546875f;     /* 0x3d964d77 */
+    const float S4 = 0.0465819649398326873779296875f;    /* 0x3d3eccbb */
+    const float UP = 18446744073709551616.0f;            /* 2^64 */
+    const float DOWN = 5.42101086242752217003726400434970855712890625e-20f;   /* 2^-64 */
+    float z = r * r;
+    float zl = fmaf(r, r, -z);
+    float c = r * z;
+    float cl = fmaf(r, z, -c) + r * zl;
+    float p = S4;
+    p = fmaf(p, z, S3);
+    p = fmaf(p, z, S2);
+    p = fmaf(p, z, S1);
+    float n = (c * z) * p;
+    float m = c * S0;
+    float ml = fmaf(c, S0, -m);
+    float ah = r * MT_PI_HI;
+    float al = fmaf(r, MT_PI_HI, -ah);
+#if MT_SAB_RANDOM
+    float lo = al;
+#else
+    float lo = al + r * MT_PI_LO;
+#endif
+    float sum = ah + m;
+    float err = m - (sum - ah);                      /* ah + m = sum + err */
+    float y = sum + (((n + (ml + cl * S0)) + lo) + err);
+    float rs = r * UP;                               /* exact */
+    float big = rs * MT_PI_HI;
+    float bigl = fmaf(rs, MT_PI_HI, -big);
+    float ty = big * DOWN;                           /* the rounding onto the grid */
+    float terr = big - ty * UP;                      /* exact */
+    float tiny = fmaf(terr + (bigl + rs * MT_PI_LO), DOWN, ty);
+    return mt_math_pick((mt_f32_bits(r) & 0x7fffffffu) < 0x1f800000u, tiny, y);
+}
+
+/* cos(pi r) for |r| <= 1/4: 1 + C1 z + z^2 Q(z), C1 = -pi^2/2 = MT_C1_HI + MT_C1_LO, with
+ * C1_HI * z exact as ph + pl and 1 + ph = s + e exact (Fast2Sum): s + (e + small terms). */
+MT_HD float mt_cospi_core(float r) {
+    const float C1_HI = -4.93480205535888671875f;                        /* 0xc09de9e6 */
+    const float C1_LO = -1.45185794053759309463202953338623046875e-07f;  /* 0xb41be45e */
+    const float Q0 = 4.058712005615234375f;              /* 0x4081e0f8 */
+    const float Q1 = -1.335254192352294921875f;          /* 0xbfaae99c */
+    const float Q2 = 0.23513281345367431640625f;         /* 0x3e70c6a8 */
+    const float Q3 = -0.02421933598816394805908203125f;  /* 0xbcc667a1 */
+    float z = r * r;
+    float zl = fmaf(r, r, -z);
+    float ph = C1_HI * z;
+    float pl = fmaf(C1_HI, z, -ph);
+    float q = Q3;
+    q = fmaf(q, z, Q2);
+    q = fmaf(q, z, Q1);
+    q = fmaf(q, z, Q0);
+    float small = pl + (C1_HI * zl + (C1_LO * z + (z * z) * q));
+    float s = 1.0f + ph;
+    float e = ph - (s - 1.0f);                       /* 1 + ph = s + e */
+    return s + (e + small);
+}
+
+/* sin(pi x) and cos(pi x) for any float x. On a = |x| (a >= 2^24, an even integer, counts as
+ * 0): a = 2t + xm with t = trunc(a/2) (xm in [0, 2), exact), xm = k/2 + r with k the
+ * integer nearest 2 xm (ties to even) and r in [-1/4, 1/4] (exact); quadrant q = k mod 4
+ * swaps and negates the cores, negation as 0 - v (a zero result is +0). Then sin takes x's
+ * sign (sin(-x) = -sin(x) bit for bit). NaN and +-inf give the canonical NaN for both. */
+MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
+    const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
+    uint32_t u = mt_f32_bits(x), ax = u & 0x7fffffffu;
+    float a = mt_math_pick(ax >= 0x4b800000u, 0.0f, mt_bits_f32(ax));
+    float xm = a - 2.0f * (float)(int32_t)(a * 0.5f);
+    float kf = (2.0f * xm + SHIFT) - SHIFT;
+    int q = (int)kf & 3;
+    float r = xm - 0.5f * kf;
+    float s = mt_sinpi_core(r), c = mt_cospi_core(r);
+    float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
+    ss = mt_math_pick(q >= 2, 0.0f - ss, ss);
+    cc = mt_math_pick(q == 1 || q == 2, 0.0f - cc, cc);
+    ss = mt_bits_f32(mt_f32_bits(ss) ^ (u & 0x80000000u));
+    int bad = ax >= 0x7f800000u;
+    *sin_out = mt_math_pick(bad, mt_bits_f32(MT_MATH_QNAN), ss);
+    *cos_out = mt_math_pick(bad, mt_bits_f32(MT_MATH_QNAN), cc);
+}
+
+/* ---- normal draws (Box-Muller) ----------------------------------------------------------
+ * Stream elements 2j and 2j + 1 (words w0, w1 of one Philox block's pair j mod 2):
+ * u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24 in [0, 1) (both exact),
+ * rad = sqrtf(0 - 2 * mt_logf(u1)) (2 * log exact; rad = +0 when u1 = 1; rad <= 5.7683),
+ * (s, c) = mt_sincospif(2 * u2), element 2j = rad * c, element 2j + 1 = rad * s. */
+MT_HD void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
+    float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-08f;
+    float u2 = mt_u01(w1);
+    float rad = sqrtf(0.0f - 2.0f * mt_logf(u1));
+    float s, c;
+    mt_sincospif(2.0f * u2, &s, &c);
+    *z0 = rad * c;
+    *z1 = rad * s;
+}
+
+/* The four standard normals of counter block `block` (stream elements 4*block + k). */
+MT_HD void mt_normal_block(float z[4], uint64_t seed, uint64_t stream, uint64_t block) {
+    uint32_t w[4];
+    mt_philox_words(w, seed, stream, block);
+    mt_box_muller(w[0], w[1], &z[0], &z[1]);
+    mt_box_muller(w[2], w[3], &z[2], &z[3]);
+}
+
+/* mean + std * z: two roundings in the identical tier. */
+MT_HD float mt_normal_value(float mean, float std, float z) { return MT_MADD(std, z, mean); }
+
+/* ---- dropout ----------------------------------------------------------------------------
+ * Element i uses stream element offset + i (the word mt_uniform_fill would draw there):
+ * kept iff mt_u01(word) >= p, i.e. (word >> 8) >= ceil(p * 2^24). Kept: x * scale with
+ * scale = 1 / (1 - p) (two float32 roundings, once on the host); dropped: +0. p = 0 keeps
+ * every element and scale = 1, so y = x bit for bit. */
+MT_HD float mt_dropout_scale(float p) { return 1.0f / (1.0f - p); }
+
+MT_HD float mt_dropout_elem(float x, uint32_t word, float p, float scale) {
+#if MT_SAB_RANDOM
+    float kept = x / (1.0f - p);
+#else
+    float kept = x * scale;
+#endif
+    return mt_math_pick(mt_u01(word) >= p, kept, 0.0f);
+}
+
+/* ---- SiLU and the residual add ----------------------------------------------------------
+ * silu(x) = x / d with d = 1 + mt_expf(-x) (= x * sigmoid(x); e = +inf for x < -88.72
+ * gives -0, never NaN). Gradient: dy * (s * (1 + x * t)) with s = 1 / d and t = 1 - s,
+ * formed as e * s for x > 0 (no cancellation) and as 1 - s otherwise. */
+MT_HD float mt_silu(float x) {
+    float d = 1.0f + mt_expf(-x);
+#if MT_SAB_ELEMENTWISE
+    return x * (1.0f / d);
+#else
+    return x / d;
+#endif
+}
+
+MT_HD float mt_silu_grad(float dy, float x) {
+    float e = mt_expf(-x);
+    float s = 1.0f / (1.0f + e);
+    float t = mt_math_pick(x > 0.0f, e * s, 1.0f - s);
+    return dy * (s * MT_ELT_MADD(x, t, 1.0f));
+}
+
+/* a + b, one rounding (subnormal sums kept). */
+MT_HD float mt_add_elem(float a, float b) {
+    float r = a + b;
+#if MT_SAB_ELEMENTWISE
+    if ((mt_f32_bits(r) & 0x7f800000u) == 0u) r = mt_bits_f32(mt_f32_bits(r) & 0x80000000u);
+#endif
+    return r;
+}
+
+/* ---- host checks every vendor shares: NULL when fine, else what is wrong ---------------- */
+/* The two endings of a non-finite refusal: a pre-pass decided (in place, or a staged host
+ * output never downloaded), or the one pass already wrote the output. */
+#define MT_REFUSED_CLEAN "before anything was written"
+#define MT_REFUSED_DIRTY "(the output's contents are undefined; no input was written)"
+MT_HD const char *mt_span_problem(uint64_t offset, int64_t n) {
+    if (n < 0) return "n must be >= 0";
+    if ((uint64_t)n > UINT64_MAX - offset) return "offset + n must be <= 2^64 - 1";
+    return 0;
+}
+
+MT_HD const char *mt_dropout_problem(float p) {
+    return (p >= 0.0f && p < 1.0f) ? 0 : "p must be in [0, 1)";
+}
+/* ==== end of random draws and elementwise ops =========================================== */
 
 #endif /* MT_PINNED_H */

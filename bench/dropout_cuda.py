@@ -1,0 +1,112 @@
+"""Dropout (and the other one-pass maps) on a GPU, side by side with torch in one process.
+
+    python bench/dropout_cuda.py [--log2n 28] [--repeat 40] [--write]
+
+Buffers are torch CUDA tensors of 2**log2n float32, passed to mojo_train directly (through
+__cuda_array_interface__, no copy); ours writes into a preallocated output (``out=``), torch
+allocates from its caching allocator. Every figure: the median wall-clock of --repeat
+synchronized calls after warm-up (ours synchronizes before returning: it reads the refusal
+word), and the bytes each side must move as a fraction of the measured device-to-device copy
+bandwidth (torch's y.copy_(x) over the same 2**log2n floats: read + write).
+Bytes: dropout forward/backward, SiLU, ours: read x + write y = 8 per element (the finiteness
+check rides along the pass); torch's dropout also writes its 1-byte mask: 9. add: 12.
+normal fill: write 4. Target (issue 5): dropout forward over 2**28 elements >= 80% of copy
+bandwidth. Before timing, the first 2**20 outputs are checked against the CPU oracle.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _timing import write_result  # noqa: E402
+from optim_cuda import copy_bandwidth, timed  # noqa: E402
+
+import mojo_train as mt  # noqa: E402
+from mojo_train import elementwise as ew  # noqa: E402
+from mojo_train._native import ffi, load  # noqa: E402
+
+P = 0.1
+CHECK = 1 << 20
+
+
+def fp(t):
+    return ffi.cast("float *", t.data_ptr())
+
+
+def matches_cpu_oracle(torch, x, y_dev, fn, *args):
+    """The first CHECK outputs of a device call equal the CPU oracle's identical tier on the
+    same inputs (fn is the C entry point's name; args follow (out, x) and precede n)."""
+    try:
+        cpu = load("identical", "cpu")
+    except mt.BackendError:
+        return "no cpu library (run make)"
+    xh = x[:CHECK].cpu().contiguous()
+    yh = torch.empty_like(xh)
+    cpu.check(getattr(cpu.lib, fn)(fp(yh), fp(xh), *args, CHECK), fn)
+    return bool(torch.equal(yh.view(torch.int32), y_dev[:CHECK].cpu().view(torch.int32)))
+
+
+def bench(torch, n, repeat, bw):
+    lib = load("identical").lib
+    x = torch.rand(n, device="cuda") * 4 - 2
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    gen = mt.Generator(1234, numeric_mode="identical")
+    _, key = gen.dropout(x, P, stream=0, out=y)
+    torch.cuda.synchronize()
+    rows = {"dropout_matches_cpu": matches_cpu_oracle(torch, x, y, "mt_dropout_forward", P, 1234, 0, 0)}
+    ours_api = timed(lambda: gen.dropout(x, P, stream=0, out=y), repeat)
+    ours_raw = timed(lambda: lib.mt_dropout_forward(fp(y), fp(x), P, 1234, 0, 0, n), repeat)
+    ours_bwd = timed(lambda: gen.dropout_backward(x, key, out=dx), repeat)
+    theirs = timed(lambda: torch.nn.functional.dropout(x, P, training=True), repeat, sync=torch.cuda.synchronize)
+    rows["dropout"] = {"elements": n, "p": P, "ours_api_ms": ours_api * 1e3, "ours_raw_c_ms": ours_raw * 1e3,
+                       "ours_backward_ms": ours_bwd * 1e3, "torch_ms": theirs * 1e3,
+                       "ours_of_copy_bw": 8 * n / ours_api / bw, "ours_raw_of_copy_bw": 8 * n / ours_raw / bw,
+                       "torch_of_copy_bw": 9 * n / theirs / bw}
+    ew.silu_forward(x, out=y)
+    torch.cuda.synchronize()
+    rows["silu_matches_cpu"] = matches_cpu_oracle(torch, x, y, "mt_silu_forward")
+    silu = timed(lambda: ew.silu_forward(x, out=y), repeat)
+    silu_t = timed(lambda: torch.nn.functional.silu(x), repeat, sync=torch.cuda.synchronize)
+    add = timed(lambda: ew.add(x, y, out=dx), repeat)
+    add_t = timed(lambda: torch.add(x, y), repeat, sync=torch.cuda.synchronize)
+    normal = timed(lambda: lib.mt_normal_fill(fp(y), 1234, 1, 0, 0.0, 1.0, n), repeat)
+    normal_t = timed(lambda: y.normal_(), repeat, sync=torch.cuda.synchronize)
+    rows["others"] = {"silu_ms": silu * 1e3, "silu_torch_ms": silu_t * 1e3, "silu_of_copy_bw": 8 * n / silu / bw,
+                      "add_ms": add * 1e3, "add_torch_ms": add_t * 1e3, "add_of_copy_bw": 12 * n / add / bw,
+                      "normal_ms": normal * 1e3, "normal_torch_ms": normal_t * 1e3,
+                      "normal_of_copy_bw": 4 * n / normal / bw}
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--log2n", type=int, default=28)
+    ap.add_argument("--repeat", type=int, default=40)
+    ap.add_argument("--write", action="store_true", help="record in bench/results/")
+    args = ap.parse_args()
+    import torch
+    os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
+    n = 1 << args.log2n
+    bw = copy_bandwidth(torch, 4 * n)
+    rows = dict(bench(torch, n, args.repeat, bw), copy_TBps=bw / 1e12)
+    d, o = rows["dropout"], rows["others"]
+    print("copy bandwidth %.2f TB/s (read + write, %d floats)" % (rows["copy_TBps"], n))
+    print("dropout p=%.1f over 2^%d: ours %.3f ms (%.0f%% of copy bw; raw C call %.3f ms, %.0f%%), backward %.3f ms; "
+          "torch %.3f ms (%.0f%% at 9 bytes/element); matches the cpu oracle: %s"
+          % (P, args.log2n, d["ours_api_ms"], 100 * d["ours_of_copy_bw"], d["ours_raw_c_ms"],
+             100 * d["ours_raw_of_copy_bw"], d["ours_backward_ms"], d["torch_ms"], 100 * d["torch_of_copy_bw"],
+             rows["dropout_matches_cpu"]))
+    print("silu %.3f ms (%.0f%%; torch %.3f ms; matches the cpu oracle: %s), add %.3f ms (%.0f%%; torch %.3f ms), "
+          "normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
+          % (o["silu_ms"], 100 * o["silu_of_copy_bw"], o["silu_torch_ms"], rows["silu_matches_cpu"], o["add_ms"],
+             100 * o["add_of_copy_bw"], o["add_torch_ms"], o["normal_ms"], 100 * o["normal_of_copy_bw"],
+             o["normal_torch_ms"]))
+    if args.write:
+        write_result("dropout_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
+                     " ".join(["python"] + sys.argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+/* mt_gpu_rows.cuh -- what the row kernels of cross-entropy (mt_gpu_loss.cu) and RMSNorm / ReLU
+ * (mt_gpu_norm.cu) share: the status they report through mapped memory, launch sizing, row
+ * staging into shared memory, the block max, and the chunk-fold steps they hand to
+ * mt_warp_chunk_fold (mt_pinned.h). Arithmetic comes from mt_pinned.h only; these helpers
+ * decide where data lives and which thread touches it, never an order of operations.
+ *
+ * Only inline device functions and inline host helpers live here (no kernels), so both
+ * translation units can include it.
+ */
+#ifndef MT_GPU_ROWS_CUH
+#define MT_GPU_ROWS_CUH
+
+#include <mutex>
+#include <stdint.h>
+#include "mt_gpu.h"
+#include "mt_gpu_runtime.h"
+#include "mt_pinned.h"
+
+/* What a call's last kernel tells the host (mapped pinned memory, one per host thread; the
+ * host clears it before the first launch and reads it after the synchronization). */
+struct mt_rows_status {
+    int64_t first_bad;       /* cross-entropy: smallest row whose target is refused (n_rows: none) */
+    int64_t bad_value;       /* that row's target */
+    int64_t first_nonfinite; /* cross-entropy: smallest row holding NaN or inf (n_rows: none) */
+    float loss;              /* cross-entropy: the reduced loss */
+    int32_t bad[3];          /* RMSNorm, ReLU: NaN or inf seen in input 0, 1, 2 (see each op) */
+};
+
+struct mt_rows_mapped_mem {
+    mt_rows_status *p = nullptr;
+    ~mt_rows_mapped_mem() {
+        if (p) {
+            gpuFreeHost(p);
+            mt_mem_count(-(int64_t)sizeof(mt_rows_status));
+        }
+    }
+};
+
+/* The calling thread's status (counted by mt_mem_count), or NULL with the error set. */
+inline mt_rows_status *mt_rows_mapped(void) {
+    static thread_local mt_rows_mapped_mem m;
+    if (!m.p) {
+        if (gpuMallocHost((void **)&m.p, sizeof(mt_rows_status)) != gpuSuccess) {
+            gpuGetLastError();
+            m.p = nullptr;
+            mt_fail(MT_ENOMEM, "cannot allocate %d bytes of pinned memory for the call's status",
+                    (int)sizeof(mt_rows_status));
+            return nullptr;
+        }
+        mt_mem_count((int64_t)sizeof(mt_rows_status));
+    }
+    return m.p;
+}
+
+/* Multiprocessors and the opt-in shared-memory limit of a block, read once. */
+#ifndef MT_HIP_LDS_BYTES
+#define MT_HIP_LDS_BYTES (64 * 1024)   /* the LDS of one workgroup on AMD */
+#endif
+struct mt_rows_device {
+    int sms = 1;
+    int smem_optin = 48 * 1024;
+};
+
+inline const mt_rows_device &mt_rows_limits(void) {
+    static mt_rows_device d;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        int v = 0;
+#if defined(MT_HIP) || defined(__HIPCC__)
+        if (hipDeviceGetAttribute(&v, hipDeviceAttributeMultiprocessorCount, 0) == hipSuccess && v > 0) d.sms = v;
+        d.smem_optin = MT_HIP_LDS_BYTES;
+#else
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess && v > 0) d.sms = v;
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess && v > 0)
+            d.smem_optin = v;
+#endif
+        gpuGetLastError();
+    });
+    return d;
+}
+
+/* Lets `kernel` take up to the device's opt-in limit of dynamic shared memory (once). */
+template <class K>
+inline int mt_rows_allow_smem(K kernel, std::once_flag &once) {
+    gpuError_t err = gpuSuccess;
+#if defined(MT_HIP) || defined(__HIPCC__)
+    (void)kernel;
+    (void)once;
+#else
+    std::call_once(once, [&] {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mt_rows_limits().smem_optin);
+    });
+#endif
+    MT_GPU_CHECK(err, "shared memory size");
+    return MT_OK;
+}
+
+/* Blocks for a persistent row kernel: every row gets a block in turn, as many at once as fit
+ * on the device (occupancy), capped by mt_set_launch_geometry's max_blocks. */
+template <class K>
+inline int mt_rows_grid(int *grid, K kernel, int threads, size_t smem, int64_t rows) {
+    int per_sm = 0;
+#if defined(MT_HIP) || defined(__HIPCC__)
+    MT_GPU_CHECK(hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), "occupancy");
+#else
+    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem), "occupancy");
+#endif
+    if (per_sm < 1) return mt_fail(MT_EDEVICE, "a row block of %d threads and %lld bytes of shared memory does not fit",
+                                   threads, (long long)smem);
+    int64_t resident = (int64_t)per_sm * mt_rows_limits().sms, g = mt_gpu_blocks(rows, 1);
+    *grid = (int)(g < resident ? g : resident);
+    return MT_OK;
+}
+
+inline int mt_rows_launched(const char *what) {
+    MT_GPU_CHECK(gpuGetLastError(), what);
+    return MT_OK;
+}
+
+/* ---- device side ------------------------------------------------------------------------- */
+
+/* Streaming accesses: a row read for the last time, outputs nobody reads back soon. */
+#if defined(MT_HIP) || defined(__HIPCC__)
+#define MT_LDCS(p) (*(p))
+#define MT_STCS(p, v) (*(p) = (v))
+#else
+#define MT_LDCS(p) __ldcs(p)
+#define MT_STCS(p, v) __stcs((p), (v))
+#endif
+
+__device__ __forceinline__ int64_t mt_rows_round4(int64_t n) { return (n + 3) & ~(int64_t)3; }
+
+/* Every thread of the block walks its share of elements [0, n): f4(i) for whole aligned
+ * groups of four (i a multiple of 4) when VEC, f1(i) for the rest. */
+template <bool VEC, class F4, class F1>
+__device__ __forceinline__ void mt_rows_walk(int64_t n, F4 f4, F1 f1) {
+    int64_t i = threadIdx.x, step = blockDim.x;
+    if (VEC) {
+        int64_t n4 = n / 4;
+#pragma unroll 4
+        for (int64_t q = i; q < n4; q += step) f4(4 * q);
+        i += 4 * n4;
+    }
+    for (; i < n; i += step) f1(i);
+}
+
+/* Copy a row of n floats into shared memory (dst 16-byte aligned; src too when VEC), showing
+ * every value to see4(float4) / see1(float) on the way. Loads go out MT_STAGE_BATCH per
+ * thread before their stores, so that many are in flight. */
+#define MT_STAGE_BATCH 8
+struct mt_rows_see_nothing {
+    __device__ __forceinline__ void operator()(const float4 &) const {}
+    __device__ __forceinline__ void operator()(float) const {}
+};
+
+template <bool VEC, class See = mt_rows_see_nothing>
+__device__ __forceinline__ void mt_rows_stage(float *dst, const float *src, int64_t n, See see = See()) {
+    const int64_t step = blockDim.x;
+    int64_t i = threadIdx.x;
+    if (VEC) {
+        const int64_t n4 = n / 4;
+        const float4 *s4 = (const float4 *)src;
+        float4 *d4 = (float4 *)dst;
+        for (; i + (MT_STAGE_BATCH - 1) * step < n4; i += MT_STAGE_BATCH * step) {
+            float4 v[MT_STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < MT_STAGE_BATCH; ++u) v[u] = MT_LDCS(s4 + i + u * step);
+#pragma unroll
+            for (int u = 0; u < MT_STAGE_BATCH; ++u) {
+                d4[i + u * step] = v[u];
+                see(v[u]);
+            }
+        }
+        for (; i < n4; i += step) {
+            float4 v = MT_LDCS(s4 + i);
+            d4[i] = v;
+            see(v);
+        }
+        i = 4 * n4 + threadIdx.x;
+    } else {
+        for (; i + (4 * MT_STAGE_BATCH - 1) * step < n; i += 4 * MT_STAGE_BATCH * step) {
+            float v[4 * MT_STAGE_BATCH];
+#pragma unroll
+            for (int u = 0; u < 4 * MT_STAGE_BATCH; ++u) v[u] = MT_LDCS(src + i + u * step);
+#pragma unroll
+            for (int u = 0; u < 4 * MT_STAGE_BATCH; ++u) {
+                dst[i + u * step] = v[u];
+                see(v[u]);
+            }
+        }
+    }
+    for (; i < n; i += step) {
+        float v = MT_LDCS(src + i);
+        dst[i] = v;
+        see(v);
+    }
+}
+
+/* Ask L2 for the n floats at p (one request per 128-byte line, spread over the block), so
+ * that a block's next row arrives while it computes on this one. A hint: CUDA only. */
+__device__ __forceinline__ void mt_rows_prefetch_l2(const float *p, int64_t n) {
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+    uintptr_t a = ((uintptr_t)p & ~(uintptr_t)127) + (uintptr_t)threadIdx.x * 128, end = (uintptr_t)(p + n);
+    for (; a < end; a += (uintptr_t)blockDim.x * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* Every chunk of a row (n elements at the fold's base) folded by the block's warps in turn,
+ * partials into part[chunk], then mt_block_tree_fold (part2: scratch). K quantities at once;
+ * `make(c)` builds the step functor of chunk c. Every thread gets the K roots. */
+template <int K, class Make>
+__device__ __forceinline__ void mt_rows_fold(float (&root)[K], int64_t n, Make make, float *part, float *part2,
+                                             bool reversed) {
+    const int t = threadIdx.x & 31, nw = blockDim.x / 32;
+    const int64_t chunks = mt_chunk_count(n);
+    for (int64_t c = threadIdx.x / 32; c < chunks; c += nw) {
+        int64_t len = n - c * MT_CHUNK < MT_CHUNK ? n - c * MT_CHUNK : MT_CHUNK;
+        float out[K];
+        mt_warp_chunk_fold<K>(out, make(c), len, t, reversed);
+        if (t == 0)
+#pragma unroll
+            for (int k = 0; k < K; ++k) part[k * chunks + c] = out[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < K; ++k) root[k] = mt_block_tree_fold(part + k * chunks, part2, chunks);
+}
+
+/* Shared floats mt_rows_fold needs for K quantities over a row of n. */
+__host__ __device__ __forceinline__ int64_t mt_rows_fold_floats(int K, int64_t n) {
+    int64_t chunks = (n + MT_CHUNK - 1) / MT_CHUNK;
+    return K * chunks + (chunks + 31) / 32 + 1;
+}
+
+#endif /* MT_GPU_ROWS_CUH */

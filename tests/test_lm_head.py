@@ -1,0 +1,172 @@
+"""The chunked LM head and the fused linear_cross_entropy (mojo_train.loss).
+
+Contract under test (mojo_train/_lm_head.py, native/contracts/loss.md + dense.md): the result
+is bit for bit linear_forward -> cross_entropy -> linear_backward run separately, whatever
+the chunk size; at most a chunk of logits is alive (the library's own memory counters show
+it); refusals name the argument and write nothing the caller owns; the names, keywords and
+defaults are torch 2.13's ``linear_cross_entropy``.
+"""
+import hashlib
+import random
+
+import pytest
+
+import mojo_train as mt
+from mojo_train import loss, nn
+
+
+@pytest.fixture
+def head(mode):
+    for need in ("lm_head", "loss", "dense"):
+        if not mode.has(need):
+            pytest.skip("this library has no %s (mt_features)" % need)
+    return mode
+
+
+def _sha(x):
+    return hashlib.sha256(x.tobytes()).hexdigest()
+
+
+def _inputs(rows, vocab, width, seed, ignored=0.0, scale=1.0):
+    rnd = random.Random(seed)
+    h = mt.Array.from_list([rnd.uniform(-scale, scale) for _ in range(rows * width)]).reshape(rows, width)
+    w = mt.Array.from_list([rnd.uniform(-1, 1) for _ in range(vocab * width)]).reshape(vocab, width)
+    b = mt.Array.from_list([rnd.uniform(-1, 1) for _ in range(vocab)])
+    t = [rnd.randrange(vocab) if rnd.random() >= ignored else -100 for _ in range(rows)]
+    return h, w, b, t
+
+
+def _separate(h, w, b, t, mode, **ce):
+    logits = nn.linear_forward(h, w, b, numeric_mode=mode.tier)
+    value, dl = loss.cross_entropy(logits, t, return_grad=True, numeric_mode=mode.tier, **ce)
+    grads = nn.linear_backward(dl, h, w, need_bias_grad=b is not None, numeric_mode=mode.tier)
+    return (repr(value),) + tuple(_sha(g) for g in grads)
+
+
+CASES = [  # rows, vocab, width, label_smoothing, reduction, ignored fraction, bias
+    (1, 3, 1, 0.0, "mean", 0.0, False),
+    (5, 2, 4, 0.0, "sum", 0.0, True),
+    (1023, 67, 9, 0.1, "mean", 0.1, True),
+    (2500, 37, 13, 0.0, "mean", 0.3, False),
+    (2049, 129, 7, 0.2, "sum", 0.5, True),
+    (300, 50, 3, 0.0, "mean", 1.0, True),       # every row ignored: mean is nan, gradients zero
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "%dx%dx%d" % c[:3])
+def test_linear_cross_entropy_is_bit_for_bit_the_separate_layers_at_every_chunk_size(head, case):
+    rows, vocab, width, smooth, red, ignored, with_bias = case
+    h, w, b, t = _inputs(rows, vocab, width, rows * 7 + vocab, ignored)
+    b = b if with_bias else None
+    want = _separate(h, w, b, t, head, label_smoothing=smooth, reduction=red)
+    for chunk in (None, 1, 7, 1000, 1024, 1025, rows):
+        got = loss.linear_cross_entropy(h, w, t, linear_bias=b, reduction=red, label_smoothing=smooth,
+                                        return_grad=True, chunk_rows=chunk, numeric_mode=head.tier)
+        assert (repr(got[0]),) + tuple(_sha(g) for g in got[1:]) == want, "chunk_rows=%r" % chunk
+
+
+def test_chunked_lm_head_loss_is_the_mean_cross_entropy_of_the_logits(head):
+    h, w, _, t = _inputs(1500, 41, 6, 3)
+    value, dh, dw = loss.chunked_lm_head_loss(h, w, t, return_grad=True, chunk_rows=100, numeric_mode=head.tier)
+    assert (repr(value), _sha(dh), _sha(dw)) == _separate(h, w, None, t, head)
+    assert loss.chunked_lm_head_loss(h, w, t, numeric_mode=head.tier) == value
+
+
+def test_forward_only_and_per_row_losses_match_cross_entropy(head):
+    h, w, b, t = _inputs(700, 23, 5, 11, ignored=0.2)
+    logits = nn.linear_forward(h, w, b, numeric_mode=head.tier)
+    rows = loss.cross_entropy(logits, t, reduction="none", numeric_mode=head.tier)
+    got = loss.linear_cross_entropy(h, w, t, linear_bias=b, reduction="none", chunk_rows=64,
+                                    numeric_mode=head.tier)
+    assert got.tobytes() == rows.tobytes()
+    mean = loss.linear_cross_entropy(h, w, t, linear_bias=b, numeric_mode=head.tier, num_items=999)
+    assert mean == loss.cross_entropy(logits, t, num_items=999, numeric_mode=head.tier)
+
+
+def test_leading_dimensions_are_rows(head):
+    h, w, b, t = _inputs(24, 11, 5, 5)
+    flat = loss.linear_cross_entropy(h, w, t, return_grad=True, numeric_mode=head.tier)
+    batched = loss.linear_cross_entropy(h.reshape(4, 6, 5), w, mt.Array.from_list(t, "int64").reshape(4, 6),
+                                        return_grad=True, numeric_mode=head.tier)
+    assert batched[0] == flat[0] and batched[1].shape == (4, 6, 5)
+    assert batched[1].tobytes() == flat[1].tobytes() and batched[2].tobytes() == flat[2].tobytes()
+
+
+def test_at_most_a_chunk_of_logits_is_ever_alive(head):
+    if head.vendor != "cpu":
+        pytest.skip("host memory is counted here; the GPU's is measured in bench/")
+    rows, vocab, width = 4096, 1000, 8
+    h, w, _, t = _inputs(rows, vocab, width, 9)
+    before = mt.memory_stats(reset=True, numeric_mode=head.tier)
+    loss.linear_cross_entropy(h, w, t, return_grad=True, chunk_rows=64, numeric_mode=head.tier)
+    peak = mt.memory_stats(numeric_mode=head.tier)["peak"] - before["current"]
+    logits = rows * vocab * 4
+    # two chunks of logits (values, gradients), log2(4) + 1 weight partials, packed weights
+    expected = 2 * 64 * vocab * 4 + 4 * vocab * width * 4 + 2 * vocab * width * 4 + rows * 8
+    assert 0 < peak <= 1.5 * expected < logits / 4, (peak, expected, logits)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"weight": [1.0]}, "per-class"),
+    ({"options": object()}, "chunk_rows"),
+    ({"colour": 1}, "unexpected keyword argument 'colour'"),
+    ({"reduction": "none", "return_grad": True}, "no gradient"),
+    ({"reduction": "avg"}, "reduction='avg'"),
+    ({"label_smoothing": 1.0}, "label_smoothing"),
+    ({"num_items": 0}, "num_items"),
+    ({"chunk_rows": 0}, "chunk_rows"),
+])
+def test_refusals_name_the_argument(head, kwargs, message):
+    h, w, b, t = _inputs(10, 5, 3, 1)
+    with pytest.raises((TypeError, ValueError), match=message):
+        loss.linear_cross_entropy(h, w, t, numeric_mode=head.tier, **kwargs)
+
+
+def test_torch_defaults_none_are_accepted(head):
+    h, w, b, t = _inputs(10, 5, 3, 1)
+    assert loss.linear_cross_entropy(h, w, t, weight=None, options=None, numeric_mode=head.tier) == \
+        loss.linear_cross_entropy(h, w, t, numeric_mode=head.tier)
+
+
+def test_bad_targets_and_shapes_are_refused_by_name(head):
+    h, w, b, t = _inputs(10, 5, 3, 1)
+    with pytest.raises(ValueError, match=r"targets\[3\] = 5 is outside \[0, 5\)"):
+        loss.linear_cross_entropy(h, w, t[:3] + [5] + t[4:], numeric_mode=head.tier)
+    with pytest.raises(ValueError, match="last dimension is 3 but linear_weight has width 4"):
+        loss.linear_cross_entropy(h, mt.Array((5, 4)), t, numeric_mode=head.tier)
+    with pytest.raises(ValueError, match="linear_bias has 4 elements"):
+        loss.linear_cross_entropy(h, w, t, linear_bias=mt.Array((4,)), numeric_mode=head.tier)
+    with pytest.raises(ValueError, match="target has 9 elements"):
+        loss.linear_cross_entropy(h, w, t[:9], numeric_mode=head.tier)
+    with pytest.raises(TypeError, match="float32"):
+        loss.chunked_lm_head_loss(mt.Array((10, 3), "float64"), w, t, numeric_mode=head.tier)
+
+
+def test_nonfinite_inputs_are_refused_and_callers_buffers_untouched(head):
+    h, w, b, t = _inputs(10, 5, 3, 1)
+    flat = h.reshape(30)
+    flat[13] = float("nan")
+    before = (h.tobytes(), w.tobytes(), b.tobytes())
+    with pytest.raises(ValueError, match="hidden holds NaN or inf"):
+        loss.linear_cross_entropy(h, w, t, linear_bias=b, return_grad=True, numeric_mode=head.tier)
+    assert (h.tobytes(), w.tobytes(), b.tobytes()) == before
+
+
+def test_agrees_with_torch_linear_cross_entropy_in_float64(head):
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    import tolerances as tol
+    h, w, b, t = _inputs(300, 40, 16, 21, ignored=0.1)
+    got = loss.linear_cross_entropy(h, w, t, linear_bias=b, label_smoothing=0.05, return_grad=True,
+                                    numeric_mode=head.tier)
+    th, tw, tb = (torch.tensor(np.asarray(x), dtype=torch.float64, requires_grad=True) for x in (h, w, b))
+    ref = torch.nn.functional.linear_cross_entropy(th, tw, torch.tensor(t), linear_bias=tb, label_smoothing=0.05)
+    ref.backward()
+    logits = (th @ tw.T + tb).detach()
+    dl = torch.autograd.functional.jacobian(
+        lambda z: torch.nn.functional.cross_entropy(z, torch.tensor(t), label_smoothing=0.05), logits).abs()
+    units = tol.linear_units(np.asarray(h), np.asarray(w), dl.numpy(), np.asarray(b))
+    tol.assert_close_to_reference([got[0]], [ref.item()], "loss", unit=float(logits.abs().max()))
+    tol.assert_close_to_reference(got[1], th.grad.numpy(), "d_input", unit=units["da"].ravel())
+    tol.assert_close_to_reference(got[2], tw.grad.numpy(), "d_linear_weight", unit=units["dweight"].ravel())
+    tol.assert_close_to_reference(got[3], tb.grad.numpy(), "d_linear_bias", unit=units["dbias"].ravel())

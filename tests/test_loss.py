@@ -1,0 +1,532 @@
+"""cross_entropy: torch's F.cross_entropy over class indices, with the gradient from the same call.
+
+Contract under test: native/contracts/loss.md (rows, the chunk tree, the token rule over rows,
+the gradient) and cross_entropy's docstring (arguments, refusals, outputs). Every refusal
+names its argument and leaves the caller's buffers as they were; the bits do not depend on
+the thread count; rows are independent; 'sum' is the token rule over the per-row losses (an
+independent float32 replay here); 'mean' is one division; the gradient of ignored rows is
++0.0. Against torch in float64 the results stay within tests/tolerances.py's bound, which
+torch's own float32 cross_entropy also keeps. The cross-vendor proof is fixtures/loss.card.
+``PYTHONPATH=. python tests/test_loss.py N`` prints the figures quoted in tolerances.py.
+"""
+import math
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mojo_train as mt
+import tolerances as tol
+from _helpers import f32
+from mojo_train._native import ffi
+
+_SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                       HealthCheck.too_slow])
+
+
+def _need(mode):
+    if not mode.has("loss"):
+        pytest.skip("%r has no cross_entropy (MT_FEATURE_LOSS clear)" % (mode,))
+
+
+def logits_of(rows, vocab, seed=0, scale=4.0):
+    rng = np.random.Generator(np.random.PCG64(seed))
+    return (rng.uniform(-1.0, 1.0, (rows, vocab)) * scale).astype(np.float32)
+
+
+def targets_of(rows, vocab, seed=0, ignore=0.0, ignore_index=-100, dtype=np.int64):
+    rng = np.random.Generator(np.random.PCG64(seed + 1))
+    t = rng.integers(0, vocab, rows)
+    t[rng.uniform(0.0, 1.0, rows) < ignore] = ignore_index
+    return t.astype(dtype)
+
+
+def ce(mode, logits, targets, **kw):
+    return mt.cross_entropy(logits, targets, numeric_mode=mode.tier, **kw)
+
+
+def raw(x):
+    """The bytes of a result: a float as float32, an Array as its buffer."""
+    if isinstance(x, float):
+        return struct.pack("<f", x)
+    return (x.to_host() if isinstance(x, mt.DeviceArray) else x).tobytes()
+
+
+# ---- results: types, shapes, what is and is not written -----------------------------------------
+
+def test_results_are_a_float_an_array_of_rows_and_a_new_gradient(mode):
+    _need(mode)
+    x, t = logits_of(5, 7), targets_of(5, 7)
+    before = x.tobytes(), t.tobytes()
+    loss = ce(mode, x, t)
+    rows = ce(mode, x, t, reduction="none")
+    total, d = ce(mode, x, t, reduction="sum", return_grad=True)
+    assert type(loss) is float and type(total) is float
+    assert isinstance(rows, mt.Array) and rows.shape == (5,) and rows.dtype == "float32"
+    assert isinstance(d, mt.Array) and d.shape == (5, 7) and d.dtype == "float32"
+    assert (x.tobytes(), t.tobytes()) == before
+
+
+def test_an_empty_batch_sums_to_zero_and_its_mean_is_nan(mode):
+    _need(mode)
+    x, t = np.zeros((0, 4), np.float32), np.zeros(0, np.int64)
+    total, d = ce(mode, x, t, reduction="sum", return_grad=True)
+    assert raw(total) == raw(0.0) and d.shape == (0, 4)
+    assert math.isnan(ce(mode, x, t)) and ce(mode, x, t, reduction="none").shape == (0,)
+
+
+def test_a_documented_example_gives_the_documented_figures(mode):
+    _need(mode)
+    logits = mt.Array.from_list([0.5, 1.5, -1.0, 2.0, 0.0, 0.25], "float32").reshape(2, 3)
+    loss, d = ce(mode, logits, [1, 0], return_grad=True)
+    assert round(loss, 4) == 0.3204 and d.shape == (2, 3)
+
+
+def test_the_library_scratch_is_returned_after_each_call(mode):
+    _need(mode)
+    lib, stats = mode.backend.lib, ffi.new("int64_t[2]")
+    x, t = logits_of(2100, 300), targets_of(2100, 300, ignore=0.1)
+    ce(mode, x, t, return_grad=True)                     # warm: anything cached is in place
+    assert lib.mt_memory_stats(stats, 1) == 0
+    now = stats[0]
+    ce(mode, x, t, return_grad=True, label_smoothing=0.1)
+    ce(mode, x, t, reduction="none")
+    assert lib.mt_memory_stats(stats, 0) == 0
+    assert stats[0] == now and stats[1] > now             # scratch was used, and given back
+
+
+# ---- refusals ---------------------------------------------------------------------------------
+
+REFUSALS = [
+    # (what, call arguments, exception, words the message must hold)
+    ("float64 logits", dict(logits=np.zeros((2, 3))), TypeError, "logits has dtype float64"),
+    ("1-D logits", dict(logits=np.zeros(3, np.float32), targets=[1]), ValueError, "logits must be 2-D"),
+    ("no classes", dict(logits=np.zeros((2, 0), np.float32)), ValueError, "V >= 1"),
+    ("strided logits", dict(logits=np.zeros((2, 6), np.float32)[:, ::2]), ValueError, "C-contiguous"),
+    ("targets of another length", dict(targets=[0, 1, 2]), ValueError, "targets has 3 elements, 2 expected"),
+    ("float targets", dict(targets=np.zeros(2, np.float32)), TypeError, "soft"),
+    ("2-D targets", dict(targets=np.zeros((2, 3), np.int64)), ValueError, "soft"),
+    ("nested list targets", dict(targets=[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]]), ValueError, "soft"),
+    ("bool targets", dict(targets=np.array([True, False])), TypeError, "targets has dtype bool"),
+    ("a list of bools", dict(targets=[True, False]), TypeError, "targets must hold integers"),
+    ("a list of floats", dict(targets=[0.0, 1.0]), TypeError, "targets must hold integers"),
+    ("reduction", dict(reduction="avg"), ValueError, "reduction must be"),
+    ("reduction none with a gradient", dict(reduction="none", return_grad=True), NotImplementedError,
+     "reduction='none'"),
+    ("return_grad", dict(return_grad=1), TypeError, "return_grad must be a bool"),
+    ("weight", dict(weight=np.ones(3, np.float32)), TypeError, "weight= is not supported"),
+    ("size_average", dict(size_average=True), TypeError, "size_average= is not supported"),
+    ("reduce", dict(reduce=False), TypeError, "reduce= is not supported"),
+    ("an unknown keyword", dict(colour="red"), TypeError, "unexpected keyword argument 'colour'"),
+    ("label_smoothing 1", dict(label_smoothing=1.0), ValueError, "label_smoothing must be in [0, 1)"),
+    ("label_smoothing rounding to 1", dict(label_smoothing=0.99999999), ValueError, "label_smoothing"),
+    ("negative label_smoothing", dict(label_smoothing=-0.1), ValueError, "label_smoothing"),
+    ("NaN label_smoothing", dict(label_smoothing=float("nan")), ValueError, "label_smoothing"),
+    ("label_smoothing as text", dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a real"),
+    ("num_items 0", dict(num_items=0), ValueError, "num_items must be >= 1"),
+    ("negative num_items", dict(num_items=-3), ValueError, "num_items must be >= 1"),
+    ("float num_items", dict(num_items=2.0), TypeError, "num_items must be an int"),
+    ("bool num_items", dict(num_items=True), TypeError, "num_items must be an int"),
+    ("num_items with sum", dict(num_items=4, reduction="sum"), ValueError, "divisor of reduction='mean'"),
+    ("float ignore_index", dict(ignore_index=1.5), TypeError, "ignore_index must be an int"),
+    ("ignore_index beyond int64", dict(ignore_index=2 ** 63), ValueError, "ignore_index must fit"),
+    ("a target above the classes", dict(targets=[0, 3]), ValueError,
+     "targets[1] = 3 is outside [0, 3) and is not ignore_index (-100)"),
+    ("a negative target", dict(targets=[-1, 0]), ValueError, "targets[0] = -1 is outside [0, 3)"),
+    ("the default ignore_index when another is set", dict(targets=[-100, 0], ignore_index=2), ValueError,
+     "targets[0] = -100 is outside [0, 3) and is not ignore_index (2)"),
+    ("a NaN logit", dict(logits=np.array([[0, 1, 2], [0, np.nan, 1]], np.float32)), ValueError,
+     "logits row 1 holds NaN or inf"),
+    ("an inf logit in an ignored row", dict(logits=np.array([[0, 1, np.inf], [0, 1, 2]], np.float32),
+                                            targets=[-100, 1]), ValueError, "logits row 0 holds NaN or inf"),
+]
+
+
+@pytest.mark.parametrize("what, kwargs, exc, words", REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_a_refused_call_names_its_argument_and_writes_nothing(mode, what, kwargs, exc, words):
+    _need(mode)
+    kwargs = dict(kwargs)
+    x = kwargs.pop("logits", np.arange(6, dtype=np.float32).reshape(2, 3))
+    t = kwargs.pop("targets", np.array([2, 0], np.int64))
+    before = (x.tobytes(), np.asarray(t).tobytes())
+    with pytest.raises(exc) as info:
+        ce(mode, x, t, **kwargs)
+    assert words in str(info.value) and "mojo_train.cross_entropy" in str(info.value)
+    assert (x.tobytes(), np.asarray(t).tobytes()) == before
+
+
+def test_a_target_of_a_large_vocabulary_is_refused_naming_its_row(mode):
+    _need(mode)
+    v = 50304
+    x, t = np.zeros((20, v), np.float32), np.zeros(20, np.int32)
+    t[17], t[19] = v, -7
+    with pytest.raises(ValueError, match=r"targets\[17\] = 50304 is outside \[0, 50304\) and is not "
+                                         r"ignore_index \(-100\)"):
+        ce(mode, x, t, return_grad=True)
+
+
+def _native_call(lib, **over):
+    """mt_cross_entropy on a 2 x 3 batch with sentinel-filled outputs; returns (rc, outputs)."""
+    x = ffi.new("float[6]", [0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    t = ffi.new("int64_t[2]", [1, 2])
+    outs = {"loss_out": ffi.new("float[1]", [7.0]), "row_loss": ffi.new("float[2]", [7.0, 7.0]),
+            "dlogits": ffi.new("float[6]", [7.0] * 6)}
+    args = dict(loss_out=outs["loss_out"], row_loss=outs["row_loss"], dlogits=outs["dlogits"], logits=x,
+                targets=t, target_bytes=8, n_rows=2, vocab=3, ignore_index=-100, reduction=1,
+                label_smoothing=0.0, num_items=0)
+    args.update(over)
+    rc = lib.mt_cross_entropy(*[args[k] for k in ("loss_out", "row_loss", "dlogits", "logits", "targets",
+                                                  "target_bytes", "n_rows", "vocab", "ignore_index", "reduction",
+                                                  "label_smoothing", "num_items")])
+    return rc, {k: list(v) for k, v in outs.items()}, x
+
+
+NATIVE_REFUSALS = [
+    (dict(reduction=3), "reduction"), (dict(n_rows=-1), "n_rows"), (dict(vocab=0), "vocab"),
+    (dict(vocab=1 << 24), "vocab"), (dict(target_bytes=2), "target_bytes"),
+    (dict(logits=ffi.NULL), "logits"), (dict(targets=ffi.NULL), "targets"),
+    (dict(loss_out=ffi.NULL), "loss_out"), (dict(reduction=0, row_loss=ffi.NULL), "row_loss"),
+    (dict(reduction=0), "dlogits"), (dict(label_smoothing=1.0), "label_smoothing"),
+    (dict(label_smoothing=float("nan")), "label_smoothing"), (dict(num_items=-1), "num_items"),
+    (dict(ignore_index=5), "targets[0] = 1"),
+]
+
+
+@pytest.mark.parametrize("over, name", NATIVE_REFUSALS, ids=[n for _, n in NATIVE_REFUSALS])
+def test_the_c_entry_refuses_a_bad_argument_by_name_and_writes_nothing(mode, over, name):
+    _need(mode)
+    lib = mode.backend.lib
+    over = dict(over)
+    if name == "targets[0] = 1":                       # a target out of range of a 1-class batch
+        over.update(vocab=1, n_rows=2, ignore_index=5)
+    rc, outs, x = _native_call(lib, **over)
+    assert rc == 1 and name in ffi.string(lib.mt_last_error()).decode()
+    assert outs == {"loss_out": [7.0], "row_loss": [7.0, 7.0], "dlogits": [7.0] * 6}
+
+
+def test_the_c_entry_refuses_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
+    _need(mode)
+    lib = mode.backend.lib
+    x = ffi.new("float[6]", [0.0, 1.0, 2.0, 3.0, float("inf"), 5.0])
+    rc, outs, _ = _native_call(lib, logits=x)
+    assert rc == 2 and "logits row 1" in ffi.string(lib.mt_last_error()).decode()
+    assert outs["loss_out"] == [7.0]                  # dlogits/row_loss: undefined (mojo_train.h)
+    assert list(x)[4] == float("inf")
+
+
+def test_the_c_entry_without_outputs_to_compute_is_fine(mode):
+    _need(mode)
+    rc, outs, _ = _native_call(mode.backend.lib, row_loss=ffi.NULL, dlogits=ffi.NULL)
+    assert rc == 0 and outs["loss_out"] != [7.0]
+
+
+# ---- bits: threads, rows, reductions -----------------------------------------------------------
+
+def _all_outputs(mode, x, t, **kw):
+    total, d = ce(mode, x, t, reduction="sum", return_grad=True, **kw)
+    mean, dm = ce(mode, x, t, return_grad=True, **kw)
+    return [raw(total), raw(d), raw(mean), raw(dm), raw(ce(mode, x, t, reduction="none", **kw))]
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_bits_do_not_depend_on_the_thread_count(mode, smoothing):
+    _need(mode)
+    if not mode.has("threads"):
+        pytest.skip("the vendor has no thread pool")
+    lib = mode.backend.lib
+    x, t = logits_of(1500, 600, seed=3), targets_of(1500, 600, seed=3, ignore=0.1)
+    keep = lib.mt_num_threads()
+    try:
+        seen = []
+        for n in (1, 2, 3, 7):
+            assert lib.mt_set_num_threads(n) == 0
+            seen.append(_all_outputs(mode, x, t, label_smoothing=smoothing))
+    finally:
+        lib.mt_set_num_threads(keep)
+    assert all(s == seen[0] for s in seen[1:])
+
+
+def test_the_same_call_twice_gives_the_same_bits(mode):
+    _need(mode)
+    x, t = logits_of(300, 4100, seed=4), targets_of(300, 4100, seed=4, ignore=0.2)
+    assert _all_outputs(mode, x, t, label_smoothing=0.2) == _all_outputs(mode, x, t, label_smoothing=0.2)
+
+
+def test_rows_are_independent_a_subset_gives_the_subset_of_the_rows(mode):
+    _need(mode)
+    x, t = logits_of(900, 5000, seed=5), targets_of(900, 5000, seed=5, ignore=0.1)
+    pick = np.array([3, 0, 899, 17, 500, 501, 2])
+    rows = np.asarray(ce(mode, x, t, reduction="none", label_smoothing=0.1))
+    sub = np.asarray(ce(mode, np.ascontiguousarray(x[pick]), t[pick], reduction="none", label_smoothing=0.1))
+    assert sub.tobytes() == rows[pick].tobytes()
+    _, d = ce(mode, x, t, num_items=1000, return_grad=True)      # a fixed divisor: rows independent
+    _, dsub = ce(mode, np.ascontiguousarray(x[pick]), t[pick], num_items=1000, return_grad=True)
+    assert np.asarray(dsub).tobytes() == np.asarray(d)[pick].tobytes()
+
+
+def token_rule_sum(values):
+    """The token rule (dense.md) replayed in float32: serial leaves of 1024, a pairwise tree."""
+    leaves = []
+    for k in range(0, len(values), 1024):
+        acc = 0.0
+        for v in values[k:k + 1024]:
+            acc = f32(acc + v)
+        leaves.append(acc)
+    while len(leaves) > 1:
+        pairs = [f32(leaves[i] + leaves[i + 1]) for i in range(0, len(leaves) - 1, 2)]
+        leaves = pairs + ([leaves[-1]] if len(leaves) % 2 else [])
+    return leaves[0] if leaves else 0.0
+
+
+@pytest.mark.parametrize("rows", [1, 1024, 1025, 2049, 3000, 5121])
+def test_the_sum_is_the_token_rule_over_the_row_losses(mode, rows):
+    _need(mode)
+    x, t = logits_of(rows, 11, seed=rows), targets_of(rows, 11, seed=rows, ignore=0.1)
+    per_row = ce(mode, x, t, reduction="none").tolist()
+    total = ce(mode, x, t, reduction="sum")
+    assert raw(total) == raw(token_rule_sum(per_row))
+    kept = int((t != -100).sum())
+    assert raw(ce(mode, x, t)) == raw(f32(total / f32(kept)))                   # one division
+    assert raw(ce(mode, x, t, num_items=3 * rows)) == raw(f32(total / f32(3 * rows)))
+
+
+def test_a_leaf_aligned_split_sums_to_the_same_bits_as_the_whole(mode):
+    _need(mode)
+    x, t = logits_of(4096, 13, seed=9), targets_of(4096, 13, seed=9, ignore=0.1)
+    halves = [ce(mode, np.ascontiguousarray(x[k:k + 2048]), t[k:k + 2048], reduction="sum") for k in (0, 2048)]
+    assert raw(ce(mode, x, t, reduction="sum")) == raw(f32(halves[0] + halves[1]))
+
+
+def test_the_mean_gradient_is_the_sum_gradient_times_one_over_the_divisor(mode):
+    _need(mode)
+    x, t = logits_of(200, 300, seed=6), targets_of(200, 300, seed=6, ignore=0.2)
+    _, dsum = ce(mode, x, t, reduction="sum", return_grad=True, label_smoothing=0.3)
+    for num_items, divisor in ((None, int((t != -100).sum())), (7, 7), (10 ** 9 + 1, 10 ** 9 + 1)):
+        _, dmean = ce(mode, x, t, return_grad=True, label_smoothing=0.3, num_items=num_items)
+        g = np.float32(f32(1.0 / f32(divisor)))
+        assert np.asarray(dmean).tobytes() == (np.asarray(dsum) * g).astype(np.float32).tobytes()
+
+
+def test_ignored_rows_lose_nothing_and_their_gradient_is_positive_zero(mode):
+    _need(mode)
+    x, t = logits_of(64, 40, seed=7), targets_of(64, 40, seed=7, ignore=0.3, ignore_index=3)
+    t[5] = 3                                    # a valid class as ignore_index: ignored, as torch
+    ignored = t == 3
+    rows = np.asarray(ce(mode, x, t, ignore_index=3, reduction="none"))
+    _, d = ce(mode, x, t, ignore_index=3, return_grad=True, label_smoothing=0.1)
+    d = np.asarray(d)
+    assert rows[ignored].view(np.uint32).tolist() == [0] * int(ignored.sum())
+    assert not d[ignored].view(np.uint32).any() and d[~ignored].any()
+    assert (rows[~ignored] > 0).all()
+
+
+def test_every_row_ignored_gives_a_canonical_nan_mean_a_zero_sum_and_a_zero_gradient(mode):
+    _need(mode)
+    x, t = logits_of(10, 30), np.full(10, -100, np.int64)
+    mean, d = ce(mode, x, t, return_grad=True)
+    assert math.isnan(mean) and struct.pack("<f", mean) == struct.pack("<I", 0x7FC00000)
+    assert not np.asarray(d).view(np.uint32).any()
+    assert raw(ce(mode, x, t, reduction="sum")) == raw(0.0)
+    assert raw(ce(mode, x, t, num_items=4)) == raw(0.0)
+
+
+def test_every_integer_dtype_and_a_list_give_the_same_bits(mode):
+    _need(mode)
+    x = logits_of(50, 200, seed=8)
+    t = targets_of(50, 200, seed=8)
+    want = _all_outputs(mode, x, t)
+    for dtype in (np.int32, np.uint8, np.int16, np.uint16, np.uint32, np.uint64, np.int8):
+        if np.iinfo(dtype).max >= 199:
+            assert _all_outputs(mode, x, t.astype(dtype)) == want, dtype
+    assert _all_outputs(mode, x, t.tolist()) == want
+    assert _all_outputs(mode, mt.Array.from_list(x.ravel().tolist(), "float32").reshape(50, 200), t) == want
+
+
+def test_label_smoothing_zero_is_no_smoothing_and_any_other_value_moves_the_bits(mode):
+    _need(mode)
+    x, t = logits_of(30, 500, seed=9), targets_of(30, 500, seed=9)
+    assert _all_outputs(mode, x, t, label_smoothing=0.0) == _all_outputs(mode, x, t)
+    assert _all_outputs(mode, x, t, label_smoothing=2.0 ** -20) != _all_outputs(mode, x, t)
+
+
+# ---- against torch in float64 ---------------------------------------------------------------------
+
+def run_torch(x, t, dtype, ignore_index=-100, reduction="mean", label_smoothing=0.0, num_items=None,
+              return_grad=False):
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x, dtype=dtype, requires_grad=True)
+    tt = torch.tensor(np.asarray(t, dtype=np.int64))
+    red = "sum" if num_items is not None else reduction
+    loss = torch.nn.functional.cross_entropy(tx, tt, ignore_index=ignore_index, reduction=red,
+                                             label_smoothing=label_smoothing)
+    if num_items is not None:
+        loss = loss / num_items
+    out = {"loss": loss.detach().double().numpy()}
+    if return_grad:
+        loss.backward()
+        out["dlogits"] = tx.grad.double().numpy()
+    return out
+
+
+def run_ours(mode_tier, x, t, return_grad=False, **kw):
+    got = mt.cross_entropy(x, t, numeric_mode=mode_tier, return_grad=return_grad, **kw)
+    loss, d = got if return_grad else (got, None)
+    out = {"loss": np.asarray(loss, dtype=np.float64)}
+    if return_grad:
+        out["dlogits"] = np.asarray(d, dtype=np.float64)
+    return out
+
+
+@st.composite
+def ce_cases(draw):
+    rows = draw(st.integers(*tol.CE_ROWS))
+    vocab = draw(st.integers(*tol.CE_VOCAB))
+    reduction = draw(st.sampled_from(("none", "sum", "mean")))
+    num_items = draw(st.one_of(st.none(), st.integers(1, 2 * rows + 1))) if reduction == "mean" else None
+    return {"rows": rows, "vocab": vocab, "seed": draw(st.integers(0, 2 ** 32 - 1)),
+            "exp": draw(st.integers(*tol.CE_LOGIT_EXP_RANGE)),
+            "ignore": draw(st.sampled_from(tol.CE_IGNORE_CHOICES)),
+            "options": {"reduction": reduction, "num_items": num_items,
+                        "label_smoothing": draw(st.one_of(st.just(0.0), st.floats(*tol.CE_SMOOTHING_RANGE))),
+                        "return_grad": reduction != "none" and draw(st.booleans())}}
+
+
+def case_data(case):
+    x = logits_of(case["rows"], case["vocab"], case["seed"], scale=2.0 ** case["exp"])
+    return x, targets_of(case["rows"], case["vocab"], case["seed"], ignore=case["ignore"])
+
+
+def bound_used_of(got, ref, x, t, options):
+    """{quantity: worst bound used} of one case. The mean of no rows is checked apart: NaN on
+    both sides, and our gradient +0.0 (torch's is NaN there)."""
+    kept = int((np.asarray(t) != -100).sum())
+    divisor = options.get("num_items") or kept
+    reduction = options.get("reduction", "mean")
+    if reduction == "mean" and not divisor:
+        assert np.isnan(got["loss"]).all() and np.isnan(ref["loss"]).all(), (got["loss"], ref["loss"])
+        assert "dlogits" not in got or not got["dlogits"].any()
+        return {}
+    units = tol.ce_units(np.abs(x).max() if x.size else 0.0, kept, divisor, reduction)
+    return {name: tol.bound_used(got[name], ref[name], units[name])[0] for name in ref}
+
+
+def check_against_torch(mode_tier, x, t, label, **options):
+    """Ours (mode_tier) or torch float32 (mode_tier None) against torch float64."""
+    torch = pytest.importorskip("torch")
+    ref = run_torch(x, t, torch.float64, **options)
+    got = run_torch(x, t, torch.float32, **options) if mode_tier is None else run_ours(mode_tier, x, t, **options)
+    for name, used in bound_used_of(got, ref, x, t, options).items():
+        assert used <= 1.0, "%s %s: %.3g of the bound (options %r)" % (label, name, used, options)
+
+
+@settings(max_examples=60, **_SETTINGS)
+@given(case=ce_cases())
+def test_cross_entropy_stays_within_the_bound_of_torch_float64(mode, case):
+    _need(mode)
+    x, t = case_data(case)
+    check_against_torch(mode.tier, x, t, "%r" % (mode,), **case["options"])
+
+
+@settings(max_examples=30, **_SETTINGS)
+@given(case=ce_cases())
+def test_torch_float32_stays_within_the_same_bound(case):
+    """Calibration: the bound is one torch's own float32 cross_entropy keeps."""
+    x, t = case_data(case)
+    check_against_torch(None, x, t, "torch float32", **case["options"])
+
+
+MAGNITUDES = [("subnormal", 2.0 ** -140), ("tiny", 2.0 ** -100), ("large", 1e4), ("huge", 1e30)]
+
+
+@pytest.mark.parametrize("name, scale", MAGNITUDES, ids=[m[0] for m in MAGNITUDES])
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_extreme_magnitudes_stay_within_the_bound_of_torch_float64(mode, name, scale, smoothing):
+    _need(mode)
+    x, t = logits_of(37, 1000, seed=11, scale=scale), targets_of(37, 1000, seed=11, ignore=0.1)
+    for reduction in ("none", "sum", "mean"):
+        check_against_torch(mode.tier, x, t, "%r %s" % (mode, name), reduction=reduction,
+                            label_smoothing=smoothing, return_grad=reduction != "none")
+
+
+def test_a_vocabulary_of_50304_stays_within_the_bound_of_torch_float64(mode):
+    _need(mode)
+    x, t = logits_of(7, 50304, seed=12, scale=8.0), targets_of(7, 50304, seed=12)
+    check_against_torch(mode.tier, x, t, "%r V=50304" % (mode,), return_grad=True, label_smoothing=0.1)
+    check_against_torch(mode.tier, x, t, "%r V=50304 sum" % (mode,), reduction="sum", return_grad=True)
+
+
+# ---- device buffers (GPU vendors) ------------------------------------------------------------------
+
+def test_device_buffers_give_the_host_bits_and_the_results_stay_on_the_device(identical):
+    mode = identical
+    _need(mode)
+    if not mode.has("device"):
+        pytest.skip("the vendor takes no device buffers")
+    x, t = logits_of(300, 5000, seed=13), targets_of(300, 5000, seed=13, ignore=0.1)
+    dx, dt = mt.to_device(x, numeric_mode=mode.tier), mt.to_device(t, numeric_mode=mode.tier)
+    for kw in (dict(reduction="sum", return_grad=True), dict(return_grad=True, label_smoothing=0.1),
+               dict(reduction="none"), dict(num_items=1000)):
+        host, dev = ce(mode, x, t, **kw), ce(mode, dx, dt, **kw)
+        host, dev = (host if isinstance(host, tuple) else (host,)), (dev if isinstance(dev, tuple) else (dev,))
+        assert [raw(h) for h in host] == [raw(d) for d in dev], kw
+        assert all(isinstance(d, (float, mt.DeviceArray)) for d in dev)
+    with pytest.raises(ValueError, match="on the device but targets on the host"):
+        ce(mode, dx, t)
+
+
+# ---- the Python layer alone ------------------------------------------------------------------------
+
+def test_cross_entropy_never_imports_numpy_in_a_fresh_process(mode):
+    _need(mode)
+    import subprocess
+    import sys
+    import textwrap
+    from _helpers import REPO
+    code = textwrap.dedent("""
+        import array, sys
+        import mojo_train as mt
+        x = memoryview(bytearray(array.array('f', [0.5, -1.0, 2.0] * 4).tobytes())).cast('f', (4, 3))
+        loss, d = mt.cross_entropy(x, array.array('b', [0, 1, 2, -100]), return_grad=True, numeric_mode=%r)
+        rows = mt.cross_entropy(x, [0, 1, 2, 0], reduction='none', label_smoothing=0.1, numeric_mode=%r)
+        assert loss > 0 and len(rows) == 4 and d.shape == (4, 3)
+        print('numpy' in sys.modules)
+    """ % (mode.tier, mode.tier))
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"
+
+
+# ---- measuring: PYTHONPATH=. python tests/test_loss.py [cases] --------------------------------------
+
+def measure(n, tiers=("identical", "deterministic", "fast")):
+    """The figures of tolerances.py: worst bound used per implementation and quantity."""
+    import sys
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    import torch
+    from hypothesis import Phase
+    worst = {}
+
+    @settings(max_examples=n, database=None, phases=[Phase.generate], **_SETTINGS)
+    @given(case=ce_cases())
+    def sample(case):
+        x, t = case_data(case)
+        o = case["options"]
+        ref = run_torch(x, t, torch.float64, **o)
+        runs = {"torch float32": run_torch(x, t, torch.float32, **o)}
+        runs.update({"ours " + tier: run_ours(tier, x, t, **o) for tier in tiers})
+        for who, got in runs.items():
+            for name, used in bound_used_of(got, ref, x, t, o).items():
+                key = (who, "row losses" if name == "loss" and o["reduction"] == "none" else
+                       "sum / mean" if name == "loss" else name)
+                worst[key] = max(worst.get(key, 0.0), used)
+
+    sample()
+    for key in sorted(worst):
+        print("%-20s %-12s %.3g" % (key + (worst[key],)))
+
+
+if __name__ == "__main__":
+    import sys
+    measure(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
