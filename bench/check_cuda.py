@@ -18,7 +18,7 @@ SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(R
                             if f.endswith(".card")))
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
 BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py", "bench/dropout_cuda.py",
-              "bench/embedding_cuda.py")
+              "bench/embedding_cuda.py", "bench/lm_head_cuda.py")
 
 
 def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):

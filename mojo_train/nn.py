@@ -1,5 +1,5 @@
 """Dense layers: linear, RMSNorm, ReLU (forward and backward), and a Linear-ReLU-Linear
-inference helper; the embedding is not built yet.
+inference helper; the embedding lives in embedding.py and is re-exported here.
 
 Contract: native/contracts/dense.md. Every GEMM output is one fused multiply-add chain over
 the contracted index in ascending order; contractions over rows (dweight, dbias) follow the
@@ -15,7 +15,7 @@ import numbers
 
 from . import _buffer, _ops
 from ._errors import where_msg
-from ._not_yet import placeholder, placeholder_class
+from .embedding import Embedding, embedding_backward, embedding_forward  # noqa: F401  (re-exported)
 
 __all__ = ["linear_forward", "linear_backward", "rms_norm_forward", "rms_norm_backward",
            "relu_forward", "relu_backward", "mlp_inference_sessions", "embedding_forward",
@@ -23,10 +23,6 @@ __all__ = ["linear_forward", "linear_backward", "rms_norm_forward", "rms_norm_ba
 
 FLOAT32_EPS = 2.0 ** -23   # torch.finfo(torch.float32).eps: F.rms_norm's eps when None
 
-_EMB = "embedding, random streams and schedules"
-embedding_forward = placeholder("embedding_forward", _EMB)
-embedding_backward = placeholder("embedding_backward", _EMB)
-Embedding = placeholder_class("Embedding", _EMB)
 
 
 def _rows(shape):

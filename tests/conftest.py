@@ -10,7 +10,7 @@ from mojo_train import _native
 FEATURE = {"optim": 1 << 0, "clip": 1 << 1, "random": 1 << 2, "loss": 1 << 3, "dense": 1 << 4,
            "lm_head": 1 << 5, "schedule": 1 << 6, "embedding": 1 << 7, "accumulate": 1 << 11,
            "dropout": 1 << 12, "elementwise": 1 << 13, "host": 1 << 8, "device": 1 << 9,
-           "threads": 1 << 10, "pinned": 1 << 16, "contraction": 1 << 17}
+           "threads": 1 << 10, "pinned": 1 << 16, "contraction": 1 << 17, "approximate": 1 << 18}
 
 
 class Mode:

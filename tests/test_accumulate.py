@@ -140,6 +140,8 @@ def f32_add(a, b):
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 64])
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
 def test_accumulate_is_the_pairwise_tree_with_float32_additions(acc, steps, n):
+    if acc.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
     rng = random.Random(steps * 1000 + n)
     parts = [[_value(rng) for _ in range(n)] for _ in range(steps)]
     got = accumulate_grads([f32s(p) for p in parts], None, numeric_mode=acc.tier)

@@ -51,6 +51,8 @@ def _inputs(n, seed):
 # ---- add --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("low_exp, high_exp", [(-14, 4), (-149, -120), (100, 127)])
 def test_add_is_the_correctly_rounded_float32_sum(elt_mode, low_exp, high_exp):
+    if elt_mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
     n = 20011
     a, b = wide_array(n, 1, low_exp, high_exp), wide_array(n, 2, low_exp, high_exp)
     out = floats(ew.add(a, b, numeric_mode=elt_mode.tier))
@@ -99,6 +101,8 @@ def test_silu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elt_
 
 
 def test_silu_of_subnormals_halves_them_onto_the_grid(elt_mode):
+    if elt_mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
     x = array.array("f", [2.0**-149, 3 * 2.0**-149, -5 * 2.0**-149, 2.0**-127])
     y = floats(ew.silu_forward(x, numeric_mode=elt_mode.tier))
     # ties to even: 2^-150 -> 0, 1.5 * 2^-148 -> 2^-148, -2.5 * 2^-149 -> -2 * 2^-149

@@ -88,13 +88,17 @@ def test_the_library_scratch_is_returned_after_each_call(mode):
     _need(mode)
     lib, stats = mode.backend.lib, ffi.new("int64_t[2]")
     x, t = logits_of(2100, 300), targets_of(2100, 300, ignore=0.1)
-    ce(mode, x, t, return_grad=True)                     # warm: anything cached is in place
+    for _ in range(2):                                   # warm: anything cached is in place (a GPU
+        ce(mode, x, t, return_grad=True)                 # grows its per-thread scratch at the call
+        ce(mode, x, t, return_grad=True, label_smoothing=0.1)   # after the one that needed it)
+        ce(mode, x, t, reduction="none")
     assert lib.mt_memory_stats(stats, 1) == 0
     now = stats[0]
     ce(mode, x, t, return_grad=True, label_smoothing=0.1)
     ce(mode, x, t, reduction="none")
     assert lib.mt_memory_stats(stats, 0) == 0
-    assert stats[0] == now and stats[1] > now             # scratch was used, and given back
+    assert stats[0] == now                                # scratch given back (a GPU keeps its
+    assert stats[1] > now or mode.has("device")           # per-thread scratch: nothing new to count)
 
 
 # ---- refusals ---------------------------------------------------------------------------------
@@ -283,6 +287,8 @@ def token_rule_sum(values):
 @pytest.mark.parametrize("rows", [1, 1024, 1025, 2049, 3000, 5121])
 def test_the_sum_is_the_token_rule_over_the_row_losses(mode, rows):
     _need(mode)
+    if mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
     x, t = logits_of(rows, 11, seed=rows), targets_of(rows, 11, seed=rows, ignore=0.1)
     per_row = ce(mode, x, t, reduction="none").tolist()
     total = ce(mode, x, t, reduction="sum")

@@ -359,6 +359,8 @@ def test_dropout_writes_positive_zero_where_it_drops():
 
 
 def test_dropout_with_p_zero_returns_x_bit_for_bit_and_a_key(gen_mode):
+    if gen_mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
     x = array.array("f", [1.0, -0.0, 2.0**-149, -3e38, 0.1] * 300)
     g = Generator(3, numeric_mode=gen_mode.tier)
     y, key = g.dropout(x, 0.0)

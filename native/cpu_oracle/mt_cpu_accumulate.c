@@ -86,23 +86,8 @@ static void acc_range(void *ctx, int64_t b, int64_t e) {
     if (bad) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
 }
 
-static int check_parts(const float *out, const float *const *parts, int32_t n_parts, int64_t n) {
-    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
-    if (n_parts < 1) return mt_fail(MT_EINVAL, "n_parts must be >= 1, got %d", (int)n_parts);
-    if (!parts) return mt_fail(MT_EINVAL, "parts is NULL");
-    if (n == 0) return MT_OK;
-    if (!out) return mt_fail(MT_EINVAL, "out is NULL");
-    uintptr_t o0 = (uintptr_t)out, o1 = o0 + (uintptr_t)n * 4;
-    for (int32_t k = 0; k < n_parts; ++k) {
-        if (!parts[k]) return mt_fail(MT_EINVAL, "parts[%d] is NULL", (int)k);
-        uintptr_t p0 = (uintptr_t)parts[k], p1 = p0 + (uintptr_t)n * 4;
-        if (p0 < o1 && o0 < p1) return mt_fail(MT_EINVAL, "out overlaps parts[%d]; out must be its own buffer", (int)k);
-    }
-    return MT_OK;
-}
-
 MT_NOINLINE static int accumulate_body(float *out, const float *const *parts, int32_t n_parts, int64_t n) {
-    int rc = check_parts(out, parts, n_parts, n);
+    int rc = mt_check_accumulate_args(out, parts, n_parts, n);
     if (rc || n == 0) return rc;
     acc_job job = {out, parts, n_parts, 0};
     mt_parallel_for_work(n, ACC_BLOCK, n * n_parts, acc_range, &job);

@@ -48,9 +48,6 @@ typedef struct {
     mt_ce_scalars c;
 } ce_job;
 
-static int64_t target_at(const void *targets, int32_t bytes, int64_t i) {
-    return bytes == 4 ? (int64_t)((const int32_t *)targets)[i] : ((const int64_t *)targets)[i];
-}
 
 /* ---- pass 1 (reads only): per row, the max and its finiteness in one read ----
  * The max runs on integer keys that order like the floats (negative ones with their
@@ -109,7 +106,7 @@ static float row_tree(const float *x, int64_t vocab, const float *m, float *keep
 }
 
 static int row_ignored(const ce_job *job, int64_t i) {
-    return target_at(job->targets, job->target_bytes, i) == job->ignore_index;
+    return mt_index_at(job->targets, job->target_bytes, i) == job->ignore_index;
 }
 
 /* One row's sums into the scratch; `keep` (or NULL) receives the row's e_j. */
@@ -143,7 +140,7 @@ static void grad_rows(void *ctx, int64_t b, int64_t e) {
             memset(d, 0, sizeof(float) * (size_t)v);   /* +0.0 is all zero bits */
             continue;
         }
-        int64_t t = target_at(job->targets, job->target_bytes, i);
+        int64_t t = mt_index_at(job->targets, job->target_bytes, i);
         row_sums(job, i, d);
         float et = d[t], s = job->row_sum[i];
         grad_from_kept(d, v, s, &job->c);
@@ -153,24 +150,12 @@ static void grad_rows(void *ctx, int64_t b, int64_t e) {
 
 static void loss_rows(const ce_job *job) {
     for (int64_t i = 0; i < job->n_rows; ++i) {
-        int64_t t = target_at(job->targets, job->target_bytes, i);
+        int64_t t = mt_index_at(job->targets, job->target_bytes, i);
         const float *x = job->logits + i * job->vocab;
         job->row_loss[i] = t == job->ignore_index ? 0.0f
                          : mt_ce_row_loss(job->row_max[i], job->row_sum[i], x[t],
                                           job->c.eps != 0.0f ? job->row_x[i] : 0.0f, &job->c);
     }
-}
-
-/* ---- the reduction over rows: the token rule (dense.md) ---- */
-static float token_sum(const float *loss, int64_t n_rows, float *partials) {
-    int64_t leaves = mt_token_leaves(n_rows);
-    for (int64_t k = 0; k < leaves; ++k) {
-        int64_t end = (k + 1) * MT_TOKEN_LEAF < n_rows ? (k + 1) * MT_TOKEN_LEAF : n_rows;
-        float acc = 0.0f;
-        for (int64_t r = k * MT_TOKEN_LEAF; r < end; ++r) acc = acc + loss[r];
-        partials[k] = acc;
-    }
-    return mt_token_tree(partials, leaves, 0);
 }
 
 /* ---- refusals ---- */
@@ -205,23 +190,6 @@ static int check_args(const float *loss_out, const float *row_loss, const float 
     return MT_OK;
 }
 
-/* Every target is ignore_index or a class; *kept counts the rows that are not ignored. */
-static int check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t n_rows, int64_t vocab,
-                         int64_t ignore_index) {
-    int64_t count = 0;
-    for (int64_t i = 0; i < n_rows; ++i) {
-        int64_t t = target_at(targets, bytes, i);
-        if (t == ignore_index) continue;
-        if (t < 0 || t >= vocab)
-            return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
-                                      "nothing was written", (long long)i, (long long)t, (long long)vocab,
-                           (long long)ignore_index);
-        ++count;
-    }
-    *kept = count;
-    return MT_OK;
-}
-
 static int64_t first_nonfinite_row(const float *row_max, int64_t n_rows) {
     for (int64_t i = 0; i < n_rows; ++i)
         if (!mt_is_finite(row_max[i])) return i;
@@ -235,7 +203,7 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     int64_t kept = 0;
     if ((rc = check_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
                          label_smoothing, num_items)) ||
-        (rc = check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
+        (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
         return rc;
     int64_t leaves = mt_token_leaves(n_rows);
     int64_t floats = 3 * n_rows + (row_loss ? 0 : n_rows) + leaves;
@@ -255,7 +223,7 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     if (dlogits) mt_parallel_for_work(n_rows, 1, n_rows * vocab, grad_rows, &job);
     loss_rows(&job);
     if (reduction != MT_REDUCTION_NONE) {
-        float total = token_sum(job.row_loss, n_rows, scratch + floats - leaves);
+        float total = mt_token_sum(job.row_loss, n_rows, scratch + floats - leaves);
         if (reduction == MT_REDUCTION_MEAN)   /* no row counted: 0/0, as the canonical NaN */
             total = divisor != 0.0f ? total / divisor : mt_bits_f32(MT_MATH_QNAN);
         *loss_out = total;

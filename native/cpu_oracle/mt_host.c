@@ -293,3 +293,19 @@ float mt_token_sum(const float *x, int64_t rows, float *partials) {
     }
     return mt_token_tree(partials, leaves, 0);
 }
+
+int mt_check_accumulate_args(const float *out, const float *const *parts, int32_t n_parts, int64_t n) {
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if (n_parts < 1) return mt_fail(MT_EINVAL, "n_parts must be >= 1, got %d", (int)n_parts);
+    if (!parts) return mt_fail(MT_EINVAL, "parts is NULL");
+    if (n == 0) return MT_OK;
+    if (!out) return mt_fail(MT_EINVAL, "out is NULL");
+    uintptr_t o0 = (uintptr_t)out, o1 = o0 + (uintptr_t)n * 4;
+    for (int32_t k = 0; k < n_parts; ++k) {
+        if (!parts[k]) return mt_fail(MT_EINVAL, "parts[%d] is NULL", (int)k);
+        uintptr_t p0 = (uintptr_t)parts[k], p1 = p0 + (uintptr_t)n * 4;
+        if (p0 < o1 && o0 < p1) return mt_fail(MT_EINVAL, "out overlaps parts[%d]; out must be its own buffer", (int)k);
+    }
+    return MT_OK;
+}
+

@@ -87,6 +87,10 @@ int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t 
  * mt_token_leaves(rows) floats of scratch. */
 float mt_token_sum(const float *x, int64_t rows, float *partials);
 
+/* mt_accumulate's arguments (every vendor): n >= 0, n_parts >= 1, no NULL, out overlapping
+ * no part. */
+int mt_check_accumulate_args(const float *out, const float *const *parts, int32_t n_parts, int64_t n);
+
 /* Element i of an index buffer of signed 4- or 8-byte integers (targets, ids). */
 static inline int64_t mt_index_at(const void *ids, int32_t bytes, int64_t i) {
     return bytes == 8 ? ((const int64_t *)ids)[i] : (int64_t)((const int32_t *)ids)[i];

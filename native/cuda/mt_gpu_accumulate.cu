@@ -38,21 +38,6 @@ uint64_t mt_accumulate_features(void) { return MT_FEATURE_ACCUMULATE; }
 
 namespace {
 
-int check_parts(const float *out, const float *const *parts, int32_t n_parts, int64_t n) {
-    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
-    if (n_parts < 1) return mt_fail(MT_EINVAL, "n_parts must be >= 1, got %d", (int)n_parts);
-    if (!parts) return mt_fail(MT_EINVAL, "parts is NULL");
-    if (n == 0) return MT_OK;
-    if (!out) return mt_fail(MT_EINVAL, "out is NULL");
-    uintptr_t o0 = (uintptr_t)out, o1 = o0 + (uintptr_t)n * 4;
-    for (int32_t k = 0; k < n_parts; ++k) {
-        if (!parts[k]) return mt_fail(MT_EINVAL, "parts[%d] is NULL", (int)k);
-        uintptr_t p0 = (uintptr_t)parts[k], p1 = p0 + (uintptr_t)n * 4;
-        if (p0 < o1 && o0 < p1) return mt_fail(MT_EINVAL, "out overlaps parts[%d]; out must be its own buffer", (int)k);
-    }
-    return MT_OK;
-}
-
 /* Error path: the first part holding NaN or inf (read back to the host), or -1. */
 int first_bad_part(const std::vector<const float *> &dev, int64_t n, int32_t *which) {
     *which = -1;
@@ -75,7 +60,7 @@ int first_bad_part(const std::vector<const float *> &dev, int64_t n, int32_t *wh
 
 extern "C" int mt_accumulate(float *out, const float *const *parts, int32_t n_parts, int64_t n) {
     int rc;
-    if ((rc = check_parts(out, parts, n_parts, n))) return rc;
+    if ((rc = mt_check_accumulate_args(out, parts, n_parts, n))) return rc;
     if (n == 0) return MT_OK;
     if ((rc = mt_gpu_ready())) return rc;
     mt_arena arena;

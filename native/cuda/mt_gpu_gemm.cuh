@@ -50,7 +50,12 @@
 #define MT_GEMM_MIN_BLOCKS 2
 #endif
 
+/* Everything below has internal linkage (an unnamed namespace): each .cu that includes this
+ * gets its own kernels AND its own once-per-kernel shared-memory setup. With external linkage
+ * the linker merged allow_smem's static across files, so one file's kernel copy launched
+ * without its shared-memory limit raised ("invalid argument"). */
 namespace mt_gemm {
+namespace {
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
@@ -613,6 +618,7 @@ inline int finite_check(int32_t *flags, const float *const *ptrs, const int64_t 
     return launch_check("finiteness pre-pass");
 }
 
+}  // namespace
 }  // namespace mt_gemm
 
 #endif /* MT_GPU_GEMM_CUH */

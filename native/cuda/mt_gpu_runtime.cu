@@ -14,7 +14,11 @@ int mt_gpu_error(gpuError_t err, const char *what) {
 }
 
 uint64_t mt_vendor_features(void) {
+#if MT_TIER == 2   /* MT_TIER_FAST (mt_pinned.h is not included here): --use_fast_math: approximate division and sqrt, subnormals flushed */
+    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS | MT_FEATURE_APPROXIMATE;
+#else
     return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS;
+#endif
 }
 
 int mt_gpu_ready(void) {
@@ -94,6 +98,7 @@ void mt_gpu_record_launch(int threads, int blocks) {
 struct mt_scratch {
     char *dev = nullptr, *pinned = nullptr;
     size_t cap = 0, grow_to = 0;
+    bool active = false;     /* an arena of this thread is using it (ops may call ops) */
     ~mt_scratch() {
         if (dev) gpuFree(dev);
         if (pinned) gpuFreeHost(pinned);
@@ -110,6 +115,11 @@ static thread_local mt_scratch t_scratch;
 
 mt_arena::mt_arena() {
     mt_scratch &sc = t_scratch;
+    if (sc.active) {          /* nested (an op calling an op): own allocations only */
+        nested = true;
+        return;
+    }
+    sc.active = true;
     if (sc.grow_to > sc.cap || !sc.dev) {     /* previous calls on this thread have synchronized */
         size_t want_cap = sc.grow_to > (size_t)(1 << 20) ? sc.grow_to : (size_t)(1 << 20);
         if (sc.dev) gpuFree(sc.dev);
@@ -133,6 +143,8 @@ mt_arena::mt_arena() {
 mt_arena::~mt_arena() {
     for (void *p : owned) gpuFreeAsync(p, MT_STREAM);
     mt_mem_count(-owned_bytes);
+    if (nested) return;
+    t_scratch.active = false;
     if (want > MT_SCRATCH_MAX) want = MT_SCRATCH_MAX;
     if (want > t_scratch.grow_to) t_scratch.grow_to = want;
 }

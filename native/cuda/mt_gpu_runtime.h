@@ -42,6 +42,7 @@ struct mt_arena {
     std::vector<void *> owned;
     size_t staged = 0, flushed = 0, used = 0, want = 0;   /* staged: first half; used: second */
     int64_t owned_bytes = 0;                              /* counted by mt_mem_count */
+    bool nested = false;      /* another arena of this thread holds the scratch: cap stays 0 */
     char *dev = nullptr, *pinned = nullptr;
     size_t cap = 0;
     mt_arena();

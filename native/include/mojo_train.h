@@ -57,6 +57,7 @@ extern "C" {
 #define MT_FEATURE_THREADS (1u << 10)     /* thread pool */
 #define MT_FEATURE_PINNED_MATH (1u << 16) /* pinned routines (identical tier) */
 #define MT_FEATURE_CONTRACTION (1u << 17) /* fma contraction allowed (deterministic, fast) */
+#define MT_FEATURE_APPROXIMATE (1u << 18)  /* approximate division/sqrt, flushed subnormals (GPU fast) */
 
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
@@ -173,7 +174,7 @@ int mt_embedding_forward(float *out /* (n_ids*dim) */, const float *weight /* (v
 int mt_embedding_backward(float *dweight /* (vocab*dim) */, const float *dy /* (n_ids*dim) */,
                           const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
                           int64_t vocab, int64_t dim, int64_t padding_idx /* < 0: none */,
-                          int32_t accumulate /* 0: overwrite dweight, 1: dweight += new */);
+                          int32_t accumulate /* bit 0: dweight += new; bits 1-2: plan 0 auto, 1 scan, 2 sort */);
 
 int mt_normal_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64_t offset,
                    double mean /* rounded to float32 inside */, double std, int64_t n);
