@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "fixtures"))
                             if f.endswith(".card")))
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
-BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py", "bench/dropout_cuda.py",
+BENCHMARKS = ("bench/optim_cuda.py", "bench/loss_cuda.py", "bench/dense_cuda.py --quick", "bench/dropout_cuda.py",
               "bench/embedding_cuda.py", "bench/lm_head_cuda.py")
 
 
@@ -73,8 +73,10 @@ def main():
                          must_print="FAIL %s on cuda" % op))
     script = ("import runpy, sys, os\n"
               "for b in sys.argv[1:]:\n"
-              "    if os.path.exists(b):\n"
-              "        sys.argv = [b, '--write']; print('#', b, flush=True); runpy.run_path(b, run_name='__main__')\n")
+              "    path, *extra = b.split()\n"
+              "    if os.path.exists(path):\n"
+              "        sys.argv = [path, '--write'] + extra; print('#', b, flush=True)\n"
+              "        runpy.run_path(path, run_name='__main__')\n")
     steps.append(run("benchmarks", [py, "-c", script] + list(BENCHMARKS), cuda))
     table = ["| step | outcome | seconds |", "| --- | --- | --- |"]
     table += ["| %s | %s | %.0f |" % (s["step"], "ok" if s["ok"] else "FAILED", s["seconds"]) for s in steps]
@@ -89,7 +91,7 @@ def main():
     if os.environ.get("OUT"):
         shutil.copy(path, os.environ["OUT"])
         for b in BENCHMARKS:
-            jl = os.path.join(ROOT, "bench", "results", os.path.basename(b)[:-3] + ".jsonl")
+            jl = os.path.join(ROOT, "bench", "results", os.path.basename(b.split()[0])[:-3] + ".jsonl")
             if os.path.exists(jl):
                 shutil.copy(jl, os.environ["OUT"])
     sys.exit(0 if all(s["ok"] for s in steps) else 1)
