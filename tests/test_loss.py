@@ -97,8 +97,10 @@ def test_the_library_scratch_is_returned_after_each_call(mode):
     ce(mode, x, t, return_grad=True, label_smoothing=0.1)
     ce(mode, x, t, reduction="none")
     assert lib.mt_memory_stats(stats, 0) == 0
-    assert stats[0] == now                                # scratch given back (a GPU keeps its
-    assert stats[1] > now or mode.has("device")           # per-thread scratch: nothing new to count)
+    if mode.has("device"):   # a GPU vendor keeps per-thread scratch and caches that grow lazily
+        assert stats[0] - now < 1 << 20 and stats[1] >= now
+    else:
+        assert stats[0] == now and stats[1] > now         # scratch was used, and given back
 
 
 # ---- refusals ---------------------------------------------------------------------------------
