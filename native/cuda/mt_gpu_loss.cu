@@ -19,6 +19,7 @@
  * Host buffers are staged through device memory and downloaded only on success.
  */
 #include <math.h>
+#include <stdlib.h>
 #include "mt_gpu_rows.cuh"
 
 uint64_t mt_loss_features(void) { return MT_FEATURE_LOSS; }
@@ -416,7 +417,9 @@ int ce_launch_rows(const ce_bufs &b, const void *targets, int32_t target_bytes, 
     static std::once_flag once[4];
     bool vec = vocab % 4 == 0 && ((uintptr_t)b.logits & 15u) == 0 && ((uintptr_t)b.dlogits & 15u) == 0;
     size_t smem = (size_t)ce_smem_floats(true, vocab) * 4;
-    bool staged = smem <= (size_t)mt_rows_limits().smem_optin;
+    /* MOJO_TRAIN_CE_GLOBAL=1 (read once) forces the global-memory rows: an A/B switch, same bits. */
+    static const bool force_global = getenv("MOJO_TRAIN_CE_GLOBAL") && getenv("MOJO_TRAIN_CE_GLOBAL")[0] == '1';
+    bool staged = !force_global && smem <= (size_t)mt_rows_limits().smem_optin;
     if (!staged) smem = (size_t)ce_smem_floats(false, vocab) * 4;
     int64_t chunks = mt_chunk_count(vocab), cap = staged ? CE_SMEM_WARPS : CE_GLOBAL_WARPS;
     int threads = 32 * (int)(chunks < cap ? chunks : cap);
