@@ -81,6 +81,7 @@ selfcheck: all
 	$(PYTHON) -m mojo_train selfcheck
 
 demo: selfcheck
+	$(PYTHON) -m mojo_train demo
 
 clean:
 	rm -rf $(BUILD)

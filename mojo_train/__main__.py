@@ -6,7 +6,7 @@
                          exit 1 on any mismatch; --write first appends the cases defined in
                          code but missing from the cards, computed on the CPU oracle
     info                 print backend_info() for the default vendor and numeric mode
-    demo                 reserved (not implemented yet)
+    demo [--vendor V]    train a small character-level language model; print its digests
 """
 import argparse
 import json
@@ -84,9 +84,10 @@ def info():
     return 0
 
 
-def demo():
-    # The place for a future end-to-end demo (a small training run checked across vendors).
-    raise NotImplementedError("python -m mojo_train demo: not implemented yet")
+def demo(vendor=None, steps=400, svg="demo_loss.svg"):
+    """Train the small character-level model end to end (mojo_train/_demo.py)."""
+    from . import _demo
+    return _demo.run(vendor=vendor, steps=steps, svg=svg)
 
 
 def main(argv=None):
@@ -96,12 +97,17 @@ def main(argv=None):
     check.add_argument("--write", action="store_true", help="first append missing cases (cpu oracle)")
     check.add_argument("--card", help="check this card only (e.g. optim)")
     sub.add_parser("info", help="print backend_info()")
-    sub.add_parser("demo", help="not implemented yet")
+    d = sub.add_parser("demo", help="train a small character-level language model end to end")
+    d.add_argument("--vendor", choices=("cpu", "cuda", "hip", "metal"), default=None)
+    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--svg", default="demo_loss.svg", help="where the loss curve is written")
     args = parser.parse_args(argv)
     try:
         if args.command == "selfcheck":
             return selfcheck(args.write, args.card)
-        return {"info": info, "demo": demo}[args.command]()
+        if args.command == "demo":
+            return demo(args.vendor, args.steps, args.svg)
+        return {"info": info}[args.command]()
     except NotImplementedError as exc:
         print("NotImplementedError: %s" % exc, file=sys.stderr)
         return 2

@@ -242,9 +242,11 @@ def test_selfcheck_exits_0_when_every_card_matches():
         assert _name(path) in run.stdout
 
 
-def test_demo_is_reserved_and_says_it_is_not_implemented(capsys):
-    assert cli.main(["demo"]) == 2
-    assert "NotImplementedError" in capsys.readouterr().err
+def test_demo_runs_from_the_command_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    cli.main(["demo", "--steps", "20", "--svg", str(tmp_path / "c.svg")])
+    out = capsys.readouterr().out
+    assert "step   20" in out and "checkpoint sha256" in out and (tmp_path / "c.svg").exists()
 
 
 def test_info_prints_what_loads():
