@@ -9,7 +9,7 @@ ever written, and a refused call raises before any result exists.
 import numbers
 
 from . import _buffer, _ops
-from ._errors import where_msg
+from ._errors import refuse_keywords, where_msg
 from ._native import ffi
 
 __all__ = ["cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy"]
@@ -31,10 +31,7 @@ _REFUSED = {
 
 
 def _refuse_kwargs(kwargs, where):
-    for name in kwargs:
-        if name in _REFUSED:
-            raise TypeError(where_msg(where, "%s= is not supported: %s" % (name, _REFUSED[name])))
-        raise TypeError(where_msg(where, "unexpected keyword argument %r" % name))
+    refuse_keywords(kwargs, where, _REFUSED)
 
 
 def _integer(value, name, where):

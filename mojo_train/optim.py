@@ -20,6 +20,7 @@ combined by ``accumulate_grads`` (the pairwise tree; an unaligned split is refus
 import numbers
 import threading
 
+from ._errors import refuse_keywords
 from . import _buffer
 from ._array import Array
 from ._native import ffi, load
@@ -45,10 +46,7 @@ _REFUSED = {
 
 
 def _refuse_kwargs(kwargs, where):
-    for name in kwargs:
-        if name in _REFUSED:
-            raise TypeError("mojo_train.%s: %s= is not supported: %s" % (where, name, _REFUSED[name]))
-        raise TypeError("mojo_train.%s: unexpected keyword argument %r" % (where, name))
+    refuse_keywords(kwargs, where, _REFUSED)
 
 
 def _real(value, name, where, low=0.0, high=None, high_open=False):

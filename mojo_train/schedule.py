@@ -19,7 +19,7 @@ import numbers
 import struct
 
 from . import _buffer, _ops
-from ._errors import where_msg
+from ._errors import refuse_keywords, where_msg
 from ._native import ffi, load
 
 __all__ = ["ConstantLR", "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads",
@@ -54,12 +54,9 @@ _TORCH_ARGS = {
 
 
 def _refuse_torch(kwargs, where):
-    for name in kwargs:
-        if name in _TORCH_ARGS:
-            raise TypeError(where_msg(where, "%s= is an argument of torch's schedulers; this %s is a "
-                                      "step -> lr function passed as lr_schedule=, not a scheduler: %s"
-                                      % (name, where, _TORCH_ARGS[name])))
-        raise TypeError(where_msg(where, "unexpected keyword argument %r" % name))
+    refuse_keywords(kwargs, where, _TORCH_ARGS,
+                    "%%s= is an argument of torch's schedulers; this %s is a step -> lr function passed "
+                    "as lr_schedule=, not a scheduler: %%s" % where)
 
 
 def _real_arg(value, name, where):

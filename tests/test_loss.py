@@ -88,19 +88,17 @@ def test_the_library_scratch_is_returned_after_each_call(mode):
     _need(mode)
     lib, stats = mode.backend.lib, ffi.new("int64_t[2]")
     x, t = logits_of(2100, 300), targets_of(2100, 300, ignore=0.1)
-    for _ in range(2):                                   # warm: anything cached is in place (a GPU
-        ce(mode, x, t, return_grad=True)                 # grows its per-thread scratch at the call
-        ce(mode, x, t, return_grad=True, label_smoothing=0.1)   # after the one that needed it)
-        ce(mode, x, t, reduction="none")
+    for _ in range(3):       # warm: anything cached is in place (a GPU grows its per-thread
+        ce(mode, x, t, return_grad=True)                 # scratch at the call after the one that
+        ce(mode, x, t, return_grad=True, label_smoothing=0.1)   # needed it: stable by round 3 on
+        ce(mode, x, t, reduction="none")                        # the H200)
     assert lib.mt_memory_stats(stats, 1) == 0
     now = stats[0]
     ce(mode, x, t, return_grad=True, label_smoothing=0.1)
     ce(mode, x, t, reduction="none")
     assert lib.mt_memory_stats(stats, 0) == 0
-    if mode.has("device"):   # a GPU vendor keeps per-thread scratch and caches that grow lazily
-        assert stats[0] - now < 1 << 20 and stats[1] >= now
-    else:
-        assert stats[0] == now and stats[1] > now         # scratch was used, and given back
+    assert stats[0] == now                                # every byte of scratch given back
+    assert stats[1] > now or mode.has("device")           # and used (a GPU reuses its kept scratch)
 
 
 # ---- refusals ---------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ void mt_parallel_segments(const int32_t *offsets, int32_t n_tensors, mt_segment_
 int mt_nonfinite_pair(int32_t *bad_a, int32_t *bad_b, float *const *a, float *const *b, const int32_t *offsets,
                       int32_t n_tensors);
 
+/* Whether x[0..n) holds a NaN or an infinity (one thread; the largest exponent field). */
+int mt_cpu_any_nonfinite(const float *x, int64_t n);
+
 /* Index of the first tensor holding a NaN or inf, or -1. */
 int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors);
 

@@ -41,16 +41,6 @@ MT_SIMD static void add_right(float *restrict dst, const float *restrict a, int6
     for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + dst[i];
 }
 
-MT_SIMD static int nonfinite(const float *x, int64_t n) {
-    const uint32_t *u = (const uint32_t *)x;
-    uint32_t top = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t e = u[i] & 0x7f800000u;
-        top = e > top ? e : top;
-    }
-    return top == 0x7f800000u;
-}
-
 /* out[b, b+len) from the parts' same elements. */
 static void acc_block(const acc_job *job, int64_t b, int64_t len, float buf[ACC_DEPTH][ACC_BLOCK]) {
     const float *slot[ACC_DEPTH];
@@ -81,7 +71,7 @@ static void acc_range(void *ctx, int64_t b, int64_t e) {
     for (int64_t i = b; i < e; i += ACC_BLOCK) {
         int64_t len = e - i < ACC_BLOCK ? e - i : ACC_BLOCK;
         acc_block(job, i, len, buf);
-        bad |= nonfinite(job->out + i, len);
+        bad |= mt_cpu_any_nonfinite(job->out + i, len);
     }
     if (bad) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
 }
@@ -93,7 +83,7 @@ MT_NOINLINE static int accumulate_body(float *out, const float *const *parts, in
     mt_parallel_for_work(n, ACC_BLOCK, n * n_parts, acc_range, &job);
     if (!job.bad) return MT_OK;
     for (int32_t k = 0; k < n_parts; ++k)            /* error path: name the culprit */
-        if (nonfinite(parts[k], n)) return mt_fail(MT_ENONFINITE, "parts[%d] holds NaN or inf", (int)k);
+        if (mt_cpu_any_nonfinite(parts[k], n)) return mt_fail(MT_ENONFINITE, "parts[%d] holds NaN or inf", (int)k);
     return mt_fail(MT_ENONFINITE, "the sum overflows float32 (inf) although every part is finite");
 }
 

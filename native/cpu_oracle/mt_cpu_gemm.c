@@ -534,20 +534,9 @@ void mt_token_acc_free(mt_token_acc *t) {
 /* ---- the finiteness pre-pass -------------------------------------------------------------- */
 typedef struct { const float *x; int bad; } nonfinite_job;
 
-/* The largest exponent field seen: all ones means a NaN or an infinity. */
-MT_SIMD static int exponent_all_ones(const float *x, int64_t n) {
-    const uint32_t *u = (const uint32_t *)x;
-    uint32_t top = 0;
-    for (int64_t i = 0; i < n; ++i) {
-        uint32_t e = u[i] & 0x7f800000u;
-        top = e > top ? e : top;
-    }
-    return top == 0x7f800000u;
-}
-
 static void nonfinite_range(void *ctx, int64_t b, int64_t e) {
     nonfinite_job *job = (nonfinite_job *)ctx;
-    if (exponent_all_ones(job->x + b, e - b)) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
+    if (mt_cpu_any_nonfinite(job->x + b, e - b)) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
 }
 
 int mt_cpu_nonfinite(const float *x, int64_t n) {

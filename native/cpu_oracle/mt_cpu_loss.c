@@ -159,37 +159,6 @@ static void loss_rows(const ce_job *job) {
 }
 
 /* ---- refusals ---- */
-static int check_args(const float *loss_out, const float *row_loss, const float *dlogits,
-                      const float *logits, const void *targets, int32_t target_bytes, int64_t n_rows,
-                      int64_t vocab, int32_t reduction, float label_smoothing, int64_t num_items) {
-    int rc;
-    if (reduction < MT_REDUCTION_NONE || reduction > MT_REDUCTION_MEAN)
-        return mt_fail(MT_EINVAL, "reduction must be 0 (none), 1 (sum) or 2 (mean), got %d", (int)reduction);
-    if (n_rows < 0) return mt_fail(MT_EINVAL, "n_rows must be >= 0, got %lld", (long long)n_rows);
-    if (vocab < 1 || vocab >= CE_MAX_VOCAB)
-        return mt_fail(MT_EINVAL, "vocab must be in [1, 2^24), got %lld", (long long)vocab);
-    if (n_rows > INT64_MAX / 4 / vocab)
-        return mt_fail(MT_EINVAL, "n_rows * vocab overflows (%lld x %lld)", (long long)n_rows, (long long)vocab);
-    if (target_bytes != 4 && target_bytes != 8)
-        return mt_fail(MT_EINVAL, "target_bytes must be 4 (int32) or 8 (int64), got %d", (int)target_bytes);
-    if (n_rows > 0 && ((rc = mt_check_ptr(logits, "logits")) || (rc = mt_check_ptr(targets, "targets"))))
-        return rc;
-    if (reduction == MT_REDUCTION_NONE) {
-        if (!row_loss) return mt_fail(MT_EINVAL, "row_loss is NULL; reduction NONE returns the per-row losses there");
-        if (dlogits)
-            return mt_fail(MT_EINVAL, "dlogits must be NULL with reduction NONE: 'none' has no gradient "
-                                      "(the placement of a per-row upstream gradient is not in loss v1)");
-    } else if ((rc = mt_check_ptr(loss_out, "loss_out"))) {
-        return rc;
-    }
-    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
-        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
-    if (num_items < 0)
-        return mt_fail(MT_EINVAL, "num_items must be >= 1, or 0 for the count of non-ignored rows; got %lld",
-                       (long long)num_items);
-    return MT_OK;
-}
-
 static int64_t first_nonfinite_row(const float *row_max, int64_t n_rows) {
     for (int64_t i = 0; i < n_rows; ++i)
         if (!mt_is_finite(row_max[i])) return i;
@@ -201,7 +170,7 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
                                int64_t ignore_index, int32_t reduction, float label_smoothing, int64_t num_items) {
     int rc;
     int64_t kept = 0;
-    if ((rc = check_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
+    if ((rc = mt_check_ce_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
                          label_smoothing, num_items)) ||
         (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
         return rc;

@@ -37,7 +37,7 @@ void mt_parallel_segments(const int32_t *offsets, int32_t n_tensors, mt_segment_
 
 /* ---- finiteness ---- */
 /* The largest exponent field seen: all ones means a NaN or an infinity. */
-MT_SIMD static int any_nonfinite(const float *x, int64_t n) {
+MT_SIMD int mt_cpu_any_nonfinite(const float *x, int64_t n) {
     const uint32_t *u = (const uint32_t *)x;
     uint32_t top = 0;
     for (int64_t i = 0; i < n; ++i) {
@@ -65,13 +65,13 @@ static void finite_segment(void *p, int32_t j, int64_t flat, int64_t local, int6
     finite_job *job = (finite_job *)p;
     (void)flat;
     int bad = job->b ? any_nonfinite2(job->a[j] + local, job->b[j] + local, count)
-                     : any_nonfinite(job->a[j] + local, count);
+                     : mt_cpu_any_nonfinite(job->a[j] + local, count);
     if (bad) __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
 }
 
 static int32_t first_bad(float *const *table, const int32_t *offsets, int32_t n_tensors) {
     for (int32_t j = 0; j < n_tensors; ++j)            /* error path: find which tensor */
-        if (any_nonfinite(table[j], offsets[j + 1] - offsets[j])) return j;
+        if (mt_cpu_any_nonfinite(table[j], offsets[j + 1] - offsets[j])) return j;
     return -1;
 }
 

@@ -70,6 +70,11 @@ uint64_t mt_accumulate_features(void);
 uint64_t mt_elementwise_features(void);
 uint64_t mt_schedule_features(void);
 
+/* mt_cross_entropy's argument checks, in the oracle's order, for every vendor. */
+int mt_check_ce_args(const float *loss_out, const float *row_loss, const float *dlogits,
+                     const float *logits, const void *targets, int32_t target_bytes, int64_t n_rows,
+                     int64_t vocab, int32_t reduction, float label_smoothing, int64_t num_items);
+
 /* mt_lm_head_loss's argument checks, for every vendor (pointers may be device pointers). */
 int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const float *d_hidden,
                           const float *d_weight, const float *d_bias, const float *hidden,
