@@ -11,11 +11,16 @@
  * the CPU has them, and the program reports whether gcc vectorized them (it must, or the
  * speed of cross_entropy is lost: build with -fopt-info-vec-optimized to see the loops).
  * The reference is ref_expf_v1 below: the branching mt_expf as committed in 15363ce, copied
- * verbatim (only renamed). Exit status 0 only if every input agrees in every build.
+ * verbatim (only renamed). Inputs in [MT_EXPF_MID_LO, MT_EXPF_MID_HI] also go through
+ * mt_expf_mid (the softmax rows' shortcut), which must give the same bits there. Exit status
+ * 0 only if every input agrees in every build.
  * -s STEP > 1 checks only the first BLOCK inputs of every STEP-th block (a quick run); the
  * default is the exhaustive one (about 4 minutes on 2 idle cores).
  * Run 2026-11-30 on the 2-core development machine (gcc 12.2, AVX-512), with the branch-free
  * mt_expf of this tree: 4294967296 inputs, 0 differing in each of the four builds.
+ * Run 2026-12-01, same machine, with mt_expf on the shared mt_math_exp_pair and mt_expf_mid:
+ * 4294967296 inputs, 0 differing in each of the four builds, and mt_expf_mid 0 differing on
+ * all 2237464578 inputs of [-86.5, 88] (3.5 minutes).
  */
 #include "mt_pinned.h"
 
@@ -73,6 +78,8 @@ static float ref_expf_v1(float x) {
 
 /* ---- the builds under test ------------------------------------------------------------ */
 __attribute__((noinline)) static float scalar_expf(float x) { return mt_expf(x); }
+__attribute__((noinline)) static float scalar_expf_mid(float x) { return mt_expf_mid(x); }
+static int in_mid(float x) { return x >= MT_EXPF_MID_LO && x <= MT_EXPF_MID_HI; }
 
 #define LOOP_BODY                                   \
     for (int i = 0; i < n; ++i) y[i] = mt_expf(x[i]);
@@ -93,7 +100,8 @@ static uint64_t g_step = 1;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_v3, g_v4;
 
-typedef struct { uint64_t checked, differ[4]; uint32_t first_bad[4]; } tally;
+#define BUILDS 5
+typedef struct { uint64_t checked, mid, differ[BUILDS]; uint32_t first_bad[BUILDS]; } tally;
 
 static void compare(tally *t, int which, const uint32_t *in, const float *ref, const float *got, int n) {
     for (int i = 0; i < n; ++i)
@@ -126,6 +134,11 @@ static void *work(void *arg) {
             if (g_v3) { loop_v3(x, got, BLOCK); compare(t, 2, in, ref, got, BLOCK); }
             if (g_v4) { loop_v4(x, got, BLOCK); compare(t, 3, in, ref, got, BLOCK); }
 #endif
+            int m = 0;                 /* mt_expf_mid on the inputs of its range, packed */
+            for (int i = 0; i < BLOCK; ++i)
+                if (in_mid(x[i])) { in[m] = in[i]; ref[m] = ref[i]; got[m] = scalar_expf_mid(x[i]); ++m; }
+            compare(t, 4, in, ref, got, m);
+            t->mid += (uint64_t)m;
             t->checked += BLOCK;
         }
     }
@@ -143,25 +156,45 @@ int main(int argc, char **argv) {
     g_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
+    /* mt_expf_mid's edges, densely, whatever -s says: 2^16 patterns each side of -86.5,
+     * -0, +0 and 88 (the ones inside the range are compared). */
+    static const uint32_t edges[4] = {0xc2ad0000u, 0x80000000u, 0x00000000u, 0x42b00000u};
+    uint64_t edge_mid = 0, edge_differ = 0;
+    uint32_t edge_first = 0;
+    for (int e = 0; e < 4; ++e)
+        for (int64_t d = -65536; d <= 65536; ++d) {
+            int64_t b = (int64_t)edges[e] + d;
+            if (b < 0 || b > 0xffffffffll) continue;
+            float x = mt_bits_f32((uint32_t)b);
+            if (!in_mid(x)) continue;
+            ++edge_mid;
+            if (mt_f32_bits(ref_expf_v1(x)) != mt_f32_bits(scalar_expf_mid(x)) && !edge_differ++) edge_first = (uint32_t)b;
+        }
     pthread_t tid[256];
     tally t[256];
     memset(t, 0, sizeof t);
     for (int i = 0; i < threads; ++i) pthread_create(&tid[i], NULL, work, &t[i]);
-    uint64_t checked = 0, differ[4] = {0, 0, 0, 0};
-    uint32_t first[4] = {0, 0, 0, 0};
+    uint64_t checked = 0, mid = 0, differ[BUILDS] = {0, 0, 0, 0, 0};
+    uint32_t first[BUILDS] = {0, 0, 0, 0, 0};
     for (int i = 0; i < threads; ++i) {
         pthread_join(tid[i], NULL);
         checked += t[i].checked;
-        for (int w = 0; w < 4; ++w) {
+        mid += t[i].mid;
+        for (int w = 0; w < BUILDS; ++w) {
             if (t[i].differ[w] && !differ[w]) first[w] = t[i].first_bad[w];
             differ[w] += t[i].differ[w];
         }
     }
-    static const char *names[4] = {"scalar call", "loop, default ISA", "loop, x86-64-v3", "loop, x86-64-v4"};
-    int ran[4] = {1, 1, g_v3, g_v4}, bad = g_step <= 1 && checked != (1ull << 32);
+    static const char *names[BUILDS] = {"scalar call", "loop, default ISA", "loop, x86-64-v3", "loop, x86-64-v4",
+                                        "mt_expf_mid"};
+    int ran[BUILDS] = {1, 1, g_v3, g_v4, 1}, bad = (g_step <= 1 && checked != (1ull << 32)) || mid == 0;
     printf("expf_identity: %llu inputs%s, %d threads; reference: the branching mt_expf of math v1\n",
            (unsigned long long)checked, g_step > 1 ? " (sampled)" : "", threads);
-    for (int w = 0; w < 4; ++w) {
+    printf("  (mt_expf_mid: the %llu inputs in [%g, %g], and %llu around its edges)\n", (unsigned long long)mid,
+           (double)MT_EXPF_MID_LO, (double)MT_EXPF_MID_HI, (unsigned long long)edge_mid);
+    if (edge_differ) first[4] = edge_first;
+    differ[4] += edge_differ;
+    for (int w = 0; w < BUILDS; ++w) {
         if (!ran[w]) { printf("  %-20s not run (the CPU lacks the ISA)\n", names[w]); continue; }
         printf("  %-20s %llu differing", names[w], (unsigned long long)differ[w]);
         if (differ[w]) printf(" (first: input 0x%08x)", first[w]);

@@ -41,6 +41,7 @@ typedef struct {
     int32_t target_bytes;
     int64_t n_rows, vocab, ignore_index;
     float *row_max;    /* (n_rows) pass 1: the max, or NaN for a row holding NaN or inf */
+    float *row_min;    /* (n_rows) pass 1: the min (min - max >= MT_EXPF_MID_LO: mt_expf_mid) */
     float *row_sum;    /* (n_rows): the softmax denominator s of each row not ignored */
     float *row_x;      /* (n_rows): the tree sum of its logits (smoothing only) */
     float *row_loss;   /* (n_rows): the caller's row_loss or our scratch */
@@ -55,16 +56,18 @@ typedef struct {
  * all-ones exponent field. Without a gradient, the row's sums follow while it is in cache. */
 static uint32_t order_key(uint32_t b) { return b ^ ((uint32_t)((int32_t)b >> 31) >> 1); }
 
-CE_FLAT MT_SIMD static float row_max(const float *x, int64_t n) {
+CE_FLAT MT_SIMD static float row_max(const float *x, int64_t n, float *min_out) {
     const uint32_t *u = (const uint32_t *)x;
-    int32_t top = INT32_MIN;
+    int32_t top = INT32_MIN, bottom = INT32_MAX;
     uint32_t exp_top = 0;
     for (int64_t i = 0; i < n; ++i) {
         int32_t key = (int32_t)order_key(u[i]);
         uint32_t e = u[i] & 0x7f800000u;
         top = key > top ? key : top;
+        bottom = key < bottom ? key : bottom;
         exp_top = e > exp_top ? e : exp_top;
     }
+    *min_out = mt_bits_f32(order_key((uint32_t)bottom));
     if (exp_top == 0x7f800000u) return mt_bits_f32(MT_MATH_QNAN);
     return mt_bits_f32(order_key((uint32_t)top));
 }
@@ -74,8 +77,16 @@ CE_FLAT MT_SIMD static float row_max(const float *x, int64_t n) {
  * with a step that stores the term it adds. */
 #define CE_STEP_SUM_EXP_KEEP(acc, i) (acc) = (acc) + (e[i] = mt_expf(x[i] - m))
 MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_keep, MT_SAB_LOSS, CE_STEP_SUM_EXP_KEEP, const float *x, float m, float *e)
+/* The same two folds through mt_expf_mid (the same bits) for a row whose every x - m is in
+ * its range. */
+#define CE_STEP_SUM_EXP_MID(acc, i) (acc) = (acc) + mt_expf_mid(x[i] - m)
+MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_mid, MT_SAB_LOSS, CE_STEP_SUM_EXP_MID, const float *x, float m)
+#define CE_STEP_SUM_EXP_MID_KEEP(acc, i) (acc) = (acc) + (e[i] = mt_expf_mid(x[i] - m))
+MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_mid_keep, MT_SAB_LOSS, CE_STEP_SUM_EXP_MID_KEEP, const float *x, float m,
+                     float *e)
 
-CE_FLAT MT_SIMD static float chunk_sum_exp(const float *x, int64_t n, float m, float *keep) {
+CE_FLAT MT_SIMD static float chunk_sum_exp(const float *x, int64_t n, float m, float *keep, int mid) {
+    if (mid) return keep ? ce_chunk_sum_exp_mid_keep(n, x, m, keep) : ce_chunk_sum_exp_mid(n, x, m);
     return keep ? ce_chunk_sum_exp_keep(n, x, m, keep) : mt_chunk_sum_exp(n, x, m);
 }
 CE_FLAT MT_SIMD static float chunk_sum(const float *x, int64_t n) { return mt_chunk_sum(n, x); }
@@ -92,15 +103,16 @@ static void prefetch_floats(const float *p, const float *end, int64_t n) {
 }
 
 /* The chunk tree (clip.md) over a row: sum of e^(x_j - m) (kept in `keep` unless NULL), or
- * of x_j when m is NULL. `end` bounds the prefetch of what follows each chunk. */
-static float row_tree(const float *x, int64_t vocab, const float *m, float *keep, const float *end) {
+ * of x_j when m is NULL. `end` bounds the prefetch of what follows each chunk; `mid`: every
+ * x_j - m is in mt_expf_mid's range. */
+static float row_tree(const float *x, int64_t vocab, const float *m, float *keep, const float *end, int mid) {
     float part[CE_MAX_CHUNKS];
     int64_t chunks = mt_chunk_count(vocab);
     for (int64_t c = 0; c < chunks; ++c) {
         int64_t len = vocab - c * MT_CHUNK < MT_CHUNK ? vocab - c * MT_CHUNK : MT_CHUNK;
         const float *xc = x + c * MT_CHUNK;
         if (keep) prefetch_floats(xc + len, end, MT_CHUNK);
-        part[c] = m ? chunk_sum_exp(xc, len, *m, keep ? keep + c * MT_CHUNK : 0) : chunk_sum(xc, len);
+        part[c] = m ? chunk_sum_exp(xc, len, *m, keep ? keep + c * MT_CHUNK : 0, mid) : chunk_sum(xc, len);
     }
     return mt_tree_fold(part, chunks);
 }
@@ -112,14 +124,16 @@ static int row_ignored(const ce_job *job, int64_t i) {
 /* One row's sums into the scratch; `keep` (or NULL) receives the row's e_j. */
 static void row_sums(ce_job *job, int64_t i, float *keep) {
     const float *x = job->logits + i * job->vocab, *end = job->logits + job->n_rows * job->vocab;
-    job->row_sum[i] = row_tree(x, job->vocab, &job->row_max[i], keep, end);
-    if (job->c.eps != 0.0f) job->row_x[i] = row_tree(x, job->vocab, 0, 0, end);
+    /* x_j - m >= min - m (rounding is monotonic): one test for the whole row */
+    int mid = job->row_min[i] - job->row_max[i] >= MT_EXPF_MID_LO;
+    job->row_sum[i] = row_tree(x, job->vocab, &job->row_max[i], keep, end, mid);
+    if (job->c.eps != 0.0f) job->row_x[i] = row_tree(x, job->vocab, 0, 0, end, 0);
 }
 
 static void max_rows(void *ctx, int64_t b, int64_t e) {
     ce_job *job = (ce_job *)ctx;
     for (int64_t i = b; i < e; ++i) {
-        job->row_max[i] = row_max(job->logits + i * job->vocab, job->vocab);
+        job->row_max[i] = row_max(job->logits + i * job->vocab, job->vocab, &job->row_min[i]);
         if (!job->dlogits && mt_is_finite(job->row_max[i]) && !row_ignored(job, i)) row_sums(job, i, 0);
     }
 }
@@ -175,12 +189,12 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
         (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
         return rc;
     int64_t leaves = mt_token_leaves(n_rows);
-    int64_t floats = 3 * n_rows + (row_loss ? 0 : n_rows) + leaves;
+    int64_t floats = 4 * n_rows + (row_loss ? 0 : n_rows) + leaves;
     float *scratch = (float *)mt_scratch_alloc((int64_t)sizeof(float) * floats, "cross_entropy row scratch");
     if (floats > 0 && !scratch) return MT_ENOMEM;
     float divisor = (float)(num_items ? num_items : kept);   /* rounded to nearest */
-    ce_job job = {logits, targets, target_bytes, n_rows, vocab, ignore_index, scratch, scratch + n_rows,
-                  scratch + 2 * n_rows, row_loss ? row_loss : scratch + 3 * n_rows, dlogits,
+    ce_job job = {logits, targets, target_bytes, n_rows, vocab, ignore_index, scratch, scratch + 3 * n_rows,
+                  scratch + n_rows, scratch + 2 * n_rows, row_loss ? row_loss : scratch + 4 * n_rows, dlogits,
                   mt_ce_scalars_for(label_smoothing, vocab, reduction == MT_REDUCTION_MEAN, divisor)};
     mt_parallel_for_work(n_rows, 1, n_rows * vocab, max_rows, &job);
     int64_t bad = first_nonfinite_row(job.row_max, n_rows);

@@ -81,6 +81,7 @@ struct desc {
     int64_t slices = 1;
     int64_t c_slice = 0;
     const int32_t *refused = nullptr;   /* device word; nonzero: every kernel returns at once */
+    gpuStream_t stream = MT_STREAM;     /* where gemm() launches (ordering only, never bits) */
 };
 
 constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES, THREADS = 256;
@@ -456,9 +457,10 @@ static __global__ void __launch_bounds__(MT_MAX_THREADS) k_finite(finite_set set
 /* ---- host side ---------------------------------------------------------------------------- */
 /* Every launch goes through MT_LAUNCH (a host-compiled emulation of these kernels may define
  * its own before including this header). */
-#ifndef MT_LAUNCH
-#define MT_LAUNCH(kernel, grid, block, smem, ...) kernel<<<(grid), (block), (smem), MT_STREAM>>>(__VA_ARGS__)
+#ifndef MT_LAUNCH_ON
+#define MT_LAUNCH_ON(stream, kernel, grid, block, smem, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #endif
+#define MT_LAUNCH(kernel, grid, block, smem, ...) MT_LAUNCH_ON(MT_STREAM, kernel, grid, block, smem, __VA_ARGS__)
 
 inline int launch_check(const char *what) {
     MT_GPU_CHECK(gpuGetLastError(), what);
@@ -487,7 +489,7 @@ inline int allow_smem() {
 }
 
 template <int KA, int KB>
-inline int launch(const params &p, int64_t slices) {
+inline int launch(const params &p, int64_t slices, gpuStream_t stream) {
     int rc = allow_smem<KA, KB>();
     if (rc) return rc;
     const int64_t tiles = (int64_t)p.tiles_m * p.tiles_n;
@@ -496,7 +498,7 @@ inline int launch(const params &p, int64_t slices) {
         q.z0 = z0;
         const dim3 grid((unsigned)tiles, (unsigned)min64(slices - z0, 65535));
         void (*const kernel)(params) = k_gemm<KA, KB>;
-        MT_LAUNCH(kernel, grid, THREADS, SMEM_BYTES, q);
+        MT_LAUNCH_ON(stream, kernel, grid, THREADS, SMEM_BYTES, q);
     }
     return launch_check("gemm");
 }
@@ -530,15 +532,15 @@ inline int gemm(const desc &d) {
     p.accumulate = d.accumulate;
     p.refused = d.refused;
     switch (kind_of(d.a) * 3 + kind_of(d.b)) {
-    case 0: return launch<0, 0>(p, d.slices);
-    case 1: return launch<0, 1>(p, d.slices);
-    case 2: return launch<0, 2>(p, d.slices);
-    case 3: return launch<1, 0>(p, d.slices);
-    case 4: return launch<1, 1>(p, d.slices);
-    case 5: return launch<1, 2>(p, d.slices);
-    case 6: return launch<2, 0>(p, d.slices);
-    case 7: return launch<2, 1>(p, d.slices);
-    default: return launch<2, 2>(p, d.slices);
+    case 0: return launch<0, 0>(p, d.slices, d.stream);
+    case 1: return launch<0, 1>(p, d.slices, d.stream);
+    case 2: return launch<0, 2>(p, d.slices, d.stream);
+    case 3: return launch<1, 0>(p, d.slices, d.stream);
+    case 4: return launch<1, 1>(p, d.slices, d.stream);
+    case 5: return launch<1, 2>(p, d.slices, d.stream);
+    case 6: return launch<2, 0>(p, d.slices, d.stream);
+    case 7: return launch<2, 1>(p, d.slices, d.stream);
+    default: return launch<2, 2>(p, d.slices, d.stream);
     }
 }
 

@@ -9,8 +9,10 @@
  * leaf joins a stack of complete subtrees, merged left + right as they pair up (the pairwise
  * tree of mt_tree_fold, built on the fly). The leftmost subtree lives in d_weight itself, so
  * the scratch is one chunk of logits plus log2(leaves) partials. The loss is the token rule
- * over the rows' losses, summed on the host by the oracle's own function.
+ * over the rows' losses, summed on the host by the oracle's own function. A chunk's d_hidden
+ * GEMM runs on a second stream beside its weight gradients (lm_side: ordering, not bits).
  */
+#include <stdlib.h>
 #include <vector>
 #include "mt_gpu_gemm.cuh"
 
@@ -173,6 +175,70 @@ int chunk_gradients(token_stack *dw, token_stack *db, float **dw_leaf, float **d
     return MT_OK;
 }
 
+/* The calling thread's second stream and its two events. A chunk's d_hidden GEMM has few
+ * output tiles and a long contraction (2048 rows x width 768 is 96 tiles of 128 x 128 with
+ * K = vocab: under one wave on an H200's 132 SMs), so it runs there while the weight
+ * gradients of the same chunk fill the rest of the device; the next chunk's forward GEMM,
+ * which overwrites the logits both read, waits for it. Only the order of launches changes,
+ * never a chain, so the bits are the same (MOJO_TRAIN_LM_ONE_STREAM=1 keeps everything on
+ * the calling thread's stream: an A/B switch). */
+struct lm_side {
+    gpuStream_t stream = nullptr;
+    gpuEvent_t ready = nullptr, done = nullptr;
+    ~lm_side() {            /* thread exit; errors after the runtime's teardown are ignored */
+        if (ready) gpuEventDestroy(ready);
+        if (done) gpuEventDestroy(done);
+        if (stream) gpuStreamDestroy(stream);
+        gpuGetLastError();
+    }
+};
+
+/* *out = the thread's side stream, or NULL when switched off. */
+int lm_side_get(lm_side **out) {
+    static const bool one = getenv("MOJO_TRAIN_LM_ONE_STREAM") && getenv("MOJO_TRAIN_LM_ONE_STREAM")[0] == '1';
+    static thread_local lm_side side;
+    *out = nullptr;
+    if (one) return MT_OK;
+    if (!side.done) {
+        MT_GPU_CHECK(gpuStreamCreateWithFlags(&side.stream, gpuStreamNonBlocking), "LM head stream");
+        MT_GPU_CHECK(gpuEventCreateWithFlags(&side.ready, gpuEventDisableTiming), "LM head event");
+        MT_GPU_CHECK(gpuEventCreateWithFlags(&side.done, gpuEventDisableTiming), "LM head event");
+    }
+    *out = &side;
+    return MT_OK;
+}
+
+/* Whatever the side stream was given is joined into the calling thread's stream when the
+ * chunk loop ends, on every path: the arena frees its memory in that stream's order. */
+struct lm_join {
+    lm_side *side = nullptr;
+    bool pending = false;
+    int wait() {
+        if (!pending) return MT_OK;
+        pending = false;
+        MT_GPU_CHECK(gpuStreamWaitEvent(MT_STREAM, side->done, 0), "LM head join");
+        return MT_OK;
+    }
+    ~lm_join() { wait(); }
+};
+
+/* d_hidden rows of a chunk = dlogits . weight, on the side stream when there is one. */
+int chunk_d_hidden(lm_join *join, const lm_device &dv, int64_t r0, int64_t n, int64_t v, int64_t w) {
+    mt_gemm::desc h;
+    h.c = dv.d_hidden + r0 * w; h.ldc = w;
+    h.a = {dv.logits, v, mt_gemm::MT_KMAJOR};
+    h.b = {dv.weight, w, mt_gemm::MT_RMAJOR};
+    h.m = n; h.n = w; h.k = v;
+    if (!join->side) return mt_gemm::gemm(h);
+    MT_GPU_CHECK(gpuEventRecord(join->side->ready, MT_STREAM), "LM head fork");
+    MT_GPU_CHECK(gpuStreamWaitEvent(join->side->stream, join->side->ready, 0), "LM head fork");
+    h.stream = join->side->stream;
+    int rc = mt_gemm::gemm(h);
+    MT_GPU_CHECK(gpuEventRecord(join->side->done, join->side->stream), "LM head fork");
+    join->pending = true;
+    return rc;
+}
+
 int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t kept) {
     int64_t v = c.vocab, w = c.width;
     bool grad = dv.d_hidden || dv.d_weight || dv.d_bias;
@@ -180,7 +246,9 @@ int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t k
     dw.root = dv.d_weight; dw.n = v * w; dw.arena = arena;
     db.root = dv.d_bias; db.n = v; db.arena = arena;
     float *dw_leaf = nullptr, *db_leaf = nullptr;
+    lm_join join;
     int rc;
+    if (dv.d_hidden && (rc = lm_side_get(&join.side))) return rc;
     for (int64_t r0 = 0; r0 < c.rows; r0 += c.chunk) {
         int64_t n = c.rows - r0 < c.chunk ? c.rows - r0 : c.chunk;
         mt_gemm::desc f;
@@ -195,15 +263,9 @@ int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t k
                               c.reduction, c.label_smoothing,
                               c.reduction == MT_REDUCTION_MEAN ? (c.num_items ? c.num_items : kept) : 0);
         if (rc) return rc;
-        if (dv.d_hidden) {
-            mt_gemm::desc h;
-            h.c = dv.d_hidden + r0 * w; h.ldc = w;
-            h.a = {dv.logits, v, mt_gemm::MT_KMAJOR};
-            h.b = {dv.weight, w, mt_gemm::MT_RMAJOR};
-            h.m = n; h.n = w; h.k = v;
-            if ((rc = mt_gemm::gemm(h))) return rc;
-        }
+        if (dv.d_hidden && (rc = chunk_d_hidden(&join, dv, r0, n, v, w))) return rc;
         if (grad && (rc = chunk_gradients(&dw, &db, &dw_leaf, &db_leaf, c, dv, r0, n))) return rc;
+        if ((rc = join.wait())) return rc;   /* before the next chunk's logits */
     }
     if (dv.d_weight && (rc = dw.finish())) return rc;
     if (dv.d_bias && (rc = db.finish())) return rc;

@@ -26,7 +26,9 @@ uint64_t mt_loss_features(void) { return MT_FEATURE_LOSS; }
 
 namespace {
 
+#ifndef CE_SMEM_WARPS
 #define CE_SMEM_WARPS 16      /* a staged row has at most ~58K floats: 15 chunks */
+#endif
 #define CE_GLOBAL_WARPS 32
 #define CE_ONE_BLOCK 1024     /* threads of the two one-block kernels (a power of two) */
 
@@ -93,9 +95,13 @@ __global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_targets(const void *targets
     }
 }
 
+/* e^v by mt_expf, or by mt_expf_mid (the same bits) when the caller knows v is in its range. */
+template <bool MID>
+__device__ __forceinline__ float ce_exp(float v) { return MID ? mt_expf_mid(v) : mt_expf(v); }
+
 /* Step of the softmax denominator: acc = acc + e, e = mt_expf(x - m) (MT_STEP_SUM_EXP), and
- * e written to `e` (the row's place in shared memory, or dlogits; NULL: not kept). */
-template <bool VEC>
+ * e written to `e` (dlogits; NULL: not kept). */
+template <bool VEC, bool MID>
 struct ce_sum_exp {
     typedef float4 V;
     const float *x;
@@ -103,7 +109,7 @@ struct ce_sum_exp {
     float m;
     __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
     __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t i) const {
-        float4 v = make_float4(mt_expf(q.x - m), mt_expf(q.y - m), mt_expf(q.z - m), mt_expf(q.w - m));
+        float4 v = make_float4(ce_exp<MID>(q.x - m), ce_exp<MID>(q.y - m), ce_exp<MID>(q.z - m), ce_exp<MID>(q.w - m));
         a[0][0] = a[0][0] + v.x; a[0][1] = a[0][1] + v.y;
         a[0][2] = a[0][2] + v.z; a[0][3] = a[0][3] + v.w;
         if (!e) return;
@@ -111,13 +117,28 @@ struct ce_sum_exp {
         else { e[i] = v.x; e[i + 1] = v.y; e[i + 2] = v.z; e[i + 3] = v.w; }
     }
     __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const {
-        float v = mt_expf(x[i] - m);
+        float v = ce_exp<MID>(x[i] - m);
         a[0][q] = a[0][q] + v;
         if (e) e[i] = v;
     }
 };
 
-/* Step of label smoothing's sum of the logits (MT_STEP_SUM). */
+/* e_j = mt_expf(x_j - m) over a row staged in shared memory, in place. Every term is
+ * independent of the others, so the block's threads share the row evenly in float4 groups
+ * (the fold that adds them up afterwards keeps the contract's lanes); the padding up to a
+ * multiple of 4 is computed on and never read. */
+template <bool MID>
+__device__ __forceinline__ void ce_exp_row(float *x, int64_t n, float m) {
+    float4 *x4 = (float4 *)x;
+    const int n4 = (int)((n + 3) / 4);
+#pragma unroll 2
+    for (int q = threadIdx.x; q < n4; q += blockDim.x) {
+        float4 v = x4[q];
+        x4[q] = make_float4(ce_exp<MID>(v.x - m), ce_exp<MID>(v.y - m), ce_exp<MID>(v.z - m), ce_exp<MID>(v.w - m));
+    }
+}
+
+/* Step of label smoothing's sum of the logits, and of the sum of kept e_j (MT_STEP_SUM). */
 template <bool VEC>
 struct ce_sum {
     typedef float4 V;
@@ -155,41 +176,47 @@ __device__ __forceinline__ float4 ce_quotient4(float4 e, float s, float y) {
     return q;
 }
 
-/* Shared floats of a row block: the staged row (SMEM), the fold's partials, 64 for pass A. */
+/* Shared floats of a row block: the staged row (SMEM), the fold's partials, 96 for pass A. */
 __host__ __device__ __forceinline__ int64_t ce_smem_floats(bool staged, int64_t vocab) {
-    return (staged ? (vocab + 3) / 4 * 4 : 0) + mt_rows_fold_floats(1, vocab) + 64;
+    return (staged ? (vocab + 3) / 4 * 4 : 0) + mt_rows_fold_floats(1, vocab) + 96;
 }
 
-/* Pass A's view of the logits: the max, and the largest |x| bit pattern (a pattern >= inf's
- * is NaN or inf), fed by the staging loads or by a walk of the row. */
+/* Pass A's view of the logits: the max, the min (mn - m >= MT_EXPF_MID_LO lets every e_j
+ * take mt_expf_mid: x_j - m >= mn - m, rounding being monotonic), and the largest |x| bit
+ * pattern (a pattern >= inf's is NaN or inf), fed by the staging loads or by a walk of the row. */
 struct ce_scan {
-    float m = -INFINITY;
+    float m = -INFINITY, mn = INFINITY;
     uint32_t top = 0;
     __device__ __forceinline__ void operator()(float v) {
         m = fmaxf(m, v);
+        mn = fminf(mn, v);
         top = max(top, mt_f32_bits(v) & 0x7fffffffu);
     }
     __device__ __forceinline__ void operator()(const float4 &q) {
         m = fmaxf(fmaxf(m, q.x), fmaxf(q.y, fmaxf(q.z, q.w)));
+        mn = fminf(fminf(mn, q.x), fminf(q.y, fminf(q.z, q.w)));
         uint32_t a = mt_f32_bits(q.x) & 0x7fffffffu, b = mt_f32_bits(q.y) & 0x7fffffffu;
         uint32_t c = mt_f32_bits(q.z) & 0x7fffffffu, g = mt_f32_bits(q.w) & 0x7fffffffu;
         top = max(max(top, a), max(max(b, c), g));
     }
-    /* Both over the block, in every thread (red: 64 words of shared memory). */
+    /* All three over the block, in every thread (red: 96 words of shared memory). */
     __device__ __forceinline__ void block(uint32_t *red) {
         for (int d = 16; d >= 1; d >>= 1) {
             m = fmaxf(m, MT_WARP_XOR(m, d));
+            mn = fminf(mn, MT_WARP_XOR(mn, d));
             top = max(top, (uint32_t)MT_WARP_XOR(top, d));
         }
         const int w = threadIdx.x / 32, nw = blockDim.x / 32;
         if ((threadIdx.x & 31) == 0) {
             red[w] = mt_f32_bits(m);
             red[32 + w] = top;
+            red[64 + w] = mt_f32_bits(mn);
         }
         __syncthreads();
         for (int k = 0; k < nw; ++k) {
             m = fmaxf(m, mt_bits_f32(red[k]));
             top = max(top, red[32 + k]);
+            mn = fminf(mn, mt_bits_f32(red[64 + k]));
         }
         __syncthreads();
     }
@@ -215,9 +242,22 @@ __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int6
             mt_rows_fold<1>(root, vocab, [&](int64_t c) { return ce_sum<XV>{x + c * MT_CHUNK}; }, part, part2, MT_SAB_LOSS);
             sum_x = root[0];
         }
-        mt_rows_fold<1>(root, vocab, [&](int64_t c) {
-            return ce_sum_exp<XV>{x + c * MT_CHUNK, e ? e + c * MT_CHUNK : nullptr, m};
-        }, part, part2, MT_SAB_LOSS);
+        const bool mid = scan.mn - m >= MT_EXPF_MID_LO;
+        if (e == x) {           /* staged: every e_j first, in place, then their sum */
+            if (mid) ce_exp_row<true>(e, vocab, m);
+            else ce_exp_row<false>(e, vocab, m);
+            __syncthreads();
+            mt_rows_fold<1>(root, vocab, [&](int64_t c) { return ce_sum<XV>{e + c * MT_CHUNK}; }, part, part2,
+                            MT_SAB_LOSS);
+        } else if (mid) {
+            mt_rows_fold<1>(root, vocab, [&](int64_t c) {
+                return ce_sum_exp<XV, true>{x + c * MT_CHUNK, e ? e + c * MT_CHUNK : nullptr, m};
+            }, part, part2, MT_SAB_LOSS);
+        } else {
+            mt_rows_fold<1>(root, vocab, [&](int64_t c) {
+                return ce_sum_exp<XV, false>{x + c * MT_CHUNK, e ? e + c * MT_CHUNK : nullptr, m};
+            }, part, part2, MT_SAB_LOSS);
+        }
         s = root[0];
     }
     if (d) {

@@ -404,6 +404,40 @@ MT_HD float mt_math_pick(int c, float a, float b) {
 #define MT_LN2_HI 0.693147182464599609375f                      /* 0x3f317218 */
 #define MT_LN2_LO -1.9046542121259335544891655445098876953125e-9f /* 0xb102e308 */
 
+/* Steps 1-2 of math.md's mt_expf for a clamped x (-104 <= x <= 89): k (as the float kf,
+ * an integer value) and e^r as the unevaluated pair s2 + *lo, so that e^x = (s2 + lo) 2^k.
+ * The one definition both mt_expf and mt_expf_mid round. */
+MT_HD float mt_math_exp_pair(float xs, float *kf_out, float *lo_out) {
+    const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
+    const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
+    const float P0 = 0.16666667163372039794921875f;          /* 0x3e2aaaab */
+    const float P1 = 0.0416666679084300994873046875f;        /* 0x3d2aaaab */
+    const float P2 = 0.008333198726177215576171875f;         /* 0x3c0887f8 */
+    const float P3 = 0.001388860284350812435150146484375f;   /* 0x3ab60a6b */
+    const float P4 = 0.000199524001800455152988433837890625f; /* 0x39513751 */
+    const float P5 = 0.000024987515644170343875885009765625f; /* 0x37d19c48 */
+    float kf = fmaf(xs, INV_LN2, SHIFT) - SHIFT;     /* round to nearest integer, -150 <= k <= 128 */
+    float rhi = fmaf(-kf, MT_LN2_HI, xs);            /* exact */
+    float corr = -kf * MT_LN2_LO;
+    float s = 1.0f + rhi;
+    float e0 = (1.0f - s) + rhi;                     /* 1 + rhi = s + e0 */
+    float r2 = rhi * rhi;
+    float r2lo = fmaf(rhi, rhi, -r2);                /* rhi^2 = r2 + r2lo */
+    float h = 0.5f * r2;
+    float s2 = s + h;
+    float e1 = h - (s2 - s);                         /* s + h = s2 + e1 */
+    float p = P5;
+    p = fmaf(p, rhi, P4);
+    p = fmaf(p, rhi, P3);
+    p = fmaf(p, rhi, P2);
+    p = fmaf(p, rhi, P1);
+    p = fmaf(p, rhi, P0);
+    float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
+    *lo_out = lo + corr * (s2 + lo);
+    *kf_out = kf;
+    return s2;
+}
+
 /* e^x. Special: NaN -> NaN; x > 88.72283172607421875 (the largest x with a finite
  * result; +inf included) -> +inf; x < -103.972076416015625 (every smaller float has
  * e^x < 2^-150; -inf included) -> +0; |x| < 2^-25 -> 1 (e^x rounds to 1 there).
@@ -425,36 +459,12 @@ MT_HD float mt_math_pick(int c, float a, float b) {
  * the branching form this contract was measured with, for all 2^32 inputs, scalar and
  * vectorized (bench/expf_identity.c). */
 MT_HD float mt_expf(float x) {
-    const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
-    const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
-    const float P0 = 0.16666667163372039794921875f;          /* 0x3e2aaaab */
-    const float P1 = 0.0416666679084300994873046875f;        /* 0x3d2aaaab */
-    const float P2 = 0.008333198726177215576171875f;         /* 0x3c0887f8 */
-    const float P3 = 0.001388860284350812435150146484375f;   /* 0x3ab60a6b */
-    const float P4 = 0.000199524001800455152988433837890625f; /* 0x39513751 */
-    const float P5 = 0.000024987515644170343875885009765625f; /* 0x37d19c48 */
     int is_nan = (mt_f32_bits(x) & 0x7fffffffu) > 0x7f800000u;
     float xs = x > -104.0f ? x : -104.0f;            /* NaN and -inf too */
     xs = xs < 89.0f ? xs : 89.0f;
-    float kf = fmaf(xs, INV_LN2, SHIFT) - SHIFT;     /* round to nearest integer, -150 <= k <= 128 */
+    float kf, lo;
+    float s2 = mt_math_exp_pair(xs, &kf, &lo);
     int k = (int)kf;
-    float rhi = fmaf(-kf, MT_LN2_HI, xs);            /* exact */
-    float corr = -kf * MT_LN2_LO;
-    float s = 1.0f + rhi;
-    float e0 = (1.0f - s) + rhi;                     /* 1 + rhi = s + e0 */
-    float r2 = rhi * rhi;
-    float r2lo = fmaf(rhi, rhi, -r2);                /* rhi^2 = r2 + r2lo */
-    float h = 0.5f * r2;
-    float s2 = s + h;
-    float e1 = h - (s2 - s);                         /* s + h = s2 + e1 */
-    float p = P5;
-    p = fmaf(p, rhi, P4);
-    p = fmaf(p, rhi, P3);
-    p = fmaf(p, rhi, P2);
-    p = fmaf(p, rhi, P1);
-    p = fmaf(p, rhi, P0);
-    float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
-    lo = lo + corr * (s2 + lo);
     int sub = k < -125;                              /* subnormal or near: one rounding */
     int keep_k = sub - 1;                            /* 0 when sub, all ones otherwise */
     float sc = mt_math_pow2i((k + 64) & ~keep_k);    /* 2^(k+64) when sub, else 1 */
@@ -466,6 +476,20 @@ MT_HD float mt_expf(float x) {
     float y0 = s2 + lo;
     float ynorm = (y0 * 2.0f) * mt_math_pow2i((k & keep_k) - 1);   /* exact, or overflow */
     return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), mt_math_pick(sub, ysub, ynorm));
+}
+
+/* mt_expf(x) for MT_EXPF_MID_LO <= x <= MT_EXPF_MID_HI, the same bits in fewer operations:
+ * there k lies in [-125, 127], so no clamp, no NaN and no subnormal scaling is needed, and
+ * y0 * 2^k (one exact product: y0 in [0.70, 1.42], the result normal and finite) equals
+ * mt_expf's (y0 * 2) * 2^(k - 1). Outside that range the result is unspecified: callers
+ * test the range first (a softmax row tests min - max once). Checked against mt_expf for
+ * every float of the range by bench/expf_identity.c (tests/test_pinned_math.py). */
+#define MT_EXPF_MID_LO -86.5f
+#define MT_EXPF_MID_HI 88.0f
+MT_HD float mt_expf_mid(float x) {
+    float kf, lo;
+    float s2 = mt_math_exp_pair(x, &kf, &lo);
+    return (s2 + lo) * mt_math_pow2i((int)kf);
 }
 
 /* e * ln2 + log1p(f + flo), the core of mt_logf and mt_log1pf: e an integer-valued float
