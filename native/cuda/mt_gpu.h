@@ -52,6 +52,7 @@ typedef hipEvent_t gpuEvent_t;
 #endif
 /* A wave may hold 64 lanes on AMD: every shuffle names its 32-wide segment explicitly. */
 #define MT_SHFL_DOWN(v, d) __shfl_down((v), (d), 32)
+#define MT_SHFL_IDX(v, l) __shfl((v), (l), 32)
 #else
 #include <cuda_runtime.h>
 #define MT_GPU_VENDOR "cuda"
@@ -91,6 +92,7 @@ typedef cudaEvent_t gpuEvent_t;
 #define gpuMemoryTypeManaged cudaMemoryTypeManaged
 #define MT_PTR_TYPE(attr) ((attr).type)
 #define MT_SHFL_DOWN(v, d) __shfl_down_sync(0xffffffffu, (v), (d), 32)
+#define MT_SHFL_IDX(v, l) __shfl_sync(0xffffffffu, (v), (l), 32)
 #endif
 
 /* `#pragma unroll` inside a macro argument (the bodies of MT_FOR_TILES) is refused by clang

@@ -26,10 +26,17 @@ uint64_t mt_loss_features(void) { return MT_FEATURE_LOSS; }
 
 namespace {
 
+/* Warps of a row block: a warp per ~CE_FLOATS_PER_WARP floats of the row (staging, the
+ * e_j and gradient passes share the row evenly; more warps keep more loads in flight and
+ * hide the exp's latency), at least one per chunk (the fold), at most the cap. At V = 50304
+ * a staged block is 16 warps, where 13 (one per chunk) left 3.25 warps per scheduler on an
+ * H200 (ncu: 0.43 instructions issued per cycle); 32 warps (64 registers each) ran the
+ * 8192 x 50304 benchmark 0.05-0.08 ms slower than 16. */
 #ifndef CE_SMEM_WARPS
-#define CE_SMEM_WARPS 16      /* a staged row has at most ~58K floats: 15 chunks */
+#define CE_SMEM_WARPS 16
 #endif
 #define CE_GLOBAL_WARPS 32
+#define CE_FLOATS_PER_WARP 512
 #define CE_ONE_BLOCK 1024     /* threads of the two one-block kernels (a power of two) */
 
 /* The mean T / D; with no row counted (D = 0) the canonical NaN of math.md, as the oracle
@@ -226,10 +233,10 @@ struct ce_scan {
  * the dlogits row, or NULL), d the dlogits row (or NULL); `scan` has seen this thread's share
  * of the row already when `scanned` (the staging loads), else the row is walked here. Returns
  * the row's loss; *bad says it held NaN or inf. XV: x (and e) 16-byte aligned rows; DV: d too. */
-template <bool XV, bool DV>
+template <bool XV, bool DV, class Next>
 __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int64_t vocab, int64_t t, bool ignored,
                                         const mt_ce_scalars &sc, float *part, float *part2, float *red, ce_scan scan,
-                                        bool scanned, bool *bad) {
+                                        bool scanned, bool *bad, const Next &next) {
     if (!scanned) mt_rows_walk<XV>(vocab, [&](int64_t i) { scan(*(const float4 *)(x + i)); }, [&](int64_t i) { scan(x[i]); });
     float xt = (!ignored && threadIdx.x == 0) ? x[t] : 0.0f;   /* before e_j replaces x_j */
     scan.block((uint32_t *)red);
@@ -262,8 +269,10 @@ __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int6
     }
     if (d) {
         if (ignored) {
-            mt_rows_walk<DV>(vocab, [&](int64_t i) { MT_STCS((float4 *)(d + i), make_float4(0.0f, 0.0f, 0.0f, 0.0f)); },
-                             [&](int64_t i) { d[i] = 0.0f; });
+            mt_rows_walk<DV>(vocab, [&](int64_t i) {
+                MT_STCS((float4 *)(d + i), make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+                next.slot(i);
+            }, [&](int64_t i) { d[i] = 0.0f; });
         } else {
             const float y = 1.0f / s;
             const int tt = (int)t;   /* row-local indices fit in int: vocab < 2^24 */
@@ -281,13 +290,38 @@ __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int6
                         g.w = j == 3 ? mt_ce_grad(p.w, 1.0f, 1, &sc) : g.w;
                     }
                     MT_STCS((float4 *)(d + i), g);
+                    next.slot(i);     /* this thread's float4 of the row is free: the next row's comes in */
                 },
                 [&](int64_t i) { d[i] = mt_ce_grad(ce_quotient(e[i], s, y), 1.0f, (int)i == tt, &sc); });
         }
     }
+    if (!d) next.all();       /* no gradient pass: after the folds' barriers, every slot is free */
     if (ignored) return 0.0f;
     return mt_ce_row_loss(m, s, xt, sum_x, &sc);   /* used by thread 0 only */
 }
+
+/* The next row of a pipelined staged block, copied asynchronously into the float4 slots of
+ * shared memory that each thread owns in the elementwise passes (slot q = thread + k *
+ * blockDim: the same map as ce_exp_row and mt_rows_walk), each as soon as this thread has
+ * read the slot for the last time (its gradient). No other thread touches a slot between
+ * the folds' barriers and the next row's barrier, so the copies need no barrier of their
+ * own; the block waits for its copies before scanning its slots. src NULL: no next row. */
+struct ce_next {
+    float *row;
+    const float *src;
+    int64_t n4;
+    __device__ __forceinline__ void slot(int64_t i) const {
+        if (src) mt_cp_async16(row + i, src + i, 16);
+    }
+    __device__ __forceinline__ void all() const {
+        for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) slot(4 * q);
+    }
+};
+
+struct ce_no_next {
+    __device__ __forceinline__ void slot(int64_t) const {}
+    __device__ __forceinline__ void all() const {}
+};
 
 /* STAGED: rows go through shared memory (one read of the logits); else every pass reads them
  * from global memory and e_j is kept in dlogits. VEC: logits and dlogits rows are 16-byte
@@ -301,25 +335,68 @@ __global__ void __launch_bounds__(32 * (STAGED ? CE_SMEM_WARPS : CE_GLOBAL_WARPS
     const mt_ce_scalars sc = dev->sc;
     float *row = (float *)smem4, *part = row + (STAGED ? (vocab + 3) / 4 * 4 : 0);
     float *part2 = part + mt_chunk_count(vocab), *red = part + mt_rows_fold_floats(1, vocab);
+    /* STAGED && VEC pipelines the rows: a row's copy into shared memory is issued while the
+     * previous row's gradient is written (ce_next), and arrives from L2 (prefetched a row
+     * ahead); the other kernels stage each row with loads once the previous one is done. */
+    constexpr bool PIPE = STAGED && VEC;
+    const int64_t n4 = vocab / 4;
+    if (PIPE && blockIdx.x < n) {
+        ce_next{row, logits + blockIdx.x * vocab, n4}.all();
+        mt_cp_async_commit();
+    }
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const float *src = logits + r * vocab;
         float *d = dlogits ? dlogits + r * vocab : nullptr;
         ce_scan scan;
-        if (STAGED) {
+        if (PIPE) {
+            mt_cp_async_wait<0>();
+            for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) scan(((const float4 *)row)[q]);
+        } else if (STAGED) {
             mt_rows_stage<VEC>(row, src, vocab, [&](const auto &v) { scan(v); });
+        }
+        if (STAGED) {
             if (r + gridDim.x < n) mt_rows_prefetch_l2(src + gridDim.x * vocab, vocab);
             __syncthreads();
         }
         int64_t t = ce_target(targets, bytes, r);
         bool bad, ignored = t == ignore;
-        float loss = STAGED ? ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad)
-                            : ce_row<VEC, VEC>(src, d, d, vocab, t, ignored, sc, part, part2, red, scan, false, &bad);
+        float loss;
+        if (PIPE) {
+            ce_next next{row, r + gridDim.x < n ? src + gridDim.x * vocab : nullptr, n4};
+            loss = ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad, next);
+            mt_cp_async_commit();
+        } else if (STAGED) {
+            loss = ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad, ce_no_next{});
+        } else {
+            loss = ce_row<VEC, VEC>(src, d, d, vocab, t, ignored, sc, part, part2, red, scan, false, &bad, ce_no_next{});
+        }
         if (threadIdx.x == 0) {
             losses[r] = loss;
             flags[r] = bad;
         }
         __syncthreads();   /* the row's shared memory is free again */
     }
+}
+
+/* acc = acc + x[r] for r = begin .. end-1 in order, from +0.0, by one whole warp: lanes load
+ * 8 x 32 consecutive values at once (coalesced, all in flight) and every lane then runs the
+ * same chain through shuffles. The chain is the token rule's leaf, unchanged; a thread
+ * walking it alone waited for every load in turn (48 us for 8 leaves of 1024 rows). */
+__device__ __forceinline__ float ce_warp_chain(const float *x, int64_t begin, int64_t end) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    for (int64_t r = begin; r < end; r += 256) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = r + 32 * k + lane < end ? x[r + 32 * k + lane] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            for (int u = 0; u < 32; ++u) {
+                float y = MT_SHFL_IDX(v[k], u);
+                if (r + 32 * k + u < end) acc = acc + y;
+            }
+    }
+    return acc;
 }
 
 __global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_finish(const float *losses, const uint8_t *flags, int64_t n,
@@ -340,11 +417,10 @@ __global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_finish(const float *losses,
     first = ce_block_reduce<true>(first, s);
     if (first == n && reduction != MT_REDUCTION_NONE) {
         int64_t nl = mt_token_leaves(n);       /* the token rule: leaves of MT_TOKEN_LEAF rows */
-        for (int64_t l = threadIdx.x; l < nl; l += blockDim.x) {
+        for (int64_t l = threadIdx.x / 32; l < nl; l += blockDim.x / 32) {
             int64_t end = (l + 1) * MT_TOKEN_LEAF < n ? (l + 1) * MT_TOKEN_LEAF : n;
-            float acc = 0.0f;
-            for (int64_t r = l * MT_TOKEN_LEAF; r < end; ++r) acc = acc + losses[r];
-            leaves[l] = acc;
+            float acc = ce_warp_chain(losses, l * MT_TOKEN_LEAF, end);
+            if ((threadIdx.x & 31) == 0) leaves[l] = acc;
         }
         __syncthreads();
         float total = mt_block_tree_fold(leaves, leaves + nl, nl);
@@ -429,7 +505,9 @@ int ce_launch_rows(const ce_bufs &b, const void *targets, int32_t target_bytes, 
     bool staged = !force_global && smem <= (size_t)mt_rows_limits().smem_optin;
     if (!staged) smem = (size_t)ce_smem_floats(false, vocab) * 4;
     int64_t chunks = mt_chunk_count(vocab), cap = staged ? CE_SMEM_WARPS : CE_GLOBAL_WARPS;
-    int threads = 32 * (int)(chunks < cap ? chunks : cap);
+    int64_t warps = (vocab + CE_FLOATS_PER_WARP - 1) / CE_FLOATS_PER_WARP;
+    warps = warps < chunks ? chunks : warps;
+    int threads = 32 * (int)(warps < cap ? warps : cap);
     void (*kernel)(const float *, float *, float *, uint8_t *, const void *, int32_t, int64_t, int64_t, int64_t,
                    const ce_dev *) = staged ? (vec ? k_ce_rows<true, true> : k_ce_rows<true, false>)
                                             : (vec ? k_ce_rows<false, true> : k_ce_rows<false, false>);
