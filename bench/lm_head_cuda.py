@@ -83,7 +83,7 @@ def main():
     figures = {"rows": r, "width": w, "vocab": v, "ours_ms": ours_ms, "torch_ms": theirs_ms,
                "ratio": ours_ms / theirs_ms, "ours_tflops": flops / ours_ms / 1e9,
                "torch_tflops": flops / theirs_ms / 1e9, "ours_extra_mb": ours_extra / 2 ** 20,
-               "torch_extra_mb": theirs_extra / 2 ** 20, "loss": got[0], "torch_loss": float(ref),
+               "torch_extra_mb": theirs_extra / 2 ** 20, "loss": got[0], "torch_loss": float(ref.detach()),
                "dweight_rel_err": err, "chunk_rows": args.chunk}
     print("linear_cross_entropy fwd+bwd %dx%dx%d: ours %.2f ms (%.1f TFLOP/s, %.0f MB extra), torch materialized "
           "fp32 %.2f ms (%.1f TFLOP/s, %.0f MB extra), ratio %.2f; loss %.6f vs %.6f, dweight rel err %.1e"
