@@ -6,11 +6,14 @@
  *     count of rows not ignored (block trees of min and sum; no atomics) go to device scratch
  *     with the scalars (g = 1 / count for a counted mean, one division as on the host).
  *  2. k_ce_rows: each block takes rows in turn. A row is staged once into shared memory (or,
- *     when it does not fit, read from global memory each pass), then: pass A, the max and
- *     the largest |x| bit pattern (NaN or inf shows there); the smoothing sum and the softmax
- *     denominator by the chunk tree, one warp per 4096-chunk (mt_warp_chunk_fold), e_j kept
- *     in place of x_j; pass C, dlogits from the kept e_j. Thread 0 writes the row's loss and
- *     finiteness flag. Nothing is written when a target was refused.
+ *     when it does not fit, read from global memory each pass), then: pass A, the max, the
+ *     min and the largest |x| bit pattern (NaN or inf shows there); the smoothing sum by the
+ *     chunk tree; every e_j formed in place of x_j by the whole block (mt_expf_mid when the
+ *     row's min - max allows), then their sum by the chunk tree, one warp per 4096-chunk
+ *     (mt_warp_chunk_fold); pass C, dlogits from the kept e_j. With 16-byte rows the next
+ *     row's copy into shared memory is issued slot by slot during pass C (cp.async; the row
+ *     was prefetched into L2 a row ahead). Thread 0 writes the row's loss and finiteness
+ *     flag. Nothing is written when a target was refused.
  *  3. k_ce_finish (one block): the first non-finite row, the token rule over the row losses,
  *     the mean's division; loss_out (a device pointer) is written only when nothing is
  *     refused, and everything is reported through mapped memory.
