@@ -64,6 +64,10 @@ def _lm_head_cases():
         "rows=600 vocab=300 width=40 h=-2**-64,2**-64 bias=1 grad=1",   # subnormal products, -0.0 chains
         "rows=257 vocab=700 width=24 h=-30,30 smoothing=0.05 grad=1",   # large logits
         "rows=40 vocab=50304 width=16 grad=1",                           # GPT-2's vocabulary
+        # rows too long for a GPU's shared memory (global-memory rows, dlogits in place of
+        # the logits), odd and 16-byte multiples
+        "rows=20 vocab=60001 width=24 smoothing=0.1 ignore=0.1 grad=1",
+        "rows=9 vocab=60000 width=8 grad=1",
     ]
     specs = []
     for b in base:          # one seed per case: its chunked lines draw the same inputs

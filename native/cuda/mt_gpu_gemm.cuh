@@ -20,8 +20,8 @@
  * end at -0.0 (a tiny negative product underflowing with acc == 0), and fma(0, 0, -0.0) is
  * +0.0.
  *
- * Host API (namespace mt_gemm, every launch on MT_STREAM, kernels do nothing when the device
- * word `refused` is nonzero):
+ * Host API (namespace mt_gemm; every launch on MT_STREAM, except gemm() on desc.stream when set;
+ * kernels do nothing when the device word `refused` is nonzero):
  *   gemm(desc)                 C = chains (+ bias), optionally continuing C's chains, and
  *                              optionally batched over contraction slices (token leaves)
  *   gemm_tokens(desc, arena)   C = the token rule over p: leaf chains, then the pairwise tree
@@ -81,7 +81,8 @@ struct desc {
     int64_t slices = 1;
     int64_t c_slice = 0;
     const int32_t *refused = nullptr;   /* device word; nonzero: every kernel returns at once */
-    gpuStream_t stream = MT_STREAM;     /* where gemm() launches (ordering only, never bits) */
+    gpuStream_t stream = MT_STREAM;     /* where gemm() launches (ordering only, never bits); gemm_tokens,
+                                           fold_leaves and token_col_sums use MT_STREAM whatever it says */
 };
 
 constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES, THREADS = 256;
@@ -455,12 +456,14 @@ static __global__ void __launch_bounds__(MT_MAX_THREADS) k_finite(finite_set set
 }
 
 /* ---- host side ---------------------------------------------------------------------------- */
-/* Every launch goes through MT_LAUNCH (a host-compiled emulation of these kernels may define
- * its own before including this header). */
+/* Every launch goes through MT_LAUNCH_ON (MT_LAUNCH: on MT_STREAM); a host-compiled emulation
+ * of these kernels may define its own before including this header. */
 #ifndef MT_LAUNCH_ON
 #define MT_LAUNCH_ON(stream, kernel, grid, block, smem, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #endif
+#ifndef MT_LAUNCH
 #define MT_LAUNCH(kernel, grid, block, smem, ...) MT_LAUNCH_ON(MT_STREAM, kernel, grid, block, smem, __VA_ARGS__)
+#endif
 
 inline int launch_check(const char *what) {
     MT_GPU_CHECK(gpuGetLastError(), what);

@@ -199,11 +199,9 @@ int lm_side_get(lm_side **out) {
     static thread_local lm_side side;
     *out = nullptr;
     if (one) return MT_OK;
-    if (!side.done) {
-        MT_GPU_CHECK(gpuStreamCreateWithFlags(&side.stream, gpuStreamNonBlocking), "LM head stream");
-        MT_GPU_CHECK(gpuEventCreateWithFlags(&side.ready, gpuEventDisableTiming), "LM head event");
-        MT_GPU_CHECK(gpuEventCreateWithFlags(&side.done, gpuEventDisableTiming), "LM head event");
-    }
+    if (!side.stream) MT_GPU_CHECK(gpuStreamCreateWithFlags(&side.stream, gpuStreamNonBlocking), "LM head stream");
+    if (!side.ready) MT_GPU_CHECK(gpuEventCreateWithFlags(&side.ready, gpuEventDisableTiming), "LM head event");
+    if (!side.done) MT_GPU_CHECK(gpuEventCreateWithFlags(&side.done, gpuEventDisableTiming), "LM head event");
     *out = &side;
     return MT_OK;
 }
@@ -215,11 +213,13 @@ struct lm_join {
     bool pending = false;
     int wait() {
         if (!pending) return MT_OK;
-        pending = false;
         MT_GPU_CHECK(gpuStreamWaitEvent(MT_STREAM, side->done, 0), "LM head join");
+        pending = false;
         return MT_OK;
     }
-    ~lm_join() { wait(); }
+    ~lm_join() {
+        if (pending && wait() != MT_OK) gpuStreamSynchronize(side->stream);   /* last resort: drain it */
+    }
 };
 
 /* d_hidden rows of a chunk = dlogits . weight, on the side stream when there is one. */

@@ -11,8 +11,8 @@
  *     chunk tree; every e_j formed in place of x_j by the whole block (mt_expf_mid when the
  *     row's min - max allows), then their sum by the chunk tree, one warp per 4096-chunk
  *     (mt_warp_chunk_fold); pass C, dlogits from the kept e_j. With 16-byte rows the next
- *     row's copy into shared memory is issued slot by slot during pass C (cp.async; the row
- *     was prefetched into L2 a row ahead). Thread 0 writes the row's loss and finiteness
+ *     row's copy into shared memory is issued slot by slot during pass C (cp.async; the row's
+ *     L2 prefetch was issued at the top of the current row). Thread 0 writes the row's loss and finiteness
  *     flag. Nothing is written when a target was refused.
  *  3. k_ce_finish (one block): the first non-finite row, the token rule over the row losses,
  *     the mean's division; loss_out (a device pointer) is written only when nothing is
@@ -236,7 +236,7 @@ struct ce_scan {
  * the dlogits row, or NULL), d the dlogits row (or NULL); `scan` has seen this thread's share
  * of the row already when `scanned` (the staging loads), else the row is walked here. Returns
  * the row's loss; *bad says it held NaN or inf. XV: x (and e) 16-byte aligned rows; DV: d too. */
-template <bool XV, bool DV, class Next>
+template <bool STAGED_ROW, bool XV, bool DV, class Next>
 __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int64_t vocab, int64_t t, bool ignored,
                                         const mt_ce_scalars &sc, float *part, float *part2, float *red, ce_scan scan,
                                         bool scanned, bool *bad, const Next &next) {
@@ -253,7 +253,8 @@ __device__ __forceinline__ float ce_row(const float *x, float *e, float *d, int6
             sum_x = root[0];
         }
         const bool mid = scan.mn - m >= MT_EXPF_MID_LO;
-        if (e == x) {           /* staged: every e_j first, in place, then their sum */
+        if (STAGED_ROW) {       /* x in shared memory: every e_j first, in place, then their sum
+                                   (not a pointer test: an in-place call has e == x in global memory) */
             if (mid) ce_exp_row<true>(e, vocab, m);
             else ce_exp_row<false>(e, vocab, m);
             __syncthreads();
@@ -366,12 +367,15 @@ __global__ void __launch_bounds__(32 * (STAGED ? CE_SMEM_WARPS : CE_GLOBAL_WARPS
         float loss;
         if (PIPE) {
             ce_next next{row, r + gridDim.x < n ? src + gridDim.x * vocab : nullptr, n4};
-            loss = ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad, next);
+            loss = ce_row<true, true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad,
+                                           next);
             mt_cp_async_commit();
         } else if (STAGED) {
-            loss = ce_row<true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad, ce_no_next{});
+            loss = ce_row<true, true, VEC>(row, row, d, vocab, t, ignored, sc, part, part2, red, scan, true, &bad,
+                                           ce_no_next{});
         } else {
-            loss = ce_row<VEC, VEC>(src, d, d, vocab, t, ignored, sc, part, part2, red, scan, false, &bad, ce_no_next{});
+            loss = ce_row<false, VEC, VEC>(src, d, d, vocab, t, ignored, sc, part, part2, red, scan, false, &bad,
+                                           ce_no_next{});
         }
         if (threadIdx.x == 0) {
             losses[r] = loss;
