@@ -25,6 +25,19 @@ INCLUDES := -Inative/include -Inative/cpu_oracle
 BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fno-math-errno -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
 LDLIBS := -lm -pthread
 
+# Every library is linked to <lib>$(TMP), then sealed: its digest manifest <lib>.sha256 (sha256sum -c
+# format; the loader refuses a library that does not match it) is written first, then the library is
+# moved into place, so an interrupted build leaves the library absent or older than its sources.
+# TMP holds the recipe shell's pid, so two makes building one library at once do not collide.
+TMP = .$$$$.tmp
+SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo 'shasum -a 256')
+# $(call digest,<file to hash>,<library>): write <library>.sha256 for the bytes of <file to hash>.
+digest = h=$$($(SHA256) < $(1) | cut -d' ' -f1) && test -n "$$h" && printf '%s  %s\n' "$$h" $(notdir $(2)) > $(2).sha256$(TMP) && mv -f $(2).sha256$(TMP) $(2).sha256
+# $(call seal,<library>): <library>$(TMP) becomes <library>, its manifest written first.
+seal = $(call digest,$(1)$(TMP),$(1)) && mv -f $(1)$(TMP) $(1)
+# $(call with_manifests,<libraries>): the libraries and their manifests, as prerequisites.
+with_manifests = $(1) $(addsuffix .sha256,$(1))
+
 # The tiers' flags (README "Tiers"): identical forbids contraction; the others allow it.
 TIER_FLAGS_identical := -DMT_TIER=0 -ffp-contract=off
 TIER_FLAGS_deterministic := -DMT_TIER=1 -ffp-contract=fast
@@ -35,18 +48,23 @@ CPU_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
 
 ifdef SABOTAGE
 SABOTAGE_FLAG := -DMT_SABOTAGE_$(shell echo $(SABOTAGE) | tr a-z A-Z)
-all: $(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cpu_identical.$(SO)
+all: $(call with_manifests,$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cpu_identical.$(SO))
 else
-all: $(CPU_LIBS)
+all: $(call with_manifests,$(CPU_LIBS))
 endif
+
+# A library built before manifests existed (or whose manifest was deleted) gets one; a rebuilt
+# library writes its own in its recipe (seal), so the library is only an order-only prerequisite.
+$(BUILD)/%.$(SO).sha256: | $(BUILD)/%.$(SO)
+	$(call digest,$|,$|)
 
 $(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared -o $@ $(CPU_SRC) $(LDLIBS)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared -o $@ $(CPU_SRC) $(LDLIBS)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per tier -------------------
 NVCC ?= nvcc
@@ -59,17 +77,17 @@ NVCC_TIER_deterministic := -DMT_TIER=1 --fmad=true -prec-div=true -prec-sqrt=tru
 NVCC_TIER_fast := -DMT_TIER=2 --use_fast_math
 CUDA_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
 
-cuda: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS))
+cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS)))
 
 $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-cuda-$*
 	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/obj-cuda-$*)
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*)
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj
 	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@ $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj)
+	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj) && $(call seal,$@)
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -107,17 +125,17 @@ HIPCC_TIER_deterministic := -DMT_TIER=1 -ffp-contract=fast -fno-fast-math $(HIPC
 HIPCC_TIER_fast := -DMT_TIER=2 -ffp-contract=fast -Xarch_device -ffast-math -fgpu-flush-denormals-to-zero -fno-hip-fp32-correctly-rounded-divide-sqrt
 HIP_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_hip_$(t).$(SO))
 
-hip: $(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS))
+hip: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS)))
 
 $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-hip-$*
 	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"hip"',$(BUILD)/obj-hip-$*)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
 	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@ -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip) && $(call seal,$@)
 
 .PHONY: hip
 
@@ -136,3 +154,15 @@ math-sweep: $(BUILD)/math_sweep
 	$(BUILD)/math_sweep -t $(MATH_SWEEP_THREADS)
 
 .PHONY: math-sweep
+
+# ---- C example (make example): examples/train_xor.c trains through mojo_train.h alone ---------
+# Built into native/build/ beside the library it links (rpath: the binary's own folder), then
+# run from another folder, as a C host outside the repository would run it.
+EXAMPLE_RPATH := $(if $(filter Darwin,$(UNAME)),@loader_path,'$$ORIGIN')
+$(BUILD)/train_xor: examples/train_xor.c native/include/mojo_train.h $(BUILD)/libmojo_train_cpu_identical.$(SO)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Inative/include -o $@ examples/train_xor.c -L$(BUILD) -lmojo_train_cpu_identical -Wl,-rpath,$(EXAMPLE_RPATH)
+
+example: $(BUILD)/train_xor
+	cd "$${TMPDIR:-/tmp}" && $(abspath $(BUILD))/train_xor
+
+.PHONY: example

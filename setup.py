@@ -46,7 +46,8 @@ def run_make():
 
 def native_files():
     """(source path, folder inside the package) for every file the installed package needs."""
-    pairs = [(p, "lib") for p in sorted(glob.glob(os.path.join(HERE, "native", "build", "libmojo_train_*" + SUFFIX)))]
+    libs = sorted(glob.glob(os.path.join(HERE, "native", "build", "libmojo_train_*" + SUFFIX)))
+    pairs = [(p, "lib") for lib in libs for p in (lib, lib + ".sha256")]   # the loader checks the digest
     pairs += [(os.path.join(HERE, "native", "include", h), "include") for h in ("mojo_train.h", "mt_pinned.h")]
     pairs += [(p, "fixtures") for p in sorted(glob.glob(os.path.join(HERE, "fixtures", "*.card")))]
     return pairs
@@ -107,6 +108,7 @@ setup(
     long_description=read_readme(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["mojo_train", "mojo_train.*"]),
+    package_data={"mojo_train": ["data/*.txt"]},   # the demo's training text
     python_requires=">=3.9",
     install_requires=["cffi"],
     distclass=BinaryDistribution,

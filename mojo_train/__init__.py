@@ -12,7 +12,7 @@ from .device import DeviceArray, memory_stats, to_device, transfer_bytes
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
 from .loss import chunked_lm_head_loss, cross_entropy, linear_cross_entropy
 from .nn import (Embedding, embedding_backward, embedding_forward, linear_backward, linear_forward,
-                 mlp_inference_sessions, rms_norm_backward, rms_norm_forward)
+                 mlp_inference_sessions, relu_backward, relu_forward, rms_norm_backward, rms_norm_forward)
 from .random import DropoutKey, Generator
 from .elementwise import add, silu_backward, silu_forward
 from .schedule import (ConstantLR, WarmupCosineLR, WarmupLinearLR, accumulate_grads,
@@ -21,11 +21,15 @@ from .schedule import (ConstantLR, WarmupCosineLR, WarmupLinearLR, accumulate_gr
 __version__ = "0.1.0"
 
 __all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats",
-           "SGD", "Adam", "AdamW", "clip_grad_norm_", "Generator", "DropoutKey", "silu_forward",
-           "silu_backward", "add",
-           # not implemented yet (raise NotImplementedError naming themselves):
-           "cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy", "linear_forward",
-           "linear_backward", "rms_norm_forward", "rms_norm_backward", "mlp_inference_sessions",
-           "Embedding", "embedding_forward", "embedding_backward", "ConstantLR",
-           "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads", "accumulation_is_aligned",
+           # optimizers and clipping
+           "SGD", "Adam", "AdamW", "clip_grad_norm_",
+           # losses
+           "cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy",
+           # layers
+           "linear_forward", "linear_backward", "relu_forward", "relu_backward", "rms_norm_forward",
+           "rms_norm_backward", "mlp_inference_sessions", "Embedding", "embedding_forward",
+           "embedding_backward", "silu_forward", "silu_backward", "add",
+           # random streams, schedules, accumulation
+           "Generator", "DropoutKey", "ConstantLR", "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads",
+           "accumulation_is_aligned",
            "__version__"]

@@ -5,8 +5,15 @@
                          identical tier -- only MOJO_TRAIN_VENDOR's when it names one -- and
                          exit 1 on any mismatch; --write first appends the cases defined in
                          code but missing from the cards, computed on the CPU oracle
-    info                 print backend_info() for the default vendor and numeric mode
-    demo [--vendor V]    train a small character-level language model; print its digests
+    info [--vendor V] [--numeric-mode M]
+                         print backend_info() (defaults: MOJO_TRAIN_VENDOR, MOJO_TRAIN_NUMERIC_MODE)
+    demo [--vendor V] [--steps N] [--print-every N] [--svg PATH]
+                         train a small character-level language model; print its digests
+    --version            print the version
+
+A mistake on the command line or in those environment variables (a library that is not
+built, --steps 0, an --svg path that cannot be written) ends with exit status 2 and one line
+``mojo_train: error: ...`` on stderr, never a traceback.
 """
 import argparse
 import json
@@ -14,24 +21,63 @@ import os
 import sys
 import time
 
-from . import _cards, _native, backend_info
+from . import __version__, _cards, _demo, _native, backend_info
 
 
-def _why(exc):
-    """One line from a BackendError: its first sentence and what happened at each path."""
+class _Mistake(Exception):
+    """A command-line or environment mistake: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line ``mojo_train: error: ...`` (exit 2), like ours."""
+
+    def error(self, message):
+        self.exit(2, "mojo_train: error: %s; see %s --help\n" % (message, self.prog))
+
+
+def _fail(message):
+    prefix = "mojo_train: "
+    message = message[len(prefix):] if message.startswith(prefix) else message
+    sys.stderr.write("mojo_train: error: %s\n" % " ".join(message.split()))
+    return 2
+
+
+def _why(exc, fix=True):
+    """One line from a BackendError: its first sentence, what happened at each path, and (with
+    ``fix``) the rebuild command unless a library was found but cannot run here (no device)."""
     lines = str(exc).splitlines()
     outcomes = sorted({l.split(": ", 1)[-1] for l in lines[1:] if l.startswith("  ")})
-    return "%s (paths tried: %s)" % (lines[0].replace(" Tried:", ""), ", ".join(outcomes) or "none")
+    build = [l.split("   (", 1)[0].lower() for l in lines[1:] if l.startswith("Build it with:")]
+    first = lines[0].replace(" Tried:", "").rstrip(".")
+    unusable = any(o.startswith("loaded but unusable") for o in outcomes)
+    return "; ".join(["%s (paths tried: %s)" % (first, ", ".join(outcomes) or "none")]
+                     + ([] if unusable or not fix else build))
+
+
+def _backend(numeric_mode=None, vendor=None):
+    """The library a command asks for, or a _Mistake saying in one line why it cannot load."""
+    try:
+        return _native.load(numeric_mode, vendor)
+    except _native.BackendError as exc:
+        raise _Mistake(_why(exc)) from None
+    except ValueError as exc:     # MOJO_TRAIN_VENDOR / MOJO_TRAIN_NUMERIC_MODE name nothing known
+        raise _Mistake(str(exc)) from None
 
 
 def _loadable_vendors():
+    """Every vendor whose identical tier loads; a vendor MOJO_TRAIN_VENDOR names must load."""
     vendors = []
-    asked = _native.default_vendor()
-    for vendor in (_native.VENDORS if asked == "auto" else (asked,)):
+    try:
+        asked = _native.default_vendor()
+    except ValueError as exc:
+        raise _Mistake(str(exc)) from None
+    if asked != "auto":
+        return [_backend("identical", asked).vendor]
+    for vendor in _native.VENDORS:
         try:
             _native.load("identical", vendor)
         except _native.BackendError as exc:
-            print("skipped %s: %s" % (vendor, _why(exc)))
+            print("skipped %s: %s" % (vendor, _why(exc, fix=False)))
             continue
         vendors.append(vendor)
     return vendors
@@ -50,7 +96,14 @@ def _has_device(vendor):
     return _native.load("identical", vendor).has(1 << 9)   # MT_FEATURE_DEVICE_BUFFERS
 
 
+def _check_card_name(card):
+    known = sorted(set(_cards.CASES) | {_cards.card_name(p) for p in _cards.card_paths()})
+    if card is not None and card not in known:
+        raise _Mistake("--card %r names no card; the cards are: %s" % (card, ", ".join(known)))
+
+
 def selfcheck(write=False, card=None):
+    _check_card_name(card)
     paths = _write(_cards.card_paths()) if write else _cards.card_paths()
     if card is not None:
         paths = [p for p in paths if _cards.card_name(p) == card]
@@ -79,39 +132,75 @@ def selfcheck(write=False, card=None):
     return 1 if failures else 0
 
 
-def info():
-    print(json.dumps(backend_info(), indent=2))
+def info(vendor=None, numeric_mode=None):
+    _backend(numeric_mode, vendor)
+    print(json.dumps(backend_info(numeric_mode, vendor), indent=2))
     return 0
 
 
-def demo(vendor=None, steps=400, svg="demo_loss.svg"):
+def _check_writable(path, option):
+    """A _Mistake unless ``path`` can be written (checked before a run, not after it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise _Mistake("%s %s is a folder; give a file name such as %s"
+                       % (option, path, os.path.join(path, "demo_loss.svg")))
+    if not os.path.isdir(folder):
+        raise _Mistake("%s %s: the folder %s does not exist" % (option, path, folder))
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise _Mistake("%s %s cannot be written (no permission, or a read-only file system)" % (option, path))
+
+
+def demo(vendor=None, steps=_demo.STEPS, svg="demo_loss.svg", every=_demo.PRINT_EVERY):
     """Train the small character-level model end to end (mojo_train/_demo.py)."""
-    from . import _demo
-    return _demo.run(vendor=vendor, steps=steps, svg=svg)
+    _check_writable(svg, "--svg")
+    _backend("identical", vendor)
+    return _demo.run(vendor=vendor, steps=steps, svg=svg, every=every)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m mojo_train", description=__doc__.splitlines()[0])
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be a whole number >= 1, got %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be >= 1, got %d" % value)
+    return value
+
+
+def _parser():
+    parser = _Parser(prog="python -m mojo_train", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version="mojo_train %s" % __version__)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("selfcheck", help="check every card on every loadable identical vendor")
     check.add_argument("--write", action="store_true", help="first append missing cases (cpu oracle)")
     check.add_argument("--card", help="check this card only (e.g. optim)")
-    sub.add_parser("info", help="print backend_info()")
+    i = sub.add_parser("info", help="print backend_info()")
+    i.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
+    i.add_argument("--numeric-mode", choices=_native.TIERS, default=None)
     d = sub.add_parser("demo", help="train a small character-level language model end to end")
-    d.add_argument("--vendor", choices=("cpu", "cuda", "hip", "metal"), default=None)
-    d.add_argument("--steps", type=int, default=400)
+    d.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
+    d.add_argument("--steps", type=_positive_int, default=_demo.STEPS, help="training steps (>= 1)")
+    d.add_argument("--print-every", type=_positive_int, default=_demo.PRINT_EVERY,
+                   help="print a progress line every N steps (and at the first and last)")
     d.add_argument("--svg", default="demo_loss.svg", help="where the loss curve is written")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     try:
         if args.command == "selfcheck":
             return selfcheck(args.write, args.card)
         if args.command == "demo":
-            return demo(args.vendor, args.steps, args.svg)
-        return {"info": info}[args.command]()
-    except NotImplementedError as exc:
-        print("NotImplementedError: %s" % exc, file=sys.stderr)
-        return 2
+            return demo(args.vendor, args.steps, args.svg, args.print_every)
+        return info(args.vendor, args.numeric_mode)
+    except (_Mistake, NotImplementedError) as exc:
+        return _fail(str(exc))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:     # the reader went away (| head): stop quietly, as cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

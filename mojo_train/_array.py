@@ -165,12 +165,15 @@ class Array:
 
     @classmethod
     def from_buffer(cls, obj, dtype=None):
-        """Return a copy of any buffer-protocol object, keeping its shape.
+        """Return a copy of any buffer-protocol object or CPU torch tensor (one
+        that requires grad is read through its data), keeping its shape.
 
         The dtype is read from the buffer's format; passing a different
-        ``dtype`` is refused (TypeError) -- this never casts.
+        ``dtype`` is refused (TypeError) -- this never casts. Device memory is
+        refused (TypeError); so is a strided torch tensor (ValueError: pass
+        ``x.contiguous()``), whose elements no memoryview can reach.
         """
-        from ._buffer import probe  # late: _buffer imports this module
+        from ._buffer import contiguous_fix, probe  # late: _buffer imports this module
         where = "Array.from_buffer"
         p = probe(obj, "obj", where)
         if p.dtype not in _DTYPES:
@@ -179,6 +182,12 @@ class Array:
         if dtype is not None and _check_dtype(dtype, where) != p.dtype:
             raise TypeError(where_msg(where, "obj has dtype %s, not %s; "
                                       "mojo_train never casts" % (p.dtype, dtype)))
+        if p.device:
+            raise TypeError(where_msg(where, "obj is device memory; copy it to the host first "
+                                      "(DeviceArray.to_host(), x.cpu())"))
+        if not isinstance(p.view, memoryview):
+            raise ValueError(where_msg(where, "obj is a strided view of shape %r; %s"
+                                       % (p.shape, contiguous_fix(obj, "obj"))))
         return cls._wrap(bytearray(p.view.tobytes()), p.shape, p.dtype)
 
     # ----- attributes ---------------------------------------------------

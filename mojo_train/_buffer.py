@@ -5,9 +5,20 @@ memoryview, bytearray, numpy array, ...) or a ``mojo_train.Array`` into a
 ``Probe`` describing its dtype, shape, size, writability, contiguity and
 data address.  The tensor checks built on it refuse -- never cast, never
 copy silently -- anything that is not what native code needs, with an
-error naming the argument.  ``pack`` gives one flat float32 range over a
-list of tensors, borrowing their memory when they already lie end to end.
-Native byte order only: this library targets little-endian hosts.
+error naming the argument and saying the fix (``x.astype(np.float32)``,
+``x.float()``, ``np.ascontiguousarray(x)``, ``x.contiguous()``, ``x.detach()``).
+``pack`` gives one flat float32 range over a list of tensors, borrowing their
+memory when they already lie end to end. Native byte order only: this library
+targets little-endian hosts.
+
+torch tensors, recognised without importing torch, are read through DLPack
+(CPU tensors get a memoryview, like any host buffer); one that requires grad is
+read through ``x.detach()``, which shares its memory: nothing is copied. An
+in-place target is updated (optimizer parameters, gradients: allowed, as torch's
+optimizers do under no_grad) or written as an output (``out=``, ``grad=``:
+refused while it requires grad in grad mode, as torch refuses ``out=``); after
+a native call has written a torch tensor, ``wrote`` bumps its version counter
+as torch's own in-place ops do, so autograd detects a stale saved tensor.
 """
 
 import sys
@@ -59,11 +70,19 @@ def normalize_format(fmt, itemsize):
     return canon, dtype
 
 
+class RequiresGradError(RuntimeError, ValueError):
+    """An output argument that requires grad, refused in grad mode as torch refuses ``out=``
+    (a RuntimeError there; a ValueError like every bad argument here)."""
+
+
 class Probe:
-    """What mojo_train knows about one buffer; keeps it alive while it lives."""
+    """What mojo_train knows about one buffer; keeps it alive while it lives.
+
+    ``versioned``: the torch tensor whose version counter a write into this buffer bumps
+    (``wrote``), None for anything else."""
 
     __slots__ = ("obj", "view", "format", "dtype", "itemsize", "shape",
-                 "nelems", "nbytes", "readonly", "c_contiguous", "_address", "device")
+                 "nelems", "nbytes", "readonly", "c_contiguous", "_address", "device", "versioned")
 
     def __init__(self, obj, view, format, dtype, itemsize, shape, nelems,
                  nbytes, readonly, c_contiguous, address=None):
@@ -80,6 +99,7 @@ class Probe:
         self.c_contiguous = c_contiguous
         self._address = address
         self.device = False
+        self.versioned = None
 
     @property
     def address(self):
@@ -165,36 +185,113 @@ def _described(x, view, ptr, shape, dtype, itemsize, strides, readonly, device):
     return p
 
 
+def is_torch_tensor(x):
+    """True for a torch.Tensor or a subclass (nn.Parameter), without importing torch."""
+    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
+
+
 def _foreign_probe(x, name, where):
-    """A Probe for an object without the buffer protocol that exports device memory through
-    ``__cuda_array_interface__`` (torch CUDA tensors, CuPy, DeviceArray) or DLPack; None
-    when it exports neither."""
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        ts = cai["typestr"]
-        dtype = _TYPESTRS.get(ts[1:], ts) if ts[:1] in "<|=" else ts + " (big-endian)"
-        itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
-        ptr, readonly = cai["data"]
-        return _described(x, None, int(ptr or 0), cai["shape"], dtype, itemsize,
-                          cai.get("strides"), readonly, True)
-    if callable(getattr(x, "__dlpack__", None)):
-        from . import _dlpack
-        imp = _dlpack.from_object(x)
-        itemsize = _dlpack.DTYPES[imp.dtype][1] // 8 if imp.dtype in _dlpack.DTYPES else 0
-        strides = None if imp.c_contiguous else ()
-        p = _described(x, imp, imp.address, imp.shape, imp.dtype, itemsize, None, False,
-                       imp.device_type != _dlpack.DL_CPU)
-        p.c_contiguous = imp.c_contiguous
-        return p
-    return None
+    """A Probe for an object without the buffer protocol that exports memory through
+    ``__cuda_array_interface__`` (torch CUDA tensors, CuPy, DeviceArray) or DLPack (torch
+    CPU tensors: a memoryview over their memory); None when it exports neither. A torch
+    tensor that requires grad is read through ``x.detach()``, which shares its memory."""
+    torch = is_torch_tensor(x)
+    src = x.detach() if torch and x.requires_grad else x
+    p = _interface_probe(x, src)
+    if p is None and callable(getattr(src, "__dlpack__", None)):
+        p = _dlpack_probe(x, src)
+    if p is not None and torch:
+        p.versioned = x
+    return p
 
 
-def _check_layout(p, name, where, allow_empty):
+def _interface_probe(x, src):
+    cai = getattr(src, "__cuda_array_interface__", None)
+    if cai is None:
+        return None
+    ts = cai["typestr"]
+    dtype = _TYPESTRS.get(ts[1:], ts) if ts[:1] in "<|=" else ts + " (big-endian)"
+    itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
+    ptr, readonly = cai["data"]
+    return _described(x, None, int(ptr or 0), cai["shape"], dtype, itemsize,
+                      cai.get("strides"), readonly, True)
+
+
+_CASTABLE = frozenset("fdbhiqBHIQ?")      # formats memoryview.cast takes
+
+
+def _dlpack_probe(x, src):
+    from . import _dlpack
+    imp = _dlpack.from_object(src)
+    itemsize = _dlpack.DTYPES[imp.dtype][1] // 8 if imp.dtype in _dlpack.DTYPES else 0
+    p = _described(x, imp, imp.address, imp.shape, imp.dtype, itemsize, None, False,
+                   imp.device_type != _dlpack.DL_CPU)
+    p.c_contiguous = imp.c_contiguous
+    if not p.device and p.c_contiguous and p.format in _CASTABLE:
+        p.view = _owned_view(imp, p.address, p.nbytes, p.format, p.shape)
+    return p
+
+
+def _owned_view(owner, address, nbytes, fmt, shape):
+    """A memoryview of ``shape`` over raw memory that keeps ``owner`` alive while it, or any
+    view made from it, lives (the cffi pointer under it holds ``owner``)."""
+    if nbytes == 0:
+        return memoryview(bytearray()).cast(fmt)
+    ptr = _ffi.gc(_ffi.cast("char *", address), lambda _ptr, owner=owner: None)
+    return memoryview(_ffi.buffer(ptr, nbytes)).cast(fmt, shape)
+
+
+def _library(x):
+    """'numpy', 'cupy', 'torch' or None: whose array ``x`` is, for the fix a message names."""
+    if is_torch_tensor(x):
+        return "torch"
+    module = type(x).__module__.split(".")[0]
+    return module if module in ("numpy", "cupy") else None
+
+
+def _detached(x, name):
+    return name + ".detach()" if x.requires_grad else name
+
+
+def cast_fix(x, name, dtype):
+    """How the user converts argument ``name`` (the object ``x``) to ``dtype`` ('float32' or
+    'int64'), as a clause for an error message."""
+    lib = _library(x)
+    if lib == "torch":
+        return "convert with %s.%s()" % (_detached(x, name), "float" if dtype == "float32" else "long")
+    if lib:
+        return "convert with %s.astype(%s.%s)" % (name, "np" if lib == "numpy" else lib, dtype)
+    return "convert it to %s first" % dtype
+
+
+def contiguous_fix(x, name):
+    """How the user makes a C-contiguous copy of argument ``name`` (the object ``x``)."""
+    lib = _library(x)
+    if lib == "torch":
+        return "pass %s.contiguous()" % _detached(x, name)
+    if lib:
+        return "pass %s.ascontiguousarray(%s)" % ("np" if lib == "numpy" else lib, name)
+    return "copy it into a contiguous buffer"
+
+
+def _check_layout(p, name, where, allow_empty, inplace=False):
     if p.nelems == 0 and not allow_empty:
         raise ValueError(where_msg(where, "%s is empty" % name))
     if not p.c_contiguous:
-        raise ValueError(where_msg(where, "%s must be C-contiguous (got a "
-                                   "strided view of shape %r)" % (name, p.shape)))
+        written = (" (it is written in place: the copy then receives the result, not %s)" % name
+                   if inplace else "")
+        raise ValueError(where_msg(where, "%s must be C-contiguous (got a strided view of shape %r); "
+                                   "%s%s" % (name, p.shape, contiguous_fix(p.obj, name), written)))
+
+
+def _refuse_grad_output(p, name, where):
+    """torch's rule for ``out=``: refuse an output that requires grad while grad mode is on."""
+    t = p.versioned
+    if t is not None and t.requires_grad and sys.modules["torch"].is_grad_enabled():
+        raise RequiresGradError(where_msg(where, "%s requires grad, and an output written in place "
+                                          "takes no part in autograd (torch refuses out= such "
+                                          "tensors too); pass %s.detach() or call under "
+                                          "torch.no_grad()" % (name, name)))
 
 
 def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
@@ -202,17 +299,22 @@ def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
 
     TypeError for any other dtype (float64, float16, ints, big-endian...);
     ValueError when empty (unless ``allow_empty``), strided, or -- when
-    ``inplace`` -- read-only.
+    ``inplace`` -- read-only. ``inplace=True``: an output written in place
+    (``out=``), which a torch tensor requiring grad may not be in grad mode
+    (RequiresGradError, as torch); ``inplace="update"``: a tensor updated in
+    place as torch's optimizers update parameters (allowed). A torch tensor
+    written either way needs ``wrote`` after the native call.
     """
     p = probe(x, name, where)
     if p.dtype != "float32":
-        raise TypeError(where_msg(where, "%s has dtype %s; mojo_train works in "
-                                  "float32 only and never casts"
-                                  % (name, p.dtype)))
-    _check_layout(p, name, where, allow_empty)
+        raise TypeError(where_msg(where, "%s has dtype %s; mojo_train works in float32 only "
+                                  "and never casts (%s)" % (name, p.dtype, cast_fix(x, name, "float32"))))
+    _check_layout(p, name, where, allow_empty, inplace)
     if inplace and p.readonly:
         raise ValueError(where_msg(where, "%s is written in place and must be "
                                    "writable (got a read-only buffer)" % name))
+    if inplace is True:
+        _refuse_grad_output(p, name, where)
     return p
 
 
@@ -220,15 +322,43 @@ def int_tensor(x, name, where):
     """Probe ``x`` and require a non-empty C-contiguous integer buffer."""
     p = probe(x, name, where)
     if p.dtype not in INT_DTYPES:
-        raise TypeError(where_msg(where, "%s has dtype %s; an integer dtype "
-                                  "(int8..int64, uint8..uint64) is required "
-                                  "and mojo_train never casts" % (name, p.dtype)))
+        raise TypeError(where_msg(where, "%s has dtype %s; an integer dtype (int8..int64, "
+                                  "uint8..uint64) is required and mojo_train never casts (%s)"
+                                  % (name, p.dtype, cast_fix(x, name, "int64"))))
     _check_layout(p, name, where, False)
     return p
 
 
+class ProbeList(list):
+    """The Probes ``tensor_list`` gives, with ``versioned``: the torch tensors among them,
+    found once, so ``wrote`` costs nothing per step when there are none."""
+
+    __slots__ = ("versioned",)
+
+    def __init__(self, probes):
+        super().__init__(probes)
+        self.versioned = [p.versioned for p in probes if p.versioned is not None]
+
+
+def wrote(*targets):
+    """Call after a native call has written in-place targets: bumps the version counter of
+    each torch tensor among them, as torch's own in-place ops do, so autograd refuses a
+    backward through a tensor saved before the write. A target is a Probe, a ProbeList or
+    an object holding one as ``.probes`` (an optimizer's registry); None and anything else
+    (the handles of our own arrays) hold no torch tensor and are skipped."""
+    torch = sys.modules.get("torch")
+    if torch is None:       # no torch tensor can exist
+        return
+    for t in targets:
+        t = getattr(t, "probes", t)
+        tensors = t.versioned if type(t) is ProbeList else [t.versioned] if type(t) is Probe else ()
+        for tensor in tensors:
+            if tensor is not None:
+                torch.autograd.graph.increment_version(tensor)
+
+
 def _is_buffer(x):
-    if isinstance(x, Array) or getattr(x, "__cuda_array_interface__", None) is not None:
+    if isinstance(x, Array) or is_torch_tensor(x) or getattr(x, "__cuda_array_interface__", None) is not None:
         return True
     try:
         memoryview(x).release()
@@ -238,13 +368,16 @@ def _is_buffer(x):
 
 
 def tensor_list(x, name, where, *, inplace):
-    """Return float32 Probes for one buffer or an iterable of buffers.
+    """Return float32 Probes (a ProbeList) for one buffer or an iterable of buffers.
 
     Each item is checked with ``float32_tensor`` under the name
-    ``name[i]``; an empty iterable is refused (ValueError).
+    ``name[i]``; an empty iterable is refused (ValueError). ``inplace``:
+    the tensors are updated in place as torch's optimizers update
+    parameters and gradients (``float32_tensor``'s ``inplace="update"``).
     """
+    inplace = "update" if inplace else False        # params and gradients, as torch's optimizers
     if _is_buffer(x):
-        return [float32_tensor(x, name, where, inplace=inplace)]
+        return ProbeList([float32_tensor(x, name, where, inplace=inplace)])
     if isinstance(x, str):
         items = None
     else:
@@ -257,8 +390,8 @@ def tensor_list(x, name, where, *, inplace):
                                   "of them, got %s" % (name, type(x).__name__)))
     if not items:
         raise ValueError(where_msg(where, "%s is an empty list" % name))
-    return [float32_tensor(item, "%s[%d]" % (name, i), where, inplace=inplace)
-            for i, item in enumerate(items)]
+    return ProbeList([float32_tensor(item, "%s[%d]" % (name, i), where, inplace=inplace)
+                      for i, item in enumerate(items)])
 
 
 def offsets_for(probes, name="tensors", where="offsets_for"):
@@ -334,6 +467,32 @@ def unpack_into(flat, probes):
         if p.address != offset:
             copy_bytes(p.address, offset, p.nbytes)
         offset += p.nbytes
+
+
+def refuse_overlap(where, out, inputs, *, in_place=True):
+    """Refuse (ValueError naming both) an output whose memory meets an input's.
+
+    ``out`` and each of ``inputs`` are ``(name, Probe)`` (a None Probe is skipped). The very
+    same buffer -- same start, same size -- is an in-place call, allowed when ``in_place``;
+    any other intersection is refused. Empty buffers meet nothing.
+    """
+    oname, po = out
+    o0, o1 = po.address, po.address + po.nbytes
+    for name, p in inputs:
+        if p is None or not p.nbytes or not po.nbytes or p.address >= o1 or o0 >= p.address + p.nbytes:
+            continue
+        same = p.address == o0 and p.nbytes == po.nbytes
+        if same and in_place:
+            continue
+        if same:
+            how = "%s is %s itself" % (oname, name)
+        else:
+            shift = o0 - p.address
+            how = ("%s and %s overlap in memory without being the same buffer (%s starts %d bytes %s %s)"
+                   % (oname, name, oname, abs(shift), "after" if shift >= 0 else "before", name))
+        fix = "pass %s itself as %s (in place) or a separate buffer" % (name, oname) if in_place else \
+            "%s must be a buffer of its own" % oname
+        raise ValueError(where_msg(where, "%s; %s" % (how, fix)))
 
 
 def copy_bytes(dst_address, src_address, nbytes):

@@ -4,42 +4,89 @@ the library's own ops, whose every bit is pinned (identical tier).
 Model, per token: x = Embedding(id); h = RMSNorm(x); a = h @ W1.T + b1; z = dropout(SiLU(a));
 r = x + z @ W2.T (the residual); loss = cross-entropy of r @ Wout.T against the next character
 (the fused LM head). AdamW with a warmup-cosine schedule and gradient clipping at 1.0. The text
-is the project's own contracts (native/contracts/*.md, shipped with the source), split 90/10
-into training and held-out characters; batches are drawn by the library's Philox.
+is a fixed essay shipped inside the package (mojo_train/data/demo_corpus.txt), so the digests
+do not move when the documentation does; its first 90% of characters train, the last 10% are
+held out; batches are drawn by the library's Philox.
 
-It prints a progress line per step, then the held-out loss against the text's unigram entropy
-(which it must beat), the sha256 of the loss curve (float32 bytes) and of the final checkpoint,
-and writes the loss curve as an SVG. ``--vendor cpu`` and ``--vendor cuda`` print the same
-digests: that is the point.
+It prints a progress line every ``every`` steps (and at the first and the last), then a summary:
+the held-out loss against the text's unigram entropy (which it must beat), the steps and time,
+the sha256 of the loss curve (float32 bytes) and of the final checkpoint, and the path of the
+SVG it writes (the loss per step, on labelled axes). ``--vendor cpu`` and ``--vendor cuda``
+print the same digests: that is the point.
 """
 import hashlib
 import math
 import os
 import struct
 import time
+from importlib import resources
 
-_TEXT_DIRS = (os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native", "contracts"),
-              os.path.join(os.path.dirname(os.path.abspath(__file__)), "contracts"))
+STEPS = 400          # the command line's default
+PRINT_EVERY = 25
+CORPUS = "data/demo_corpus.txt"
 
 
 def _text():
-    for d in _TEXT_DIRS:
-        if os.path.isdir(d):
-            names = sorted(n for n in os.listdir(d) if n.endswith(".md"))
-            return "".join(open(os.path.join(d, n), encoding="utf-8").read() for n in names)
-    raise FileNotFoundError("mojo_train demo: the shipped text (native/contracts/*.md) is missing")
+    """The shipped essay, from the package (an installed wheel or a checkout alike)."""
+    return resources.files(__package__).joinpath(CORPUS).read_text(encoding="utf-8")
+
+
+def _nice_step(span, count):
+    """The tick spacing 1, 2 or 5 times a power of ten that gives at most ``count`` ticks."""
+    raw = span / count
+    power = 10.0 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def _ticks(lo, hi, count, whole=False):
+    """(lo, hi, ticks): the range widened to whole ticks and the tick values in it."""
+    step = _nice_step(hi - lo, count)
+    step = max(1, round(step)) if whole else step
+    lo, hi = math.floor(lo / step) * step, math.ceil(hi / step) * step
+    return lo, hi, [lo + k * step for k in range(int(round((hi - lo) / step)) + 1)], step
+
+
+def _label(value, step):
+    return "%.*f" % (max(0, -math.floor(math.log10(step))), value)
+
+
+# Plot area of the SVG: left, top, right, bottom (pixels of a 640 x 380 canvas).
+_L, _T, _R, _B = 70, 40, 620, 320
+
+
+def _axis(ticks, step, to_px, horizontal):
+    parts = []
+    for v in ticks:
+        p = to_px(v)
+        if horizontal:
+            parts.append('<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="black"/>'
+                         '<text x="%.1f" y="%d" text-anchor="middle">%s</text>'
+                         % (p, _B, p, _B + 5, p, _B + 20, _label(v, step)))
+        else:
+            parts.append('<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>'
+                         '<text x="%d" y="%.1f" text-anchor="end">%s</text>'
+                         % (_L, p, _R, p, _L - 6, p + 4, _label(v, step)))
+    return "".join(parts)
 
 
 def _svg(losses, path):
-    w, h, lo, hi = 640, 320, min(losses), max(losses)
-    pts = " ".join("%.1f,%.1f" % (20 + 600 * i / max(1, len(losses) - 1), 300 - 280 * (v - lo) / ((hi - lo) or 1))
-                   for i, v in enumerate(losses))
-    with open(path, "w") as f:
-        f.write('<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d">'
-                '<rect width="100%%" height="100%%" fill="white"/>'
-                '<polyline fill="none" stroke="black" points="%s"/>'
-                '<text x="24" y="16" font-size="12">training loss, %.3f to %.3f nats</text></svg>\n'
-                % (w, h, pts, hi, lo))
+    """The loss per step as an SVG line chart: labelled axes and a title with the first and last loss."""
+    n, lo, hi = len(losses), min(losses), max(losses)
+    xlo, xhi, xt, xs = _ticks(0, n, 5, whole=True)
+    ylo, yhi, yt, ys = _ticks(lo - 0.5 * (hi == lo), hi + 0.5 * (hi == lo), 6)
+    x = lambda v: _L + (_R - _L) * (v - xlo) / (xhi - xlo)
+    y = lambda v: _B - (_B - _T) * (v - ylo) / (yhi - ylo)
+    points = " ".join("%.1f,%.1f" % (x(i + 1), y(v)) for i, v in enumerate(losses))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('<svg xmlns="http://www.w3.org/2000/svg" width="640" height="380" font-family="sans-serif" '
+                'font-size="12"><rect width="100%%" height="100%%" fill="white"/>%s%s'
+                '<path d="M%d %dV%dH%d" fill="none" stroke="black"/>'
+                '<polyline fill="none" stroke="#1f5fa8" stroke-width="1.5" points="%s"/>'
+                '<text x="%d" y="24" font-size="14">Training loss per step: first %.4f, last %.4f nats (%d step%s)</text>'
+                '<text x="%d" y="%d" text-anchor="middle">step</text>'
+                '<text transform="translate(18 %d) rotate(-90)" text-anchor="middle">loss (nats)</text></svg>\n'
+                % (_axis(yt, ys, y, False), _axis(xt, xs, x, True), _L, _T, _B, _R, points,
+                   _L, losses[0], losses[-1], n, "s"[:n != 1], (_L + _R) // 2, _B + 45, (_T + _B) // 2))
 
 
 class _Model:
@@ -74,45 +121,69 @@ class _Model:
         return loss, [d_emb, d_norm, d_w1, d_b1, d_w2, d_wout]
 
 
-def run(vendor=None, steps=150, batch=1024, svg="demo_loss.svg", out=print):
-    if vendor:
-        os.environ["MOJO_TRAIN_VENDOR"] = vendor
-    import mojo_train as mt
-    mode = "identical"
-    text = _text()
+def _split(text):
+    """(vocabulary, training ids, held-out ids): the first 90% of characters train."""
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     data = [index[c] for c in text]
     split = len(data) * 9 // 10
-    train, held = data[:split], data[split:]
-    model = _Model(mt, len(chars), 48, 192, mode)
+    return chars, data[:split], data[split:]
+
+
+def _unigram_entropy(ids, vocab):
+    """Nats per character of a forecaster that knows only the characters' frequencies."""
+    counts = [0] * vocab
+    for c in ids:
+        counts[c] += 1
+    return -sum(n / len(ids) * math.log(n / len(ids)) for n in counts if n)
+
+
+def _train(mt, model, train, steps, batch, every, out):
+    """``steps`` AdamW steps on random windows of ``train``; the loss of each step."""
     sched = mt.WarmupCosineLR(3e-3, warmup_steps=max(1, steps // 10), total_steps=steps + 1, min_lr=3e-4)
-    opt = mt.AdamW(model.params, lr_schedule=sched, weight_decay=0.01, numeric_mode=mode)
-    draw = mt.Generator(99, numeric_mode=mode)
+    opt = mt.AdamW(model.params, lr_schedule=sched, weight_decay=0.01, numeric_mode=model.mode)
+    draw = mt.Generator(99, numeric_mode=model.mode)
     losses, t0 = [], time.time()
     for step in range(1, steps + 1):
-        u = draw.uniform((batch,)).tolist()
-        pos = [int(v * (split - 1)) for v in u]
+        pos = [int(v * (len(train) - 1)) for v in draw.uniform((batch,)).tolist()]
         ids = mt.Array.from_list([train[p] for p in pos], "int64")
         targets = mt.Array.from_list([train[p + 1] for p in pos], "int64")
         loss, grads = model.loss_and_grads(ids, targets)
-        norm = opt.step(grads, max_norm=1.0)
+        opt.step(grads, max_norm=1.0)
         losses.append(loss)
-        out("step %4d  loss %.4f  grad norm %.4f  lr %.6f" % (step, loss, norm, sched.lr_at(step)))
-    held_ids = mt.Array.from_list(held[:-1], "int64")
-    held_t = mt.Array.from_list(held[1:], "int64")
-    held_loss, _ = model.loss_and_grads(held_ids, held_t, train=False)
-    counts = [0] * len(chars)
-    for c in train:
-        counts[c] += 1
-    entropy = -sum(n / len(train) * math.log(n / len(train)) for n in counts if n)
-    curve = hashlib.sha256(struct.pack("<%df" % len(losses), *losses)).hexdigest()
-    ckpt = hashlib.sha256(b"".join(bytes(p.tobytes()) for p in model.params)).hexdigest()
+        if step == 1 or step % every == 0 or step == steps:
+            out("step %4d/%d  train loss %.4f  lr %.6f  elapsed %.1f s"
+                % (step, steps, loss, sched.lr_at(step), time.time() - t0))
+    return losses
+
+
+def _digest(chunks):
+    return hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
+def run(vendor=None, steps=STEPS, batch=1024, svg="demo_loss.svg", every=PRINT_EVERY, out=print):
+    """Train, evaluate on the held-out tenth, write the SVG, print the summary.
+
+    Returns 0 when the held-out loss beats the unigram entropy, else 1.
+    """
+    if vendor:
+        os.environ["MOJO_TRAIN_VENDOR"] = vendor
+    import mojo_train as mt
+    t0 = time.time()
+    chars, train, held = _split(_text())
+    model = _Model(mt, len(chars), 48, 192, "identical")
+    losses = _train(mt, model, train, steps, batch, every, out)
+    held_loss, _ = model.loss_and_grads(mt.Array.from_list(held[:-1], "int64"),
+                                        mt.Array.from_list(held[1:], "int64"), train=False)
+    entropy = _unigram_entropy(train, len(chars))
     _svg(losses, svg)
-    out("held-out loss %.4f nats; unigram entropy of the text %.4f nats: %s" %
-        (held_loss, entropy, "beaten" if held_loss < entropy else "NOT beaten"))
-    out("loss curve sha256 %s" % curve)
-    out("checkpoint sha256 %s" % ckpt)
-    out("vendor %s, %d steps in %.1f s; loss curve written to %s" % (mt.backend_info()["vendor"], steps,
-                                                                      time.time() - t0, svg))
-    return 0 if held_loss < entropy else 1
+    beaten = held_loss < entropy
+    out("summary (%s vendor, identical tier)" % mt.backend_info("identical")["vendor"])
+    out("  held-out loss      %.4f nats on %d characters; unigram entropy of the text %.4f nats: %s"
+        % (held_loss, len(held) - 1, entropy, "beaten" if beaten else "NOT beaten"))
+    out("  steps              %d of %d characters each in %.1f s (training text: %d characters)"
+        % (steps, batch, time.time() - t0, len(train)))
+    out("  loss curve sha256  %s" % _digest([struct.pack("<%df" % len(losses), *losses)]))
+    out("  checkpoint sha256  %s" % _digest(bytes(p.tobytes()) for p in model.params))
+    out("  loss curve SVG     %s" % os.path.abspath(svg))
+    return 0 if beaten else 1

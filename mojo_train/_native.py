@@ -6,8 +6,31 @@ the package's own ``lib/`` folder, and ``native/build/`` of a source checkout. A
 the library's own ``mt_vendor()``, ``mt_numeric_mode()`` and ``mt_abi_version()`` are read
 back; a library that disagrees with what was asked is refused, naming the file and the
 command that rebuilds it. Every path tried is kept for :func:`backend_info`.
+
+A library file is checked before dlopen, so that a damaged one is refused instead of crashing
+the process (a truncated ``.so`` otherwise dies of SIGBUS inside dlopen):
+
+* ELF (Linux): the header must be a 64-bit shared object of this host's byte order and machine,
+  and its program headers, its section headers and every section and loaded segment must lie
+  within the file. Mach-O (macOS) is not parsed here: dyld itself refuses a file whose segments
+  extend past its end, and dlopen's failure is reported like any other.
+* Digest: ``make`` writes ``<library>.sha256`` (``sha256sum -c`` format) beside every library it
+  builds, before moving the library into place, and ``pip install`` copies it into ``lib/``. A
+  library whose manifest does not match is refused. A library in the package's ``lib/`` or in
+  ``native/build/`` without a manifest is refused too (our builds always write one). A library
+  found through ``$MOJO_TRAIN_LIBRARY_PATH`` without one is loaded (a user's own build or copy)
+  and ``backend_info()['tried']`` says it had no manifest; with one, it is checked.
+* After dlopen every name the cdef declares must resolve: a library missing one (a stub, a
+  stale or foreign build) is refused naming the first missing symbol.
+
+A refused file raises :class:`BackendError` naming the file and the rebuild command; it never
+falls back to a later folder. The ``MOJO_TRAIN_*`` environment variables the package and its
+libraries read are validated when mojo_train is imported (:func:`check_environment`), and
+again when they are used, so a bad value is a ValueError naming the variable.
 """
 import os
+import re
+import struct
 import sys
 import threading
 
@@ -28,6 +51,42 @@ _ERRORS = {1: ValueError, 2: ValueError, 3: MemoryError, 4: RuntimeError, 5: Not
 
 class BackendError(ImportError):
     """No library could be loaded for the vendor and numeric mode asked for."""
+
+
+# ---- the environment ---------------------------------------------------------------------------
+
+def _one_of(*choices):
+    return lambda v: v in choices, "one of " + ", ".join(choices)
+
+
+def _choices_any_case(choices):
+    return lambda v: v.strip().lower() in choices, "one of " + ", ".join(choices) + " (any case)"
+
+
+# Every MOJO_TRAIN_* variable read by mojo_train or its libraries: (is a value allowed?, what is).
+# The native readers (file named) compare their values exactly, so these are exact too.
+_ENVIRONMENT = {
+    "MOJO_TRAIN_NUMERIC_MODE": _choices_any_case(TIERS),
+    "MOJO_TRAIN_VENDOR": _choices_any_case(("auto",) + VENDORS),
+    "MOJO_TRAIN_NUM_THREADS": (lambda v: v.isdigit() and v.isascii() and int(v) >= 1,
+                               "a whole number >= 1 (at most 64 threads are used)"),  # mt_pool.c
+    "MOJO_TRAIN_CPU_GEMM": _one_of("avx512", "avx2", "scalar"),     # mt_cpu_gemm.c's kernels
+    "MOJO_TRAIN_LR_EXACT_ONLY": _one_of("0", "1"),                  # mt_schedule.c
+    "MOJO_TRAIN_CE_GLOBAL": _one_of("0", "1"),                      # mt_gpu_loss.cu
+    "MOJO_TRAIN_LM_ONE_STREAM": _one_of("0", "1"),                  # mt_gpu_lm_head.cu
+}
+# MOJO_TRAIN_LIBRARY_PATH is a list of folders; a folder that does not exist is only reported
+# by backend_info() as absent, like the package's own folders.
+
+
+def check_environment(environ=None):
+    """Raise ValueError naming the first MOJO_TRAIN_* variable whose value is not allowed."""
+    environ = os.environ if environ is None else environ
+    for name, (ok, allowed) in _ENVIRONMENT.items():
+        value = environ.get(name)
+        if value is not None and not ok(value):
+            raise ValueError("mojo_train: the environment variable %s must be %s, got %r; "
+                             "unset it or give an allowed value" % (name, allowed, value))
 
 
 def _header_path():
@@ -81,14 +140,122 @@ def rebuild_command(vendor, tier):
 
 
 def _search_dirs():
+    """(folder, is it one of ours) in search order; our folders' libraries need a manifest."""
     dirs = []
     env = os.environ.get("MOJO_TRAIN_LIBRARY_PATH")
     if env:
-        dirs.extend(p for p in env.split(os.pathsep) if p)
-    dirs.append(os.path.join(_PACKAGE_DIR, "lib"))
+        dirs.extend((p, False) for p in env.split(os.pathsep) if p)
+    dirs.append((os.path.join(_PACKAGE_DIR, "lib"), True))
     if os.path.isdir(os.path.join(_SOURCE_ROOT, "native", "include")):   # a source checkout
-        dirs.append(os.path.join(_SOURCE_ROOT, "native", "build"))
+        dirs.append((os.path.join(_SOURCE_ROOT, "native", "build"), True))
     return dirs
+
+
+# ---- the library file, before dlopen --------------------------------------------------------------
+
+# ELF e_machine of the hosts we know (os.uname().machine); another host skips the machine check.
+_ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21, "riscv64": 243}
+_ELF_HEADER, _ELF_PHDR, _ELF_SHDR = 64, 56, 64
+_PT_LOAD, _PT_DYNAMIC, _SHT_NOBITS, _ET_DYN = 1, 2, 8, 3
+
+
+def _elf_problem(f, size):
+    """Why the open file ``f`` of ``size`` bytes is not a whole ELF shared library for this
+    host, or None: header, program and section header tables, segments and sections must all
+    lie within the file (dlopen maps them unchecked, and touching a page past the end is SIGBUS)."""
+    head = f.read(_ELF_HEADER)
+    if len(head) < _ELF_HEADER or head[:4] != b"\x7fELF":
+        return "not an ELF file (%d bytes)" % size
+    if head[4] != 2:
+        return "not a 64-bit ELF file (class %d)" % head[4]
+    if head[5] != (1 if sys.byteorder == "little" else 2):
+        return "ELF data encoding %d is not this host's byte order" % head[5]
+    e = "<" if head[5] == 1 else ">"
+    (e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize,
+     shnum, _) = struct.unpack_from(e + "HHIQQQIHHHHHH", head, 16)
+    want = _ELF_MACHINES.get(os.uname().machine.lower())
+    if e_type != _ET_DYN:
+        return "ELF type %d is not a shared object" % e_type
+    if want is not None and machine != want:
+        return "built for ELF machine %d, but this %s host is %d" % (machine, os.uname().machine, want)
+    if phentsize != _ELF_PHDR or phnum == 0 or (shnum and shentsize != _ELF_SHDR):
+        return "ELF header tables have unexpected entry sizes"
+    return (_elf_table_problem(f, size, e, "segment", phoff, phnum)
+            or _elf_table_problem(f, size, e, "section", shoff, shnum))
+
+
+# item: (table, entry size, entry layout, indices of type / file offset / file size, checked?)
+_ELF_TABLES = {
+    "segment": ("program header", _ELF_PHDR, "IIQQQQQQ", (0, 2, 5), lambda t: t in (_PT_LOAD, _PT_DYNAMIC)),
+    "section": ("section header", _ELF_SHDR, "IIQQQQIIQQ", (1, 4, 5), lambda t: t != _SHT_NOBITS),
+}
+
+
+def _elf_table_problem(f, size, e, item, off, count):
+    """Why an ELF header table, or one of its segments or sections with file bytes, reaches
+    past the end of the file, or None."""
+    table, entry, fmt, (t, o, n), checked = _ELF_TABLES[item]
+    if off + count * entry > size:
+        return "its %s table ends at byte %d, past the end of the file (%d bytes)" % (
+            table, off + count * entry, size)
+    f.seek(off)
+    rows = f.read(count * entry)
+    for i in range(count):
+        row = struct.unpack_from(e + fmt, rows, i * entry)
+        if checked(row[t]) and row[o] + row[n] > size:
+            return "its %s %d ends at byte %d, past the end of the file (%d bytes)" % (
+                item, i, row[o] + row[n], size)
+    return None
+
+
+def _sha256(path):
+    import hashlib        # only when a library is loaded: importing it costs ~4 ms
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest_problem(path, ours):
+    """(why the library does not match its manifest or None, a note for backend_info)."""
+    manifest = path + ".sha256"
+    try:
+        with open(manifest, encoding="ascii", errors="replace") as f:
+            fields = f.read(4096).split()
+    except FileNotFoundError:
+        if ours:
+            return "has no digest manifest %s beside it, which every build writes" % manifest, ""
+        return None, " (no manifest: its sha256 was not checked)"
+    if (len(fields) != 2 or not re.fullmatch(r"[0-9a-f]{64}", fields[0])
+            or fields[1].lstrip("*") != os.path.basename(path)):
+        return "has a malformed digest manifest %s" % manifest, ""
+    got = _sha256(path)
+    if got != fields[0]:
+        return ("is damaged or truncated: its sha256 is %s..., its digest manifest %s says %s..."
+                % (got[:12], manifest, fields[0][:12])), ""
+    return None, ""
+
+
+def _file_problem(path, ours):
+    """(why ``path`` must not be dlopened, as "<is/has> ...", or None; a note for backend_info)."""
+    if _SUFFIX == ".so":
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            problem = _elf_problem(f, size)
+        if problem:
+            return "is damaged or truncated: " + problem, ""
+    return _digest_problem(path, ours)
+
+
+def _missing_symbol(lib, names):
+    """The first of ``names`` that ``lib`` does not export, or None."""
+    for name in names:
+        try:
+            getattr(lib, name)
+        except AttributeError:
+            return name
+    return None
 
 
 def _read_identity(lib):
@@ -96,31 +263,55 @@ def _read_identity(lib):
             int(lib.mt_abi_version()))
 
 
+def _refuse(vendor, tier, tried, path, outcome, message):
+    """Record ``path`` as refused and raise BackendError: "<path> <message>. Rebuild with: ..."."""
+    _attempts[(vendor, tier)] = tried + [(path, "refused: " + outcome)]
+    raise BackendError("mojo_train: %s %s. Rebuild with: %s" % (path, message, rebuild_command(vendor, tier)))
+
+
+_IDENTITY = ("mt_vendor", "mt_numeric_mode", "mt_abi_version", "mt_features")
+
+
+def _check_exports(lib, vendor, tier, tried, path):
+    """Refuse a dlopened library that is not the one asked for or lacks a declared name."""
+    missing = _missing_symbol(lib, _IDENTITY)
+    if missing:
+        _refuse(vendor, tier, tried, path, "does not export " + missing,
+                "does not export %s: it is not a mojo_train library" % missing)
+    got = _read_identity(lib)
+    if got != (vendor, tier, ABI_VERSION):
+        _refuse(vendor, tier, tried, path, "reports %s/%s/abi %d" % got,
+                "reports vendor %r, numeric mode %r, ABI %d but %r/%r/ABI %d was asked for; "
+                "the file is stale or misplaced" % (got + (vendor, tier, ABI_VERSION)))
+    missing = _missing_symbol(lib, dir(lib))     # cffi lists every name the cdef declares
+    if missing:
+        _refuse(vendor, tier, tried, path, "does not export " + missing,
+                "does not export %s, which mojo_train.h declares; it is incomplete or from "
+                "another build" % missing)
+
+
 def _try_load(vendor, tier):
+    check_environment()           # the library reads some variables itself, from now on
     tried = []
-    for d in _search_dirs():
+    for d, ours in _search_dirs():
         path = os.path.join(d, library_name(vendor, tier))
         if not os.path.isfile(path):
             tried.append((path, "absent"))
             continue
+        problem, note = _file_problem(path, ours)
+        if problem:
+            _refuse(vendor, tier, tried, path, problem, problem)
         try:
             lib = ffi.dlopen(path)
         except OSError as e:
             tried.append((path, "dlopen failed: %s" % e))
             continue
-        got = _read_identity(lib)
-        if got != (vendor, tier, ABI_VERSION):
-            _attempts[(vendor, tier)] = tried + [(path, "refused: reports %s/%s/abi %d" % got)]
-            raise BackendError(
-                "mojo_train: %s reports vendor %r, numeric mode %r, ABI %d but %r/%r/ABI %d was "
-                "asked for; the file is stale or misplaced. Rebuild with: %s"
-                % (path, got[0], got[1], got[2], vendor, tier, ABI_VERSION,
-                   rebuild_command(vendor, tier)))
+        _check_exports(lib, vendor, tier, tried, path)
         reason = _device_problem(lib, vendor)
         if reason:
-            tried.append((path, "loaded but unusable: " + reason))
+            tried.append((path, "loaded but unusable: " + reason + note))
             continue
-        tried.append((path, "loaded"))
+        tried.append((path, "loaded" + note))
         _attempts[(vendor, tier)] = tried
         return Backend(lib, vendor, tier, path)
     _attempts[(vendor, tier)] = tried
@@ -139,12 +330,20 @@ def _device_problem(lib, vendor):
     return None
 
 
-def _normalize(value, allowed, what, env):
+def _normalize(value, allowed, what, env, where=None):
     v = str(value).strip().lower()
     if v not in allowed:
-        raise ValueError("mojo_train: %s must be one of %s, got %r (from %s)"
-                         % (what, ", ".join(allowed), value, env))
+        raise ValueError("mojo_train%s: %s must be one of %s, got %r (from %s)"
+                         % ("." + where if where else "", what, ", ".join(allowed), value, env))
     return v
+
+
+def numeric_mode_arg(numeric_mode, where):
+    """``numeric_mode=`` as given to ``where`` (a constructor): None (the environment's tier, read
+    when the library is loaded) or a tier name in any case; anything else is a ValueError now."""
+    if numeric_mode is None:
+        return None
+    return _normalize(numeric_mode, TIERS, "numeric_mode", "numeric_mode=", where)
 
 
 def default_tier():
@@ -199,6 +398,22 @@ def backend_info(numeric_mode=None, vendor=None):
         "reason": "the %s vendor was asked for explicitly" % b.vendor if asked != "auto"
         else "auto: the first of %s that loaded" % ", ".join(AUTO_ORDER),
     }
+
+
+def _check_environment_at_import():
+    """check_environment(), except that ``python -m mojo_train ...`` (whose package import runs
+    this before the command line exists: sys.argv[0] is '-m' then) ends with one line on
+    stderr and exit status 2 instead of a traceback."""
+    try:
+        check_environment()
+    except ValueError as e:
+        if sys.argv[:1] == ["-m"]:
+            sys.stderr.write("mojo_train: error: %s\n" % str(e).replace("mojo_train: ", "", 1))
+            raise SystemExit(2)
+        raise
+
+
+_check_environment_at_import()
 
 
 def _forget():

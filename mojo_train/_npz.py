@@ -7,7 +7,12 @@ whole or not at all (written beside, then renamed). :func:`read` returns ``{name
 str}`` and reads ``numpy.savez`` and ``numpy.savez_compressed`` files (``.npy`` formats 1.0,
 2.0 and 3.0). Everything is checked and nothing is cast: the zip (CRCs included), the magic,
 the header's keys, a little-endian dtype of ours, C order, the shape, and the exact byte
-count. Any problem is a ValueError naming the file and the member.
+count. Sizes are checked against what the file can hold before anything is allocated (a
+member's claimed size against its compressed size and the file's length, a header's claimed
+shape against the bytes its member holds), so a damaged or crafted file cannot make us allocate
+more than a small multiple of its own length. Every damaged file is a ValueError (``NpzError``)
+naming the file and, where known, the member; a file that cannot be opened at all (missing,
+unreadable) keeps the OSError ``open`` raises.
 """
 import ast
 import os
@@ -16,6 +21,7 @@ import zipfile
 import zlib
 
 from ._array import Array
+from ._errors import where_msg
 
 _MAGIC = b"\x93NUMPY"
 # .npy descr -> (our dtype, itemsize)
@@ -23,10 +29,21 @@ _DESCR = {"<f4": ("float32", 4), "<f8": ("float64", 8), "<i4": ("int32", 4), "<i
           "<u4": ("uint32", 4), "|u1": ("uint8", 1)}
 _DESCR_OF = {dtype: descr for descr, (dtype, _) in _DESCR.items()}
 _HEADER_KEYS = {"descr", "fortran_order", "shape"}
+# bytes a member's data may expand to per compressed byte (deflate's limit is 1032:1)
+_EXPANSION = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}
+# what a damaged zip makes zipfile raise besides BadZipFile: a bad seek (OSError), an
+# "encrypted" flag (RuntimeError), a bad method or version (NotImplementedError), short reads
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, UnicodeDecodeError, NotImplementedError,
+           RuntimeError, OSError, struct.error, OverflowError)
 
 
 class NpzError(ValueError):
-    """A file or member that is not a well-formed .npz/.npy of what we read."""
+    """A file or member that is not a well-formed .npz/.npy of what we read: the message is
+    ``mojo_train.<where>: <text>``, ``text`` naming the file and, where known, the member."""
+
+    def __init__(self, text, where="npz.read"):
+        super().__init__(where_msg(where, text))
+        self.text, self.where = text, where
 
 
 # ---- writing ---------------------------------------------------------------------------------
@@ -79,7 +96,7 @@ def write(path, arrays):
 
 # ---- reading ---------------------------------------------------------------------------------
 def _fail(path, member, why):
-    raise NpzError("mojo_train: %s%s: %s" % (path, " (%s)" % member if member else "", why))
+    raise NpzError("%s%s: %s" % (path, " (%s)" % member if member else "", why))
 
 
 def _exact(f, n, path, member, what):
@@ -111,20 +128,56 @@ def _parse_header(text, path, member):
 
 
 def _is_str_descr(descr):
-    return descr.startswith("<U") and descr[2:].isdigit() and int(descr[2:]) > 0
+    digits = descr[2:]
+    return descr.startswith("<U") and digits.isascii() and digits.isdigit() and len(digits) < 19 and int(digits) > 0
 
 
-def _read_member(zf, info, path):
+def _check_sizes(info, file_bytes, path):
+    """Refuse a member whose claimed sizes the file cannot hold, before it is read."""
     member = info.filename
+    expansion = _EXPANSION.get(info.compress_type)
+    if expansion is None:
+        _fail(path, member, "compression method %d is not read (numpy writes stored or deflated members)"
+              % info.compress_type)
+    if info.compress_size > file_bytes:
+        _fail(path, member, "the zip directory claims %d compressed bytes; the whole file holds %d"
+              % (info.compress_size, file_bytes))
+    if info.file_size > expansion * info.compress_size or (expansion == 1 and info.file_size != info.compress_size):
+        _fail(path, member, "the zip directory claims %d bytes from %d compressed bytes, which that "
+                            "compression cannot give" % (info.file_size, info.compress_size))
+
+
+class _Member:
+    """A member's stream with the count of bytes it has left (from the zip directory)."""
+
+    def __init__(self, f, info, path):
+        self.f, self.left, self.path, self.name = f, info.file_size, path, info.filename
+
+    def claim(self, n, what):
+        """Refuse ``n`` bytes of ``what`` that the member cannot hold; nothing is allocated."""
+        if n > self.left:
+            _fail(self.path, self.name, "truncated: %s needs %d bytes, the member holds %d" % (what, n, self.left))
+
+    def exact(self, n, what):
+        self.claim(n, what)
+        data = _exact(self.f, n, self.path, self.name, what)
+        self.left -= n
+        return data
+
+
+def _read_member(zf, info, path, file_bytes):
+    member = info.filename
+    _check_sizes(info, file_bytes, path)
     with zf.open(info) as f:
-        if _exact(f, 6, path, member, "the magic") != _MAGIC:
+        m = _Member(f, info, path)
+        if m.exact(6, "the magic") != _MAGIC:
             _fail(path, member, "not a .npy member (bad magic)")
-        major, _minor = _exact(f, 2, path, member, "the version")
+        major, _minor = m.exact(2, "the version")
         if major not in (1, 2, 3):
             _fail(path, member, ".npy format version %d is not read (1, 2, 3 are)" % major)
         size_fmt = "<H" if major == 1 else "<I"
-        hlen = struct.unpack(size_fmt, _exact(f, struct.calcsize(size_fmt), path, member, "the header length"))[0]
-        text = _exact(f, hlen, path, member, "the header").decode("utf-8" if major == 3 else "latin1")
+        hlen = struct.unpack(size_fmt, m.exact(struct.calcsize(size_fmt), "the header length"))[0]
+        text = m.exact(hlen, "the header").decode("utf-8" if major == 3 else "latin1")
         descr, shape = _parse_header(text, path, member)
         n = 1
         for d in shape:
@@ -132,10 +185,11 @@ def _read_member(zf, info, path):
         if _is_str_descr(descr):
             if shape != ():
                 _fail(path, member, "text entries are 0-d; got shape %r" % (shape,))
-            raw = _exact(f, 4 * int(descr[2:]), path, member, "the text")
+            raw = m.exact(4 * int(descr[2:]), "the text")
             value = raw.decode("utf-32-le", errors="strict").rstrip("\0")
         else:
             dtype, itemsize = _DESCR[descr]
+            m.claim(n * itemsize, "shape %r of %s" % (shape, descr))
             buf = bytearray(n * itemsize)
             got = f.readinto(buf) if buf else 0
             if got != len(buf):
@@ -148,20 +202,25 @@ def _read_member(zf, info, path):
 
 
 def read(path):
-    """{name: Array or str} of the .npz at ``path``; NpzError (a ValueError) when malformed."""
+    """{name: Array or str} of the .npz at ``path``; NpzError (a ValueError) when damaged or
+    malformed. A file that cannot be opened keeps open's OSError (FileNotFoundError...)."""
     path = os.fspath(path)
     out = {}
-    try:
-        with zipfile.ZipFile(path) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(".npy"):
-                    _fail(path, info.filename, "every member of an .npz is a .npy file")
-                name = info.filename[:-4]
-                if name in out:
-                    _fail(path, info.filename, "the member appears twice")
-                out[name] = _read_member(zf, info, path)
-    except (zipfile.BadZipFile, zlib.error, EOFError, UnicodeDecodeError, NotImplementedError) as exc:
-        raise NpzError("mojo_train: %s is not a readable .npz: %s" % (path, exc)) from None
+    with open(path, "rb") as fp:
+        try:
+            file_bytes = os.fstat(fp.fileno()).st_size
+            with zipfile.ZipFile(fp) as zf:
+                for info in zf.infolist():
+                    if not info.filename.endswith(".npy"):
+                        _fail(path, info.filename, "every member of an .npz is a .npy file")
+                    name = info.filename[:-4]
+                    if name in out:
+                        _fail(path, info.filename, "the member appears twice")
+                    out[name] = _read_member(zf, info, path, file_bytes)
+        except NpzError:
+            raise
+        except (ValueError,) + _DAMAGE as exc:        # zipfile's own ValueErrors (a bad seek) too
+            raise NpzError("%s is not a readable .npz: %s: %s" % (path, type(exc).__name__, exc)) from None
     return out
 
 

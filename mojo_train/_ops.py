@@ -5,14 +5,19 @@ float32 and C-contiguous; targets/ids are any integer buffer or a list of ints. 
 call's tensors are on the host or all on the device (mixing is refused by name); device
 tensors need a GPU vendor. Outputs are allocated here, on the inputs' side, uninitialised:
 the native call fills them, and on refusal they are dropped, so nothing the caller owns is
-ever written.
+ever written. A refusal from the native library is raised by ``check``, naming the arguments
+as the caller spelled them where the C names differ (``hidden`` -> ``input``, ...).
 """
+import operator
+import re
+
 from . import _buffer
 from ._array import Array
 from ._errors import where_msg
-from ._native import ffi, load
+from ._native import ffi, load, numeric_mode_arg
 
 _SIGNED_NATIVE = {"int32": 4, "int64": 8}
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
 
 
 def f32_in(x, name, where, ndim=None):
@@ -25,19 +30,18 @@ def f32_in(x, name, where, ndim=None):
     return p
 
 
-def ids_in(x, n, name, where):
-    """(Probe, itemsize) of an integer input of n elements: a signed 4- or 8-byte buffer is
-    used in place; any other integer buffer, or a list of ints, becomes an int64 copy on the
-    host. Device buffers must already be int32 or int64."""
+def ids_in(x, n, name, where, shape=None):
+    """(Probe, itemsize) of an integer input of n elements (and of ``shape``, when given): a
+    signed 4- or 8-byte buffer is used in place; any other integer buffer, or a list of ints,
+    becomes an int64 copy on the host (a value outside int64 is refused naming its index).
+    Device buffers must already be int32 or int64."""
     if isinstance(x, (list, tuple)):
-        try:
-            x = Array.from_list([int(v) if not isinstance(v, (float, bool)) else _not_int(v, name, where)
-                                 for v in x], "int64")
-        except OverflowError:
-            raise ValueError(where_msg(where, "%s holds a value outside int64" % name)) from None
+        x = Array.from_list(_int64_values(x, name, where), "int64")
     p = _buffer.int_tensor(x, name, where) if n else _buffer.probe(x, name, where)
     if p.nelems != n:
         raise ValueError(where_msg(where, "%s has %d elements, %d expected" % (name, p.nelems, n)))
+    if shape is not None and tuple(p.shape) != tuple(shape):
+        raise ValueError(where_msg(where, "%s must have shape %r, got %r" % (name, tuple(shape), tuple(p.shape))))
     if p.dtype in _SIGNED_NATIVE:
         return p, _SIGNED_NATIVE[p.dtype]
     if p.device:
@@ -46,12 +50,40 @@ def ids_in(x, n, name, where):
     if p.dtype not in _buffer.INT_DTYPES:
         raise TypeError(where_msg(where, "%s has dtype %s; integer indices are required"
                                   % (name, p.dtype)))
-    copy = Array.from_list(list(p.view.cast("B").cast(p.format)) if p.nelems else [], "int64")
-    return _buffer.probe(copy, name, where), 8
+    values = _int64_values(p.view.cast("B").cast(p.format), name, where) if p.nelems else []
+    return _buffer.probe(Array.from_list(values, "int64"), name, where), 8
 
 
-def _not_int(v, name, where):
-    raise TypeError(where_msg(where, "%s must hold integers, got %r" % (name, v)))
+def _int64_values(values, name, where):
+    """The values as Python ints, each an integer (bool refused) that fits in int64."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool):
+            raise TypeError(where_msg(where, "%s must hold integers, got %r at %s[%d]" % (name, v, name, i)))
+        try:
+            v = operator.index(v)
+        except TypeError:
+            raise TypeError(where_msg(where, "%s must hold integers, got %r at %s[%d]"
+                                      % (name, v, name, i))) from None
+        if not _INT64[0] <= v <= _INT64[1]:
+            raise ValueError(where_msg(where, "%s[%d] = %d does not fit in int64" % (name, i, v)))
+        out.append(v)
+    return out
+
+
+def check(backend, rc, where, names=None):
+    """``backend.check(rc, where)``, the library's message then naming the caller's arguments:
+    ``names`` maps a C argument name (a whole word of the message) to the caller's name."""
+    if not rc:
+        return
+    try:
+        backend.check(rc, where)
+    except Exception as exc:
+        if not names or not isinstance(exc, (ValueError, TypeError)):
+            raise
+        text = str(exc).split(": ", 1)[1]
+        text = re.sub(r"\b(%s)\b" % "|".join(map(re.escape, names)), lambda m: names[m.group(1)], text)
+        raise type(exc)(where_msg(where, text)) from None
 
 
 def placement(where, numeric_mode, **probes):
@@ -64,7 +96,7 @@ def placement(where, numeric_mode, **probes):
         dev = sorted(k for k, d in sides.items() if d)
         raise ValueError(where_msg(where, "%s on the device but %s on the host; pass all of them on "
                                    "one side" % (", ".join(dev), ", ".join(host))))
-    backend = load(numeric_mode)
+    backend = load(numeric_mode_arg(numeric_mode, where))
     if on_device and backend.vendor == "cpu":
         raise ValueError(where_msg(where, "device buffers were given but the loaded vendor is cpu; "
                                    "set MOJO_TRAIN_VENDOR=cuda"))

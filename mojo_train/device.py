@@ -9,7 +9,7 @@ takes a host buffer; results stay on the device. ``to_host()`` copies back into 
 """
 from . import _buffer
 from ._array import Array
-from ._native import ffi, load
+from ._native import ffi, load, numeric_mode_arg
 
 __all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
 
@@ -20,7 +20,7 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "ui
 
 def gpu_backend(numeric_mode, where):
     """The loaded backend, which must be a GPU vendor."""
-    backend = load(numeric_mode)
+    backend = load(numeric_mode_arg(numeric_mode, where))
     if backend.vendor == "cpu":
         raise RuntimeError("mojo_train.%s: the loaded vendor is cpu, which has no device memory; set "
                            "MOJO_TRAIN_VENDOR=cuda (or auto on a machine with a GPU)" % where)
@@ -192,7 +192,7 @@ def to_device(x, numeric_mode=None):
 
 def transfer_bytes(numeric_mode=None):
     """(host->device, device->host) bytes the loaded library has copied since it was loaded."""
-    backend = load(numeric_mode)
+    backend = load(numeric_mode_arg(numeric_mode, "transfer_bytes"))
     out = ffi.new("int64_t[2]")
     backend.check(backend.lib.mt_transfer_bytes(out), "transfer_bytes")
     return int(out[0]), int(out[1])
@@ -202,7 +202,7 @@ def memory_stats(reset=False, numeric_mode=None):
     """The loaded library's own scratch memory in bytes (not caller buffers or DeviceArrays):
     ``{'current': ..., 'peak': ...}``, the peak since load or the last ``reset=True`` (which
     then lowers the peak to the current value). On a GPU vendor this is device memory."""
-    backend = load(numeric_mode)
+    backend = load(numeric_mode_arg(numeric_mode, "memory_stats"))
     out = ffi.new("int64_t[2]")
     backend.check(backend.lib.mt_memory_stats(out, 1 if reset else 0), "memory_stats")
     return {"current": int(out[0]), "peak": int(out[1])}

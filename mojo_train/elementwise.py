@@ -10,32 +10,34 @@ function of the same element of the inputs, identical on every vendor's identica
 
 with exp the pinned mt_expf. The residual add's backward is the identity: the gradient of
 out flows unchanged to both a and b, so there is no add_backward. Inputs are float32 of one
-size (shapes may differ; the output takes the first input's shape), all on the host or all
-on the device; a NaN or inf in any input is refused (ValueError) and the caller's buffers
-are left as they were. ``out=`` writes into a given float32 buffer (it may be an input:
-in place); otherwise a new Array or DeviceArray is returned on the inputs' side.
+shape -- nothing is broadcast: differing shapes are refused, even of one element count --
+all on the host or all on the device. A refused call (a NaN or inf in any input, a bad
+argument) leaves every caller buffer, ``out=`` included, byte for byte as it was.
+``out=`` writes into a given float32 buffer of the inputs' shape: an input itself (in
+place) or a buffer disjoint from them (partial overlaps are refused); otherwise a new Array
+or DeviceArray is returned on the inputs' side.
 """
 from . import _buffer, _ops
 from ._errors import where_msg
-from .random import _ptr
+from .random import _out_arg, _ptr
 
 __all__ = ["silu_forward", "silu_backward", "add"]
 
 
 def _map(where, fn, inputs, out, numeric_mode):
-    """Run ``fn(out, *inputs, n)`` with inputs = [(name, buffer), ...] of one size."""
+    """Run ``fn(out, *inputs, n)`` with inputs = [(name, buffer), ...] of one shape."""
     probes = [(name, _ops.f32_in(x, name, where)) for name, x in inputs]
-    n = probes[0][1].nelems
+    first, shape, n = probes[0][0], tuple(probes[0][1].shape), probes[0][1].nelems
     for name, p in probes[1:]:
-        if p.nelems != n:
-            raise ValueError(where_msg(where, "%s has %d elements, %s has %d" % (name, p.nelems, probes[0][0], n)))
-    pout = None if out is None else _buffer.float32_tensor(out, "out", where, inplace=True, allow_empty=True)
-    if pout is not None and pout.nelems != n:
-        raise ValueError(where_msg(where, "out has %d elements, %s has %d" % (pout.nelems, probes[0][0], n)))
+        if tuple(p.shape) != shape:
+            raise ValueError(where_msg(where, "%s has shape %r, %s has shape %r; %s does not broadcast: expand "
+                                       "explicitly to one shape" % (first, shape, name, tuple(p.shape), where)))
+    pout = _out_arg(where, out, shape, probes)
     backend, on_device = _ops.placement(where, numeric_mode, out=pout, **dict(probes))
     result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode)
     target = pout if pout is not None else result
     backend.check(getattr(backend.lib, fn)(_ptr(target), *[_ptr(p) for _, p in probes], n), where)
+    _buffer.wrote(pout)
     return result
 
 
@@ -52,6 +54,8 @@ def silu_backward(dy, x, *, out=None, numeric_mode=None):
 
 
 def add(a, b, *, out=None, numeric_mode=None):
-    """The residual add ``a + b`` of two float32 tensors of one size (one rounding; subnormal
-    sums kept). Its backward is the identity: d(out) is the gradient of a and of b."""
+    """The residual add ``a + b`` of two float32 tensors of one shape (one rounding; subnormal
+    sums kept). Shapes must be equal: torch would broadcast (5, 1) + (5,) to (5, 5); this
+    refuses it, so expand explicitly. Its backward is the identity: d(out) is the gradient of
+    a and of b."""
     return _map("add", "mt_add", [("a", a), ("b", b)], out, numeric_mode)

@@ -14,15 +14,17 @@ empty ids or tables, NaN/inf in ``dy`` or in a gradient added into, and torch's
 """
 import numbers
 
-from . import _buffer, _npz, _ops
+from . import _buffer, _native, _npz, _ops
 from ._array import Array
 from ._errors import where_msg
+from ._native import numeric_mode_arg
 from .device import DeviceArray, to_device
 
 __all__ = ["Embedding", "embedding_forward", "embedding_backward"]
 
 _PLANS = {"auto": 0, "scan": 1, "sort": 2}
 _FORMAT = "mojo_train.Embedding/1"     # the tag of files written by Embedding.save
+_ENTRIES = ("format", "meta", "numeric_mode", "plan", "weight")     # what Embedding.save writes
 
 
 # ---- arguments -------------------------------------------------------------------------------
@@ -44,6 +46,10 @@ def _padding(padding_idx, vocab, where):
         raise ValueError(where_msg(where, "padding_idx must be within [-%d, %d), got %d"
                                    % (vocab, vocab, padding_idx)))
     return int(padding_idx) % vocab
+
+
+def _load_fail(path, why):
+    raise _npz.NpzError("%s %s" % (path, why), "Embedding.load")
 
 
 def _plan(plan, where):
@@ -134,12 +140,14 @@ def embedding_backward(dy, ids, vocab, *, padding_idx=None, grad=None, plan="aut
         if tuple(pg.shape) != (vocab, d):
             raise ValueError(where_msg(where, "grad has shape %r, the gradient is (%d, %d)"
                                        % (tuple(pg.shape), vocab, d)))
+        _buffer.refuse_overlap(where, ("grad", pg), [("dy", g), ("ids", pi)], in_place=False)
         flags |= 1
     backend, on_device = _ops.placement(where, numeric_mode, dy=g, ids=pi, grad=pg)
     out = grad if grad is not None else _ops.out_f32((vocab, d), on_device, numeric_mode)
     rc = backend.lib.mt_embedding_backward(_ops.fptr(pg if pg is not None else out), _ops.fptr(g), _ops.vptr(pi),
                                            id_bytes, pi.nelems, vocab, d, pad, flags)
     backend.check(rc, where)
+    _buffer.wrote(pg)
     return out
 
 
@@ -195,7 +203,8 @@ class Embedding:
 
     The table is given or drawn, never both:
 
-    - ``weight=``: a float32 ``(num_embeddings, embedding_dim)`` buffer, COPIED into the
+    - ``weight=``: a float32 ``(num_embeddings, embedding_dim)`` buffer (a CPU torch tensor,
+      one that requires grad included, is read through its data), COPIED into the
       layer's own table (a ``mojo_train.Array``; a ``DeviceArray`` when ``weight`` is device
       memory, which keeps the table on the GPU). Writing into the buffer you passed later does
       not reach the layer; update ``layer.weight`` in place (an optimizer step on it) or assign
@@ -221,7 +230,7 @@ class Embedding:
         pad = _padding(padding_idx, self.num_embeddings, where)
         self.padding_idx = None if pad < 0 else pad
         _plan(plan, where)
-        self.plan, self.numeric_mode, self.freeze = plan, numeric_mode, False
+        self.plan, self.numeric_mode, self.freeze = plan, numeric_mode_arg(numeric_mode, where), False
         self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, 2.0, False, False
         shape = (self.num_embeddings, self.embedding_dim)
         if (weight is None) == (generator is None):
@@ -360,20 +369,46 @@ class Embedding:
 
     @classmethod
     def load(cls, path):
-        """A layer from a file written by ``save`` (host table); format, dtypes and shapes are
-        checked and nothing is cast."""
-        arrays = _npz.read(path)
+        """A layer from a file written by ``save`` (host table).
+
+        Every stored field is checked and nothing is cast: the entries (exactly those ``save``
+        writes), the format tag, ``meta`` (int64 ``[num_embeddings, embedding_dim,
+        padding_idx or -1, freeze]``), the float32 table's shape, ``plan`` and ``numeric_mode``.
+        A damaged, truncated or crafted file is a ValueError naming the file (a claimed size the
+        file cannot hold is refused before anything is allocated); a missing file is
+        FileNotFoundError, as ``open`` raises it.
+        """
+        try:
+            return cls._from_arrays(_npz.read(path), path)
+        except _npz.NpzError as exc:
+            if exc.where == "Embedding.load":
+                raise
+            raise _npz.NpzError(exc.text, "Embedding.load") from None
+
+    @classmethod
+    def _from_arrays(cls, arrays, path):
+        bad = sorted(set(arrays) - set(_ENTRIES))
+        if bad:
+            _load_fail(path, "unexpected entries %s (an Embedding file holds %s)" % (", ".join(bad), ", ".join(_ENTRIES)))
         tag = _npz.entry(arrays, "format", path, str)
         if tag != _FORMAT:
-            raise ValueError("mojo_train.Embedding.load: %s holds %r, not an Embedding (%r)" % (path, tag, _FORMAT))
+            _load_fail(path, "holds %r, not an Embedding (%r)" % (tag, _FORMAT))
         meta = _npz.entry(arrays, "meta", path, "int64", (4,)).tolist()
         v, d, pad, freeze = meta
         if v < 1 or d < 1 or freeze not in (0, 1) or not -1 <= pad < v:
-            raise ValueError("mojo_train.Embedding.load: %s has bad settings %r" % (path, meta))
+            _load_fail(path, "has bad settings %r (want num_embeddings >= 1, embedding_dim >= 1, padding_idx in "
+                             "[-1, num_embeddings), freeze 0 or 1)" % (meta,))
         weight = _npz.entry(arrays, "weight", path, "float32", (v, d))
-        mode = _npz.entry(arrays, "numeric_mode", path, str) or None
-        layer = cls(v, d, None if pad < 0 else pad, weight=weight, plan=_npz.entry(arrays, "plan", path, str),
-                    numeric_mode=mode)
+        plan = _npz.entry(arrays, "plan", path, str)
+        if plan not in _PLANS:
+            _load_fail(path, "has plan %r; a plan is one of %s" % (plan, ", ".join(_PLANS)))
+        mode = _npz.entry(arrays, "numeric_mode", path, str)
+        try:
+            mode = numeric_mode_arg(mode or None, "Embedding.load")
+        except ValueError:
+            _load_fail(path, "has numeric_mode %r; it is '' (the environment's) or one of %s"
+                             % (mode, ", ".join(_native.TIERS)))
+        layer = cls(v, d, None if pad < 0 else pad, weight=weight, plan=plan, numeric_mode=mode)
         layer.freeze = bool(freeze)
         return layer
 

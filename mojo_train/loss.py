@@ -6,18 +6,15 @@ respect to the logits from the same call (there is no autograd here). Its arithm
 native/contracts/loss.md; its outputs are allocated here, so nothing the caller passed is
 ever written, and a refused call raises before any result exists.
 """
-import numbers
-
 from . import _buffer, _ops
 from ._errors import refuse_keywords, where_msg
-from ._native import ffi
+from ._loss_options import loss_options
 
 __all__ = ["cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy"]
 
 from ._lm_head import chunked_lm_head_loss, linear_cross_entropy  # noqa: E402  (the LM head)
 
-_REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
-_INT64 = (-2 ** 63, 2 ** 63 - 1)
+_MAX_VOCAB = 2 ** 24   # the loss contract's bound on the classes (native/contracts/loss.md)
 
 # torch keywords cross_entropy does not take, and why; any other unknown keyword is refused too.
 _REFUSED = {
@@ -27,51 +24,8 @@ _REFUSED = {
     "reduce": "torch's deprecated alias of reduction; say reduction='mean', 'sum' or 'none'",
     "input": "the logits are the first argument, named logits here",
     "target": "the class indices are the second argument, named targets here",
+    "chunk_rows": "cross_entropy takes the logits whole; linear_cross_entropy computes them in chunks",
 }
-
-
-def _refuse_kwargs(kwargs, where):
-    refuse_keywords(kwargs, where, _REFUSED)
-
-
-def _integer(value, name, where):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(where_msg(where, "%s must be an int, got %r" % (name, value)))
-    return int(value)
-
-
-def _smoothing(value, where):
-    """label_smoothing as the float32 the native call sees: finite and in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(where_msg(where, "label_smoothing must be a real number, got %r" % (value,)))
-    v32 = float(ffi.cast("float", float(value)))
-    if not 0.0 <= v32 < 1.0:         # NaN fails too
-        raise ValueError(where_msg(where, "label_smoothing must be in [0, 1) (as float32), got %r" % (value,)))
-    return v32
-
-
-def _options(reduction, return_grad, ignore_index, label_smoothing, num_items, where):
-    """The native (reduction code, ignore_index, eps, num_items), refusing bad options."""
-    if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
-        raise ValueError(where_msg(where, "reduction must be 'mean', 'sum' or 'none', got %r" % (reduction,)))
-    if not isinstance(return_grad, bool):
-        raise TypeError(where_msg(where, "return_grad must be a bool, got %r" % (return_grad,)))
-    if return_grad and reduction == "none":
-        raise NotImplementedError(where_msg(
-            where, "return_grad=True with reduction='none' is not supported: where a per-row upstream "
-            "gradient would enter the arithmetic is not decided in loss v1; use reduction='sum' (the "
-            "gradient of the sum of the row losses) or 'mean'"))
-    ignore = _integer(ignore_index, "ignore_index", where)
-    if not _INT64[0] <= ignore <= _INT64[1]:
-        raise ValueError(where_msg(where, "ignore_index must fit in int64, got %d" % ignore))
-    if num_items is not None:
-        num_items = _integer(num_items, "num_items", where)
-        if reduction != "mean":
-            raise ValueError(where_msg(where, "num_items is the divisor of reduction='mean'; with "
-                                       "reduction=%r it would be ignored, so it is refused" % reduction))
-        if not 1 <= num_items <= _INT64[1]:
-            raise ValueError(where_msg(where, "num_items must be >= 1 (and fit in int64), got %d" % num_items))
-    return _REDUCTIONS[reduction], ignore, _smoothing(label_smoothing, where), num_items or 0
 
 
 def _soft_targets(targets, where):
@@ -114,7 +68,8 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
         supported).
     ignore_index : int, default -100
         The target value of ignored rows: their loss is 0, their gradient row is +0.0, and the
-        mean does not count them.
+        mean does not count them. Any int64 but -2**63, which the native library reserves
+        for "no ignore index" (``MT_NO_IGNORE_INDEX``, used by ``chunked_lm_head_loss``).
     reduction : {'mean', 'sum', 'none'}, default 'mean'
         'sum' adds the row losses by the token rule (leaves of 1024 rows, a pairwise tree of
         leaves); 'mean' divides that sum once by the count of non-ignored rows (or
@@ -144,9 +99,11 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
         A non-float32 logits buffer, non-integer targets, a wrong type for an option, torch's
         ``weight=``, ``size_average=``, ``reduce=`` or any unknown keyword (each named).
     ValueError
-        Shapes (logits not 2-D, V < 1, targets not of N elements), a target out of range
-        (its row named), NaN/inf logits (the row named), label_smoothing outside [0, 1),
-        num_items < 1 or given without reduction='mean'.
+        Shapes (logits not 2-D, V < 1 or V >= 2**24, targets not of N elements), a target
+        out of range (its row named), NaN/inf logits (the row named), label_smoothing outside
+        [0, 1), num_items < 1 or given without reduction='mean', ignore_index outside int64
+        or -2**63. The options are checked before any tensor, by the one check the LM-head
+        losses share (mojo_train/_loss_options.py).
     NotImplementedError
         return_grad=True with reduction='none'.
 
@@ -165,13 +122,15 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
     (0.3204, (2, 3))
     """
     where = "cross_entropy"
-    _refuse_kwargs(kwargs, where)
-    red, ignore, eps, num = _options(reduction, return_grad, ignore_index, label_smoothing, num_items, where)
+    refuse_keywords(kwargs, where, _REFUSED)
+    red, ignore, eps, num, _, _ = loss_options(where, reduction=reduction, ignore_index=ignore_index,
+                                               label_smoothing=label_smoothing, num_items=num_items,
+                                               return_grad=return_grad)
     lp = _ops.f32_in(logits, "logits", where, ndim=2)
     n, vocab = lp.shape
-    if vocab < 1:
-        raise ValueError(where_msg(where, "logits must have at least one class (V >= 1), got shape %r"
-                                   % (tuple(lp.shape),)))
+    if not 1 <= vocab < _MAX_VOCAB:
+        raise ValueError(where_msg(where, "logits must have at least one class (V >= 1) and fewer than "
+                                   "2**24, got shape %r" % (tuple(lp.shape),)))
     _soft_targets(targets, where)
     tp, tbytes = _ops.ids_in(targets, n, "targets", where)
     backend, on_device = _ops.placement(where, numeric_mode, logits=lp, targets=tp)

@@ -126,10 +126,13 @@ def _eps(eps, where):
         return FLOAT32_EPS
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise TypeError(where_msg(where, "eps must be a real number or None, got %r" % (eps,)))
-    eps = float(eps)
-    if not (0.0 <= eps <= 3.4028234663852886e38):
-        raise ValueError(where_msg(where, "eps must be finite and >= 0 in float32, got %r" % eps))
-    return eps
+    try:
+        value = float(eps)
+    except OverflowError:            # an int beyond float range
+        value = float("inf")
+    if not (0.0 <= value <= 3.4028234663852886e38):
+        raise ValueError(where_msg(where, "eps must be finite and >= 0 in float32, got %r" % (eps,)))
+    return value
 
 
 def _rms_args(x, weight, eps, where):
@@ -247,12 +250,19 @@ def mlp_inference_sessions(inputs, weight1, bias1, weight2, bias2, *, numeric_mo
     r = _ops.out_f32((rows, hidden), on_device, numeric_mode)
     out = _ops.out_f32((rows, out_width), on_device, numeric_mode)
     lib = backend.lib
-    backend.check(lib.mt_linear_forward(_ops.fptr(h), _ops.fptr(x), _ops.fptr(pw1), _ops.fptr(pb1),
-                                        rows, hidden, width), where)
-    backend.check(lib.mt_relu_forward(_ops.fptr(r), _ops.fptr(h), rows * hidden), where)
-    backend.check(lib.mt_linear_forward(_ops.fptr(out), _ops.fptr(r), _ops.fptr(pw2), _ops.fptr(pb2),
-                                        rows, out_width, hidden), where)
+    _ops.check(backend, lib.mt_linear_forward(_ops.fptr(h), _ops.fptr(x), _ops.fptr(pw1), _ops.fptr(pb1),
+                                              rows, hidden, width), where, _MLP_NAMES[0])
+    _ops.check(backend, lib.mt_relu_forward(_ops.fptr(r), _ops.fptr(h), rows * hidden), where, _MLP_NAMES[1])
+    _ops.check(backend, lib.mt_linear_forward(_ops.fptr(out), _ops.fptr(r), _ops.fptr(pw2), _ops.fptr(pb2),
+                                              rows, out_width, hidden), where, _MLP_NAMES[2])
     return out
+
+
+# The caller's names for the C arguments of mlp_inference_sessions' three calls. Inputs are
+# checked finite by the first; the hidden layer is then non-finite only when it overflowed.
+_MLP_NAMES = ({"a": "inputs", "weight": "weight1", "bias": "bias1"},
+              {"x": "the hidden layer inputs @ weight1.T + bias1, which overflowed float32,"},
+              {"a": "the hidden layer", "weight": "weight2", "bias": "bias2"})
 
 
 def _joined(sessions, rows, width, backend, on_device, numeric_mode):

@@ -15,15 +15,33 @@ schedules already are), and ``lr`` is not read while a schedule is set (it is ke
 ``step_accumulated(microbatch_grads, tokens, max_norm=None)``: the A microbatch gradients are
 combined by ``accumulate_grads`` (the pairwise tree; an unaligned split is refused when
 ``tokens`` is given), then one ``step``. ``state_dict`` carries ``lr``, the schedule's
-``config()`` and ``accumulation_steps`` beside ``t`` and the moments.
-"""
-import numbers
-import threading
+``config()`` and ``accumulation_steps`` beside ``t`` and the moments; ``load_state_dict``
+validates every key and value before it changes anything (see its docstring).
 
-from ._errors import refuse_keywords
+Memory: parameters must not share memory with each other, nor gradients with each other, a
+parameter or the optimizer's state (a step reads every gradient while it writes the params, the
+state and, clipping, the gradients: a shared element would depend on the order of those writes).
+Both are refused naming the two positions, e.g. ``grads[0] and grads[3] share memory``.
+
+torch's switches are taken at the values that ask for nothing this library lacks: ``amsgrad``,
+``capturable``, ``differentiable`` (and Adam's ``decoupled_weight_decay``) at False;
+``foreach`` and ``fused`` at None, False or True. ``foreach=True`` and ``fused=True`` are
+execution choices that torch documents as the same update; every step here already is one fused
+native pass over all tensors (one pointer table, one launch), so they change nothing, not a bit.
+``amsgrad=True``, ``capturable=True`` and ``differentiable=True`` ask for behaviour this library
+lacks and are refused by name (NotImplementedError), as is ``fused=True`` with ``foreach=True``
+(torch refuses that pair too).
+"""
+import math
+import numbers
+import operator
+import threading
+from itertools import chain
+
+from ._errors import refuse_keywords, where_msg
 from . import _buffer
 from ._array import Array
-from ._native import ffi, load
+from ._native import ffi, load, numeric_mode_arg
 from .device import DeviceArray
 
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
@@ -33,20 +51,45 @@ _CLIP_TABLES = threading.local()   # per thread and library: clip_grad_norm_'s l
 
 # torch keywords this library does not take, and why; anything else unknown is refused too.
 _REFUSED = {
-    "amsgrad": "amsgrad is not implemented: its max(v_max, v) is outside the pinned contract",
-    "foreach": "an execution knob: every step here is one fused native pass",
-    "fused": "an execution knob: every step here is one fused native pass",
-    "capturable": "no CUDA-graph capture here; every step synchronizes before it returns",
-    "differentiable": "there is no autograd in mojo_train (step takes the gradients)",
     "param_groups": "one hyper-parameter set per optimizer: two groups would mean two clips, "
                     "and two clips are not one; make one optimizer per group",
     "dtype": "float32 only: other dtypes are refused, never cast",
     "device": "the device follows the loaded vendor (MOJO_TRAIN_VENDOR) and the buffers",
 }
 
+# torch's switches: name -> (the values taken, the exception for another bool, why). The values
+# taken ask for nothing this library lacks and change nothing (module docstring).
+_SWITCHES = {
+    "amsgrad": ((False,), NotImplementedError,
+                "amsgrad's max(v_max, v) is not implemented (it is outside the pinned contract)"),
+    "foreach": ((None, False, True), None, None),
+    "fused": ((None, False, True), None, None),
+    "capturable": ((False,), NotImplementedError,
+                   "there is no CUDA-graph capture here: every step synchronizes before it returns"),
+    "differentiable": ((False,), NotImplementedError,
+                       "there is no autograd in mojo_train (step takes the gradients)"),
+    "decoupled_weight_decay": ((False,), ValueError,
+                               "this Adam's weight decay is coupled; the decoupled update is mojo_train.AdamW"),
+    "error_if_nonfinite": ((True,), NotImplementedError,
+                           "a non-finite total norm is always refused before anything is written "
+                           "(torch's default is False: pass error_if_nonfinite=True)"),
+}
 
-def _refuse_kwargs(kwargs, where):
-    refuse_keywords(kwargs, where, _REFUSED)
+
+def _switches(where, **values):
+    """Check torch's switches ``values``: a value of another type is a TypeError, a value that
+    asks for behaviour this library lacks is refused by name with the reason."""
+    for name, value in values.items():
+        taken, exc, reason = _SWITCHES[name]
+        allowed = (None, False, True) if None in taken else (False, True)
+        if not any(value is v for v in allowed):
+            raise TypeError(where_msg(where, "%s must be %s, got %r" % (
+                name, "None, True or False" if None in allowed else "True or False", value)))
+        if not any(value is v for v in taken):
+            raise exc(where_msg(where, "%s=%r is not supported: %s" % (name, value, reason)))
+    if values.get("fused") is True and values.get("foreach") is True:
+        raise ValueError(where_msg(where, "fused=True and foreach=True ask for two different executions "
+                                   "(torch refuses the pair too); pass one of them"))
 
 
 def _real(value, name, where, low=0.0, high=None, high_open=False):
@@ -108,19 +151,53 @@ class _Registry:
                                  % (where, name, j, a.shape, j, b.shape))
 
 
-def _refuse_overlap(probes, name, where):
-    """Parameters must not share memory (torch refuses duplicates too): an element updated
-    twice in one step would depend on the order of the updates."""
-    spans = sorted((pb.address, pb.address + pb.nbytes, j) for j, pb in enumerate(probes))
-    for (a0, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
-        if b0 < a1:
-            raise ValueError("mojo_train.%s: %s[%d] and %s[%d] share memory; pass each parameter once"
-                             % (where, name, min(i, j), name, max(i, j)))
+def _refuse_overlap(groups, name_of, where, fix):
+    """Refuse two byte ranges of ``groups`` -- one (starts, ends) pair of lists per argument --
+    that share memory, naming both (``name_of((group, index))``, the lower first) and saying
+    ``fix``. The common case, every range apart, takes two integer sorts and one pass in C:
+    when the i-th smallest end is at most the (i+1)-th smallest start for every i, at most one
+    range covers any byte."""
+    starts = sorted(chain.from_iterable(g[0] for g in groups))
+    ends = sorted(chain.from_iterable(g[1] for g in groups))
+    if all(map(operator.le, ends, starts[1:])):
+        return
+    # Sorted by start, two ranges overlap only if some neighbours do; empty ranges share nothing.
+    spans = sorted((a, b, (g, j)) for g, (starts, ends) in enumerate(groups)
+                   for j, (a, b) in enumerate(zip(starts, ends)) if b > a)
+    for x, y in zip(spans, spans[1:]):
+        if y[0] < x[1]:
+            first, second = sorted((x[2], y[2]))
+            raise ValueError(where_msg(where, "%s and %s share memory; %s" % (name_of(first), name_of(second), fix)))
+
+
+def _probe_ranges(probes):
+    starts = [pb.address for pb in probes]
+    return starts, [a + pb.nbytes for a, pb in zip(starts, probes)]
+
+
+def _table_ranges(table, nbytes):
+    """(starts, ends) of a cffi pointer table whose tensor j holds ``nbytes[j]`` bytes."""
+    starts = memoryview(ffi.buffer(table, len(nbytes) * ffi.sizeof("float *"))).cast("P").tolist()
+    return starts, list(map(operator.add, starts, nbytes))
+
+
+def _indexed(name, single):
+    """How the user sees item ``j`` of argument ``name``: ``name`` for a single buffer."""
+    return (lambda order: name) if single else (lambda order: "%s[%d]" % (name, order[1]))
+
+
+def _single(x):
+    return type(x) not in (list, tuple) and _buffer._is_buffer(x)
+
+
+def _ptr_int(array):
+    """The data address of a mojo_train.Array or DeviceArray, an int."""
+    return array.ptr if type(array) is DeviceArray else array.address
 
 
 def _ptr(array, ctype="float *"):
     """A cffi pointer to the data of a mojo_train.Array or DeviceArray."""
-    return ffi.cast(ctype, array.ptr if type(array) is DeviceArray else array.address)
+    return ffi.cast(ctype, _ptr_int(array))
 
 
 def _native_max_norm(max_norm, where):
@@ -133,6 +210,10 @@ class _Optimizer:
     """What SGD, Adam and AdamW share: the registry, the state, step bookkeeping."""
 
     _WHERE = "Optimizer"
+    _NOT_TAKEN = {}    # this class's own refused keywords, beside _REFUSED
+
+    def _refuse_kwargs(self, kwargs):
+        refuse_keywords(kwargs, self._WHERE, dict(_REFUSED, **self._NOT_TAKEN))
 
     def __init__(self, params, lr, numeric_mode, lr_schedule, resident, accumulation_steps=1):
         where = self._WHERE
@@ -142,11 +223,14 @@ class _Optimizer:
         if lr_schedule is not None and not callable(getattr(lr_schedule, "lr_at", None)):
             raise TypeError("mojo_train.%s: lr_schedule must have an lr_at(step) method, got %r"
                             % (where, lr_schedule))
-        self._backend = load(numeric_mode)
+        self._backend = load(numeric_mode_arg(numeric_mode, where))
         self._device_ok = self._backend.has(_DEVICE_BUFFERS)
         self.numeric_mode = self._backend.tier
         self._params = _Registry(params, "params", where, inplace=True, backend=self._backend)
-        _refuse_overlap(self._params.probes, "params", where)
+        self._param_name = _indexed("params", _single(params))
+        self._param_ranges = _probe_ranges(self._params.probes)
+        _refuse_overlap([self._param_ranges], self._param_name, where, "pass each parameter once")
+        self._grad_nbytes = [pb.nbytes for pb in self._params.probes]
         self.params = [pb.obj for pb in self._params.probes]
         self._shapes = [pb.shape for pb in self._params.probes]
         self._gtable = ffi.new("float *[]", self._params.n)
@@ -170,15 +254,36 @@ class _Optimizer:
         return self._params.total
 
     def _grads(self, grads, inplace, where):
-        """(pointer table, handles to keep alive) for a gradient list matching params."""
+        """(pointer table, handles to keep alive) for a gradient list matching params, in
+        memory of its own (``_refuse_shared``). A list of our arrays met again is not
+        looked at again: its memory cannot have moved, and new state is a new allocation."""
         if self._last_grads.get(grads) is not None:
             return self._gtable, grads
+        self._last_grads.put((), None)      # the table below is about to change
         keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace, device_ok=self._device_ok)
         if keep is not None:
+            table = self._gtable
+        else:
+            keep = _Registry(grads, "grads", where, inplace=inplace, backend=self._backend, like=self._params)
+            table = keep.table
+        self._refuse_shared(_table_ranges(table, self._grad_nbytes), _indexed("grads", _single(grads)), where)
+        if table is self._gtable:
             self._last_grads.put(grads, True)
-            return self._gtable, keep
-        reg = _Registry(grads, "grads", where, inplace=inplace, backend=self._backend, like=self._params)
-        return reg.table, reg
+        return table, keep
+
+    def _refuse_shared(self, grad_ranges, grad_name, where):
+        """Refuse gradients (``grad_ranges``, named by ``grad_name``) that share memory with
+        each other, a parameter or the state (module docstring)."""
+        state = [(name, v) for name, v in ((n, self._state.get(n)) for n in self._STATE) if v is not None]
+        starts = [_ptr_int(v) for _, v in state]
+        state_ranges = starts, [a + v.nbytes for a, (_, v) in zip(starts, state)]
+
+        def name_of(order):
+            if order[0] == 0:
+                return grad_name(order)
+            return self._param_name(order) if order[0] == 1 else "the optimizer's %s" % state[order[1]][0]
+        _refuse_overlap([grad_ranges, self._param_ranges, state_ranges], name_of, where,
+                        "pass each gradient once, in memory of its own")
 
     def _lr_for_next_step(self):
         if self.lr_schedule is None:
@@ -203,7 +308,10 @@ class _Optimizer:
         (the pairwise tree over microbatches; with ``tokens``, the whole step's token count,
         a split that ``accumulation_is_aligned`` rejects is refused) into new arrays, which
         ``step`` then takes (and clips, with ``max_norm``). The microbatch gradients are
-        never written. Returns what ``step`` returns; a refusal changes nothing."""
+        never written. A tensor listed twice in one microbatch, or one sharing memory with a
+        parameter or the state, is refused naming both (``microbatch_grads[1][0] and
+        microbatch_grads[1][2] share memory``). Returns what ``step`` returns; a refusal
+        changes nothing."""
         from .schedule import accumulate_grads
         where = self._WHERE + ".step_accumulated"
         if _buffer._is_buffer(microbatch_grads) or not isinstance(microbatch_grads, (list, tuple)):
@@ -214,6 +322,9 @@ class _Optimizer:
                              "is part of the run's arithmetic (make the optimizer with the count you use)"
                              % (where, len(microbatch_grads), self.accumulation_steps))
         combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
+        for i, entry in enumerate(microbatch_grads):
+            probes = _buffer.tensor_list(entry, "microbatch_grads[%d]" % i, where, inplace=False)
+            self._refuse_shared(_probe_ranges(probes), _indexed("microbatch_grads[%d]" % i, _single(entry)), where)
         return self.step(combined, max_norm=max_norm)
 
     def zero_grad(self, grads):
@@ -222,14 +333,15 @@ class _Optimizer:
         table, keep = self._grads(grads, True, where)
         p = self._params
         self._backend.check(self._backend.lib.mt_fill_zero(table, p.c_offsets, p.n), where)
+        _buffer.wrote(keep)
 
     # -- state ---------------------------------------------------------------------------
     _STATE = ()
 
     def _init_state(self):
         for name in self._STATE:
-            dtype, size, nullable = self._state_layout(name)
-            if nullable:
+            dtype, size, absent = self._state_layout(name)
+            if absent:
                 self._put_state(name, None)
             elif self.resident and name != "buf_initialized":
                 self._put_state(name, DeviceArray((size,), dtype, numeric_mode=self.numeric_mode))
@@ -279,32 +391,72 @@ class _Optimizer:
         return state
 
     def load_state_dict(self, state):
-        """Restore what ``state_dict`` gave. Arrays must be float32/int32 buffers of the right
-        size (never cast: a list of Python floats is refused). Nothing changes on refusal."""
+        """Restore what ``state_dict`` gave, after checking all of it; a refusal changes nothing.
+
+        Every key of the format is required and no other is taken: ``kind`` (this class's
+        name), ``n_total`` (this optimizer's), ``t`` (an int >= 0, not a bool), ``lr``,
+        ``lr_schedule`` (None, or a schedule config agreeing with this optimizer's schedule),
+        ``accumulation_steps`` (this optimizer's) and the state arrays: C-contiguous float32
+        (``buf_initialized``: int32) buffers of the right size, never cast (a list of floats is
+        refused), finite, with ``exp_avg_sq >= 0`` and every ``buf_initialized`` flag 0 or 1;
+        ``exp_avg`` is None exactly where this optimizer keeps none (SGD with momentum=0).
+
+        The step count agrees with the state: moments exist only after a step, so at ``t == 0``
+        Adam's ``exp_avg`` and ``exp_avg_sq`` are all zero and SGD's flags all 0 (moments with
+        ``t`` reset to 0 would get step 1's bias corrections, made for moments holding one
+        gradient, and the run would not resume); an SGD without a momentum buffer has flags 0.
+        ``t >= 1`` with zero moments
+        is a run whose gradients were zero, and is taken. With these checks a loaded state
+        cannot make the next step write NaN (a negative ``exp_avg_sq`` is a NaN square root,
+        a non-finite moment a non-finite parameter); a state that passes resumes bit-identically.
+        """
         where = self._WHERE + ".load_state_dict"
-        if not isinstance(state, dict):
-            raise TypeError("mojo_train.%s: state must be a dict, got %s" % (where, type(state).__name__))
-        missing = [k for k in ("t",) + self._STATE if k not in state]
-        if missing:
-            raise ValueError("mojo_train.%s: state lacks %s" % (where, ", ".join(missing)))
-        if state.get("kind", self._WHERE) != self._WHERE:
-            raise ValueError("mojo_train.%s: state is from %s, not %s" % (where, state["kind"], self._WHERE))
-        t = state["t"]
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < 2 ** 62:
-            raise ValueError("mojo_train.%s: t must be an int in [0, 2**62), got %r" % (where, t))
-        lr = _real(state["lr"], "lr", where) if "lr" in state else self.lr
-        sched = self._schedule_from_state(state.get("lr_schedule"), where)
-        if "accumulation_steps" in state:
-            a = _accumulation_steps(state["accumulation_steps"], where)
-            if a != self.accumulation_steps:
-                raise ValueError("mojo_train.%s: the state was saved with accumulation_steps=%d, this optimizer "
-                                 "has %d" % (where, a, self.accumulation_steps))
+        self._check_format(state, where)
+        t = _step_count(state["t"], where)
+        lr = _real(state["lr"], "lr", where)
+        sched = self._schedule_from_state(state["lr_schedule"], where)
+        if _accumulation_steps(state["accumulation_steps"], where) != self.accumulation_steps:
+            raise ValueError(where_msg(where, "the state was saved with accumulation_steps=%d, this optimizer has %d"
+                                       % (state["accumulation_steps"], self.accumulation_steps)))
         new = {name: self._state_copy(state[name], name, where) for name in self._STATE}
+        self._check_step_count(new, t, where)
         for name, value in new.items():
             self._put_state(name, value)
-        self.t = int(t)
+        self.t = t
         self.lr = lr
         self.lr_schedule = sched
+
+    def _check_format(self, state, where):
+        """The keys of ``state_dict``'s format, all of them and no other; kind and n_total."""
+        if not isinstance(state, dict):
+            raise TypeError(where_msg(where, "state must be a dict, got %s" % type(state).__name__))
+        kind = state.get("kind", self._WHERE)
+        if not isinstance(kind, str) or kind != self._WHERE:
+            raise ValueError(where_msg(where, "state is from %r, not %s" % (kind, self._WHERE)))
+        keys = _KEYS + self._STATE
+        missing = [k for k in keys if k not in state]
+        if missing:
+            raise ValueError(where_msg(where, "state lacks %s; %s.state_dict() holds %s"
+                                       % (", ".join(missing), self._WHERE, ", ".join(keys))))
+        unknown = [k for k in state if k not in keys]
+        if unknown:
+            raise ValueError(where_msg(where, "state has unknown key%s %s; %s.state_dict() holds only %s"
+                                       % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
+                                          self._WHERE, ", ".join(keys))))
+        n = state["n_total"]
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(where_msg(where, "n_total must be an int, got %r" % (n,)))
+        if n != self.n_total:
+            raise ValueError(where_msg(where, "the state is for %d parameter elements (n_total), this optimizer "
+                                       "has %d" % (n, self.n_total)))
+
+    def _check_step_count(self, new, t, where):
+        """Adam, AdamW: at t == 0 (no step taken) the moments are zero (load_state_dict)."""
+        if t == 0:
+            for name in self._STATE:
+                if any(new[name].memview()):
+                    raise ValueError(where_msg(where, "%s is non-zero at t=0, but moments exist only after a step: "
+                                               "save t with them (the next step is step t + 1)" % name))
 
     def _schedule_from_state(self, cfg, where):
         """The schedule to resume with: this optimizer's, which must agree with a saved config;
@@ -325,11 +477,15 @@ class _Optimizer:
         return mine
 
     def _state_copy(self, value, name, where):
-        dtype, want, nullable = self._state_layout(name)
-        if value is None:
-            if nullable:
+        """A checked host copy of state ``name`` (load_state_dict's rules for one array), or
+        None where this optimizer keeps none."""
+        dtype, want, absent = self._state_layout(name)
+        if value is None or absent:
+            if value is None and absent:
                 return None
-            raise ValueError("mojo_train.%s: %s must not be None" % (where, name))
+            raise ValueError(where_msg(where, "%s must be None: this optimizer keeps none (an SGD made with "
+                                       "momentum=0 has no momentum buffer)" % name if absent
+                                       else "%s must not be None" % name))
         if isinstance(value, (list, tuple)):
             raise TypeError("mojo_train.%s: %s is a %s; pass a %s buffer (state is never cast)"
                             % (where, name, type(value).__name__, dtype))
@@ -343,34 +499,77 @@ class _Optimizer:
             out = Array((want,), dtype)
             self._backend.check(self._backend.lib.mt_memcpy(ffi.cast("void *", out.address),
                                                             ffi.cast("void *", pb.address), pb.nbytes), where)
-            return out
-        return Array.from_buffer(value).reshape(want)
+        else:
+            out = Array.from_buffer(value).reshape(want)
+        _check_state_values(out.memview(), name, where)     # the copy: what is checked is what is kept
+        return out
 
     def _state_layout(self, name):
-        """(dtype, element count, may be None) of a state entry."""
+        """(dtype, element count, kept as None) of a state entry."""
         if name == "buf_initialized":
             return "int32", self._params.n, False
         return "float32", self.n_total, False
 
 
+_KEYS = ("kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps")   # + the class's _STATE
+
+
+def _step_count(value, where):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(where_msg(where, "t must be an int (the steps taken), got %r" % (value,)))
+    if not 0 <= value < 2 ** 62:
+        raise ValueError(where_msg(where, "t must be in [0, 2**62), got %r" % (value,)))
+    return int(value)
+
+
+def _check_state_values(view, name, where):
+    """Flags 0 or 1; moments finite, and exp_avg_sq >= 0 (the step takes its square root)."""
+    if name == "buf_initialized":
+        bad = next((j for j, f in enumerate(view) if f not in (0, 1)), None)
+        if bad is not None:
+            raise ValueError(where_msg(where, "buf_initialized[%d] is %d; each flag is 0 or 1 (1 once the tensor's "
+                                       "momentum buffer exists)" % (bad, view[bad])))
+        return
+    # float32 values summed in binary64 cannot overflow (fewer than 2**31 of them, each under
+    # 2**128): the sum is finite exactly when every value is.
+    if not math.isfinite(sum(view)):
+        j = next(j for j, x in enumerate(view) if not math.isfinite(x))
+        raise ValueError(where_msg(where, "%s[%d] is %r; the state must be finite (a non-finite moment makes the "
+                                   "next step's parameters non-finite)" % (name, j, view[j])))
+    if name == "exp_avg_sq" and min(view) < 0.0:
+        j = next(j for j, x in enumerate(view) if x < 0.0)
+        raise ValueError(where_msg(where, "exp_avg_sq[%d] is %r; a second moment is >= 0 (the step takes its "
+                                   "square root)" % (j, view[j])))
+
+
 class Adam(_Optimizer):
     """Adam with coupled weight decay (``g + weight_decay * p``), as ``torch.optim.Adam``.
 
-    ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, maximize=False,
-    lr_schedule=None, numeric_mode=None, accumulation_steps=1)``. ``params`` is a float32 buffer or a list of them
-    (updated in place). State: ``exp_avg``, ``exp_avg_sq`` (flat float32 Arrays over all
-    parameters, in registry order), ``t`` (steps taken). Bias corrections are computed in
-    float32 by the contract's pinned routine, not in float64 as torch does.
+    ``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+    foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+    decoupled_weight_decay=False, lr_schedule=None, numeric_mode=None, resident=None,
+    accumulation_steps=1)``: torch's signature, then ours. ``params`` is a float32 buffer or a
+    list of them (updated in place). State: ``exp_avg``, ``exp_avg_sq`` (flat float32 Arrays
+    over all parameters, in registry order), ``t`` (steps taken). Bias corrections are
+    computed in float32 by the contract's pinned routine, not in float64 as torch does.
+
+    torch's switches (module docstring): ``foreach`` and ``fused`` may be None, False or True
+    and change nothing (every step is one fused native pass); ``amsgrad``, ``capturable``,
+    ``differentiable`` and ``decoupled_weight_decay`` are taken at False, and True is refused
+    by name (decoupled decay is :class:`AdamW`).
     """
 
     _WHERE = "Adam"
     _DECOUPLED = False
     _STATE = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, accumulation_steps=1,
-                 **kwargs):
-        _refuse_kwargs(kwargs, self._WHERE)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False, lr_schedule=None, numeric_mode=None, resident=None,
+                 accumulation_steps=1, **kwargs):
+        self._refuse_kwargs(kwargs)
+        _switches(self._WHERE, amsgrad=amsgrad, foreach=foreach, capturable=capturable,
+                  differentiable=differentiable, fused=fused, decoupled_weight_decay=decoupled_weight_decay)
         try:
             b1, b2 = betas
         except (TypeError, ValueError):
@@ -387,7 +586,8 @@ class Adam(_Optimizer):
         """One update from ``grads`` (one float32 tensor per parameter, same shapes).
 
         With ``max_norm``, the gradients are first clipped in place to total L2 norm
-        ``max_norm`` and the pre-clip total is returned; otherwise returns None.
+        ``max_norm`` and the pre-clip total is returned; otherwise returns None. A gradient
+        listed twice, or sharing memory with a parameter or the state, is refused naming both.
         """
         where = self._WHERE + ".step"
         clip, mn = _native_max_norm(max_norm, where)
@@ -399,41 +599,51 @@ class Adam(_Optimizer):
                 p.c_offsets, lr, self.betas[0], self.betas[1], self.eps, self.weight_decay,
                 int(self.maximize), clip, mn, self.t + 1, p.n)
         self._backend.check(rc, where)
+        _buffer.wrote(p, keep if clip else None)        # torch tensors: bump their version
         return self._finish(clip, lr)
 
 
 class AdamW(Adam):
     """AdamW: Adam with decoupled weight decay (``p * (1 - lr * weight_decay)``), as
-    ``torch.optim.AdamW``; ``weight_decay`` defaults to 0.01 as in torch. Arguments, state
-    and refusals are :class:`Adam`'s."""
+    ``torch.optim.AdamW``; ``weight_decay`` defaults to 0.01 as in torch. Arguments, switches,
+    state and refusals are :class:`Adam`'s, less ``decoupled_weight_decay`` (torch's AdamW
+    does not take it either: its decay is always decoupled)."""
 
     _WHERE = "AdamW"
     _DECOUPLED = True
+    _NOT_TAKEN = {"decoupled_weight_decay": "AdamW's weight decay is always decoupled (torch's AdamW does "
+                                            "not take it either); coupled decay is mojo_train.Adam"}
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                 maximize=False, lr_schedule=None, numeric_mode=None, resident=None, accumulation_steps=1,
-                 **kwargs):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         maximize=maximize, lr_schedule=lr_schedule, numeric_mode=numeric_mode,
-                         resident=resident, accumulation_steps=accumulation_steps, **kwargs)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 lr_schedule=None, numeric_mode=None, resident=None, accumulation_steps=1, **kwargs):
+        self._refuse_kwargs(kwargs)
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize, foreach=foreach, capturable=capturable,
+                         differentiable=differentiable, fused=fused, lr_schedule=lr_schedule,
+                         numeric_mode=numeric_mode, resident=resident, accumulation_steps=accumulation_steps)
 
 
 class SGD(_Optimizer):
     """Stochastic gradient descent, as ``torch.optim.SGD``.
 
-    ``SGD(params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-    maximize=False, lr_schedule=None, numeric_mode=None, accumulation_steps=1)``. Weight decay is coupled. The
-    momentum buffer is ``exp_avg`` (allocated when momentum > 0); ``buf_initialized`` holds
-    one int32 flag per tensor (0 until its buffer is first written, as torch's ``None``).
+    ``SGD(params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+    maximize=False, foreach=None, differentiable=False, fused=None, lr_schedule=None,
+    numeric_mode=None, resident=None, accumulation_steps=1)``: torch's signature, then ours.
+    Weight decay is coupled. The momentum buffer is ``exp_avg`` (allocated when momentum > 0,
+    else None); ``buf_initialized`` holds one int32 flag per tensor (0 until its buffer is first
+    written, as torch's ``None``). ``foreach`` and ``fused`` may be None, False or True and
+    change nothing; ``differentiable=True`` is refused by name (module docstring).
     """
 
     _WHERE = "SGD"
     _STATE = ("exp_avg", "buf_initialized")
 
-    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, maximize=False, lr_schedule=None, numeric_mode=None, resident=None,
-                 accumulation_steps=1, **kwargs):
-        _refuse_kwargs(kwargs, self._WHERE)
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False, foreach=None, differentiable=False, fused=None, lr_schedule=None,
+                 numeric_mode=None, resident=None, accumulation_steps=1, **kwargs):
+        self._refuse_kwargs(kwargs)
+        _switches(self._WHERE, foreach=foreach, differentiable=differentiable, fused=fused)
         self.momentum = _real(momentum, "momentum", self._WHERE)
         self.dampening = _real(dampening, "dampening", self._WHERE, low=None)
         self.weight_decay = _real(weight_decay, "weight_decay", self._WHERE)
@@ -447,7 +657,19 @@ class SGD(_Optimizer):
 
     def _state_layout(self, name):
         dtype, size, _ = super()._state_layout(name)
-        return dtype, size, name == "exp_avg" and self.momentum == 0.0
+        if name != "exp_avg":
+            return dtype, size, False
+        # kept as None since construction with momentum=0 (asked before the state exists)
+        return dtype, size, self._state["exp_avg"] is None if "exp_avg" in self._state else self.momentum == 0.0
+
+    def _check_step_count(self, new, t, where):
+        """A flag is 1 only once a momentum buffer exists: after a step, with momentum."""
+        flags = new["buf_initialized"].memview()
+        j = next((j for j, f in enumerate(flags) if f), None)
+        if j is not None and (t == 0 or new["exp_avg"] is None):
+            raise ValueError(where_msg(where, "buf_initialized[%d] is 1, but %s" % (j, (
+                "t is 0 and a momentum buffer exists only after a step: save t with it" if t == 0 else
+                "this SGD keeps no momentum buffer (it was made with momentum=0)"))))
 
     def step(self, grads, max_norm=None):
         """One update from ``grads``; clipping and return value as :meth:`Adam.step`."""
@@ -461,6 +683,7 @@ class SGD(_Optimizer):
             self._norm_ptr, p.c_offsets, lr, self.momentum,
             self.dampening, self.weight_decay, int(self.nesterov), int(self.maximize), clip, mn, p.n)
         self._backend.check(rc, where)
+        _buffer.wrote(p, keep if clip else None)        # torch tensors: bump their version
         return self._finish(clip, lr)
 
 
@@ -472,20 +695,18 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
     The norm is two-level, as torch's: each tensor's L2 norm by the pinned tree, then the L2
     norm of those norms in tensor order (the order is part of the answer). The coefficient is
     ``max_norm / (total + 1e-6)`` clamped to 1. Only ``norm_type=2`` and
-    ``error_if_nonfinite=True`` are implemented: a NaN/inf total is refused, nothing written.
+    ``error_if_nonfinite=True`` are implemented: a NaN/inf total is refused, nothing written
+    (``error_if_nonfinite=False``, torch's default, is refused by name). ``foreach`` may be
+    None, False or True and changes nothing: the clip is one native pass over all tensors.
+    A gradient listed twice (it would be scaled twice) is refused naming both positions.
     """
     where = "clip_grad_norm_"
     if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or float(norm_type) != 2.0:
         raise NotImplementedError("mojo_train.%s: norm_type=%r is not implemented; only the L2 norm "
                                   "(norm_type=2.0) is pinned" % (where, norm_type))
-    if error_if_nonfinite is not True:
-        raise NotImplementedError("mojo_train.%s: error_if_nonfinite=%r is not implemented: a "
-                                  "non-finite norm is always refused before anything is written"
-                                  % (where, error_if_nonfinite))
-    if foreach is not None:
-        raise TypeError("mojo_train.%s: foreach= is not supported: %s" % (where, _REFUSED["foreach"]))
+    _switches(where, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
     mn = _real(max_norm, "max_norm", where)
-    backend = load(numeric_mode)
+    backend = load(numeric_mode_arg(numeric_mode, where))
     last = _CLIP_TABLES.__dict__.setdefault(backend.path, _buffer.LastTable())
     hit = last.get(grads)
     if hit is not None:
@@ -495,11 +716,16 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
         table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
         keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
                                      device_ok=backend.has(_DEVICE_BUFFERS))
-        if keep is None:
+        fast = keep is not None
+        if not fast:
             keep = _Registry(grads, "grads", where, inplace=True, backend=backend)
             table, offsets, n = keep.table, keep.c_offsets, keep.n
-        else:
+        offs = memoryview(ffi.buffer(offsets, 4 * (n + 1))).cast("i").tolist()
+        _refuse_overlap([_table_ranges(table, [4 * (b - a) for a, b in zip(offs, offs[1:])])],
+                        _indexed("grads", _single(grads)), where, "pass each gradient once")
+        if fast:
             last.put(grads, (table, offsets, n))
     out = ffi.new("float[2]")
     backend.check(backend.lib.mt_clip_grad_norm(table, out, offsets, mn, n), where)
+    _buffer.wrote(None if hit is not None else keep)     # a remembered list holds our arrays only
     return float(out[0])

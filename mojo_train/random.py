@@ -21,16 +21,17 @@ import struct
 from . import _buffer, _ops
 from ._array import Array
 from ._errors import where_msg
-from ._native import ffi, load
+from ._native import ffi, load, numeric_mode_arg
 
 __all__ = ["Generator", "DropoutKey"]
 
 _U64 = 1 << 64
 
-DropoutKey = collections.namedtuple("DropoutKey", "seed stream offset p size")
+DropoutKey = collections.namedtuple("DropoutKey", "seed stream offset p size shape", defaults=(None,))
 DropoutKey.__doc__ = """What ``Generator.dropout`` drew with: seed, stream, offset (the stream
-element of the input's first element), p (the float32 drop probability, as a Python float) and
-size (the number of elements). ``Generator.dropout_backward`` regenerates the mask from it."""
+element of the input's first element), p (the float32 drop probability, as a Python float),
+size (the number of elements) and shape (the input's shape; None in a key built by hand, whose
+dy is then checked by size only). ``Generator.dropout_backward`` regenerates the mask from it."""
 
 _SCRATCH = Array((1,), "float32")   # stands in for the address of an empty buffer
 
@@ -88,6 +89,20 @@ def _ptr(x):
     return p if p != ffi.NULL else ffi.cast("float *", _SCRATCH.address)
 
 
+def _out_arg(where, out, shape, inputs):
+    """The Probe of a caller's ``out=`` (None when not given): a writable float32 buffer of
+    exactly the result's ``shape`` (the element count alone is not enough), either disjoint
+    from every input (``(name, Probe)`` pairs) or one of them itself (in place)."""
+    if out is None:
+        return None
+    pout = _buffer.float32_tensor(out, "out", where, inplace=True, allow_empty=True)
+    if tuple(pout.shape) != tuple(shape):
+        raise ValueError(where_msg(where, "out has shape %r; the result's shape is %r"
+                                   % (tuple(pout.shape), tuple(shape))))
+    _buffer.refuse_overlap(where, ("out", pout), inputs)
+    return pout
+
+
 class Generator:
     """A seeded Philox4x32-10 random stream: draws, initializers and dropout.
 
@@ -106,7 +121,7 @@ class Generator:
     def __init__(self, seed, numeric_mode=None):
         self._seed = _uint64(seed, "seed", "Generator")
         self._counter = 0
-        self.numeric_mode = numeric_mode
+        self.numeric_mode = numeric_mode_arg(numeric_mode, "Generator")
 
     @property
     def seed(self):
@@ -234,32 +249,37 @@ class Generator:
         [0, 1); p = 0 returns x bit for bit. ``offset`` lets a microbatch draw exactly the
         values it would draw inside the whole batch (use one ``stream`` for all pieces);
         ``stream`` None takes the next stream id. A NaN or inf in x is refused
-        (ValueError). ``out``: a float32 buffer of x's size to write (may be x itself),
-        else a new one on x's side (host or device). ``key`` feeds dropout_backward.
+        (ValueError) and nothing is written. ``out``: a float32 buffer of x's shape to write
+        (x itself: in place; a buffer partly overlapping x is refused), else a new one on
+        x's side (host or device). ``key`` feeds dropout_backward.
         """
         where = "Generator.dropout"
         px = _ops.f32_in(x, "x", where)
         p32 = self._p(p, where)
         offset = _uint64(offset, "offset", where)
         s = self._take(stream, where, commit=False)
-        y = self._apply(where, "mt_dropout_forward", px, out, p32, self._seed, s, offset, ("x", "out"))
+        y = self._apply(where, "mt_dropout_forward", px, "x", out, p32, self._seed, s, offset)
         if stream is None:
             self._counter += 1
-        return y, DropoutKey(self._seed, s, offset, p32, px.nelems)
+        return y, DropoutKey(self._seed, s, offset, p32, px.nelems, tuple(px.shape))
 
     def dropout_backward(self, dy, key, *, out=None):
         """Gradient of ``dropout``: dy * scale where the forward kept, +0.0 where it dropped,
-        with the mask regenerated from ``key`` (a DropoutKey; dy must have key.size
-        elements). Takes no stream. ``out`` as in dropout."""
+        with the mask regenerated from ``key`` (a DropoutKey; dy must have the forward's
+        shape, key.shape). Takes no stream. ``out`` as in dropout, with dy for x."""
         where = "Generator.dropout_backward"
         if not isinstance(key, DropoutKey):
             raise TypeError(where_msg(where, "key must be the DropoutKey dropout returned, got %s"
                                       % type(key).__name__))
         pdy = _ops.f32_in(dy, "dy", where)
+        if key.shape is not None and tuple(pdy.shape) != tuple(key.shape):
+            raise ValueError(where_msg(where, "dy has shape %r, the forward's x had shape %r; dy must have x's "
+                                       "shape (no broadcasting: reshape or expand explicitly)"
+                                       % (tuple(pdy.shape), tuple(key.shape))))
         if pdy.nelems != key.size:
             raise ValueError(where_msg(where, "dy has %d elements, the key's forward had %d" % (pdy.nelems, key.size)))
-        return self._apply(where, "mt_dropout_backward", pdy, out, self._p(key.p, where), key.seed, key.stream,
-                           key.offset, ("dy", "out"))
+        return self._apply(where, "mt_dropout_backward", pdy, "dy", out, self._p(key.p, where), key.seed,
+                           key.stream, key.offset)
 
     @staticmethod
     def _p(p, where):
@@ -268,15 +288,13 @@ class Generator:
             raise ValueError(where_msg(where, "p must be in [0, 1) after rounding to float32, got %r" % p))
         return p32
 
-    def _apply(self, where, fn, px, out, p32, seed, stream, offset, names):
-        pout = None if out is None else _buffer.float32_tensor(out, names[1], where, inplace=True, allow_empty=True)
-        if pout is not None and pout.nelems != px.nelems:
-            raise ValueError(where_msg(where, "%s has %d elements, %s has %d" % (names[1], pout.nelems, names[0],
-                                                                             px.nelems)))
-        backend, on_device = _ops.placement(where, self.numeric_mode, **{names[0]: px, names[1]: pout})
+    def _apply(self, where, fn, px, name, out, p32, seed, stream, offset):
+        pout = _out_arg(where, out, px.shape, [(name, px)])
+        backend, on_device = _ops.placement(where, self.numeric_mode, **{name: px, "out": pout})
         y = out if out is not None else _ops.out_f32(px.shape, on_device, self.numeric_mode)
         target = pout if pout is not None else y
         backend.check(getattr(backend.lib, fn)(_ptr(target), _ptr(px), p32, seed, stream, offset, px.nelems), where)
+        _buffer.wrote(pout)
         return y
 
     def __repr__(self):

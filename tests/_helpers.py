@@ -98,7 +98,8 @@ def raw(x):
 
 def snapshot(opt, *buffers):
     """Every byte a refused call could have touched: the given buffers (params, grads, ...)
-    and the optimizer's params, exp_avg, exp_avg_sq, buf_initialized, t and per-step reports."""
+    and the optimizer's params, exp_avg, exp_avg_sq, buf_initialized, t, per-step reports,
+    lr, and (by identity) lr_schedule and accumulation_steps, which load_state_dict sets."""
     state = {"buffers": [raw(b) for b in buffers]}
     if opt is not None:
         state["params"] = [raw(p) for p in opt.params]
@@ -106,6 +107,8 @@ def snapshot(opt, *buffers):
             state[name] = raw(getattr(opt, name, None))
         for name in ("t", "lr_", "total_norm_", "clip_coef_", "lr"):
             state[name] = getattr(opt, name)
+        state["lr_schedule"] = id(opt.lr_schedule), opt.lr_schedule
+        state["accumulation_steps"] = opt.accumulation_steps
     return state
 
 

@@ -62,3 +62,32 @@ def mode(request, monkeypatch):
 def identical(request, monkeypatch):
     """Every loadable vendor's identical tier."""
     return _mode_fixture(request, monkeypatch)
+
+
+# ---- the skip gate: every skip reason must be a reviewed one (tests/skip_reasons.py) ----------
+
+_skips = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        import skip_reasons
+        _skips.append(skip_reasons.reason_of(report))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not _skips:
+        return
+    import skip_reasons
+    terminalreporter.section("skips by reason (tests/skip_reasons.py)")
+    for line in skip_reasons.table(_skips):
+        terminalreporter.write_line(line)
+    unknown = sorted({r for r in _skips if skip_reasons.classify(r) is None})
+    if unknown:
+        terminalreporter.write_line("UNREVIEWED skip reasons (the run fails): %d" % len(unknown), red=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import skip_reasons
+    if exitstatus == 0 and any(skip_reasons.classify(r) is None for r in _skips):
+        session.exitstatus = 1

@@ -481,3 +481,43 @@ def test_library_never_imports_numpy():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+# ----- refusals say the fix ------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_a_numpy_array_of_another_float_dtype_is_refused_saying_astype(dtype):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"^mojo_train\.step: weight has dtype %s; .*never casts "
+                       r"\(convert with weight\.astype\(np\.float32\)\)$" % dtype):
+        float32_tensor(np.zeros(3, dtype), "weight", "step")
+
+
+def test_float_ids_are_refused_saying_astype_int64():
+    np = pytest.importorskip("numpy")
+    with pytest.raises(TypeError, match=r"ids has dtype float32; .*\(convert with ids\.astype\(np\.int64\)\)$"):
+        int_tensor(np.zeros(3, np.float32), "ids", "forward")
+
+
+def test_a_strided_numpy_array_is_refused_saying_ascontiguousarray():
+    np = pytest.importorskip("numpy")
+    x = np.zeros((4, 4), np.float32).T
+    with pytest.raises(ValueError, match=r"^mojo_train\.step: x must be C-contiguous \(got a strided view "
+                       r"of shape \(4, 4\)\); pass np\.ascontiguousarray\(x\)$"):
+        float32_tensor(x, "x", "step")
+
+
+def test_a_strided_in_place_argument_is_told_the_copy_takes_the_writes():
+    np = pytest.importorskip("numpy")
+    out = np.zeros(8, np.float32)[::2]
+    with pytest.raises(ValueError, match=r"pass np\.ascontiguousarray\(out\) \(it is written in place: the "
+                       r"copy then receives the result, not out\)$"):
+        float32_tensor(out, "out", "add", inplace=True)
+
+
+def test_a_plain_buffer_of_another_dtype_is_told_to_convert_without_a_library_name():
+    with pytest.raises(TypeError, match=r"grads\[1\] has dtype float64; .*\(convert it to float32 first\)$"):
+        tensor_list([f32(1.0), array.array("d", [1.0])], "grads", "clip", inplace=True)
+    strided = memoryview(f32(1, 2, 3, 4))[::2]
+    with pytest.raises(ValueError, match=r"x must be C-contiguous .*; copy it into a contiguous buffer$"):
+        float32_tensor(strided, "x", "step")

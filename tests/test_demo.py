@@ -1,35 +1,81 @@
-"""The end-to-end demo (mojo_train/_demo.py): it trains, beats the text's unigram entropy on
-held-out characters, and its digests are a pure function of the code (run twice, and with one
-thread or several, they are the same)."""
+"""The end-to-end demo (mojo_train/_demo.py): it trains on the essay shipped in the package,
+beats the text's unigram entropy on held-out characters, reports its progress, a summary and
+an SVG a person can read, and its digests are a pure function of the code (run twice, and with
+one thread or several, they are the same)."""
+import os
 import re
-
-import pytest
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
 
 from mojo_train import _demo, _native
 
+PACKAGE = os.path.dirname(os.path.abspath(_demo.__file__))
+SVG = "{http://www.w3.org/2000/svg}"
+PROGRESS = re.compile(r"^step +(\d+)/(\d+)  train loss ([\d.]+)  lr ([\d.]+)  elapsed ([\d.]+) s$", re.M)
 
-def _run(tmp_path, steps, threads=None):
+
+def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY):
     lines = []
     b = _native.load("identical", "cpu")
     old = b.lib.mt_num_threads()
     if threads:
         b.lib.mt_set_num_threads(threads)
     try:
-        rc = _demo.run(vendor="cpu", steps=steps, svg=str(tmp_path / "loss.svg"), out=lines.append)
+        rc = _demo.run(vendor="cpu", steps=steps, svg=str(tmp_path / "loss.svg"), every=every,
+                       out=lines.append)
     finally:
         b.lib.mt_set_num_threads(old)
     text = "\n".join(lines)
-    digests = re.findall(r"sha256 ([0-9a-f]{64})", text)
+    digests = re.findall(r"sha256  ([0-9a-f]{64})$", text, re.M)
     return rc, text, digests
 
 
 def test_the_demo_learns_more_than_character_frequencies(tmp_path):
     rc, text, digests = _run(tmp_path, 300)
-    held, entropy = map(float, re.search(r"held-out loss ([\d.]+) nats; unigram entropy of the text ([\d.]+)",
-                                         text).groups())
-    assert rc == 0 and held < entropy, text[-400:]
-    assert len(digests) == 2 and (tmp_path / "loss.svg").read_text().startswith("<svg")
-    assert text.count("\nstep ") == 299
+    held, entropy = map(float, re.search(r"held-out loss +([\d.]+) nats on \d+ characters; "
+                                         r"unigram entropy of the text ([\d.]+) nats", text).groups())
+    assert rc == 0 and held < entropy, text[-600:]
+    assert len(digests) == 2
+
+
+def test_the_demo_prints_a_progress_line_every_n_steps_and_at_the_first_and_last(tmp_path):
+    rc, text, _ = _run(tmp_path, 60, every=25)
+    rows = PROGRESS.findall(text)
+    assert [int(r[0]) for r in rows] == [1, 25, 50, 60] and all(int(r[1]) == 60 for r in rows)
+    elapsed = [float(r[4]) for r in rows]
+    assert elapsed == sorted(elapsed) and all(float(r[3]) > 0 for r in rows)
+
+
+def test_the_demo_summary_names_steps_time_digests_and_the_svg(tmp_path):
+    rc, text, digests = _run(tmp_path, 3)
+    summary = text[text.index("summary"):]
+    assert re.search(r"steps +3 of 1024 characters each in [\d.]+ s", summary), summary
+    assert len(digests) == 2 and digests[0] != digests[1]
+    assert "loss curve SVG     %s" % (tmp_path / "loss.svg") in summary
+
+
+def test_the_demo_svg_has_labelled_axes_and_states_the_first_and_last_loss(tmp_path):
+    rc, text, _ = _run(tmp_path, 30, every=1)
+    losses = [float(r[2]) for r in PROGRESS.findall(text)]
+    root = ET.parse(str(tmp_path / "loss.svg")).getroot()
+    texts = [t.text for t in root.iter(SVG + "text")]
+    title = next(t for t in texts if t.startswith("Training loss"))
+    assert "first %.4f, last %.4f nats" % (losses[0], losses[-1]) in title
+    assert "step" in texts and "loss (nats)" in texts
+    x_ticks = [float(t.text) for t in root.iter(SVG + "text") if t.get("text-anchor") == "middle"
+               and re.fullmatch(r"[\d.]+", t.text or "")]
+    y_ticks = [float(t.text) for t in root.iter(SVG + "text") if t.get("text-anchor") == "end"]
+    assert x_ticks == sorted(x_ticks) and x_ticks[0] <= 1 and x_ticks[-1] >= 30
+    assert len(y_ticks) >= 3 and y_ticks[0] <= min(losses) + 5e-5 and y_ticks[-1] >= max(losses) - 5e-5
+    assert len(root.find(SVG + "polyline").get("points").split()) == 30
+
+
+def test_the_demo_draws_a_one_step_run(tmp_path):
+    rc, text, digests = _run(tmp_path, 1)
+    texts = [t.text for t in ET.parse(str(tmp_path / "loss.svg")).getroot().iter(SVG + "text")]
+    assert len(digests) == 2 and any(t.startswith("Training loss") and "(1 step)" in t for t in texts)
 
 
 def test_the_demo_digests_do_not_depend_on_the_run_or_the_thread_count(tmp_path, monkeypatch):
@@ -37,3 +83,17 @@ def test_the_demo_digests_do_not_depend_on_the_run_or_the_thread_count(tmp_path,
     first = _run(tmp_path, 40)[2]
     assert _run(tmp_path, 40)[2] == first
     assert _run(tmp_path, 40, threads=1)[2] == first
+
+
+def test_the_demo_text_ships_inside_the_package_not_in_the_checkout(tmp_path):
+    """A copy of the package alone (as a wheel installs it) still finds the demo's text."""
+    pkg = tmp_path / "mojo_train"
+    shutil.copytree(PACKAGE, pkg, ignore=shutil.ignore_patterns("__pycache__", "lib", "include"))
+    shutil.copytree(os.path.join(os.path.dirname(PACKAGE), "native", "include"), pkg / "include")
+    code = "from mojo_train import _demo; import sys; sys.stdout.write(_demo._text())"
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    with open(os.path.join(PACKAGE, _demo.CORPUS), encoding="utf-8") as f:
+        assert run.stdout == f.read() == _demo._text()
+    assert len(set(run.stdout)) > 20

@@ -431,8 +431,20 @@ def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(dense):
     dy = Array.from_list([7.0, -1.0, 2.0, 3.0, 4.0, -5.0, 6.0, 8.0, -0.0], "float32")
     y = flat(nn.relu_forward(x, numeric_mode=dense.tier))
     dx = flat(nn.relu_backward(dy, x, numeric_mode=dense.tier))
-    assert same_bits(y, [0.0, 0.0, 0.0, tiny, 0.0, 1.5, f32(3e38), 0.0, 2.0 ** -127])
-    assert same_bits(dx, [0.0, 0.0, 0.0, 3.0, 0.0, -5.0, 6.0, 0.0, -0.0])
+    want_y = [0.0, 0.0, 0.0, tiny, 0.0, 1.5, f32(3e38), 0.0, 2.0 ** -127]
+    want_dx = [0.0, 0.0, 0.0, 3.0, 0.0, -5.0, 6.0, 0.0, -0.0]
+    if dense.has("approximate"):
+        # A library that flushes subnormals (MT_FEATURE_APPROXIMATE: a GPU's fast tier) reads the
+        # subnormal inputs 3 and 8 as zero: their outputs are then +0.0; the rest is exact.
+        flushed = [3, 8]
+        assert all(same_bits([y[i]], [0.0]) or same_bits([y[i]], [want_y[i]]) for i in flushed)
+        assert same_bits([dx[3]], [0.0]) or same_bits([dx[3]], [3.0])
+        assert dx[8] == 0.0
+        keep = [i for i in range(len(xs)) if i not in flushed]
+        y, want_y = [y[i] for i in keep], [want_y[i] for i in keep]
+        dx, want_dx = [dx[i] for i in keep], [want_dx[i] for i in keep]
+    assert same_bits(y, want_y)
+    assert same_bits(dx, want_dx)
     shaped = nn.relu_forward(mat((2, 3, 4), 81), numeric_mode=dense.tier)
     assert shaped.shape == (2, 3, 4)
 

@@ -4,10 +4,14 @@ Contract under test: add is one correctly rounded float32 sum, subnormal sums ke
 its gradient are the stated formulas through the pinned exp, within the torch comparison
 bound of tests/tolerances.py of torch's float64 values, and never NaN for finite inputs
 however large; the bytes do not depend on the thread count or launch geometry; a NaN or inf
-in any input is refused by name (in place: nothing written); sizes and dtypes are checked.
+in any input is refused by name and a refused call writes nothing (out= stays byte for byte
+as it was); inputs and out= must have one shape (nothing is broadcast); out= is an input
+itself (in place, the out-of-place bits) or disjoint from every input; dtypes are checked.
 """
 import array
+import functools
 import math
+import re
 
 import pytest
 
@@ -39,6 +43,50 @@ def floats(a):
     return array.array("f", raw(a.to_host() if isinstance(a, DeviceArray) else a))
 
 
+_OPS = {"silu_forward": ("x",), "silu_backward": ("dy", "x"), "add": ("a", "b")}
+SLOTS = [(op, slot) for op in sorted(_OPS) for slot in range(len(_OPS[op]))]
+
+
+def _count(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _re_shape(shape):
+    return re.escape(repr(tuple(shape)))
+
+
+def _sentinel(n):
+    """n float32 slots holding a pattern no op writes: signalling-NaN bits and 0xDEADBEEF."""
+    words = array.array("I", [0x7FA5A5A5, 0xDEADBEEF] * (n // 2 + 1))[:n]
+    return array.array("f", words.tobytes())
+
+
+@functools.lru_cache(maxsize=None)
+def _base(n, seed):
+    return f32_array(n, seed, -4.0, 4.0).tobytes()
+
+
+def _fresh(n, seed):
+    """A new float32 array of n finite values (the same values for the same n and seed)."""
+    return array.array("f", _base(n, seed))
+
+
+def _sides(mode):
+    """Where the buffers of a call may live on this vendor: the host, and the device if any."""
+    return ("host", "device") if mode.has("device") else ("host",)
+
+
+def _on(side, buf, mode):
+    return mojo_train.to_device(buf, numeric_mode=mode.tier) if side == "device" else buf
+
+
+def _bytes(buf):
+    return raw(buf.to_host() if isinstance(buf, DeviceArray) else buf)
+
+
 def _inputs(n, seed):
     """Values over many binades and both signs, plus the edges of SiLU's ranges."""
     x = wide_array(n, seed, -30, 7)
@@ -62,10 +110,39 @@ def test_add_is_the_correctly_rounded_float32_sum(elt_mode, low_exp, high_exp):
         assert bits(out[i]) == bits(want), (i, a[i], b[i], out[i])
 
 
-def test_add_keeps_the_first_inputs_shape_and_accepts_other_shapes_of_one_size(elt_mode):
+def test_add_of_one_shape_returns_that_shape(elt_mode):
     a = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
-    out = ew.add(a, array.array("f", [2.0] * 6), numeric_mode=elt_mode.tier)
+    out = ew.add(a, mojo_train.Array.from_list([2.0] * 6).reshape(2, 3), numeric_mode=elt_mode.tier)
     assert out.shape == (2, 3) and floats(out) == array.array("f", [3.0] * 6)
+
+
+@pytest.mark.parametrize("op, shapes", [("add", ((5, 1), (5,))), ("add", ((2, 3), (6,))), ("add", ((2, 3), (3, 2))),
+                                        ("silu_backward", ((5,), (5, 1))), ("silu_backward", ((1, 4), (4,)))])
+def test_inputs_of_differing_shapes_are_refused_even_of_one_element_count(elt_mode, op, shapes):
+    names = {"add": ("a", "b"), "silu_backward": ("dy", "x")}[op]
+    ins = [mojo_train.Array.from_list([1.0] * _count(sh)).reshape(*sh) for sh in shapes]
+    out = _sentinel(_count(shapes[0]))
+    before = raw(out)
+    want = r"mojo_train\.%s: %s has shape %s, %s has shape %s; %s does not broadcast: expand explicitly" % (
+        op, names[0], _re_shape(shapes[0]), names[1], _re_shape(shapes[1]), op)
+    with pytest.raises(ValueError, match=want):
+        getattr(ew, op)(*ins, numeric_mode=elt_mode.tier)
+    with pytest.raises(ValueError, match=want):
+        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+    assert raw(out) == before
+
+
+@pytest.mark.parametrize("op", sorted(_OPS))
+def test_out_of_another_shape_than_the_result_is_refused_and_left_alone(elt_mode, op):
+    ins = [mojo_train.Array.from_list([0.5] * 6).reshape(2, 3) for _ in _OPS[op]]
+    for shape in ((6,), (3, 2), (2, 3, 1)):
+        out = array.array("f", raw(_sentinel(6)))
+        view = memoryview(out).cast("B").cast("f", shape)
+        before = raw(out)
+        with pytest.raises(ValueError, match=r"mojo_train\.%s: out has shape %s; the result's shape is \(2, 3\)"
+                           % (op, _re_shape(shape))):
+            getattr(ew, op)(*ins, out=view, numeric_mode=elt_mode.tier)
+        assert raw(out) == before
 
 
 # ---- SiLU against torch float64 -------------------------------------------------------------
@@ -164,44 +241,105 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elt_mode):
 
 
 # ---- out= and refusals -------------------------------------------------------------------------
-@pytest.mark.parametrize("op", ["silu_forward", "silu_backward", "add"])
-def test_out_may_be_an_input(elt_mode, op):
+@pytest.mark.parametrize("op, slot", SLOTS)
+def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elt_mode, op, slot):
     t = elt_mode.tier
-    x, dy = _inputs(1031, 11), f32_array(1031, 12)
-    call = {"silu_forward": lambda out: ew.silu_forward(x, out=out, numeric_mode=t),
-            "silu_backward": lambda out: ew.silu_backward(dy, x, out=out, numeric_mode=t),
-            "add": lambda out: ew.add(x, dy, out=out, numeric_mode=t)}[op]
-    expected = raw(call(None))
-    assert call(x) is x and raw(x) == expected
+    for side in _sides(elt_mode):
+        ins = [_on(side, _inputs(1031, 11) if k == 0 else f32_array(1031, 12 + k), elt_mode)
+               for k in range(len(_OPS[op]))]
+        expected = _bytes(getattr(ew, op)(*ins, numeric_mode=t))
+        assert getattr(ew, op)(*ins, out=ins[slot], numeric_mode=t) is ins[slot]
+        assert _bytes(ins[slot]) == expected, side
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("op, names", [("silu_forward", "x"), ("silu_backward", "dy or x"), ("add", "a or b")])
-def test_a_nonfinite_input_is_refused_by_name(elt_mode, op, names, bad):
-    t = elt_mode.tier
-    for which in range(1 if op == "silu_forward" else 2):
-        ins = [f32_array(3001, 13), f32_array(3001, 14)]
-        ins[which][2999] = bad
+@pytest.mark.parametrize("op, slot", SLOTS)
+def test_out_viewing_exactly_an_inputs_memory_is_in_place(elt_mode, op, slot):
+    ins = [_fresh(1000, 40 + k) for k in range(len(_OPS[op]))]
+    expected = raw(getattr(ew, op)(*ins, numeric_mode=elt_mode.tier))
+    getattr(ew, op)(*ins, out=memoryview(ins[slot]), numeric_mode=elt_mode.tier)
+    assert raw(ins[slot]) == expected
+
+
+# (n, position, value): sizes that take one, several and many ranges of the thread pool
+_POISON = [(1, 0, math.nan), (1, 0, math.inf), (1000, 0, -math.inf), (1000, 500, math.nan), (1000, 999, math.inf),
+           (100003, 0, math.inf), (100003, 50001, -math.inf), (100003, 100002, math.nan)]
+
+
+@pytest.mark.parametrize("n, at, bad", _POISON)
+@pytest.mark.parametrize("op, slot", SLOTS)
+def test_a_nonfinite_input_is_refused_by_name_and_out_stays_byte_identical(elt_mode, op, slot, n, at, bad):
+    name = _OPS[op][slot]
+    for side in _sides(elt_mode):
+        ins = [_fresh(n, 20 + k) for k in range(len(_OPS[op]))]
+        ins[slot][at] = bad
+        ins, out = [_on(side, v, elt_mode) for v in ins], _on(side, _sentinel(n), elt_mode)
+        before = [_bytes(v) for v in ins + [out]]
+        with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything was "
+                                             r"written" % (op, name)):
+            getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+        assert [_bytes(v) for v in ins + [out]] == before, side
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("op, slot", SLOTS)
+def test_a_nonfinite_input_is_refused_in_place_without_writing(elt_mode, op, slot, bad):
+    for target in range(len(_OPS[op])):                     # out is the poisoned input, or the other one
+        ins = [_fresh(3001, 13 + k) for k in range(len(_OPS[op]))]
+        ins[slot][2999] = bad
         before = [raw(v) for v in ins]
-        args = ins[:1] if op == "silu_forward" else ins
-        with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused" % (op, names)):
-            getattr(ew, op)(*args, numeric_mode=t)
+        with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything "
+                                             r"was written" % (op, _OPS[op][slot])):
+            getattr(ew, op)(*ins, out=ins[target], numeric_mode=elt_mode.tier)
         assert [raw(v) for v in ins] == before
-        with pytest.raises(ValueError, match=r"refused before anything was written"):
-            getattr(ew, op)(*args, out=ins[1 - which] if len(args) == 2 else ins[0], numeric_mode=t)
-        assert [raw(v) for v in ins] == before
+
+
+@pytest.mark.parametrize("shift", [1, -1, 37, -999])
+@pytest.mark.parametrize("op, slot", SLOTS)
+def test_an_out_partly_overlapping_an_input_is_refused_naming_both(elt_mode, op, slot, shift):
+    n, base = 1000, 1000
+    store = _fresh(3000, 50)
+    ins = [_fresh(n, 20 + k) for k in range(len(_OPS[op]))]
+    ins[slot] = memoryview(store)[base:base + n]
+    out = memoryview(store)[base + shift:base + shift + n]
+    before = [raw(store)] + [raw(v) for v in ins]
+    name = _OPS[op][slot]
+    with pytest.raises(ValueError, match=r"mojo_train\.%s: out and %s overlap in memory without being the same "
+                                         r"buffer \(out starts %d bytes %s %s\); pass %s itself as out"
+                                         % (op, name, 4 * abs(shift), "after" if shift > 0 else "before", name, name)):
+        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+    assert [raw(store)] + [raw(v) for v in ins] == before
+
+
+def _c_calls(p, q, n):
+    """(C function, arguments, the two names its message must give) with out partly over an input."""
+    return [("mt_silu_forward", (p + 1, p, n), "y and x"), ("mt_silu_forward", (p, p + 3, n), "y and x"),
+            ("mt_silu_backward", (p + 1, p, q, n), "dx and dy"), ("mt_silu_backward", (p, q, p + 2, n), "dx and x"),
+            ("mt_add", (p + 5, q, p, n), "out and b"), ("mt_add", (p + 1, p, p, n), "out and a")]
+
+
+def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_nothing(elt_mode):
+    lib, n = elt_mode.backend.lib, 1000
+    for side in _sides(elt_mode):
+        store, other = _on(side, _fresh(n + 8, 60), elt_mode), _on(side, _fresh(n, 61), elt_mode)
+        p, q = (ffi.cast("float *", b.ptr if side == "device" else ffi.from_buffer(b)) for b in (store, other))
+        before = [_bytes(store), _bytes(other)]
+        for fn, args, names in _c_calls(p, q, n):
+            assert getattr(lib, fn)(*args) == 1, (fn, side)
+            assert ("%s overlap without being the same buffer" % names) in ffi.string(lib.mt_last_error()).decode()
+        assert [_bytes(store), _bytes(other)] == before, side
+        assert lib.mt_add(p, p, q, n) == 0 and lib.mt_silu_forward(p + 1, p + 1, n) == 0   # in place
 
 
 def test_sizes_dtypes_and_out_are_checked_by_name(elt_mode):
     t = elt_mode.tier
     one, two = array.array("f", [1.0]), array.array("f", [1.0, 2.0])
-    with pytest.raises(ValueError, match=r"add: b has 2 elements, a has 1"):
+    with pytest.raises(ValueError, match=r"add: a has shape \(1,\), b has shape \(2,\)"):
         ew.add(one, two, numeric_mode=t)
-    with pytest.raises(ValueError, match=r"silu_backward: x has 2 elements, dy has 1"):
+    with pytest.raises(ValueError, match=r"silu_backward: dy has shape \(1,\), x has shape \(2,\)"):
         ew.silu_backward(one, two, numeric_mode=t)
     with pytest.raises(TypeError, match=r"silu_forward: x has dtype float64"):
         ew.silu_forward(array.array("d", [1.0]), numeric_mode=t)
-    with pytest.raises(ValueError, match=r"out has 2 elements, x has 1"):
+    with pytest.raises(ValueError, match=r"silu_forward: out has shape \(2,\); the result's shape is \(1,\)"):
         ew.silu_forward(one, out=two, numeric_mode=t)
     with pytest.raises(ValueError, match=r"out is written in place and must be writable"):
         ew.add(one, one, out=memoryview(array.array("f", [0.0])).toreadonly(), numeric_mode=t)

@@ -8,9 +8,11 @@ and that none of it imports numpy. The reconstruction below (numpy float32, one 
 addition) is the tests' independent replay of the contract.
 """
 import array
+import io
 import itertools
 import os
 import pickle
+import re
 import shutil
 import struct
 import subprocess
@@ -555,6 +557,143 @@ def test_load_refuses_a_file_of_something_else(tmp_path):
         Embedding.load(path)
 
 
+def _saved_layer(tmp_path):
+    """(path, bytes, fields) of a small saved layer with every setting away from its default."""
+    table = array.array("f", [0.5 * k - 1.0 for k in range(6)])
+    emb = Embedding(3, 2, padding_idx=1, weight=memoryview(table).cast("B").cast("f", (3, 2)), plan="sort",
+                    numeric_mode="identical")
+    emb.freeze = True
+    path = str(tmp_path / "emb.npz")
+    emb.save(path)
+    return path, open(path, "rb").read(), _fields(emb)
+
+
+def _fields(emb):
+    return (emb.weight.tobytes(), emb.num_embeddings, emb.embedding_dim, emb.padding_idx, emb.plan,
+            emb.numeric_mode, emb.freeze)
+
+
+def _loads_the_original_or_refuses(path, blob, fields):
+    """None when ``blob`` loads as ``fields`` or is refused with a ValueError; else what went wrong."""
+    with open(path, "wb") as f:
+        f.write(blob)
+    try:
+        got = _fields(Embedding.load(path))
+    except ValueError as exc:
+        return None if str(exc).startswith("mojo_train.Embedding.load: ") else "unprefixed: %s" % exc
+    except BaseException as exc:            # MemoryError, OSError, RuntimeError... are failures here
+        return "%s: %s" % (type(exc).__name__, exc)
+    return None if got == fields else "a different layer loaded: %r" % (got,)
+
+
+def test_load_of_every_truncation_of_a_saved_file_refuses_with_value_error(tmp_path):
+    path, blob, fields = _saved_layer(tmp_path)
+    damaged = str(tmp_path / "damaged.npz")
+    problems = {n: _loads_the_original_or_refuses(damaged, blob[:n], fields) for n in range(len(blob))}
+    assert {n: p for n, p in problems.items() if p} == {}
+    assert _fields(Embedding.load(path)) == fields
+
+
+def _flips(blob):
+    """Single-bit flips: one bit (rotating with the position) of every byte, and every bit of the
+    central directory and end records, whose sizes, offsets and counts drive what is read."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        directory = zf.start_dir
+    for i in range(len(blob)):
+        for bit in range(8) if i >= directory else (i % 8,):
+            yield i, bit
+
+
+def test_load_of_single_bit_flips_gives_the_original_layer_or_value_error(tmp_path):
+    _, blob, fields = _saved_layer(tmp_path)
+    damaged = str(tmp_path / "damaged.npz")
+    problems, tried = {}, 0
+    for i, bit in _flips(blob):
+        flipped = bytearray(blob)
+        flipped[i] ^= 1 << bit
+        tried += 1
+        problem = _loads_the_original_or_refuses(damaged, bytes(flipped), fields)
+        if problem:
+            problems[(i, bit)] = problem
+    assert problems == {}
+    assert tried > 2 * len(blob)          # the directory's bytes were flipped bit by bit
+
+
+def _crafted(tmp_path, how):
+    """A small .npz (CRCs right) whose claims need a GiB: a .npy header's shape, or the zip
+    directory's uncompressed size of a stored or a deflated member."""
+    path = str(tmp_path / ("%s.npz" % how))
+    if how == "npy-shape":
+        blob = _npz._npy_header("<f4", (2 ** 28,)) + bytes(64)
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("weight.npy", blob)
+        return path
+    method = zipfile.ZIP_STORED if how == "stored-size" else zipfile.ZIP_DEFLATED
+    with zipfile.ZipFile(path, "w", method) as zf:
+        zf.writestr("weight.npy", _npz._npy_header("<f4", (16,)) + bytes(64))
+    data = bytearray(open(path, "rb").read())
+    directory = data.rindex(b"PK\x01\x02")           # the one central directory entry
+    struct.pack_into("<I", data, directory + 24, 2 ** 30)     # its uncompressed size
+    open(path, "wb").write(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how, words", [("npy-shape", r"shape \(268435456,\) of <f4 needs 1073741824 bytes, "
+                                                      r"the member holds 64"),
+                                        ("stored-size", "claims 1073741824 bytes from"),
+                                        ("deflated-size", "claims 1073741824 bytes from")])
+def test_a_file_claiming_a_huge_array_is_refused_before_allocating(tmp_path, how, words):
+    import tracemalloc
+    path = _crafted(tmp_path, how)
+    assert os.path.getsize(path) < 2000
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=words):
+            _npz.read(path)
+        with pytest.raises(ValueError, match=r"^mojo_train\.Embedding\.load: .*" + words):
+            Embedding.load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 2 ** 20, peak
+
+
+def _rewritten(tmp_path, **changes):
+    path, _, _ = _saved_layer(tmp_path)
+    entries = {k: v for k, v in _npz.read(path).items()}
+    entries.update(changes)
+    _npz.write(path, {k: v for k, v in entries.items() if v is not None})
+    return path
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(numeric_mode="exact"), "has numeric_mode 'exact'; it is '' .* or one of identical"),
+    (dict(plan="fastest"), "has plan 'fastest'; a plan is one of auto, scan, sort"),
+    (dict(extra=Array.from_list([1.0])), "unexpected entries extra"),
+    (dict(meta=Array.from_list([3, 2, 3, 1], "int64")), r"bad settings \[3, 2, 3, 1\]"),
+    (dict(meta=Array.from_list([3, 2, -1, 2], "int64")), r"bad settings \[3, 2, -1, 2\]"),
+    (dict(meta=Array.from_list([3, 2, -1, 0], "int32")), "expected int64, got int32"),
+    (dict(weight=Array((2, 3))), r"expected shape \(3, 2\), got \(2, 3\)"),
+    (dict(format="mojo_train.Embedding/2"), "not an Embedding"),
+    (dict(plan=None), "entry 'plan' is missing"),
+    (dict(numeric_mode=Array.from_list([0], "uint8")), "expected text, got an array")])
+def test_load_checks_every_stored_field_naming_the_file(tmp_path, change, words):
+    path = _rewritten(tmp_path, **change)
+    with pytest.raises(ValueError, match=r"^mojo_train\.Embedding\.load: %s.*%s" % (re.escape(path), words)):
+        Embedding.load(path)
+
+
+def test_load_takes_every_numeric_mode_save_writes(tmp_path):
+    for mode in ("", "identical", "deterministic", "fast"):
+        back = Embedding.load(_rewritten(tmp_path, numeric_mode=mode))
+        assert back.numeric_mode == (mode or None)
+
+
+def test_load_of_a_missing_file_is_file_not_found_not_damage(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        Embedding.load(str(tmp_path / "absent.npz"))
+
+
 # ---- numpy stays out -------------------------------------------------------------------------
 def test_the_embedding_and_npz_never_import_numpy(tmp_path):
     code = (
@@ -658,3 +797,17 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
 def test_the_card_rule_for_ids_is_skewed():
     ids = _cards_embedding.skewed_ids(_native.load("identical", "cpu"), 1, 5000, 1000, 3).tolist()
     assert min(ids) == 0 and max(ids) < 1000 and ids.count(0) > 300
+
+
+@pytest.mark.parametrize("start, words", [(3, r"grad and dy overlap in memory without being the same buffer "
+                                              r"\(grad starts 12 bytes after dy\)"),
+                                          (0, r"grad is dy itself; grad must be a buffer of its own")])
+def test_backward_refuses_a_grad_sharing_memory_with_dy_naming_both(mode, start, words):
+    _need(mode)
+    store = array.array("f", [0.25 * k for k in range(30)])
+    dy = memoryview(store)[:12].cast("B").cast("f", (4, 3))
+    grad = memoryview(store)[start:start + 12].cast("B").cast("f", (4, 3))
+    before = store.tobytes()
+    with pytest.raises(ValueError, match=r"mojo_train\.embedding_backward: " + words):
+        embedding_backward(dy, [0, 1, 2, 3], 4, grad=grad, numeric_mode=mode.tier)
+    assert store.tobytes() == before

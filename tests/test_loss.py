@@ -226,6 +226,103 @@ def test_the_c_entry_without_outputs_to_compute_is_fine(mode):
     assert rc == 0 and outs["loss_out"] != [7.0]
 
 
+def test_the_c_entry_with_no_ignore_index_refuses_a_target_of_int64_min(mode):
+    # MT_NO_IGNORE_INDEX (INT64_MIN) ignores no row: a target equal to it is out of range
+    _need(mode)
+    lib = mode.backend.lib
+    t = ffi.new("int64_t[2]", [1, -2 ** 63])
+    rc, outs, _ = _native_call(lib, targets=t, ignore_index=-2 ** 63)
+    assert rc == 1 and "targets[1] = -9223372036854775808 is outside [0, 3) (there is no ignore index)" in \
+        ffi.string(lib.mt_last_error()).decode()
+    assert outs == {"loss_out": [7.0], "row_loss": [7.0, 7.0], "dlogits": [7.0] * 6}
+
+
+# ---- the options the three losses share (mojo_train/_loss_options.py) ---------------------------
+
+ENTRIES = ("cross_entropy", "linear_cross_entropy", "chunked_lm_head_loss")
+TAKES = {"cross_entropy": {"ignore_index", "reduction", "label_smoothing", "num_items", "return_grad"},
+         "linear_cross_entropy": {"ignore_index", "reduction", "label_smoothing", "num_items", "return_grad",
+                                  "chunk_rows"},
+         "chunked_lm_head_loss": {"return_grad", "chunk_rows"}}
+
+BAD_OPTIONS = [  # (keyword, value, exception, words) where the entry point takes the keyword
+    ("ignore_index", 1.9, TypeError, "ignore_index must be an int, got 1.9"),
+    ("ignore_index", True, TypeError, "ignore_index must be an int, got the bool True"),
+    ("ignore_index", "1", TypeError, "ignore_index must be an int, got '1'"),
+    ("ignore_index", 2 ** 63, ValueError, "ignore_index must fit in int64"),
+    ("ignore_index", -2 ** 63, ValueError, "ignore_index -2**63 is reserved"),
+    ("return_grad", "no", TypeError, "return_grad must be a bool"),
+    ("return_grad", 1, TypeError, "return_grad must be a bool"),
+    ("return_grad", None, TypeError, "return_grad must be a bool"),
+    ("return_grad", np.True_, TypeError, "return_grad must be a bool"),
+    ("label_smoothing", "0.5", TypeError, "label_smoothing must be a real number"),
+    ("label_smoothing", True, TypeError, "label_smoothing must be a real number"),
+    ("label_smoothing", float("nan"), ValueError, "label_smoothing must be in [0, 1)"),
+    ("label_smoothing", 1.0, ValueError, "label_smoothing must be in [0, 1)"),
+    ("label_smoothing", -0.25, ValueError, "label_smoothing must be in [0, 1)"),
+    ("label_smoothing", 10 ** 400, ValueError, "label_smoothing must be in [0, 1)"),
+    ("num_items", True, TypeError, "num_items must be an int, got the bool True"),
+    ("num_items", 1.5, TypeError, "num_items must be an int, got 1.5"),
+    ("num_items", "3", TypeError, "num_items must be an int, got '3'"),
+    ("num_items", 0, ValueError, "num_items must be >= 1"),
+    ("num_items", 2 ** 63, ValueError, "num_items must be >= 1 (and fit in int64)"),
+    ("chunk_rows", 1.5, TypeError, "chunk_rows must be an int, got 1.5"),
+    ("chunk_rows", True, TypeError, "chunk_rows must be an int, got the bool True"),
+    ("chunk_rows", "2", TypeError, "chunk_rows must be an int, got '2'"),
+    ("chunk_rows", 0, ValueError, "chunk_rows must be >= 1"),
+    ("chunk_rows", 2 ** 63, ValueError, "chunk_rows must be >= 1 (and fit in int64)"),
+    ("reduction", "avg", ValueError, "reduction must be 'mean', 'sum' or 'none', got 'avg'"),
+    ("reduction", None, ValueError, "reduction must be 'mean', 'sum' or 'none', got None"),
+    ("reduction", "MEAN", ValueError, "reduction must be 'mean', 'sum' or 'none', got 'MEAN'"),
+]
+
+
+def _loss_call(mode, entry, **kw):
+    """(call, the caller's buffers) of one entry point on a small batch, ready to be called."""
+    if entry != "cross_entropy" and not mode.has("lm_head"):
+        pytest.skip("this library has no lm_head (mt_features)")
+    rng = np.random.Generator(np.random.PCG64(5))
+    h, w = rng.uniform(-1, 1, (6, 4)).astype(np.float32), rng.uniform(-1, 1, (5, 4)).astype(np.float32)
+    t, x = np.array([0, 4, 1, 3, 2, 4], np.int64), rng.uniform(-1, 1, (6, 5)).astype(np.float32)
+    args = {"cross_entropy": (x, t), "linear_cross_entropy": (h, w, t), "chunked_lm_head_loss": (h, w, t)}[entry]
+    fn = getattr(mt, entry)
+    return (lambda **more: fn(*args, numeric_mode=mode.tier, **dict(kw, **more))), args
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("keyword, value, exc, words", BAD_OPTIONS,
+                         ids=["%s=%r" % (k, v)[:40] for k, v, _, _ in BAD_OPTIONS])
+def test_every_loss_refuses_a_bad_shared_option_by_name_and_writes_nothing(identical, entry, keyword, value, exc,
+                                                                           words):
+    _need(identical)
+    call, buffers = _loss_call(identical, entry, **{keyword: value})
+    before = [b.tobytes() for b in buffers]
+    if keyword not in TAKES[entry]:      # refused by name as a keyword this entry point does not take
+        exc, words = TypeError, "%s= is not" % keyword
+    with pytest.raises(exc) as info:
+        call()
+    assert str(info.value).startswith("mojo_train.%s: " % entry) and words in str(info.value)
+    assert [b.tobytes() for b in buffers] == before
+
+
+GOOD_OPTIONS = [  # (keyword, an accepted spelling, the plain value it must act as)
+    ("ignore_index", np.int64(3), 3), ("ignore_index", 2 ** 63 - 1, 2 ** 63 - 1),
+    ("ignore_index", -2 ** 63 + 1, -2 ** 63 + 1), ("label_smoothing", np.float32(0.25), 0.25),
+    ("label_smoothing", 0, 0.0), ("num_items", np.int32(7), 7), ("num_items", 2 ** 63 - 1, 2 ** 63 - 1),
+    ("chunk_rows", np.int64(2), 2), ("chunk_rows", 2 ** 63 - 1, 2 ** 63 - 1),
+]
+GOOD_CASES = [(e,) + g for e in ENTRIES for g in GOOD_OPTIONS if g[0] in TAKES[e]]
+
+
+@pytest.mark.parametrize("entry, keyword, value, plain", GOOD_CASES,
+                         ids=["%s-%s=%r" % (e, k, v) for e, k, v, _ in GOOD_CASES])
+def test_every_loss_takes_an_integer_like_or_real_option_as_its_plain_value(identical, entry, keyword, value, plain):
+    _need(identical)
+    call, _ = _loss_call(identical, entry)
+    got, want = call(**{keyword: value}), call(**{keyword: plain})
+    assert raw(got) == raw(want)
+
+
 # ---- bits: threads, rows, reductions -----------------------------------------------------------
 
 def _all_outputs(mode, x, t, **kw):

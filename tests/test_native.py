@@ -271,6 +271,115 @@ def test_a_bad_numeric_mode_argument_is_refused_by_name():
     assert p.tolist() == [1.0, 2.0]
 
 
+# ---- validated where given: the environment at import, numeric_mode= at construction -----------
+
+BAD_ENVIRONMENT = [("MOJO_TRAIN_NUMERIC_MODE", "bogus", "one of identical, deterministic, fast"),
+                   ("MOJO_TRAIN_VENDOR", "bogus", "one of auto, cpu, cuda, hip, metal"),
+                   ("MOJO_TRAIN_NUM_THREADS", "abc", "a whole number >= 1"),
+                   ("MOJO_TRAIN_NUM_THREADS", "0", "a whole number >= 1"),
+                   ("MOJO_TRAIN_NUM_THREADS", "4x", "a whole number >= 1"),
+                   ("MOJO_TRAIN_CPU_GEMM", "sse", "one of avx512, avx2, scalar"),
+                   ("MOJO_TRAIN_LR_EXACT_ONLY", "yes", "one of 0, 1"),
+                   ("MOJO_TRAIN_CE_GLOBAL", "true", "one of 0, 1"),
+                   ("MOJO_TRAIN_LM_ONE_STREAM", "2", "one of 0, 1")]
+
+
+@pytest.mark.parametrize("variable, value, allowed", BAD_ENVIRONMENT)
+def test_a_bad_environment_value_fails_the_import_naming_the_variable_and_the_allowed_values(variable, value,
+                                                                                          allowed):
+    out = run_python("import mojo_train", {variable: value})
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ValueError: mojo_train: the environment variable %s must be %s" % (variable, allowed))
+    assert "got %r" % value in last
+
+
+def _variables_read():
+    """Every MOJO_TRAIN_* variable the package's Python or native sources read."""
+    found = set()
+    for folder, pattern in (("mojo_train", r"environ(?:\.get\(|\[)\s*\"(MOJO_TRAIN_\w+)\""),
+                            ("native", r"getenv\(\s*\"(MOJO_TRAIN_\w+)\"")):
+        for dirpath, _, files in os.walk(os.path.join(REPO, folder)):
+            for name in files:
+                if name.endswith((".py", ".c", ".h", ".cu", ".cuh", ".m", ".mm", ".metal")):
+                    with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as f:
+                        found.update(re.findall(pattern, f.read()))
+    return found
+
+
+def test_every_environment_variable_the_library_reads_is_validated_at_import():
+    read = _variables_read()
+    assert {"MOJO_TRAIN_NUMERIC_MODE", "MOJO_TRAIN_VENDOR", "MOJO_TRAIN_NUM_THREADS"} <= read
+    assert read - {"MOJO_TRAIN_LIBRARY_PATH"} <= set(_native._ENVIRONMENT), \
+        "read but not validated: %s" % sorted(read - {"MOJO_TRAIN_LIBRARY_PATH"} - set(_native._ENVIRONMENT))
+
+
+def test_allowed_environment_values_import_and_take_effect(mode):
+    out = run_python("""
+        import json, mojo_train
+        print(json.dumps(mojo_train.backend_info()))
+    """, {"MOJO_TRAIN_NUMERIC_MODE": " %s " % mode.tier.title(), "MOJO_TRAIN_VENDOR": mode.vendor.upper(),
+          "MOJO_TRAIN_NUM_THREADS": "3", "MOJO_TRAIN_CPU_GEMM": "scalar", "MOJO_TRAIN_LR_EXACT_ONLY": "0",
+          "MOJO_TRAIN_CE_GLOBAL": "0", "MOJO_TRAIN_LM_ONE_STREAM": "1"})
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert (info["vendor"], info["numeric_mode"]) == (mode.vendor, mode.tier)
+    if mode.has("threads"):
+        assert info["threads"] == 3
+
+
+def _f32(*values):
+    return array.array("f", values)
+
+
+CONSTRUCTORS = {
+    "SGD": lambda nm, p: mojo_train.SGD([p], numeric_mode=nm),
+    "Adam": lambda nm, p: mojo_train.Adam([p], numeric_mode=nm),
+    "AdamW": lambda nm, p: mojo_train.AdamW([p], numeric_mode=nm),
+    "Generator": lambda nm, p: mojo_train.Generator(0, numeric_mode=nm),
+    "Embedding": lambda nm, p: mojo_train.Embedding(2, 3, generator=mojo_train.Generator(0), numeric_mode=nm),
+    "DeviceArray": lambda nm, p: mojo_train.DeviceArray((2,), numeric_mode=nm),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTRUCTORS))
+@pytest.mark.parametrize("bad", ["bogus", 3])
+def test_every_constructor_refuses_a_bad_numeric_mode_when_constructed(name, bad):
+    p = _f32(1.0, 2.0)
+    with pytest.raises(ValueError) as info:
+        CONSTRUCTORS[name](bad, p)
+    msg = str(info.value)
+    assert msg.startswith("mojo_train.%s: numeric_mode must be one of identical, deterministic, fast, got %r"
+                          % (name, bad)), msg
+    assert p.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("name", ["Generator", "Embedding"])
+def test_a_constructor_that_loads_nothing_keeps_the_numeric_mode_in_its_canonical_spelling(mode, name):
+    obj = CONSTRUCTORS[name](" %s " % mode.tier.upper(), _f32(1.0))
+    assert obj.numeric_mode == mode.tier
+
+
+FUNCTIONS = {
+    "clip_grad_norm_": lambda nm, g: mojo_train.clip_grad_norm_([g], 1.0, numeric_mode=nm),
+    "add": lambda nm, g: mojo_train.add(g, g, numeric_mode=nm),
+    "silu_forward": lambda nm, g: mojo_train.silu_forward(g, numeric_mode=nm),
+    "to_device": lambda nm, g: mojo_train.to_device(g, numeric_mode=nm),
+    "transfer_bytes": lambda nm, g: mojo_train.transfer_bytes(numeric_mode=nm),
+    "memory_stats": lambda nm, g: mojo_train.memory_stats(numeric_mode=nm),
+}
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_a_function_refuses_a_bad_numeric_mode_naming_itself(name):
+    g = _f32(3.0, 4.0)
+    with pytest.raises(ValueError) as info:
+        FUNCTIONS[name]("bogus", g)
+    assert str(info.value).startswith("mojo_train.%s: numeric_mode must be one of identical, deterministic, "
+                                      "fast, got 'bogus'" % name), str(info.value)
+    assert g.tolist() == [3.0, 4.0]
+
+
 def test_numeric_mode_names_are_case_and_space_insensitive(mode):
     assert _native.load(" %s " % mode.tier.upper(), mode.vendor) is mode.backend
 

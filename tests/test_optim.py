@@ -12,11 +12,13 @@ import array
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mojo_train import SGD, Adam, AdamW, Array, clip_grad_norm_
 from mojo_train._native import ffi
@@ -283,15 +285,102 @@ def test_adamw_default_weight_decay_is_torchs_0_01(mode):
     assert results[0] == results[1] != results[2]
 
 
-# ---- refused keywords ----------------------------------------------------------------------------
+# ---- torch's keywords ----------------------------------------------------------------------------
 
-TORCH_KEYWORDS = {"amsgrad": True, "foreach": True, "fused": True, "capturable": True,
-                  "differentiable": True, "param_groups": [], "dtype": "float32", "device": "cpu"}
+KIND_OF = {SGD: "sgd_momentum", Adam: "adam", AdamW: "adamw"}
+BOTH = (None, False, True)
+# the values torch users write that ask for nothing this library lacks, per class (torch's own)
+SWITCHES_TAKEN = {
+    SGD: {"foreach": BOTH, "fused": BOTH, "differentiable": (False,)},
+    Adam: {"foreach": BOTH, "fused": BOTH, "differentiable": (False,), "amsgrad": (False,),
+           "capturable": (False,), "decoupled_weight_decay": (False,)},
+    AdamW: {"foreach": BOTH, "fused": BOTH, "differentiable": (False,), "amsgrad": (False,),
+            "capturable": (False,)},
+}
+TAKEN = [(cls, kw, v) for cls, table in SWITCHES_TAKEN.items() for kw, vals in table.items() for v in vals]
+
+
+@pytest.mark.parametrize("cls, keyword, value", TAKEN, ids=["%s-%s=%s" % (c.__name__, k, v) for c, k, v in TAKEN])
+def test_torch_switches_asking_for_nothing_we_lack_are_taken_and_change_no_bit(mode, cls, keyword, value):
+    kind = KIND_OF[cls]
+    plain, switched = params_for(SIZES), params_for(SIZES)
+    a = make_optimizer(kind, plain, mode.tier)
+    b = make_optimizer(kind, switched, mode.tier, **{keyword: value})
+    for t in (1, 2):
+        assert a.step(grads_for_step(SIZES, t), max_norm=2.0) == b.step(grads_for_step(SIZES, t), max_norm=2.0)
+    assert digest(a) == digest(b)
+    assert [raw(p) for p in switched] != [raw(p) for p in params_for(SIZES)]
+
+
+REFUSED_SWITCHES = [
+    (SGD, "differentiable", True, NotImplementedError, "no autograd"),
+    (Adam, "amsgrad", True, NotImplementedError, r"max\(v_max, v\)"),
+    (Adam, "capturable", True, NotImplementedError, "CUDA-graph"),
+    (Adam, "differentiable", True, NotImplementedError, "no autograd"),
+    (Adam, "decoupled_weight_decay", True, ValueError, "mojo_train.AdamW"),
+    (AdamW, "amsgrad", True, NotImplementedError, r"max\(v_max, v\)"),
+    (AdamW, "capturable", True, NotImplementedError, "CUDA-graph"),
+    (AdamW, "differentiable", True, NotImplementedError, "no autograd"),
+    (AdamW, "decoupled_weight_decay", False, TypeError, "always decoupled"),   # torch's AdamW lacks it
+    (AdamW, "decoupled_weight_decay", True, TypeError, "always decoupled"),
+    (SGD, "amsgrad", False, TypeError, "unexpected keyword"),                   # torch's SGD lacks both
+    (SGD, "capturable", False, TypeError, "unexpected keyword"),
+]
+
+
+@pytest.mark.parametrize("cls, keyword, value, exc, reason", REFUSED_SWITCHES,
+                         ids=["%s-%s=%s" % c[:3] for c in REFUSED_SWITCHES])
+def test_torch_switches_asking_for_what_we_lack_are_refused_by_name_with_the_reason(cls, keyword, value, exc, reason):
+    p = array.array("f", [1.0, 2.0])
+    with pytest.raises(exc, match=reason) as info:
+        cls(p, **{keyword: value})
+    assert str(info.value).startswith("mojo_train.%s: " % cls.__name__)
+    assert keyword in str(info.value)
+    assert p.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("keyword, value", [("fused", 1), ("foreach", "yes"), ("amsgrad", None),
+                                            ("capturable", 0), ("differentiable", "False")])
+def test_torch_switches_of_another_type_are_refused_naming_the_values_taken(keyword, value):
+    with pytest.raises(TypeError, match="%s must be (None, )?True or False, got %r" % (keyword, value)):
+        Adam(array.array("f", [1.0]), **{keyword: value})
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
+def test_fused_and_foreach_both_true_are_refused_as_torch_refuses_them(cls):
+    with pytest.raises(ValueError, match="fused=True and foreach=True"):
+        cls(array.array("f", [1.0]), fused=True, foreach=True)
+
+
+def test_adams_sixth_positional_argument_is_amsgrad_as_in_torch():
+    with pytest.raises(NotImplementedError, match="amsgrad=True"):
+        Adam(array.array("f", [1.0]), 1e-3, (0.9, 0.999), 1e-8, 0.0, True)
+    with pytest.raises(TypeError):
+        SGD(array.array("f", [1.0]), 1e-3, 0.0, 0.0, 0.0, False, True)   # maximize is keyword-only, as in torch
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
+def test_torchs_arguments_have_torchs_names_kinds_and_defaults(cls):
+    torch = pytest.importorskip("torch")
+    import inspect
+    ours = inspect.signature(cls.__init__).parameters
+    theirs = inspect.signature(getattr(torch.optim, cls.__name__).__init__).parameters
+    for name, param in theirs.items():
+        if name in ("self", "params"):
+            continue
+        assert name in ours, name
+        assert ours[name].kind == param.kind, name
+        assert ours[name].default == param.default, name
+    positional = [n for n, p in ours.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == [n for n, p in theirs.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+
+
+TORCH_KEYWORDS = {"param_groups": [], "dtype": "float32", "device": "cpu"}
 
 
 @pytest.mark.parametrize("keyword", sorted(TORCH_KEYWORDS))
 @pytest.mark.parametrize("cls", [SGD, Adam, AdamW])
-def test_torch_keywords_are_refused_by_name_with_the_reason(cls, keyword):
+def test_torch_keywords_we_do_not_take_are_refused_by_name_with_the_reason(cls, keyword):
     p = array.array("f", [1.0, 2.0])
     with pytest.raises(TypeError) as info:
         cls(p, **{keyword: TORCH_KEYWORDS[keyword]})
@@ -373,6 +462,27 @@ def case_read_only_grads_with_max_norm(c):
 
 def case_grad_shape_mismatch(c):
     return _step(c, c.with_grad(1, array.array("f", [0.5] * 299))), ValueError, "shape"
+
+
+def _grads_sharing_memory(clip):
+    """grads[1] is all of one buffer, grads[2] a slice of it (grads[0] stays its own)."""
+    def case(c):
+        big = array.array("f", c.grads[1])
+        c.extra = [big]
+        g = copies(c.grads)
+        g[1], g[2] = memoryview(big), memoryview(big)[100:230]
+        kw = {"max_norm": 1.0} if clip else {}
+        return _step(c, g, **kw), ValueError, r"grads\[1\] and grads\[2\] share memory"
+    return case
+
+
+def case_grad_is_a_param(c):
+    return _step(c, c.with_grad(2, c.params[2])), ValueError, r"grads\[2\] and params\[2\] share memory"
+
+
+def case_grad_overlaps_another_param(c):
+    part = memoryview(c.params[1])[10:15]
+    return _step(c, c.with_grad(0, part), max_norm=1.0), ValueError, r"grads\[0\] and params\[1\] share memory"
 
 
 def case_grad_count_mismatch(c):
@@ -483,6 +593,10 @@ REFUSALS = {
     "read-only grads with max_norm": case_read_only_grads_with_max_norm,
     "grad shape mismatch": case_grad_shape_mismatch,
     "grad count mismatch": case_grad_count_mismatch,
+    "grads sharing memory": _grads_sharing_memory(False),
+    "grads sharing memory with clip": _grads_sharing_memory(True),
+    "grad is a param": case_grad_is_a_param,
+    "grad overlaps another param": case_grad_overlaps_another_param,
     "one grad for three params": case_single_grad_for_three_params,
     "nan grad": _bad_grad(float("nan"), False),
     "inf grad": _bad_grad(float("inf"), False),
@@ -547,7 +661,8 @@ def test_every_refusal_leaves_params_grads_and_state_byte_identical(mode, kind, 
 
 @pytest.mark.parametrize("case", ["nan grad", "inf grad with clip", "grad squares overflow the norm",
                                   "read-only grads with max_norm", "grad shape mismatch",
-                                  "negative max_norm", "float64 grads"])
+                                  "negative max_norm", "float64 grads", "grads sharing memory with clip",
+                                  "grad overlaps another param"])
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adam", "adamw"])
 def test_a_refused_step_does_not_change_the_next_step(mode, kind, case):
     c = Ctx(kind, mode)
@@ -559,6 +674,123 @@ def test_a_refused_step_does_not_change_the_next_step(mode, kind, case):
     c.opt.step(c.grads, max_norm=2.0)
     c.twin.step(twin_grads, max_norm=2.0)
     assert digest(c.opt) == digest(c.twin)
+
+
+# ---- gradients in memory of their own ------------------------------------------------------------
+
+EQUAL = (64, 64, 64, 64)
+
+
+def _equal_grads(container, t):
+    values = [g.tolist() for g in grads_for_step(EQUAL, t)]
+    return [Array.from_list(v) for v in values] if container == "Array" else [array.array("f", v) for v in values]
+
+
+@pytest.mark.parametrize("container", ["Array", "array.array"])
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
+def test_a_gradient_listed_twice_is_refused_naming_both_and_changes_nothing(mode, kind, max_norm, container):
+    params = params_for(EQUAL)
+    opt = make_optimizer(kind, params, mode.tier)
+    g = _equal_grads(container, 1)
+    twice = [g[0], g[1], g[2], g[0]]
+    before = snapshot(opt, *g)
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s\.step: grads\[0\] and grads\[3\] share memory; pass each "
+                       r"gradient once" % KINDS[kind][0]):
+        opt.step(twice, max_norm=max_norm)
+    assert snapshot(opt, *g) == before
+    with pytest.raises(ValueError, match=r"grads\[0\] and grads\[3\] share memory"):
+        opt.zero_grad(twice)
+    assert snapshot(opt, *g) == before
+
+
+def test_a_refused_gradient_list_does_not_disturb_the_one_remembered_before_it(mode):
+    # Lists of our own arrays are remembered from step to step; a refused list must not leave
+    # its addresses behind for the remembered one.
+    params, twin_params = params_for(EQUAL), params_for(EQUAL)
+    opt, twin = make_optimizer("adamw", params, mode.tier), make_optimizer("adamw", twin_params, mode.tier)
+    g = _equal_grads("Array", 1)
+    other = _equal_grads("Array", 2)
+    opt.step(g)
+    twin.step(_equal_grads("Array", 1))
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step([other[0], other[1], other[2], other[1]])
+    opt.step(g)
+    twin.step(_equal_grads("Array", 1))
+    assert digest(opt) == digest(twin)
+
+
+def test_adjacent_gradients_in_one_buffer_are_their_own_memory(mode):
+    flat_grads = array.array("f", [x for g in grads_for_step(SIZES, 1) for x in g])
+    view, at = memoryview(flat_grads), [0, 5, 305, 435]
+    halves = [view[at[j]:at[j + 1]] for j in range(3)]
+    params, twin_params = params_for(SIZES), params_for(SIZES)
+    opt, twin = make_optimizer("adam", params, mode.tier), make_optimizer("adam", twin_params, mode.tier)
+    assert opt.step(halves, max_norm=1.0) == twin.step(grads_for_step(SIZES, 1), max_norm=1.0)
+    assert digest(opt) == digest(twin)
+
+
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adam"])
+def test_a_gradient_in_the_optimizers_own_state_is_refused(mode, kind):
+    params = [array.array("f", [0.5] * 8)]
+    opt = make_optimizer(kind, params, mode.tier, resident=False)   # state in host memory, as exp_avg gives it
+    opt.step([array.array("f", [1.0] * 8)])
+    names = [n for n in ("exp_avg", "exp_avg_sq") if getattr(opt, n) is not None]
+    assert names == (["exp_avg"] if KINDS[kind][0] == "SGD" else ["exp_avg", "exp_avg_sq"])
+    for name in names:
+        state = getattr(opt, name)
+        before = snapshot(opt)
+        with pytest.raises(ValueError, match=r"grads\[0\] and the optimizer's %s share memory" % name):
+            opt.step([state])
+        with pytest.raises(ValueError, match=r"^mojo_train\.\w+\.step: grads and the optimizer's %s" % name):
+            opt.step(state)           # a single buffer is named as the user passed it
+        assert snapshot(opt) == before
+
+
+def test_clip_grad_norm_refuses_a_gradient_listed_twice_and_writes_nothing(mode):
+    for container in ("Array", "array.array"):
+        g = _equal_grads(container, 1)
+        before = [raw(x) for x in g]
+        for _ in range(2):            # a second call is checked as well (nothing remembered)
+            with pytest.raises(ValueError,
+                               match=r"^mojo_train\.clip_grad_norm_: grads\[1\] and grads\[2\] share memory"):
+                clip_grad_norm_([g[0], g[1], g[1], g[3]], 0.5, numeric_mode=mode.tier)
+        assert [raw(x) for x in g] == before
+    big = array.array("f", [3.0] * 100)
+    with pytest.raises(ValueError, match=r"grads\[0\] and grads\[1\] share memory"):
+        clip_grad_norm_([memoryview(big)[:60], memoryview(big)[50:]], 0.5, numeric_mode=mode.tier)
+    assert big.tolist() == [3.0] * 100
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 47), st.integers(1, 16)), min_size=1, max_size=6))
+def test_gradients_are_refused_exactly_when_two_share_a_byte_and_the_two_named_do(mode, slices):
+    big = array.array("f", [1.0] * 64)
+    grads = [memoryview(big)[a:a + n] for a, n in slices]
+    overlapping = {(i, j) for i in range(len(slices)) for j in range(i + 1, len(slices))
+                   if slices[i][0] < sum(slices[j]) and slices[j][0] < sum(slices[i])}
+    try:
+        clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier)
+    except ValueError as e:
+        named = tuple(int(x) for x in re.findall(r"grads\[(\d+)\]", str(e)))
+        assert named in overlapping, (str(e), overlapping)
+    else:
+        assert not overlapping
+    assert big.tolist() == [1.0] * 64
+
+
+def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_param(mode):
+    params = params_for(EQUAL)
+    opt = make_optimizer("adamw", params, mode.tier, accumulation_steps=2)
+    a, b = _equal_grads("array.array", 1), _equal_grads("array.array", 2)
+    before = snapshot(opt, *(a + b))
+    with pytest.raises(ValueError, match=r"microbatch_grads\[1\]\[0\] and microbatch_grads\[1\]\[2\] share memory"):
+        opt.step_accumulated([a, [b[0], b[1], b[0], b[3]]], None, max_norm=1.0)
+    with pytest.raises(ValueError, match=r"microbatch_grads\[0\]\[1\] and params\[3\] share memory"):
+        opt.step_accumulated([[a[0], params[3], a[2], a[3]], b], None)
+    assert snapshot(opt, *(a + b)) == before
+    opt.step_accumulated([a, a], None)      # one list in two microbatches is read twice, not shared
+    assert opt.t == 1
 
 
 # ---- state_dict / load_state_dict ----------------------------------------------------------------
@@ -632,54 +864,173 @@ def test_a_run_saved_at_step_k_and_resumed_in_a_fresh_process_is_bit_identical(m
     assert numpy_loaded == "False"
 
 
-def _bad_states(opt):
-    good = opt.state_dict()
-    n = opt.n_total
+def _poked(buffer, typecode, i, value):
+    out = array.array(typecode)
+    out.frombytes(raw(buffer))
+    out[i] = value
+    return out
+
+
+def _bad_states(good, opt):
+    """name -> (a bad state for ``opt`` made from ``good``, exception, message pattern)."""
+    n, j, nan, inf = opt.n_total, len(opt.params), float("nan"), float("inf")
+    drop = lambda key: {k: v for k, v in good.items() if k != key}
     bad = {
-        "not a dict": [good],
-        "lists of floats": dict(good, exp_avg=[0.0] * n),
-        "tuple": dict(good, exp_avg=tuple([0.0] * n)),
-        "float64 exp_avg": dict(good, exp_avg=array.array("d", [0.0] * n)),
-        "int32 exp_avg": dict(good, exp_avg=array.array("i", [0] * n)),
-        "short exp_avg": dict(good, exp_avg=array.array("f", [0.0] * (n - 1))),
-        "long exp_avg": dict(good, exp_avg=array.array("f", [0.0] * (n + 1))),
-        "missing t": {k: v for k, v in good.items() if k != "t"},
-        "negative t": dict(good, t=-1),
-        "float t": dict(good, t=3.0),
-        "bool t": dict(good, t=True),
-        "other kind": dict(good, kind="Adagrad"),
+        "not a dict": ([good], TypeError, "state must be a dict"),
+        "negative t": (dict(good, t=-1), ValueError, r"t must be in \[0, 2\*\*62\), got -1"),
+        "t of 2**62": (dict(good, t=2 ** 62), ValueError, r"t must be in \[0, 2\*\*62\)"),
+        "float t": (dict(good, t=3.0), TypeError, r"t must be an int \(the steps taken\), got 3\.0"),
+        "bool t": (dict(good, t=True), TypeError, "t must be an int"),
+        "string t": (dict(good, t="3"), TypeError, "t must be an int"),
+        "other kind": (dict(good, kind="Adagrad"), ValueError, "state is from 'Adagrad', not"),
+        "unknown key": (dict(good, momentum_buffer=None), ValueError, "unknown key 'momentum_buffer'"),
+        "other n_total": (dict(good, n_total=n + 1), ValueError, "the state is for %d parameter elements" % (n + 1)),
+        "bool n_total": (dict(good, n_total=True), TypeError, "n_total must be an int"),
+        "nan lr": (dict(good, lr=nan), ValueError, "lr must be finite"),
+        "not a schedule config": (dict(good, lr_schedule={"kind": "Nope"}), ValueError,
+                                  "lr_schedule in the state is not a schedule config"),
+        "other accumulation_steps": (dict(good, accumulation_steps=2), ValueError, "saved with accumulation_steps=2"),
     }
+    for key in ("kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps", "exp_avg"):
+        bad["missing " + key] = (drop(key), ValueError, "state lacks %s;" % key)
+    if good["exp_avg"] is not None:
+        f32_msg = "exp_avg must be a C-contiguous float32 buffer"
+        bad.update({
+            "lists of floats": (dict(good, exp_avg=[0.0] * n), TypeError, "exp_avg is a list"),
+            "tuple": (dict(good, exp_avg=tuple([0.0] * n)), TypeError, "exp_avg is a tuple"),
+            "float64 exp_avg": (dict(good, exp_avg=array.array("d", [0.0] * n)), TypeError, f32_msg),
+            "int32 exp_avg": (dict(good, exp_avg=array.array("i", [0] * n)), TypeError, f32_msg),
+            "short exp_avg": (dict(good, exp_avg=array.array("f", [0.0] * (n - 1))), ValueError,
+                              "exp_avg has %d elements, expected %d" % (n - 1, n)),
+            "long exp_avg": (dict(good, exp_avg=array.array("f", [0.0] * (n + 1))), ValueError, "exp_avg has"),
+            "None exp_avg": (dict(good, exp_avg=None), ValueError, "exp_avg must not be None"),
+            "nan exp_avg": (dict(good, exp_avg=_poked(good["exp_avg"], "f", 7, nan)), ValueError,
+                            r"exp_avg\[7\] is nan; the state must be finite"),
+            "inf exp_avg": (dict(good, exp_avg=_poked(good["exp_avg"], "f", 7, inf)), ValueError,
+                            r"exp_avg\[7\] is inf"),
+            "-inf exp_avg": (dict(good, exp_avg=_poked(good["exp_avg"], "f", n - 1, -inf)), ValueError,
+                             r"exp_avg\[%d\] is -inf" % (n - 1)),
+        })
     if "exp_avg_sq" in good:
-        bad["float64 exp_avg_sq"] = dict(good, exp_avg_sq=array.array("d", [0.0] * n))
-        bad["missing exp_avg_sq"] = {k: v for k, v in good.items() if k != "exp_avg_sq"}
-        bad["None exp_avg_sq"] = dict(good, exp_avg_sq=None)
+        zeros = array.array("f", [0.0] * n)
+        bad.update({
+            "float64 exp_avg_sq": (dict(good, exp_avg_sq=array.array("d", [0.0] * n)), TypeError, "exp_avg_sq must be"),
+            "missing exp_avg_sq": (drop("exp_avg_sq"), ValueError, "state lacks exp_avg_sq"),
+            "None exp_avg_sq": (dict(good, exp_avg_sq=None), ValueError, "exp_avg_sq must not be None"),
+            "nan exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", 3, nan)), ValueError,
+                               r"exp_avg_sq\[3\] is nan"),
+            "negative exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", 3, -0.5)), ValueError,
+                                    r"exp_avg_sq\[3\] is -0\.5; a second moment is >= 0"),
+            "moments at t=0": (dict(good, t=0), ValueError, "exp_avg is non-zero at t=0"),
+            "exp_avg_sq alone at t=0": (dict(good, t=0, exp_avg=zeros), ValueError, "exp_avg_sq is non-zero at t=0"),
+        })
     if "buf_initialized" in good:
-        j = len(opt.params)
-        bad["float32 buf_initialized"] = dict(good, buf_initialized=array.array("f", [1.0] * j))
-        bad["short buf_initialized"] = dict(good, buf_initialized=array.array("i", [1] * (j - 1)))
-        bad["list buf_initialized"] = dict(good, buf_initialized=[1] * j)
+        flags = good["buf_initialized"]
+        bad.update({
+            "float32 buf_initialized": (dict(good, buf_initialized=array.array("f", [1.0] * j)), TypeError,
+                                        "buf_initialized must be a C-contiguous int32 buffer"),
+            "short buf_initialized": (dict(good, buf_initialized=array.array("i", [1] * (j - 1))), ValueError,
+                                      "buf_initialized has %d elements, expected %d" % (j - 1, j)),
+            "list buf_initialized": (dict(good, buf_initialized=[1] * j), TypeError, "buf_initialized is a list"),
+            "flag 7": (dict(good, buf_initialized=_poked(flags, "i", 1, 7)), ValueError,
+                       r"buf_initialized\[1\] is 7; each flag is 0 or 1"),
+            "flag -1": (dict(good, buf_initialized=_poked(flags, "i", 2, -1)), ValueError,
+                        r"buf_initialized\[2\] is -1"),
+        })
+        if good["exp_avg"] is not None:
+            bad["flags at t=0"] = (dict(good, t=0), ValueError, r"buf_initialized\[0\] is 1, but t is 0")
+        else:
+            bad["exp_avg without momentum"] = (dict(good, exp_avg=array.array("f", [0.0] * n)), ValueError,
+                                               "exp_avg must be None: this optimizer keeps none")
+            bad["flags without momentum"] = (dict(good, buf_initialized=array.array("i", [0] * (j - 1) + [1])),
+                                             ValueError, r"buf_initialized\[%d\] is 1, but this SGD keeps no "
+                                             r"momentum buffer" % (j - 1))
     return bad
 
 
-COMMON_BAD_STATES = ["not a dict", "lists of floats", "tuple", "float64 exp_avg", "int32 exp_avg",
-                     "short exp_avg", "long exp_avg", "missing t", "negative t", "float t", "bool t",
-                     "other kind"]
-BAD_STATES = ([("sgd_momentum", b) for b in COMMON_BAD_STATES + [
-                  "float32 buf_initialized", "short buf_initialized", "list buf_initialized"]]
-              + [(k, b) for k in ("adam", "adamw") for b in COMMON_BAD_STATES + [
-                  "float64 exp_avg_sq", "missing exp_avg_sq", "None exp_avg_sq"]])
+COMMON_BAD_STATES = ["not a dict", "negative t", "t of 2**62", "float t", "bool t", "string t", "other kind",
+                     "unknown key", "other n_total", "bool n_total", "nan lr", "not a schedule config",
+                     "other accumulation_steps"] + ["missing " + k for k in (
+                         "kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps", "exp_avg")]
+EXP_AVG_BAD_STATES = ["lists of floats", "tuple", "float64 exp_avg", "int32 exp_avg", "short exp_avg",
+                      "long exp_avg", "None exp_avg", "nan exp_avg", "inf exp_avg", "-inf exp_avg"]
+FLAG_BAD_STATES = ["float32 buf_initialized", "short buf_initialized", "list buf_initialized", "flag 7", "flag -1"]
+BAD_STATES = ([("sgd", b) for b in COMMON_BAD_STATES + FLAG_BAD_STATES + [
+                  "exp_avg without momentum", "flags without momentum"]]
+              + [("sgd_momentum", b) for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + FLAG_BAD_STATES + [
+                  "flags at t=0"]]
+              + [(k, b) for k in ("adam", "adamw") for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + [
+                  "float64 exp_avg_sq", "missing exp_avg_sq", "None exp_avg_sq", "nan exp_avg_sq",
+                  "negative exp_avg_sq", "moments at t=0", "exp_avg_sq alone at t=0"]])
 
 
 @pytest.mark.parametrize("kind, bad", BAD_STATES)
-def test_load_state_dict_refuses_bad_state_and_changes_nothing(mode, kind, bad):
+def test_load_state_dict_refuses_each_bad_state_by_name_and_changes_nothing(mode, kind, bad):
+    saved = params_for(SIZES)
+    source = make_optimizer(kind, saved, mode.tier)
+    for t in (1, 2, 3):
+        source.step(grads_for_step(SIZES, t), max_norm=2.0)
+    good = source.state_dict()
+    params = params_for(SIZES, seed=1)
+    opt = make_optimizer(kind, params, mode.tier)
+    opt.step(grads_for_step(SIZES, 1), max_norm=2.0)       # t=1: loading any state of t=3 would show
+    state, exc, match = _bad_states(good, opt)[bad]
+    before = snapshot(opt, *params)
+    with pytest.raises(exc, match=match) as info:
+        opt.load_state_dict(state)
+    assert str(info.value).startswith("mojo_train.%s.load_state_dict: " % KINDS[kind][0])
+    assert snapshot(opt, *params) == before
+    # the good state still loads after the refusal and resumes bit-identically
+    for mine, theirs in zip(params, saved):
+        memoryview(mine)[:] = memoryview(theirs)
+    opt.load_state_dict(good)
+    for t in (4, 5):
+        source.step(grads_for_step(SIZES, t), max_norm=2.0)
+        opt.step(grads_for_step(SIZES, t), max_norm=2.0)
+    assert digest(opt) == digest(source)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_load_state_dict_takes_a_fresh_state_and_zero_moments_after_steps(mode, kind):
+    fresh_params = params_for(SIZES)
+    fresh = make_optimizer(kind, fresh_params, mode.tier)
     params = params_for(SIZES)
     opt = make_optimizer(kind, params, mode.tier)
-    for t in (1, 2):
-        opt.step(grads_for_step(SIZES, t))
-    states = _bad_states(opt)
+    opt.step(grads_for_step(SIZES, 1))
+    opt.load_state_dict(fresh.state_dict())               # t=0 and zero moments: as made
+    assert opt.t == 0 and [raw(s) for s in state_buffers(opt)] == [raw(s) for s in state_buffers(fresh)]
+    zero_run = dict(fresh.state_dict(), t=5)               # a run whose gradients were all zero
+    if "exp_avg_sq" in zero_run:
+        zero_run["exp_avg_sq"] = array.array("f", [-0.0] * opt.n_total)   # -0.0 >= 0
+    opt.load_state_dict(zero_run)
+    assert opt.t == 5
+    fresh.load_state_dict(zero_run)
+    for mine, theirs in zip(params, fresh_params):
+        memoryview(mine)[:] = memoryview(theirs)
+    opt.step(grads_for_step(SIZES, 6))
+    fresh.step(grads_for_step(SIZES, 6))
+    assert digest(opt) == digest(fresh) and opt.t == 6
+
+
+@pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "adam"])
+def test_assigning_a_state_array_is_checked_as_loading_it_is(mode, kind):
+    params = params_for(SIZES)
+    opt = make_optimizer(kind, params, mode.tier)
+    opt.step(grads_for_step(SIZES, 1))
+    n, j = opt.n_total, len(params)
     before = snapshot(opt, *params)
-    with pytest.raises((TypeError, ValueError)):
-        opt.load_state_dict(states[bad])
+    bad = [("buf_initialized", array.array("i", [2] * j),
+            r"^mojo_train\.SGD\.buf_initialized: buf_initialized\[0\] is 2")]
+    if KINDS[kind][1].get("momentum"):
+        bad.append(("exp_avg", array.array("f", [float("nan")] * n), r"exp_avg\[0\] is nan"))
+    elif KINDS[kind][0] == "SGD":
+        bad.append(("exp_avg", array.array("f", [0.0] * n), "exp_avg must be None"))
+    else:
+        bad = [("exp_avg_sq", array.array("f", [1.0] * (n - 1) + [-1.0]), r"exp_avg_sq\[%d\] is -1\.0" % (n - 1)),
+               ("exp_avg", array.array("f", [float("inf")] * n), r"exp_avg\[0\] is inf")]
+    for name, value, match in bad:
+        with pytest.raises(ValueError, match=match):
+            setattr(opt, name, value)
     assert snapshot(opt, *params) == before
 
 
@@ -759,8 +1110,10 @@ def test_clip_grad_norm_below_max_norm_leaves_grads_alone(mode):
     (dict(norm_type=1.0), NotImplementedError, "norm_type"),
     (dict(norm_type=float("inf")), NotImplementedError, "norm_type"),
     (dict(norm_type="fro"), NotImplementedError, "norm_type"),
-    (dict(error_if_nonfinite=False), NotImplementedError, "error_if_nonfinite"),
-    (dict(foreach=True), TypeError, "foreach"),
+    (dict(error_if_nonfinite=False), NotImplementedError, "error_if_nonfinite=False is not supported: a non-finite"),
+    (dict(error_if_nonfinite=1), TypeError, "error_if_nonfinite must be True or False"),
+    (dict(foreach="yes"), TypeError, "foreach must be None, True or False"),
+    (dict(foreach=True, error_if_nonfinite=None), TypeError, "error_if_nonfinite"),
     (dict(max_norm=-1.0), ValueError, "max_norm"),
     (dict(max_norm=float("nan")), ValueError, "max_norm"),
 ])
@@ -772,6 +1125,15 @@ def test_clip_grad_norm_refuses_what_it_does_not_implement_by_name(mode, kwargs,
     with pytest.raises(exc, match=match):
         clip_grad_norm_(grads, max_norm, numeric_mode=mode.tier, **kwargs)
     assert [raw(g) for g in grads] == before
+
+
+@pytest.mark.parametrize("kwargs", [dict(foreach=None), dict(foreach=False), dict(foreach=True),
+                                    dict(error_if_nonfinite=True, foreach=True)])
+def test_clip_grad_norm_takes_torchs_switches_at_values_asking_for_nothing_we_lack(mode, kwargs):
+    plain, switched = grads_for_step(SIZES, 1), grads_for_step(SIZES, 1)
+    total = clip_grad_norm_(plain, 0.5, numeric_mode=mode.tier)
+    assert clip_grad_norm_(switched, 0.5, numeric_mode=mode.tier, **kwargs) == total
+    assert [raw(g) for g in switched] == [raw(g) for g in plain] != [raw(g) for g in grads_for_step(SIZES, 1)]
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), 3e38])

@@ -340,7 +340,7 @@ def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(gen_mode,
     for i in range(n):
         want = f32(x[i] * scale) if u[i] >= p32 else 0.0
         assert bits(y[i]) == bits(want), (i, x[i], u[i], y[i])
-    assert key == DropoutKey(99, 12, offset, p32, n)
+    assert key == DropoutKey(99, 12, offset, p32, n, (n,))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -426,14 +426,122 @@ def test_dropout_refuses_what_it_does_not_take_by_name():
         g.dropout(array.array("f", [1.0]), 0.5, offset=-1)
     with pytest.raises(ValueError, match=r"offset \+ n must be <= 2\^64 - 1"):
         g.dropout(array.array("f", [1.0, 2.0]), 0.5, offset=2**64 - 1)
-    with pytest.raises(ValueError, match=r"out has 2 elements, x has 1"):
+    with pytest.raises(ValueError, match=r"out has shape \(2,\); the result's shape is \(1,\)"):
         g.dropout(array.array("f", [1.0]), 0.5, out=array.array("f", [0.0, 0.0]))
     _, key = g.dropout(array.array("f", [1.0, 2.0]), 0.5)
-    with pytest.raises(ValueError, match=r"dy has 3 elements, the key's forward had 2"):
+    with pytest.raises(ValueError, match=r"dy has shape \(3,\), the forward's x had shape \(2,\)"):
         g.dropout_backward(array.array("f", [1.0] * 3), key)
+    with pytest.raises(ValueError, match=r"dy has 3 elements, the key's forward had 2"):
+        g.dropout_backward(array.array("f", [1.0] * 3), key._replace(shape=None))   # a key built by hand
     with pytest.raises(TypeError, match=r"key must be the DropoutKey"):
         g.dropout_backward(array.array("f", [1.0] * 2), {"seed": 1})
     assert g.counter == 1
+
+
+# (n, position, value): sizes that take one, several and many ranges of the thread pool
+_POISON = [(1, 0, math.nan), (1, 0, math.inf), (1000, 0, -math.inf), (1000, 500, math.nan), (1000, 999, math.inf),
+           (100003, 0, math.inf), (100003, 50001, -math.inf), (100003, 100002, math.nan)]
+
+
+def _sentinel(n):
+    """n float32 slots holding a pattern dropout never writes: signalling-NaN bits and 0xDEADBEEF."""
+    words = array.array("I", [0x7FA5A5A5, 0xDEADBEEF] * (n // 2 + 1))[:n]
+    return array.array("f", words.tobytes())
+
+
+def _sides(mode):
+    return ("host", "device") if mode.has("device") else ("host",)
+
+
+def _on(side, buf, mode):
+    return mojo_train.to_device(buf, numeric_mode=mode.tier) if side == "device" else buf
+
+
+def _bytes(buf):
+    return raw(host(buf))
+
+
+@pytest.mark.parametrize("n, at, bad", _POISON)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_dropout_refuses_nonfinite_by_name_and_leaves_out_byte_identical(gen_mode, direction, n, at, bad):
+    name = "x" if direction == "forward" else "dy"
+    for side in _sides(gen_mode):
+        g = Generator(6, numeric_mode=gen_mode.tier)
+        _, key = g.dropout(f32_array(n, 4), 0.25, offset=3)
+        inp = f32_array(n, 5)
+        inp[at] = bad
+        inp, out = _on(side, inp, gen_mode), _on(side, _sentinel(n), gen_mode)
+        before = (_bytes(inp), _bytes(out), g.counter)
+        with pytest.raises(ValueError, match=r"mojo_train\.Generator\.%s: %s holds NaN or inf; refused before "
+                                             r"anything was written" % ("dropout" if name == "x" else
+                                                                        "dropout_backward", name)):
+            if direction == "forward":
+                g.dropout(inp, 0.25, out=out)
+            else:
+                g.dropout_backward(inp, key, out=out)
+        assert (_bytes(inp), _bytes(out), g.counter) == before, side
+
+
+@pytest.mark.parametrize("shift", [1, -1, 37, -999])
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(gen_mode, direction, shift):
+    n, base = 1000, 1000
+    store = f32_array(3000, 7)
+    inp, out = memoryview(store)[base:base + n], memoryview(store)[base + shift:base + shift + n]
+    g = Generator(6, numeric_mode=gen_mode.tier)
+    _, key = g.dropout(f32_array(n, 4), 0.25)
+    before = (raw(store), g.counter)
+    name = "x" if direction == "forward" else "dy"
+    with pytest.raises(ValueError, match=r"out and %s overlap in memory without being the same buffer \(out starts "
+                                         r"%d bytes %s %s\); pass %s itself as out"
+                                         % (name, 4 * abs(shift), "after" if shift > 0 else "before", name, name)):
+        if direction == "forward":
+            g.dropout(inp, 0.25, out=out)
+        else:
+            g.dropout_backward(inp, key, out=out)
+    assert (raw(store), g.counter) == before
+
+
+def test_dropout_in_place_gives_the_out_of_place_bits_forward_and_backward(gen_mode):
+    for side in _sides(gen_mode):
+        g = Generator(6, numeric_mode=gen_mode.tier)
+        x, dy = _on(side, f32_array(4099, 4), gen_mode), _on(side, f32_array(4099, 5), gen_mode)
+        y, key = g.dropout(x, 0.25, stream=0, offset=1)
+        dx = g.dropout_backward(dy, key)
+        assert g.dropout(x, 0.25, stream=0, offset=1, out=x)[0] is x and _bytes(x) == _bytes(y), side
+        assert g.dropout_backward(dy, key, out=dy) is dy and _bytes(dy) == _bytes(dx), side
+
+
+def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(gen_mode):
+    lib, n = gen_mode.backend.lib, 1000
+    for side in _sides(gen_mode):
+        store = _on(side, f32_array(n + 8, 8), gen_mode)
+        p = ffi.cast("float *", store.ptr if side == "device" else ffi.from_buffer(store))
+        before = _bytes(store)
+        for fn, y, x, names in (("mt_dropout_forward", p + 1, p, "y and x"), ("mt_dropout_forward", p, p + 7, "y and x"),
+                                ("mt_dropout_backward", p + 2, p, "dx and dy")):
+            assert getattr(lib, fn)(y, x, 0.5, 1, 1, 0, n) == 1, (fn, side)
+            assert ("%s overlap without being the same buffer" % names) in ffi.string(lib.mt_last_error()).decode()
+        assert _bytes(store) == before, side
+        assert lib.mt_dropout_forward(p + 3, p + 3, 0.5, 1, 1, 0, n) == 0      # in place
+
+
+def test_dropout_backward_and_out_refuse_other_shapes_of_one_element_count(gen_mode):
+    g = Generator(6, numeric_mode=gen_mode.tier)
+    x = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
+    _, key = g.dropout(x, 0.5)
+    assert key.shape == (2, 3) and key.size == 6
+    with pytest.raises(ValueError, match=r"dropout_backward: dy has shape \(3, 2\), the forward's x had shape "
+                                         r"\(2, 3\); dy must have x's shape"):
+        g.dropout_backward(x.reshape(3, 2), key)
+    out = _sentinel(6)
+    before = raw(out)
+    with pytest.raises(ValueError, match=r"Generator\.dropout: out has shape \(6,\); the result's shape is "
+                                         r"\(2, 3\)"):
+        g.dropout(x, 0.5, out=out)
+    with pytest.raises(ValueError, match=r"dropout_backward: out has shape \(6,\); the result's shape is \(2, 3\)"):
+        g.dropout_backward(x, key, out=out)
+    assert raw(out) == before and g.counter == 1
 
 
 def test_dropout_of_an_empty_tensor_is_empty():

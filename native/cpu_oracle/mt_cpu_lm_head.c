@@ -118,9 +118,11 @@ static int run_chunk(lm_state *s, const lm_args *a, int64_t r0, int64_t n) {
     const char *t = (const char *)a->targets + r0 * a->target_bytes;
     float ignored;
     int32_t red = a->reduction == MT_REDUCTION_NONE ? MT_REDUCTION_NONE : a->reduction;
+    mt_logits_of_lm_head(r0, a->bias != NULL);   /* a non-finite logit is an overflow of hidden @ weight.T */
     rc = mt_cross_entropy(&ignored, s->losses + r0, want_grad ? s->dlogits : NULL, s->logits, t, a->target_bytes,
                           n, v, a->ignore_index, red, a->label_smoothing,
                           a->reduction == MT_REDUCTION_MEAN ? (a->num_items ? a->num_items : s->kept) : 0);
+    mt_logits_of_lm_head(-1, 0);
     if (rc) return rc;
     if (a->d_hidden && (rc = mt_cpu_gemm_packed(a->d_hidden + r0 * w, w, s->dlogits, v, 1, &s->bwd, n, 0, NULL)))
         return rc;
@@ -132,7 +134,7 @@ MT_NOINLINE static int lm_body(lm_args *a) {
     int64_t kept = 0;
     if ((rc = mt_check_lm_head_args(a->loss_out, a->row_loss, a->d_hidden, a->d_weight, a->d_bias, a->hidden,
                                      a->weight, a->bias, a->targets, a->target_bytes, a->rows, a->vocab, a->width,
-                                     a->reduction, a->chunk)) ||
+                                     a->reduction, a->label_smoothing, a->num_items, a->chunk)) ||
         (rc = check_lm_inputs(a, &kept)))
         return rc;
     if (!a->chunk) a->chunk = LM_CHUNK_FLOATS / a->vocab > 0 ? LM_CHUNK_FLOATS / a->vocab : 1;

@@ -200,8 +200,7 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     int64_t bad = first_nonfinite_row(job.row_max, n_rows);
     if (bad >= 0) {
         mt_scratch_free(scratch, (int64_t)sizeof(float) * floats);
-        return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored "
-                                      "rows too); nothing was written", (long long)bad);
+        return mt_fail_nonfinite_logits(bad);
     }
     if (dlogits) mt_parallel_for_work(n_rows, 1, n_rows * vocab, grad_rows, &job);
     loss_rows(&job);

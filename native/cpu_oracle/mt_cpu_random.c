@@ -3,11 +3,12 @@
  * Every value is a pure function of (seed, stream, stream element), computed by mt_pinned.h;
  * the thread pool only decides who computes which elements. Loops walk Philox counter blocks
  * (four stream elements each), so each block is computed once per range.
- * Dropout refuses a NaN or inf in its input: the check rides along the one pass, so after a
- * refusal the output (never an input) holds undefined values; when the output is the input
- * (in place), a separate pre-pass decides before anything is written.
+ * A refused dropout writes nothing: an output that partly overlaps its input is refused
+ * first, and a NaN or inf in the input by a finiteness pre-pass (one read of it,
+ * mt_cpu_nonfinite) before the one pass that writes. The output may be the input (in place).
  */
 #include "mt_cpu.h"
+#include "mt_cpu_gemm.h"
 #include "mt_host.h"
 #include "mt_pinned.h"
 #include "mt_pool.h"
@@ -67,36 +68,20 @@ int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, 
 }
 
 /* ---- dropout (forward and backward are the same map of their input) ---- */
-typedef struct { float *y; const float *x; uint64_t seed, stream, offset; float p, scale; int bad; } dropout_job;
-
-MT_SIMD static int any_nonfinite(const float *x, int64_t n) {
-    int bad = 0;
-    for (int64_t i = 0; i < n; ++i) bad |= !mt_is_finite(x[i]);
-    return bad;
-}
-
-static void finite_range(void *ctx, int64_t b, int64_t e) {
-    dropout_job *job = (dropout_job *)ctx;
-    if (any_nonfinite(job->x + b, e - b)) job->bad = 1;   /* every writer stores the same value */
-}
+typedef struct { float *y; const float *x; uint64_t seed, stream, offset; float p, scale; } dropout_job;
 
 MT_SIMD static void dropout_range(void *ctx, int64_t b, int64_t e) {
     dropout_job *job = (dropout_job *)ctx;
     uint64_t first = job->offset + (uint64_t)b, last = job->offset + (uint64_t)e;
-    int bad = 0;
     MT_FOR_BLOCKS(first, last, block, {
         uint32_t w[4];
         mt_philox_words(w, job->seed, job->stream, block);
         for (int k = 0; k < 4; ++k) {
             uint64_t j = 4 * block + (uint64_t)k;
-            if (j >= first && j < last) {
-                float x = job->x[j - job->offset];
-                bad |= !mt_is_finite(x);
-                job->y[j - job->offset] = mt_dropout_elem(x, w[k], job->p, job->scale);
-            }
+            if (j >= first && j < last)
+                job->y[j - job->offset] = mt_dropout_elem(job->x[j - job->offset], w[k], job->p, job->scale);
         }
     })
-    if (bad) job->bad = 1;
 }
 
 MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p); }
@@ -107,16 +92,14 @@ static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint
     const char *why = mt_dropout_problem(p);
     if ((rc = mt_check_ptr(y, yname)) || (rc = mt_check_ptr(x, xname)) || (rc = span_check(offset, n))) return rc;
     if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
-    dropout_job job = {y, x, seed, stream, offset, p, 0.0f, 0};
+    if ((rc = mt_check_alias(y, x, n, 1, yname, xname))) return rc;
+    if (mt_cpu_nonfinite(x, n)) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname, MT_REFUSED_CLEAN);
+    dropout_job job = {y, x, seed, stream, offset, p, 0.0f};
     mt_fp_env env;
     mt_fp_begin(&env);
     job.scale = host_dropout_scale(p);
-    if (y == x) mt_parallel_for(n, 1024, finite_range, &job);   /* in place: decide first */
-    if (!job.bad) mt_parallel_for(n, 4, dropout_range, &job);
+    mt_parallel_for(n, 4, dropout_range, &job);
     mt_fp_end(&env);
-    if (job.bad)
-        return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname,
-                       y == x ? MT_REFUSED_CLEAN : MT_REFUSED_DIRTY);
     return MT_OK;
 }
 

@@ -103,6 +103,16 @@ int mt_check_ptr(const void *p, const char *name) {
     return p ? MT_OK : mt_fail(MT_EINVAL, "%s is NULL", name);
 }
 
+int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
+                   const char *in_name) {
+    uintptr_t o = (uintptr_t)out, i = (uintptr_t)in, bytes = (uintptr_t)n * 4;
+    if (n <= 0 || o + bytes <= i || i + bytes <= o || (in_place_ok && o == i)) return MT_OK;
+    if (o == i) return mt_fail(MT_EINVAL, "%s is %s; %s must be a buffer of its own", out_name, in_name, out_name);
+    return mt_fail(MT_EINVAL, "%s and %s overlap without being the same buffer (%s starts %llu bytes %s %s); pass %s",
+                   out_name, in_name, out_name, (unsigned long long)(o > i ? o - i : i - o), o > i ? "after" : "before",
+                   in_name, in_place_ok ? "the very same buffer (in place) or a separate one" : "a separate buffer");
+}
+
 int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
                       const char *name) {
     if (n_tensors < 1) return mt_fail(MT_EINVAL, "n_tensors must be >= 1 (got %d) for %s", (int)n_tensors, name);
@@ -243,11 +253,21 @@ int mt_memory_stats(int64_t *out, int32_t reset) {
 }
 
 /* ---- checks and reductions the loss ops of every vendor share ---- */
+static int check_smoothing_and_items(float label_smoothing, int64_t num_items) {
+    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
+        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
+    if (num_items < 0)
+        return mt_fail(MT_EINVAL, "num_items must be >= 1, or 0 for the count of non-ignored rows; got %lld",
+                       (long long)num_items);
+    return MT_OK;
+}
+
 int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const float *d_hidden,
                           const float *d_weight, const float *d_bias, const float *hidden,
                           const float *weight, const float *bias, const void *targets,
                           int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width,
-                          int32_t reduction, int64_t chunk_rows) {
+                          int32_t reduction, float label_smoothing, int64_t num_items,
+                          int64_t chunk_rows) {
     int rc;
     if (reduction < MT_REDUCTION_NONE || reduction > MT_REDUCTION_MEAN)
         return mt_fail(MT_EINVAL, "reduction must be 0 (none), 1 (sum) or 2 (mean), got %d", (int)reduction);
@@ -264,7 +284,8 @@ int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const fl
         return mt_fail(MT_EINVAL, "target_bytes must be 4 or 8, got %d", (int)target_bytes);
     if (rows > 0 && ((rc = mt_check_ptr(hidden, "hidden")) || (rc = mt_check_ptr(targets, "targets"))))
         return rc;
-    return mt_check_ptr(weight, "weight");
+    if ((rc = mt_check_ptr(weight, "weight"))) return rc;
+    return check_smoothing_and_items(label_smoothing, num_items);
 }
 
 int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t rows, int64_t vocab,
@@ -272,15 +293,38 @@ int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t 
     int64_t count = 0;
     for (int64_t i = 0; i < rows; ++i) {
         int64_t t = mt_index_at(targets, bytes, i);
-        if (t == ignore_index) continue;
-        if (t < 0 || t >= vocab)
-            return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
-                           "nothing was written", (long long)i, (long long)t, (long long)vocab,
-                           (long long)ignore_index);
+        if (t == ignore_index && ignore_index != MT_NO_IGNORE_INDEX) continue;
+        if (t < 0 || t >= vocab) return mt_fail_target(i, t, vocab, ignore_index);
         ++count;
     }
     *kept = count;
     return MT_OK;
+}
+
+int mt_fail_target(int64_t row, int64_t value, int64_t vocab, int64_t ignore_index) {
+    if (ignore_index == MT_NO_IGNORE_INDEX)
+        return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) (there is no ignore index); nothing "
+                       "was written", (long long)row, (long long)value, (long long)vocab);
+    return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); nothing "
+                   "was written", (long long)row, (long long)value, (long long)vocab, (long long)ignore_index);
+}
+
+static MT_THREAD_LOCAL int64_t g_lm_row0 = -1;
+static MT_THREAD_LOCAL int g_lm_bias;
+
+void mt_logits_of_lm_head(int64_t row0, int has_bias) {
+    g_lm_row0 = row0;
+    g_lm_bias = has_bias;
+}
+
+int mt_fail_nonfinite_logits(int64_t row) {
+    if (g_lm_row0 < 0)
+        return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored rows "
+                       "too); nothing was written", (long long)row);
+    return mt_fail(MT_ENONFINITE, "the logits of hidden row %lld (hidden @ weight.T%s) overflow float32 to inf or "
+                   "NaN although %s are finite; scale hidden or weight down; nothing was written",
+                   (long long)(g_lm_row0 + row), g_lm_bias ? " + bias" : "",
+                   g_lm_bias ? "hidden, weight and bias" : "hidden and weight");
 }
 
 float mt_token_sum(const float *x, int64_t rows, float *partials) {
@@ -333,10 +377,5 @@ int mt_check_ce_args(const float *loss_out, const float *row_loss, const float *
     } else if ((rc = mt_check_ptr(loss_out, "loss_out"))) {
         return rc;
     }
-    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
-        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
-    if (num_items < 0)
-        return mt_fail(MT_EINVAL, "num_items must be >= 1, or 0 for the count of non-ignored rows; got %lld",
-                       (long long)num_items);
-    return MT_OK;
+    return check_smoothing_and_items(label_smoothing, num_items);
 }

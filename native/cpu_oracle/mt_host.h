@@ -25,6 +25,10 @@ void mt_clear_error(void);
 int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
                       const char *name);
 int mt_check_ptr(const void *p, const char *name);
+/* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
+ * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
+int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
+                   const char *in_name);
 int mt_check_finite_scalar(float x, const char *name);
 int mt_check_nonneg(float x, const char *name);
 int mt_check_beta(float beta, const char *name);
@@ -80,12 +84,25 @@ int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const fl
                           const float *d_weight, const float *d_bias, const float *hidden,
                           const float *weight, const float *bias, const void *targets,
                           int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width,
-                          int32_t reduction, int64_t chunk_rows);
+                          int32_t reduction, float label_smoothing, int64_t num_items,
+                          int64_t chunk_rows);
 
 /* Host targets: each is ignore_index or in [0, vocab) (else refused naming the first bad
- * row); *kept counts those not ignored. */
+ * row); *kept counts those not ignored. ignore_index MT_NO_IGNORE_INDEX ignores no row. */
 int mt_check_targets(int64_t *kept, const void *targets, int32_t bytes, int64_t rows, int64_t vocab,
                      int64_t ignore_index);
+
+/* The refusal of targets[row] = value (outside [0, vocab), not ignored): one message for
+ * every vendor. Returns MT_EINVAL. */
+int mt_fail_target(int64_t row, int64_t value, int64_t vocab, int64_t ignore_index);
+
+/* The refusal of a non-finite logits row (MT_ENONFINITE), one message for every vendor. While
+ * an LM head runs cross-entropy on logits it computed itself, it says so first with
+ * mt_logits_of_lm_head(first row of the chunk, has bias) and afterwards with row0 = -1: the
+ * message then names the caller's hidden row and the overflow of hidden @ weight.T (the
+ * caller passed finite inputs and no logits). Thread-local, like the message. */
+void mt_logits_of_lm_head(int64_t row0, int has_bias);
+int mt_fail_nonfinite_logits(int64_t row);
 
 /* The token rule over rows of single terms (dense.md): each leaf of MT_TOKEN_LEAF rows folds
  * acc + x[r] from +0.0, the leaves meet in the pairwise tree. partials holds

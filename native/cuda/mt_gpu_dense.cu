@@ -16,7 +16,7 @@
  */
 #include "mt_gpu_gemm.cuh"
 
-uint64_t mt_dense_features(void) { return 0; }   /* MT_FEATURE_DENSE once RMSNorm and ReLU exist too */
+uint64_t mt_dense_features(void) { return MT_FEATURE_DENSE; }   /* linear here, RMSNorm and ReLU in mt_gpu_norm.cu */
 
 namespace {
 

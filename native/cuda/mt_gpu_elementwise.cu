@@ -2,50 +2,78 @@
  * native/contracts/elementwise.md), and the call shape every one-pass map shares
  * (mt_gpu_map; dropout uses it too).
  *
- * A call: argument checks on the host; staging (host inputs uploaded, device buffers used in
- * place, a host output gets a device twin); when the output is one of the inputs (in place),
- * a finiteness pre-pass decides before anything is written; the map kernel, which also sets
- * a refusal word on any NaN or inf it reads (every writer stores 1: no atomic); one
- * synchronizing read of that word; then the refusal (a host output untouched, a device
- * output undefined) or the download of a staged output. Kernels read float4 where every
- * pointer is 16-byte aligned; the arithmetic is mt_pinned.h's, one element at a time.
+ * A call: argument checks on the host (aliasing included: an output is an input itself or
+ * disjoint from it); staging (host inputs uploaded, device buffers used in place, a host
+ * output gets a device twin); the finiteness pre-pass (one read of each input), which sets a
+ * refusal word per input; the map kernel, which writes nothing when a word is set; one
+ * synchronizing read of the words; then the refusal (nothing written anywhere) or the
+ * download of a staged output. Kernels read float4 where every pointer is 16-byte aligned;
+ * the arithmetic is mt_pinned.h's, one element at a time.
  */
 #include "mt_gpu_map.h"
 
 uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 
-/* ---- the refusal word and the pre-pass ---- */
+/* ---- the refusal words and the pre-pass ---- */
 int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena) {
-    f->mapped = mt_mapped_status();
-    if (f->mapped) {
-        f->mapped->bad_params = 0;       /* pinned host memory the kernels write across the bus */
-        f->dev = &f->mapped->bad_params;
-        return MT_OK;
-    }
-    int rc = arena->alloc((void **)&f->dev, 4);
+    int rc = arena->alloc((void **)&f->dev, 8);
     if (rc) return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 4, MT_STREAM), "refusal word reset");
+    MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 8, MT_STREAM), "refusal words reset");
+    f->mapped = mt_mapped_status();
+    if (f->mapped) f->mapped->bad_params = f->mapped->bad_grads = 0;   /* pinned host memory */
     return MT_OK;
 }
 
-int mt_gpu_flag_read(const mt_gpu_flag *f, int *bad) {
-    int32_t v = 0;
-    if (!f->mapped) MT_GPU_CHECK(gpuMemcpyAsync(&v, f->dev, 4, gpuMemcpyDefault, MT_STREAM), "refusal word");
+int mt_gpu_flag_read(const mt_gpu_flag *f, int bad[2]) {
+    int32_t v[2] = {0, 0};
+    if (!f->mapped) MT_GPU_CHECK(gpuMemcpyAsync(v, f->dev, 8, gpuMemcpyDefault, MT_STREAM), "refusal words");
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "map");
-    if (f->mapped) v = f->mapped->bad_params;
-    mt_gpu_count_d2h(4);
-    *bad = v != 0;
+    if (f->mapped) v[0] = f->mapped->bad_params, v[1] = f->mapped->bad_grads;
+    mt_gpu_count_d2h(8);
+    bad[0] = v[0] != 0;
+    bad[1] = v[1] != 0;
     return MT_OK;
 }
 
-__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_nonfinite2(const float *a, const float *b, int64_t n, int32_t *bad) {
-    bool found = false;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        found |= !(mt_is_finite(a[i]) & mt_is_finite(b ? b[i] : 0.0f));
-    if (found) *bad = 1;
+static __device__ __forceinline__ bool any_bad4(float4 q) {
+    return !(mt_is_finite(q.x) & mt_is_finite(q.y) & mt_is_finite(q.z) & mt_is_finite(q.w));
+}
+
+/* bad[0] = 1 when a[0..n) holds a NaN or inf, bad[1] when b does (b NULL: not read). VEC:
+ * float4 groups (both pointers 16-byte aligned), then the tail one by one. */
+template <int VEC>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_nonfinite2(const float *a, const float *b, int64_t n,
+                                                              int32_t *bad) {
+    bool fa = false, fb = false;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t groups = VEC ? n / 4 : 0;
+    for (int64_t g = start; g < groups; g += stride) {
+        fa |= any_bad4(((const float4 *)a)[g]);
+        if (b) fb |= any_bad4(((const float4 *)b)[g]);
+    }
+    for (int64_t i = 4 * groups + start; i < n; i += stride) {
+        fa |= !mt_is_finite(a[i]);
+        if (b) fb |= !mt_is_finite(b[i]);
+    }
+    if (fa) bad[0] = 1;
+    if (fb) bad[1] = 1;
 }
 
 /* ---- the call shape ---- */
+namespace {
+
+int prepass(const float *da, const float *db, int64_t n, const mt_gpu_flag &flag) {
+    int threads = mt_gpu_threads();
+    bool vec = mt_gpu_aligned16(da) && (!db || mt_gpu_aligned16(db));
+    int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
+    if (vec) mt_k_nonfinite2<1><<<blocks, threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
+    else mt_k_nonfinite2<0><<<blocks, threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
+    MT_GPU_CHECK(gpuGetLastError(), "finiteness pre-pass");
+    return MT_OK;
+}
+
+}  // namespace
+
 int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char *const names[3],
                mt_map_launch launch, void *ctx) {
     if (n == 0) return MT_OK;
@@ -62,20 +90,15 @@ int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char
     if (in_place) dout = (float *)(out == a ? da : db), sout = out == a ? sa : sb;
     else if ((rc = mt_buf_to_device((void **)&dout, &sout, &arena, out, n * 4, false))) return rc;
     mt_gpu_flag flag;
-    int bad = 0, threads = mt_gpu_threads();
-    if ((rc = mt_gpu_flag_init(&flag, &arena))) return rc;
-    if (in_place) {
-        mt_k_nonfinite2<<<mt_gpu_blocks(n, threads), threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
-        MT_GPU_CHECK(gpuGetLastError(), "finiteness pre-pass");
-        if ((rc = mt_gpu_flag_read(&flag, &bad))) return rc;
-        if (bad) return mt_fail(MT_ENONFINITE, "%s%s%s holds NaN or inf; refused %s", names[1],
-                                b && b != a ? " or " : "", b && b != a ? names[2] : "", MT_REFUSED_CLEAN);
-    }
-    if ((rc = launch(ctx, dout, da, db, n, flag.dev))) return rc;
+    int bad[2] = {0, 0};
+    if ((rc = mt_gpu_flag_init(&flag, &arena)) || (rc = prepass(da, b && b != a ? db : nullptr, n, flag)) ||
+        (rc = launch(ctx, dout, da, db, n, flag)))
+        return rc;
     MT_GPU_CHECK(gpuGetLastError(), names[0]);
-    if ((rc = mt_gpu_flag_read(&flag, &bad))) return rc;
-    if (bad) return mt_fail(MT_ENONFINITE, "%s%s%s holds NaN or inf; refused %s", names[1], b && b != a ? " or " : "",
-                            b && b != a ? names[2] : "", sout ? MT_REFUSED_CLEAN : MT_REFUSED_DIRTY);
+    if ((rc = mt_gpu_flag_read(&flag, bad))) return rc;
+    if (bad[0] || bad[1])
+        return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad[0] ? names[1] : names[2],
+                       MT_REFUSED_CLEAN);
     if (sout) {
         if ((rc = mt_buf_to_host(out, dout, n * 4))) return rc;
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
@@ -93,41 +116,33 @@ __device__ __forceinline__ float elt(float a, float b) {
     return OP == OP_SILU ? mt_silu(a) : OP == OP_SILU_GRAD ? mt_silu_grad(a, b) : mt_add_elem(a, b);
 }
 
-template <int OP>
-__device__ __forceinline__ bool elt_bad(float a, float b) {
-    return !(mt_is_finite(a) & (OP == OP_SILU || mt_is_finite(b)));
-}
-
 /* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. */
 template <int OP, int VEC>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
-                                                       int32_t *bad) {
-    bool found = false;
+                                                       mt_gpu_flag flag) {
+    if (mt_map_refused(flag)) return;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = VEC ? n / 4 : 0;
     for (int64_t g = start; g < groups; g += stride) {
         float4 qa = ((const float4 *)a)[g];
         float4 qb = OP == OP_SILU ? qa : ((const float4 *)b)[g];
-        found |= elt_bad<OP>(qa.x, qb.x) | elt_bad<OP>(qa.y, qb.y) | elt_bad<OP>(qa.z, qb.z) | elt_bad<OP>(qa.w, qb.w);
         ((float4 *)out)[g] = make_float4(elt<OP>(qa.x, qb.x), elt<OP>(qa.y, qb.y), elt<OP>(qa.z, qb.z),
                                          elt<OP>(qa.w, qb.w));
     }
     for (int64_t i = 4 * groups + start; i < n; i += stride) {
-        float x = a[i], y = OP == OP_SILU ? x : b[i];
-        found |= elt_bad<OP>(x, y);
-        out[i] = elt<OP>(x, y);
+        float x = a[i];
+        out[i] = elt<OP>(x, OP == OP_SILU ? x : b[i]);
     }
-    if (found) *bad = 1;
 }
 
 template <int OP>
-int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, int32_t *bad) {
+int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (OP == OP_SILU || mt_gpu_aligned16(b));
     int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
     mt_gpu_record_launch(threads, blocks);
-    if (vec) mt_k_elt<OP, 1><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, bad);
-    else mt_k_elt<OP, 0><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, bad);
+    if (vec) mt_k_elt<OP, 1><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+    else mt_k_elt<OP, 0><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
     return MT_OK;
 }
 
@@ -136,6 +151,9 @@ int run(float *out, const float *a, const float *b, int64_t n, const char *const
     if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) || (rc = mt_check_ptr(b, names[2])))
         return rc;
     if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if ((rc = mt_check_alias(out, a, n, 1, names[0], names[1])) ||
+        (b != a && (rc = mt_check_alias(out, b, n, 1, names[0], names[2]))))
+        return rc;
     return mt_gpu_map(out, a, b, n, names, launch, nullptr);
 }
 

@@ -258,10 +258,12 @@ int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t k
         f.bias = dv.bias; f.m = n; f.n = v; f.k = w;
         if ((rc = mt_gemm::gemm(f))) return rc;
         float ignored;
+        mt_logits_of_lm_head(r0, dv.bias != nullptr);   /* a non-finite logit: hidden @ weight.T overflowed */
         rc = mt_cross_entropy(&ignored, dv.losses + r0, grad ? dv.logits : nullptr, dv.logits,
                               (const char *)dv.targets + r0 * c.target_bytes, c.target_bytes, n, v, c.ignore_index,
                               c.reduction, c.label_smoothing,
                               c.reduction == MT_REDUCTION_MEAN ? (c.num_items ? c.num_items : kept) : 0);
+        mt_logits_of_lm_head(-1, 0);
         if (rc) return rc;
         if (dv.d_hidden && (rc = chunk_d_hidden(&join, dv, r0, n, v, w))) return rc;
         if (grad && (rc = chunk_gradients(&dw, &db, &dw_leaf, &db_leaf, c, dv, r0, n))) return rc;
@@ -319,11 +321,9 @@ extern "C" int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden
                                int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
                                int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
     int rc = mt_check_lm_head_args(loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets,
-                                   target_bytes, rows, vocab, width, reduction, chunk_rows);
+                                   target_bytes, rows, vocab, width, reduction, label_smoothing, num_items,
+                                   chunk_rows);
     if (rc || (rc = mt_gpu_ready())) return rc;
-    if (!(label_smoothing >= 0.0f && label_smoothing < 1.0f))
-        return mt_fail(MT_EINVAL, "label_smoothing must be finite and in [0, 1), got %g", (double)label_smoothing);
-    if (num_items < 0) return mt_fail(MT_EINVAL, "num_items must be >= 0, got %lld", (long long)num_items);
     lm_call c = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
                  reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
     if (!c.chunk) c.chunk = LM_DEFAULT_CHUNK;

@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_targets(const void *targets
     int64_t bad = n, count = 0;
     for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
         int64_t t = ce_target(targets, bytes, r);
-        if (t == ignore) continue;
+        if (t == ignore && ignore != MT_NO_IGNORE_INDEX) continue;
         if (t < 0 || t >= vocab) {
             bad = r;      /* this thread's rows ascend: its first bad one is its smallest */
             break;
@@ -532,13 +532,8 @@ int ce_finish(ce_bufs *b, const mt_rows_status *st, float *loss_out, float *row_
               int64_t vocab, int64_t ignore_index, int32_t reduction) {
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "cross_entropy");
     mt_gpu_count_d2h((int64_t)sizeof *st);
-    if (st->first_bad < n)
-        return mt_fail(MT_EINVAL, "targets[%lld] = %lld is outside [0, %lld) and is not ignore_index (%lld); "
-                                  "nothing was written", (long long)st->first_bad, (long long)st->bad_value,
-                       (long long)vocab, (long long)ignore_index);
-    if (st->first_nonfinite < n)
-        return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored "
-                                      "rows too); nothing was written", (long long)st->first_nonfinite);
+    if (st->first_bad < n) return mt_fail_target(st->first_bad, st->bad_value, vocab, ignore_index);
+    if (st->first_nonfinite < n) return mt_fail_nonfinite_logits(st->first_nonfinite);
     int rc;
     if ((b->s_dlogits && (rc = mt_buf_to_host(dlogits, b->dlogits, n * vocab * 4))) ||
         (b->s_rows && (rc = mt_buf_to_host(row_loss, b->rows, n * 4))))

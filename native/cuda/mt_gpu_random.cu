@@ -4,8 +4,8 @@
  * the elements of it that the call covers: element i of the output is stream element
  * offset + i, whatever the grid. With offset a multiple of 4 and 16-byte aligned buffers a
  * whole block is one float4 load and store; otherwise element by element. Dropout runs
- * through mt_gpu_map (mt_gpu_elementwise.cu): one pass that reads x, writes y and sets the
- * refusal word on a NaN or inf (a pre-pass first when y is x).
+ * through mt_gpu_map (mt_gpu_elementwise.cu): the finiteness pre-pass reads x, then one pass
+ * reads x and writes y unless the pre-pass refused; y partly overlapping x is refused first.
  */
 #include "mt_gpu_map.h"
 
@@ -76,8 +76,8 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_normal(float *out, span s
 /* Dropout: MT_RNG_UNROLL blocks' loads are issued before any Philox is computed. */
 template <int VEC>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const float *x, span s, float p, float scale,
-                                                           int32_t *bad) {
-    bool found = false;
+                                                           mt_gpu_flag flag) {
+    if (mt_map_refused(flag)) return;
     const int64_t tile = (int64_t)blockDim.x * MT_RNG_UNROLL;
     for (int64_t base = (int64_t)blockIdx.x * tile; base < s.blocks; base += (int64_t)gridDim.x * tile) {
         float4 q[MT_RNG_UNROLL];
@@ -89,7 +89,6 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const f
             if (t < s.blocks) {
                 uint32_t w[4];
                 mt_philox_words(w, s.seed, s.stream, s.first_block + (uint64_t)t);
-                found |= !(mt_is_finite(q[u].x) & mt_is_finite(q[u].y) & mt_is_finite(q[u].z) & mt_is_finite(q[u].w));
                 store4<VEC>(y, s, t, make_float4(mt_dropout_elem(q[u].x, w[0], p, scale),
                                                  mt_dropout_elem(q[u].y, w[1], p, scale),
                                                  mt_dropout_elem(q[u].z, w[2], p, scale),
@@ -97,7 +96,6 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const f
             }
         }
     }
-    if (found) *bad = 1;   /* every writer stores the same value */
 }
 
 int span_check(uint64_t offset, int64_t n) {
@@ -118,16 +116,16 @@ struct dropout_ctx {
     float p, scale;
 };
 
-int launch_dropout(void *vctx, float *y, const float *x, const float *, int64_t n, int32_t *bad) {
+int launch_dropout(void *vctx, float *y, const float *x, const float *, int64_t n, mt_gpu_flag flag) {
     const dropout_ctx *c = (const dropout_ctx *)vctx;
     span s = span_of(c->seed, c->stream, c->offset, n);
     int threads = mt_gpu_threads();
     int blocks = mt_gpu_blocks((s.blocks + MT_RNG_UNROLL - 1) / MT_RNG_UNROLL, threads);
     mt_gpu_record_launch(threads, blocks);
     if (s.head == 0 && mt_gpu_aligned16(y) && mt_gpu_aligned16(x))
-        mt_k_dropout<1><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, bad);
+        mt_k_dropout<1><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
     else
-        mt_k_dropout<0><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, bad);
+        mt_k_dropout<0><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
     return MT_OK;
 }
 
@@ -138,6 +136,7 @@ int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t st
     if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = span_check(offset, n)))
         return rc;
     if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
+    if ((rc = mt_check_alias(y, x, n, 1, names[0], names[1]))) return rc;
     dropout_ctx c = {seed, stream, offset, p, 0.0f};
     mt_fp_env env;
     mt_fp_begin(&env);

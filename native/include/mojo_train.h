@@ -40,6 +40,10 @@ extern "C" {
 #define MT_REDUCTION_SUM 1
 #define MT_REDUCTION_MEAN 2
 
+/* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
+ * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
+#define MT_NO_IGNORE_INDEX INT64_MIN
+
 /* mt_features() bits */
 #define MT_FEATURE_OPTIM (1u << 0)        /* SGD / Adam / AdamW steps */
 #define MT_FEATURE_CLIP (1u << 1)         /* global-norm clipping */
@@ -165,9 +169,12 @@ int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE *
 
 /* Embedding, random streams, schedules, accumulation, elementwise ops (contracts:
  * native/contracts/embedding.md, random.md, schedule.md, accumulate.md, elementwise.md).
- * As above: a refused call leaves inputs untouched; an output that is not also an input is
- * undefined after a non-finite input was found (the check is fused into the one pass), while
- * an output that aliases an input (in place) is checked first and never written on refusal. */
+ * As above: a refused call leaves inputs untouched. Dropout and the elementwise ops write
+ * nothing at all when they refuse (their finiteness check is a pre-pass; an output is an input
+ * itself, in place, or disjoint from every input: a partial overlap is refused by name). For
+ * the others, an output that is not also an input is undefined after a non-finite input was
+ * found (the check is fused into the one pass), while an output that aliases an input (in
+ * place) is checked first and never written on refusal. */
 int mt_embedding_forward(float *out /* (n_ids*dim) */, const float *weight /* (vocab*dim) */,
                          const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
                          int64_t vocab, int64_t dim);

@@ -1,0 +1,67 @@
+"""A library cannot under-report itself: every GPU library built here declares at least the
+op features of the CPU oracle of its tier.
+
+A stale bit once made mt_gpu_dense.cu report no dense feature, so most dense and LM-head tests
+skipped on CUDA unnoticed. This test reads mt_features() straight from each built library file
+(no device needed: the identity functions touch no GPU) and compares the op bits; the
+capability bits (buffers, threads, contraction, ...) legitimately differ between vendors.
+The bit values are read from the header, the one place they are declared.
+"""
+import os
+import re
+
+import pytest
+
+from mojo_train import _native
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.path.join(ROOT, "native", "build")
+HEADER = os.path.join(ROOT, "native", "include", "mojo_train.h")
+# Capabilities of a vendor or tier, not ops: they may differ between the oracle and a GPU.
+CAPABILITIES = ("HOST_BUFFERS", "DEVICE_BUFFERS", "THREADS", "PINNED_MATH", "CONTRACTION", "APPROXIMATE")
+
+
+def header_features():
+    """{name: bit} for every MT_FEATURE_* the header declares."""
+    text = open(HEADER).read()
+    return {m.group(1): 1 << int(m.group(2))
+            for m in re.finditer(r"#define MT_FEATURE_(\w+) \(1u << (\d+)\)", text)}
+
+
+def op_mask():
+    return sum(bit for name, bit in header_features().items() if name not in CAPABILITIES)
+
+
+def features_of(path):
+    lib = _native.ffi.dlopen(path)
+    try:
+        return int(lib.mt_features())
+    finally:
+        _native.ffi.dlclose(lib)
+
+
+GPU_LIBS = sorted(os.path.join(BUILD, f) for f in (os.listdir(BUILD) if os.path.isdir(BUILD) else ())
+                  if re.match(r"libmojo_train_(cuda|hip|metal)_\w+\.(so|dylib)$", f))
+
+
+def test_the_header_declares_the_op_features_the_suite_relies_on():
+    names = set(header_features())
+    assert {"OPTIM", "CLIP", "LOSS", "DENSE", "LM_HEAD", "EMBEDDING", "DROPOUT", "ELEMENTWISE"} <= names
+    assert set(CAPABILITIES) <= names
+
+
+@pytest.mark.skipif(not GPU_LIBS, reason="no GPU library is built here (make cuda / make hip)")
+@pytest.mark.parametrize("path", GPU_LIBS, ids=os.path.basename)
+def test_a_gpu_library_declares_every_op_feature_of_the_cpu_oracle(path):
+    tier = re.match(r"libmojo_train_\w+?_(identical|deterministic|fast)\.", os.path.basename(path)).group(1)
+    oracle = os.path.join(BUILD, _native.library_name("cpu", tier))
+    if not os.path.isfile(oracle):
+        pytest.skip("the cpu oracle's identical tier is not built (make)")
+    try:
+        gpu = features_of(path)
+    except OSError as e:
+        pytest.skip("cannot dlopen %s: %s" % (path, e))
+    mask = op_mask()
+    missing = (features_of(oracle) & mask) & ~gpu
+    names = [n for n, b in header_features().items() if b & missing]
+    assert not missing, "%s does not declare %s, which the cpu oracle has" % (os.path.basename(path), names)
