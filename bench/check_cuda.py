@@ -68,10 +68,11 @@ def commit():
 
 
 def build_all():
-    """make cuda (every tier) and every sabotage library, as parallel make processes."""
+    """make (the CPU oracle, which the suite compares against), make cuda (every tier) and every
+    sabotage library, as parallel make processes."""
     t0 = time.time()
-    jobs = [("cuda", ["make", "-j3", "cuda"])] + [("sabotage " + op, ["make", "cuda", "SABOTAGE=" + op])
-                                                 for op in SABOTAGE_OPS]
+    jobs = [("cpu", ["make", "-j3"]), ("cuda", ["make", "-j3", "cuda"])]
+    jobs += [("sabotage " + op, ["make", "cuda", "SABOTAGE=" + op]) for op in SABOTAGE_OPS]
     procs = [(name, subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
              for name, cmd in jobs]
     outs = [(name, p.communicate()[0], p.returncode) for name, p in procs]

@@ -37,13 +37,13 @@ REVIEWED = (
     ("library", r"^the cpu oracle's identical tier is not built"),
     ("library", r"^the C host links the CPU oracle, which is not built$"),
     ("library", r"^every vendor's library loads here$"),
-    ("library", r"^\S+ is not built \(make hip\)$"),
     ("library", r"^a GPU runtime initialised in the parent cannot be used in a forked child"),
     # reference: what the reference or the environment lacks
     ("reference", r"^could not import '(torch|numpy|mpmath|tolerances|expecttest)'"),
     ("reference", r"^torch \S+ has no "),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
     ("reference", r"^(nvcc|hipcc|nm) is not installed"),
+    ("reference", r"^\S+ is not built \(make hip\)$"),   # hipcc here, `make hip` not run (.ci/run runs it)
     ("reference", r"^nvcc compiled the kernel but cannot link a host program here"),
     ("reference", r"^no C(/C\+\+)? compiler"),
     ("reference", r"^make or cc is missing"),
