@@ -35,6 +35,9 @@ SHA256 := $(shell command -v sha256sum >/dev/null 2>&1 && echo sha256sum || echo
 digest = h=$$($(SHA256) < $(1) | cut -d' ' -f1) && test -n "$$h" && printf '%s  %s\n' "$$h" $(notdir $(2)) > $(2).sha256$(TMP) && mv -f $(2).sha256$(TMP) $(2).sha256
 # $(call seal,<library>): <library>$(TMP) becomes <library>, its manifest written first.
 seal = $(call digest,$(1)$(TMP),$(1)) && mv -f $(1)$(TMP) $(1)
+# macOS records a library's own name in it: the final name, not the temporary one it is linked as.
+comma := ,
+SONAME = $(if $(filter Darwin,$(UNAME)),-Wl$(comma)-install_name$(comma)@rpath/$(notdir $@))
 # $(call with_manifests,<libraries>): the libraries and their manifests, as prerequisites.
 with_manifests = $(1) $(addsuffix .sha256,$(1))
 
@@ -53,18 +56,19 @@ else
 all: $(call with_manifests,$(CPU_LIBS))
 endif
 
-# A library built before manifests existed (or whose manifest was deleted) gets one; a rebuilt
-# library writes its own in its recipe (seal), so the library is only an order-only prerequisite.
+# A library without its manifest (built before manifests existed, or the manifest deleted) is
+# rebuilt, so that a manifest only ever vouches for bytes this build wrote (seal); a library
+# built here writes its own manifest in its recipe, so it is only an order-only prerequisite.
 $(BUILD)/%.$(SO).sha256: | $(BUILD)/%.$(SO)
-	$(call digest,$|,$|)
+	rm -f $| && $(MAKE) --no-print-directory $|
 
 $(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per tier -------------------
 NVCC ?= nvcc

@@ -18,6 +18,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,11 +42,13 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
     ok = (rc != 0) if expect_fail else (rc == 0)
     if must_print is not None:      # a sabotage must fail by mismatching lines, not by crashing
         ok = ok and must_print in out
-    if os.environ.get("OUT") and (not ok or name in ("test suite", "benchmarks")):
+    if not ok or name in ("test suite", "benchmarks"):
         safe = "".join(c if c.isalnum() else "_" for c in name)
-        with open(os.path.join(os.environ["OUT"], safe + ".log"), "w") as f:
+        with open(os.path.join(LOGS, safe + ".log"), "w") as f:
             f.write(out)
-    tail = "\n".join(out.strip().splitlines()[-12:])
+    lines = out.strip().splitlines()
+    failed = [l for l in lines[:-12] if l.startswith(("FAILED ", "ERROR "))]   # every one, not only the tail's
+    tail = "\n".join(failed + lines[-12:])
     print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
     return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail, "out": out.strip()}
 
@@ -81,8 +85,8 @@ def build_all():
     ok = not failed
     tail = "\n".join(out.strip().splitlines()[-12:])
     print("=== build (%s, %.0f s)\n%s\n" % ("ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
-    if os.environ.get("OUT") and not ok:
-        with open(os.path.join(os.environ["OUT"], "build.log"), "w") as f:
+    if not ok:
+        with open(os.path.join(LOGS, "build.log"), "w") as f:
             f.write(out)
     return {"step": "build (every tier and sabotage library)", "ok": ok, "seconds": time.time() - t0,
             "tail": tail, "out": out}
@@ -103,6 +107,7 @@ def skip_table(out):
 
 
 STEPS = ("build", "cards", "suite", "sabotage", "bench")
+LOGS = tempfile.mkdtemp(prefix="check_cuda_logs_")   # every step's full log, archived into $OUT
 
 
 def main():
@@ -154,12 +159,14 @@ def main():
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "a") as f:
         f.write("\n".join(record) + "\n")
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT"):       # one archive: the device returns at most 8 files
         shutil.copy(path, os.environ["OUT"])
-        for b in BENCHMARKS:
-            jl = os.path.join(ROOT, "bench", "results", os.path.basename(b.split()[0])[:-3] + ".jsonl")
-            if os.path.exists(jl):
-                shutil.copy(jl, os.environ["OUT"])
+        with tarfile.open(os.path.join(os.environ["OUT"], "check_cuda.tar.gz"), "w:gz") as tar:
+            tar.add(LOGS, arcname="logs")
+            for b in BENCHMARKS:
+                jl = os.path.join(ROOT, "bench", "results", os.path.basename(b.split()[0])[:-3] + ".jsonl")
+                if os.path.exists(jl):
+                    tar.add(jl, arcname="results/" + os.path.basename(jl))
     sys.exit(0 if all(s["ok"] for s in steps) else 1)
 
 

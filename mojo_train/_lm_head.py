@@ -9,10 +9,9 @@ speed, never a bit. Scratch memory is the library's own (``mojo_train.memory_sta
 """
 from . import _ops
 from ._errors import refuse_keywords, where_msg
-from ._loss_options import NO_IGNORE, loss_options
+from ._loss_options import MAX_VOCAB, NO_IGNORE, loss_options
 from ._native import ffi
 
-_MAX_VOCAB = 2 ** 24   # the loss contract's bound on the classes (native/contracts/loss.md)
 
 # The user's name of each tensor, per entry point (the C library names them hidden, weight,
 # bias, targets: its messages are renamed to these).
@@ -45,7 +44,7 @@ def _tensors(where, hidden, weight, bias):
     if int(h.shape[-1]) != width:
         raise ValueError(where_msg(where, "the last dimension of %s is %d but %s has width %d"
                                    % (names["hidden"], int(h.shape[-1]), names["weight"], width)))
-    if not 1 <= vocab < _MAX_VOCAB:
+    if not 1 <= vocab < MAX_VOCAB:
         raise ValueError(where_msg(where, "%s has %d rows (the classes); 1 to 2**24 - 1 are supported"
                                    % (names["weight"], vocab)))
     if width < 1:

@@ -17,6 +17,7 @@ from ._native import ffi
 
 REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+MAX_VOCAB = 2 ** 24   # the loss contract's bound on the classes (native/contracts/loss.md)
 # mojo_train.h's MT_NO_IGNORE_INDEX: the ignore_index that ignores no row (a target equal to
 # it is refused as out of range); chunked_lm_head_loss passes it, a caller may not.
 NO_IGNORE_INDEX = INT64_MIN

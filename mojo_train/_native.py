@@ -232,20 +232,25 @@ def _digest_problem(path, ours):
         return "has a malformed digest manifest %s" % manifest, ""
     got = _sha256(path)
     if got != fields[0]:
-        return ("is damaged or truncated: its sha256 is %s..., its digest manifest %s says %s..."
+        return ("is damaged or truncated, or was rewritten after the build (stripped, repackaged): "
+                "its sha256 is %s..., its digest manifest %s says %s... (a library changed on purpose "
+                "loads from a folder of MOJO_TRAIN_LIBRARY_PATH without a manifest)"
                 % (got[:12], manifest, fields[0][:12])), ""
     return None, ""
 
 
 def _file_problem(path, ours):
     """(why ``path`` must not be dlopened, as "<is/has> ...", or None; a note for backend_info)."""
-    if _SUFFIX == ".so":
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            problem = _elf_problem(f, size)
-        if problem:
-            return "is damaged or truncated: " + problem, ""
-    return _digest_problem(path, ours)
+    try:
+        if _SUFFIX == ".so":
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                problem = _elf_problem(f, size)
+            if problem:
+                return "is damaged or truncated: " + problem, ""
+        return _digest_problem(path, ours)
+    except OSError as e:            # unreadable (permissions, a folder of that name, ...)
+        return "cannot be read: %s" % (e.strerror or e), ""
 
 
 def _missing_symbol(lib, names):
@@ -359,8 +364,10 @@ def default_vendor():
 def load(numeric_mode=None, vendor=None):
     """The Backend for (vendor, numeric_mode); defaults from the environment.
 
-    A vendor named explicitly never falls back; ``auto`` takes the first of cuda, hip,
-    metal, cpu that loads and has a device.
+    A vendor named explicitly never falls back, and a refused library (damaged, stale,
+    incomplete) raises naming the file; ``auto`` takes the first of cuda, hip, metal, cpu that
+    loads and has a device, passing over refused libraries (each is listed in the error when
+    none loads, and in ``backend_info()["tried"]``).
     """
     tier = default_tier() if numeric_mode is None else _normalize(numeric_mode, TIERS, "numeric_mode", "numeric_mode=")
     vendor = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
@@ -370,7 +377,12 @@ def load(numeric_mode=None, vendor=None):
             return _loaded[key]
         order = AUTO_ORDER if vendor == "auto" else (vendor,)
         for v in order:
-            backend = _loaded.get((v, tier)) or _try_load(v, tier)
+            try:
+                backend = _loaded.get((v, tier)) or _try_load(v, tier)
+            except BackendError:
+                if vendor != "auto":
+                    raise
+                backend = None    # auto goes on; the refusal stays in backend_info()["tried"]
             if backend is not None:
                 _loaded[(v, tier)] = _loaded[key] = backend
                 _last_choice.update(asked=vendor, tier=tier, chose=v)
@@ -407,7 +419,7 @@ def _check_environment_at_import():
     try:
         check_environment()
     except ValueError as e:
-        if sys.argv[:1] == ["-m"]:
+        if getattr(sys, "argv", [])[:1] == ["-m"]:
             sys.stderr.write("mojo_train: error: %s\n" % str(e).replace("mojo_train: ", "", 1))
             raise SystemExit(2)
         raise

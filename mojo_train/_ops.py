@@ -71,6 +71,12 @@ def _int64_values(values, name, where):
     return out
 
 
+# A one-letter C argument name ("a", "x") where a message uses it as a name (before "[",
+# " holds", " is ", ...), not as a word of prose ("a 96 x 50304 product", "a GPU"); longer
+# names ("hidden", "weight") are renamed wherever they stand as a word.
+_ARGUMENT = r"(?<![\w.])(%s)(?=\[| holds\b| is\b| and \w+ overlap| overlap| has\b| must\b| of shape|:|,|$)"
+
+
 def check(backend, rc, where, names=None):
     """``backend.check(rc, where)``, the library's message then naming the caller's arguments:
     ``names`` maps a C argument name (a whole word of the message) to the caller's name."""
@@ -82,7 +88,8 @@ def check(backend, rc, where, names=None):
         if not names or not isinstance(exc, (ValueError, TypeError)):
             raise
         text = str(exc).split(": ", 1)[1]
-        text = re.sub(r"\b(%s)\b" % "|".join(map(re.escape, names)), lambda m: names[m.group(1)], text)
+        pattern = "|".join((_ARGUMENT if len(c) == 1 else r"\b(%s)\b") % re.escape(c) for c in names)
+        text = re.sub(pattern, lambda m: names[next(g for g in m.groups() if g)], text)   # one pass
         raise type(exc)(where_msg(where, text)) from None
 
 
@@ -125,3 +132,26 @@ def fptr(x):
 def vptr(p):
     """``void *`` of an input Probe."""
     return ffi.cast("void *", p.address)
+
+
+_SCRATCH = Array((1,), "float32")   # stands in for the address of an empty buffer
+
+
+def fptr_nonnull(x):
+    """``float *`` of an output or input; an empty buffer (address 0) gets a stand-in."""
+    p = fptr(x)
+    return p if p != ffi.NULL else ffi.cast("float *", _SCRATCH.address)
+
+
+def out_arg(where, out, shape, inputs):
+    """The Probe of a caller's ``out=`` (None when not given): a writable float32 buffer of
+    exactly the result's ``shape`` (the element count alone is not enough), either disjoint
+    from every input (``(name, Probe)`` pairs) or one of them itself (in place)."""
+    if out is None:
+        return None
+    pout = _buffer.float32_tensor(out, "out", where, inplace=True, allow_empty=True)
+    if tuple(pout.shape) != tuple(shape):
+        raise ValueError(where_msg(where, "out has shape %r; the result's shape is %r"
+                                   % (tuple(pout.shape), tuple(shape))))
+    _buffer.refuse_overlap(where, ("out", pout), inputs)
+    return pout

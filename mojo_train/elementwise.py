@@ -19,7 +19,6 @@ or DeviceArray is returned on the inputs' side.
 """
 from . import _buffer, _ops
 from ._errors import where_msg
-from .random import _out_arg, _ptr
 
 __all__ = ["silu_forward", "silu_backward", "add"]
 
@@ -32,11 +31,11 @@ def _map(where, fn, inputs, out, numeric_mode):
         if tuple(p.shape) != shape:
             raise ValueError(where_msg(where, "%s has shape %r, %s has shape %r; %s does not broadcast: expand "
                                        "explicitly to one shape" % (first, shape, name, tuple(p.shape), where)))
-    pout = _out_arg(where, out, shape, probes)
+    pout = _ops.out_arg(where, out, shape, probes)
     backend, on_device = _ops.placement(where, numeric_mode, out=pout, **dict(probes))
     result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode)
     target = pout if pout is not None else result
-    backend.check(getattr(backend.lib, fn)(_ptr(target), *[_ptr(p) for _, p in probes], n), where)
+    backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n), where)
     _buffer.wrote(pout)
     return result
 

@@ -8,13 +8,12 @@ ever written, and a refused call raises before any result exists.
 """
 from . import _buffer, _ops
 from ._errors import refuse_keywords, where_msg
-from ._loss_options import loss_options
+from ._loss_options import MAX_VOCAB, loss_options
 
 __all__ = ["cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy"]
 
 from ._lm_head import chunked_lm_head_loss, linear_cross_entropy  # noqa: E402  (the LM head)
 
-_MAX_VOCAB = 2 ** 24   # the loss contract's bound on the classes (native/contracts/loss.md)
 
 # torch keywords cross_entropy does not take, and why; any other unknown keyword is refused too.
 _REFUSED = {
@@ -128,7 +127,7 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
                                                return_grad=return_grad)
     lp = _ops.f32_in(logits, "logits", where, ndim=2)
     n, vocab = lp.shape
-    if not 1 <= vocab < _MAX_VOCAB:
+    if not 1 <= vocab < MAX_VOCAB:
         raise ValueError(where_msg(where, "logits must have at least one class (V >= 1) and fewer than "
                                    "2**24, got shape %r" % (tuple(lp.shape),)))
     _soft_targets(targets, where)

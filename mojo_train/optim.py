@@ -321,10 +321,10 @@ class _Optimizer:
             raise ValueError("mojo_train.%s: %d microbatch gradients for accumulation_steps=%d; the count "
                              "is part of the run's arithmetic (make the optimizer with the count you use)"
                              % (where, len(microbatch_grads), self.accumulation_steps))
-        combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
-        for i, entry in enumerate(microbatch_grads):
+        for i, entry in enumerate(microbatch_grads):      # checked before any work is done
             probes = _buffer.tensor_list(entry, "microbatch_grads[%d]" % i, where, inplace=False)
             self._refuse_shared(_probe_ranges(probes), _indexed("microbatch_grads[%d]" % i, _single(entry)), where)
+        combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
         return self.step(combined, max_norm=max_norm)
 
     def zero_grad(self, grads):

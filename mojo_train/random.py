@@ -19,9 +19,8 @@ import numbers
 import struct
 
 from . import _buffer, _ops
-from ._array import Array
 from ._errors import where_msg
-from ._native import ffi, load, numeric_mode_arg
+from ._native import load, numeric_mode_arg
 
 __all__ = ["Generator", "DropoutKey"]
 
@@ -33,7 +32,6 @@ element of the input's first element), p (the float32 drop probability, as a Pyt
 size (the number of elements) and shape (the input's shape; None in a key built by hand, whose
 dy is then checked by size only). ``Generator.dropout_backward`` regenerates the mask from it."""
 
-_SCRATCH = Array((1,), "float32")   # stands in for the address of an empty buffer
 
 
 def _uint64(value, name, where):
@@ -81,26 +79,6 @@ def _f32(value, name, where):
         return struct.unpack("<f", struct.pack("<f", _real(value, name, where)))[0]
     except OverflowError:
         raise ValueError(where_msg(where, "%s is outside float32's range, got %r" % (name, value))) from None
-
-
-def _ptr(x):
-    """``float *`` of an output or input; an empty buffer (address 0) gets a stand-in."""
-    p = _ops.fptr(x)
-    return p if p != ffi.NULL else ffi.cast("float *", _SCRATCH.address)
-
-
-def _out_arg(where, out, shape, inputs):
-    """The Probe of a caller's ``out=`` (None when not given): a writable float32 buffer of
-    exactly the result's ``shape`` (the element count alone is not enough), either disjoint
-    from every input (``(name, Probe)`` pairs) or one of them itself (in place)."""
-    if out is None:
-        return None
-    pout = _buffer.float32_tensor(out, "out", where, inplace=True, allow_empty=True)
-    if tuple(pout.shape) != tuple(shape):
-        raise ValueError(where_msg(where, "out has shape %r; the result's shape is %r"
-                                   % (tuple(pout.shape), tuple(shape))))
-    _buffer.refuse_overlap(where, ("out", pout), inputs)
-    return pout
 
 
 class Generator:
@@ -173,7 +151,7 @@ class Generator:
             raise ValueError(where_msg(where, "device=True but the loaded vendor is cpu; set "
                                        "MOJO_TRAIN_VENDOR=cuda"))
         out = _ops.out_f32(shape, bool(device), self.numeric_mode)
-        backend.check(getattr(backend.lib, fill)(_ptr(out), self._seed, s, offset, a, b, n), where)
+        backend.check(getattr(backend.lib, fill)(_ops.fptr_nonnull(out), self._seed, s, offset, a, b, n), where)
         if stream is None:
             self._counter += 1
         return out
@@ -289,11 +267,11 @@ class Generator:
         return p32
 
     def _apply(self, where, fn, px, name, out, p32, seed, stream, offset):
-        pout = _out_arg(where, out, px.shape, [(name, px)])
+        pout = _ops.out_arg(where, out, px.shape, [(name, px)])
         backend, on_device = _ops.placement(where, self.numeric_mode, **{name: px, "out": pout})
         y = out if out is not None else _ops.out_f32(px.shape, on_device, self.numeric_mode)
         target = pout if pout is not None else y
-        backend.check(getattr(backend.lib, fn)(_ptr(target), _ptr(px), p32, seed, stream, offset, px.nelems), where)
+        backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), _ops.fptr_nonnull(px), p32, seed, stream, offset, px.nelems), where)
         _buffer.wrote(pout)
         return y
 

@@ -247,3 +247,10 @@ def params_for(sizes, seed=0):
 def digest(opt):
     """sha256 of params, state and t."""
     return sha(*(list(opt.params) + state_buffers(opt) + [str(opt.t).encode()]))
+
+
+def python_path(*first):
+    """PYTHONPATH for a child interpreter: ``first`` ahead of the caller's own PYTHONPATH, which
+    may hold what the package needs (cffi lives in a --target folder on the GPU machine)."""
+    rest = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([str(p) for p in first] + ([rest] if rest else []))

@@ -75,6 +75,13 @@ def pytest_runtest_logreport(report):
         _skips.append(skip_reasons.reason_of(report))
 
 
+def pytest_collectreport(report):
+    """A whole module skipped at collection (module-level importorskip or skip) counts too."""
+    if report.skipped:
+        import skip_reasons
+        _skips.append(skip_reasons.reason_of(report))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not _skips:
         return

@@ -34,27 +34,31 @@ REVIEWED = (
     ("library", r"^this tier does not contract$"),
     ("library", r"^host memory is counted here; the GPU's is measured in bench/$"),
     ("library", r"^no identical library for \w+$"),
-    ("library", r"^the cpu oracle's identical tier is not built"),
+    ("library", r"^the cpu oracle's identical tier is not built( \(make\)$|: )"),
     ("library", r"^the C host links the CPU oracle, which is not built$"),
-    ("library", r"^every vendor's library loads here$"),
-    ("library", r"^a GPU runtime initialised in the parent cannot be used in a forked child"),
+    ("library", r"^the example links the cpu oracle's identical library, which is not built$"),
     # reference: what the reference or the environment lacks
     ("reference", r"^could not import '(torch|numpy|mpmath|tolerances|expecttest)'"),
-    ("reference", r"^torch \S+ has no "),
+    ("reference", r"^torch \S+ has no F\.\w+ \(added in [\d.]+\)$"),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
     ("reference", r"^(nvcc|hipcc|nm) is not installed"),
     ("reference", r"^\S+ is not built \(make hip\)$"),   # hipcc here, `make hip` not run (.ci/run runs it)
     ("reference", r"^nvcc compiled the kernel but cannot link a host program here"),
     ("reference", r"^no C(/C\+\+)? compiler"),
-    ("reference", r"^make or cc is missing"),
+    ("reference", r"^make or cc is missing: cannot build the sabotage library$"),
+    ("reference", r"^no make on PATH: the example target cannot run$"),
+    ("reference", r"^no sha256sum here$"),
+    ("reference", r"^a GPU runtime initialised in the parent cannot be used in a forked child"),
     ("reference", r"^the compiler does not take -march=native$"),
     ("reference", r"^this CPU cannot flush denormals$"),
     ("reference", r"^no fork here$"),
-    ("reference", r"^cannot dlopen "),
+    ("reference", r"^cannot dlopen \S+: "),
     ("reference", r"^the buffer protocol from Python needs 3\.12$"),
     ("reference", r"^(no GPU library is built here|no \w+ library is built here)"),
     # chance: a stated chance of the test setup
     ("chance", r"^the allocator happened to place them end to end$"),
+    ("chance", r"^every vendor's library loads here$"),            # nothing missing to test the refusal with
+    ("chance", r"^every GPU vendor's identical library loads here: none is missing$"),
 )
 
 _COMPILED = [(kind, re.compile(pattern)) for kind, pattern in REVIEWED]

@@ -11,6 +11,8 @@ import xml.etree.ElementTree as ET
 
 from mojo_train import _demo, _native
 
+from _helpers import python_path
+
 PACKAGE = os.path.dirname(os.path.abspath(_demo.__file__))
 SVG = "{http://www.w3.org/2000/svg}"
 PROGRESS = re.compile(r"^step +(\d+)/(\d+)  train loss ([\d.]+)  lr ([\d.]+)  elapsed ([\d.]+) s$", re.M)
@@ -92,7 +94,7 @@ def test_the_demo_text_ships_inside_the_package_not_in_the_checkout(tmp_path):
     shutil.copytree(os.path.join(os.path.dirname(PACKAGE), "native", "include"), pkg / "include")
     code = "from mojo_train import _demo; import sys; sys.stdout.write(_demo._text())"
     run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+                         env=dict(os.environ, PYTHONPATH=python_path(tmp_path)))
     assert run.returncode == 0, run.stderr
     with open(os.path.join(PACKAGE, _demo.CORPUS), encoding="utf-8") as f:
         assert run.stdout == f.read() == _demo._text()

@@ -44,6 +44,14 @@ GPU_LIBS = sorted(os.path.join(BUILD, f) for f in (os.listdir(BUILD) if os.path.
                   if re.match(r"libmojo_train_(cuda|hip|metal)_\w+\.(so|dylib)$", f))
 
 
+def test_a_gpu_vendor_under_test_has_its_libraries_built():
+    """Where the suite runs against a GPU vendor, its libraries must be here to be compared
+    (the comparison below skips only where no GPU library was built at all)."""
+    vendor = os.environ.get("MOJO_TRAIN_VENDOR", "auto").strip().lower()
+    if vendor in ("cuda", "hip", "metal"):
+        assert any("_%s_" % vendor in os.path.basename(p) for p in GPU_LIBS), "make %s did not run" % vendor
+
+
 def test_the_header_declares_the_op_features_the_suite_relies_on():
     names = set(header_features())
     assert {"OPTIM", "CLIP", "LOSS", "DENSE", "LM_HEAD", "EMBEDDING", "DROPOUT", "ELEMENTWISE"} <= names

@@ -22,7 +22,7 @@ import pytest
 
 from mojo_train import _native
 
-from _helpers import REPO
+from _helpers import REPO, python_path
 from test_native import declared_functions, run_python
 
 IDENTITY = ("mt_abi_version", "mt_vendor", "mt_numeric_mode", "mt_features")
@@ -139,6 +139,19 @@ def test_a_truncated_library_is_refused_not_a_crash(identical, tmp_path, cut, ma
     assert_refused(out, path, identical.vendor, identical.tier, "is damaged or truncated")
 
 
+def test_auto_passes_over_a_damaged_gpu_library_and_says_so_while_an_explicit_vendor_refuses(tmp_path):
+    cpu = _native.load("identical", "cpu")
+    fake = tmp_path / _native.library_name("cuda", "identical")
+    fake.write_bytes(library_bytes(cpu)[:4096])             # a truncated file where CUDA's would be
+    out = load_in_child(tmp_path, "auto", "identical")
+    assert out.startswith("LOADED"), out
+    info = json.loads(out.splitlines()[1])
+    assert info["vendor"] != "cuda"
+    refused = [t for t in info["tried"] if t["path"] == str(fake)]
+    assert refused and "damaged or truncated" in refused[0]["outcome"], info["tried"]
+    assert_refused(load_in_child(tmp_path, "cuda", "identical"), fake, "cuda", "identical", "damaged")
+
+
 # Single-byte damages: the ELF magic, class, e_machine, e_shoff, the first program header,
 # and bytes through the file. The manifest catches every one; without it most load unnoticed.
 DAMAGES = {"magic": lambda n: 1, "class": lambda n: 4, "machine": lambda n: 18, "shoff": lambda n: 45,
@@ -186,7 +199,7 @@ def _installed_package(tmp_path, backend, manifest):
 
 def _load_installed(root, vendor, tier):
     env = {k: v for k, v in os.environ.items() if k != "MOJO_TRAIN_LIBRARY_PATH"}
-    env.update(PYTHONPATH=str(root), MOJO_TRAIN_VENDOR=vendor)
+    env.update(PYTHONPATH=python_path(root), MOJO_TRAIN_VENDOR=vendor)
     res = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD % (tier, vendor, tier, vendor))],
                          cwd=str(root), env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,7 +1,10 @@
 /* mojo_train.h -- the whole C ABI of mojo_train, one header for every vendor.
  *
  * Every function returns int: 0 (MT_OK) or an error code, and on error leaves a message
- * for mt_last_error() (thread-local). A refused call writes nothing to any output.
+ * for mt_last_error() (thread-local). A refused call never writes an input or a caller's
+ * state (optimizer moments, step counts); it writes no output either, except that the ops
+ * whose finiteness check rides along their one pass (below: losses, dense layers, embedding,
+ * LM head, accumulation) leave outputs that are not also inputs undefined after a NaN or inf.
  * Arguments: outputs first, then inputs, then scalars, sizes last; gradients start with d.
  * A tensor list is a pointer table plus an int32 offsets registry: tensor j holds
  * offsets[j+1] - offsets[j] floats at table[j]; offsets[0] == 0, strictly ascending,
