@@ -6,8 +6,8 @@ date; a fresh clone builds in about two minutes on 16 cores); ``cards`` checks e
 the CUDA identical tier (selfcheck); ``suite`` runs the whole test suite with
 MOJO_TRAIN_VENDOR=cuda (pytest-xdist when installed) and prints its skips grouped by reason;
 the suite itself fails on a skip whose reason is not reviewed (tests/skip_reasons.py);
-``sabotage`` proves each sabotage build fails its card on the GPU; ``bench`` runs the GPU
-benchmarks. The whole command fits one 10-minute GPU call from a fresh clone. Ends with a short
+``sabotage`` proves each sabotage build fails its card on the GPU; ``demo`` trains the demo on
+the cpu and cuda vendors and requires the same digests; ``bench`` runs the GPU benchmarks. The whole command fits one 10-minute GPU call from a fresh clone. Ends with a short
 table; the dated record (GPU, commit, outcomes, skip table and figures) is appended to
 bench/results/check-cuda.md (and copied to $OUT when set).
 """
@@ -106,7 +106,20 @@ def skip_table(out):
     return rows
 
 
-STEPS = ("build", "cards", "suite", "sabotage", "bench")
+STEPS = ("build", "cards", "suite", "sabotage", "demo", "bench")
+
+
+def demo_step(py):
+    """The demo trained on the cpu vendor and on cuda: the run ends with the same digests."""
+    t0 = time.time()
+    runs = {v: run("demo on " + v, [py, "-m", "mojo_train", "demo", "--vendor", v, "--svg",
+                                    os.path.join(LOGS, "demo_%s.svg" % v)]) for v in ("cpu", "cuda")}
+    digests = {v: re.findall(r"(?:loss curve|checkpoint) sha256\s+([0-9a-f]{64})", r["out"]) for v, r in runs.items()}
+    ok = all(r["ok"] for r in runs.values()) and len(digests["cpu"]) == 2 and digests["cpu"] == digests["cuda"]
+    tail = "cpu  %s\ncuda %s" % (" ".join(digests["cpu"]), " ".join(digests["cuda"]))
+    print("=== demo digests, cpu and cuda (%s)\n%s\n" % ("equal" if ok else "FAILED", tail), flush=True)
+    return {"step": "demo: the same digests on cpu and cuda", "ok": ok, "seconds": time.time() - t0,
+            "tail": tail, "out": tail}
 LOGS = tempfile.mkdtemp(prefix="check_cuda_logs_")   # every step's full log, archived into $OUT
 
 
@@ -142,6 +155,8 @@ def main():
               "    if os.path.exists(path):\n"
               "        sys.argv = [path, '--write'] + extra; print('#', b, flush=True)\n"
               "        runpy.run_path(path, run_name='__main__')\n")
+    if "demo" in want:
+        steps.append(demo_step(py))
     if "bench" in want:
         steps.append(run("benchmarks", [py, "-c", script] + list(BENCHMARKS), cuda))
     table = ["| step | outcome | seconds |", "| --- | --- | --- |"]
@@ -152,6 +167,9 @@ def main():
               ""] + table
     if skips is not None:
         record += ["", "Skips of the suite by reason (tests/skip_reasons.py):", "", "```"] + skips + ["```"]
+    demo = [s["out"] for s in steps if s["step"].startswith("demo")]
+    if demo:
+        record += ["", "Demo digests (loss curve, checkpoint):", "", "```", demo[0], "```"]
     bench = [s["out"] for s in steps if s["step"] == "benchmarks"]
     if bench:
         record += ["", "Benchmark output:", "", "```", bench[0], "```"]
