@@ -501,7 +501,7 @@ class _Optimizer:
                                                             ffi.cast("void *", pb.address), pb.nbytes), where)
         else:
             out = Array.from_buffer(value).reshape(want)
-        _check_state_values(out.memview(), name, where)     # the copy: what is checked is what is kept
+        _check_state_values(self._backend, out, name, where)     # the copy: what is checked is what is kept
         return out
 
     def _state_layout(self, name):
@@ -522,24 +522,27 @@ def _step_count(value, where):
     return int(value)
 
 
-def _check_state_values(view, name, where):
-    """Flags 0 or 1; moments finite, and exp_avg_sq >= 0 (the step takes its square root)."""
+def _check_state_values(backend, array, name, where):
+    """Flags 0 or 1; moments finite, and exp_avg_sq >= 0 (the step takes its square root).
+    The moments are scanned natively (mt_find_bad_state: a few ms per 10M values)."""
+    view = array.memview()
     if name == "buf_initialized":
         bad = next((j for j, f in enumerate(view) if f not in (0, 1)), None)
         if bad is not None:
             raise ValueError(where_msg(where, "buf_initialized[%d] is %d; each flag is 0 or 1 (1 once the tensor's "
                                        "momentum buffer exists)" % (bad, view[bad])))
         return
-    # float32 values summed in binary64 cannot overflow (fewer than 2**31 of them, each under
-    # 2**128): the sum is finite exactly when every value is.
-    if not math.isfinite(sum(view)):
-        j = next(j for j, x in enumerate(view) if not math.isfinite(x))
+    first = ffi.new("int64_t *")
+    backend.check(backend.lib.mt_find_bad_state(first, ffi.cast("float *", array.address), array.size,
+                                                name == "exp_avg_sq"), where)
+    j = first[0]
+    if j < 0:
+        return
+    if not math.isfinite(view[j]):
         raise ValueError(where_msg(where, "%s[%d] is %r; the state must be finite (a non-finite moment makes the "
                                    "next step's parameters non-finite)" % (name, j, view[j])))
-    if name == "exp_avg_sq" and min(view) < 0.0:
-        j = next(j for j, x in enumerate(view) if x < 0.0)
-        raise ValueError(where_msg(where, "exp_avg_sq[%d] is %r; a second moment is >= 0 (the step takes its "
-                                   "square root)" % (j, view[j])))
+    raise ValueError(where_msg(where, "exp_avg_sq[%d] is %r; a second moment is >= 0 (the step takes its "
+                               "square root)" % (j, view[j])))
 
 
 class Adam(_Optimizer):

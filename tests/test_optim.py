@@ -1226,3 +1226,21 @@ def test_python_threads_stepping_separate_optimizers_match_the_serial_bytes(mode
         th.join()
     assert results == serial
     assert len(set(serial)) == n_workers     # different params: the comparison has teeth
+
+
+@pytest.mark.parametrize("nonnegative", [0, 1])
+def test_the_native_state_scan_finds_the_first_bad_value(mode, nonnegative):
+    """mt_find_bad_state (load_state_dict's scan): NaN and inf anywhere, and with nonnegative
+    a value below zero; -0.0 and subnormals pass."""
+    from mojo_train._native import ffi
+    lib = mode.backend.lib
+    first = ffi.new("int64_t *")
+    for bad, at in ((float("nan"), 0), (float("inf"), 7), (-float("inf"), 4098), (-1e-45, 5), (-2.0, 4098)):
+        values = Array.from_list([0.5, -0.0, 1e-45, 3.0] * 1025)
+        values.memview()[at] = bad
+        assert lib.mt_find_bad_state(first, ffi.cast("float *", values.address), values.size, nonnegative) == 0
+        negative_only = bad == bad and abs(bad) != float("inf")
+        assert first[0] == (-1 if negative_only and not nonnegative else at), (bad, at)
+    clean = Array.from_list([0.5, -0.0, 1e-45] * 100)
+    assert lib.mt_find_bad_state(first, ffi.cast("float *", clean.address), clean.size, nonnegative) == 0
+    assert first[0] == -1

@@ -5,6 +5,7 @@
 #include "mt_pinned.h"
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -378,4 +379,21 @@ int mt_check_ce_args(const float *loss_out, const float *row_loss, const float *
         return rc;
     }
     return check_smoothing_and_items(label_smoothing, num_items);
+}
+
+int mt_find_bad_state(int64_t *first_bad, const float *x, int64_t n, int32_t nonnegative) {
+    int rc;
+    if ((rc = mt_check_ptr(first_bad, "first_bad"))) return rc;
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if (n > 0 && (rc = mt_check_ptr(x, "x"))) return rc;
+    for (int64_t i = 0; i < n; ++i) {       /* bit tests: no float operation, no FP environment */
+        uint32_t u;
+        memcpy(&u, x + i, sizeof u);
+        if ((u & 0x7f800000u) == 0x7f800000u || (nonnegative && (u >> 31) && (u & 0x7fffffffu))) {
+            *first_bad = i;
+            return MT_OK;
+        }
+    }
+    *first_bad = -1;
+    return MT_OK;
 }

@@ -207,6 +207,11 @@ int mt_silu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_silu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_add(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, int64_t n);
 
+/* Validation of a host buffer of optimizer state before it is loaded (every vendor; x is a
+ * host pointer): *first_bad is the index of the first element that is NaN or inf, or with
+ * nonnegative != 0 also below zero (-0.0 is not), or -1 when there is none. */
+int mt_find_bad_state(int64_t *first_bad /* (1) */, const float *x /* (n) */, int64_t n, int32_t nonnegative);
+
 /* Bytes the library holds for its own scratch (not caller buffers): out[0] now, out[1] the
  * peak since the last reset (reset != 0 sets the peak to the current value after reading). */
 int mt_memory_stats(int64_t *out /* (2) */, int32_t reset);
