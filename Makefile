@@ -12,16 +12,17 @@ BUILD ?= native/build
 UNAME := $(shell uname -s)
 SO := $(if $(filter Darwin,$(UNAME)),dylib,so)
 
-CPU_SRC := $(wildcard native/cpu_oracle/*.c)
-# Host code every vendor links beside its kernels (errors, checks, identity, schedules).
-SHARED_HOST_SRC := native/cpu_oracle/mt_host.c native/cpu_oracle/mt_schedule.c
+# Host code every vendor links beside its kernels (errors, checks, identity, schedules):
+# native/common/, which the CPU oracle compiles too; the GPU builds never see cpu_oracle/.
+SHARED_HOST_SRC := $(wildcard native/common/*.c)
+CPU_SRC := $(wildcard native/cpu_oracle/*.c) $(SHARED_HOST_SRC)
 # $(call host_objs,<cc flags>,<dir>): compile SHARED_HOST_SRC into <dir>; host_o lists the objects.
 define host_objs
 	for f in $(SHARED_HOST_SRC); do $(CC) $(BASE_CFLAGS) $(1) -c $$f -o $(2)/$$(basename $$f .c).o || exit 1; done
 endef
-host_o = $(patsubst native/cpu_oracle/%.c,$(1)/%.o,$(SHARED_HOST_SRC))
-HDRS := $(wildcard native/include/*.h native/cpu_oracle/*.h)
-INCLUDES := -Inative/include -Inative/cpu_oracle
+host_o = $(patsubst native/common/%.c,$(1)/%.o,$(SHARED_HOST_SRC))
+HDRS := $(wildcard native/include/*.h native/common/*.h native/cpu_oracle/*.h)
+INCLUDES := -Inative/include -Inative/common
 BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fno-math-errno -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
 LDLIBS := -lm -pthread
 
@@ -90,7 +91,7 @@ $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 
 $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj
-	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
+	$(call host_objs,$(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
 	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj) && $(call seal,$@)
 
 check-cuda:
@@ -138,7 +139,7 @@ $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 
 $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
-	$(call host_objs,$(TIER_FLAGS_identical) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
+	$(call host_objs,$(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
 	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip) && $(call seal,$@)
 
 .PHONY: hip

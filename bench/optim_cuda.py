@@ -1,4 +1,4 @@
-"""Optimizers and clip on a GPU, side by side with torch in one process (identical tier).
+"""Optimizers on a GPU, side by side with torch in one process (identical tier).
 
     python bench/optim_cuda.py [--write]
 
@@ -7,10 +7,10 @@ torch). Every figure: median wall-clock of --repeat synchronized calls after war
 bytes each side must move, as a fraction of the measured device-to-device copy bandwidth.
 Bytes for ours include the finiteness pre-pass: AdamW moves 36 bytes a parameter (pre-pass
 reads p, g: 8; update reads p g m v: 16, writes p m v: 12); torch's fused AdamW 28. With
-clipping, the norm pass replaces the gradient half of the pre-pass. clip_grad_norm_ with
-clipping active moves 12 bytes an element (norm read 4, scale read 4 + write 4).
+clipping, the norm pass replaces the gradient half of the pre-pass. clip_grad_norm_ on its own:
+bench/clip_cuda.py.
 Targets (issue 3): AdamW 100M in one tensor <= 1.1x torch fused; 100M as 200 tensors <= 0.6x
-torch fused; clip 200 x 500K (active) <= 0.4 ms; 1,000-element AdamW step <= 20 us.
+torch fused; 1,000-element AdamW step <= 20 us.
 """
 import argparse
 import os
@@ -70,32 +70,6 @@ def bench_adamw(torch, sizes, repeat, bw, clip=None):
             "ours_of_copy_bw": 36 * n / ours / bw, "torch_of_copy_bw": 28 * n / theirs / bw}
 
 
-def halving(start):
-    """max_norm for call k: half the previous, so clipping is active on every call (a fixed
-    max_norm stops clipping after the first call has scaled the gradients down to it)."""
-    state = [start]
-
-    def next_norm():
-        state[0] *= 0.5
-        return state[0]
-    return next_norm
-
-
-def bench_clip(torch, sizes, repeat, bw):
-    tg, g = device_tensors(torch, sizes, 3)
-    n = sum(sizes)
-    ours_norm = halving(1.0)
-    ours = timed(lambda: mt.clip_grad_norm_(g, ours_norm()), repeat)
-    tparams = [torch.zeros(1, device="cuda").expand(s).clone() for s in sizes]   # torch clips p.grad
-    for p, gr in zip(tparams, tg):
-        p.grad = gr
-    theirs_norm = halving(1.0)
-    theirs = timed(lambda: torch.nn.utils.clip_grad_norm_(tparams, theirs_norm(), foreach=True), repeat,
-                   sync=torch.cuda.synchronize)
-    return {"elements": n, "tensors": len(sizes), "ours_ms": ours * 1e3, "torch_foreach_ms": theirs * 1e3,
-            "bytes": 12 * n, "ours_of_copy_bw": 12 * n / ours / bw}
-
-
 def bench_overheads(torch, repeat=200):
     """Where host time goes: pointer classification and the raw C call for 200 tensors."""
     from mojo_train._native import ffi, load
@@ -136,7 +110,6 @@ def main():
     rows = {"copy_TBps": bw / 1e12,
             "adamw_100M_1": bench_adamw(torch, [100_000_000], args.repeat, bw),
             "adamw_100M_200": bench_adamw(torch, [500_000] * 200, args.repeat, bw),
-            "clip_200x500K": bench_clip(torch, [500_000] * 200, args.repeat, bw),
             "small": bench_small(torch), "overheads": bench_overheads(torch)}
     print("copy bandwidth %.2f TB/s (read + write)" % rows["copy_TBps"])
     for key in ("adamw_100M_1", "adamw_100M_200"):
@@ -144,9 +117,6 @@ def main():
         print("AdamW %dM in %d tensor(s): ours %.3f ms (%.0f%% of copy bw), torch fused %.3f ms (%.0f%%), ratio %.2f"
               % (r["params"] // 10**6, r["tensors"], r["ours_ms"], 100 * r["ours_of_copy_bw"], r["torch_fused_ms"],
                  100 * r["torch_of_copy_bw"], r["ratio"]))
-    c = rows["clip_200x500K"]
-    print("clip_grad_norm_ 200 x 500K (clipping): ours %.3f ms (%.0f%% of copy bw), torch foreach %.3f ms"
-          % (c["ours_ms"], 100 * c["ours_of_copy_bw"], c["torch_foreach_ms"]))
     s = rows["small"]
     print("AdamW 1000 params on device, Python to result: ours %.1f us, torch fused %.1f us"
           % (s["ours_us"], s["torch_fused_us"]))

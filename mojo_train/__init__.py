@@ -10,13 +10,16 @@ from ._array import Array
 from ._native import BackendError, backend_info
 from .device import DeviceArray, memory_stats, to_device, transfer_bytes
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
-from .loss import chunked_lm_head_loss, cross_entropy, linear_cross_entropy
-from .nn import (Embedding, embedding_backward, embedding_forward, linear_backward, linear_forward,
-                 mlp_inference_sessions, relu_backward, relu_forward, rms_norm_backward, rms_norm_forward)
+from .loss import cross_entropy
+from .lm_head import chunked_lm_head_loss, linear_cross_entropy
+from .linear import linear_backward, linear_forward, mlp_inference_sessions
+from .rms_norm import rms_norm_backward, rms_norm_forward
+from .embedding import Embedding, embedding_backward, embedding_forward
+from . import nn  # noqa: F401  (the torch-like namespace: mojo_train.nn.linear_forward, ...)
 from .random import DropoutKey, Generator
-from .elementwise import add, silu_backward, silu_forward
-from .schedule import (ConstantLR, WarmupCosineLR, WarmupLinearLR, accumulate_grads,
-                       accumulation_is_aligned)
+from .elementwise import add, relu_backward, relu_forward, silu_backward, silu_forward
+from .schedule import ConstantLR, WarmupCosineLR, WarmupLinearLR
+from .accumulate import accumulate_grads, accumulation_is_aligned
 
 __version__ = "0.1.0"
 

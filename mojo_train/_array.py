@@ -13,24 +13,16 @@ numpy), and they pickle as bytes + shape + dtype.
 import operator
 import struct
 
-import cffi
-
+from ._dtypes import ARRAY_DTYPES, DTYPES, FLOAT_DTYPES
 from ._errors import where_msg
+from ._probe import contiguous_fix, probe
+from ._probe import ffi as _FFI
 
-_FFI = cffi.FFI()
 _NO_CLEAR = _FFI.new_allocator(should_clear_after_alloc=False)
 _NO_CLEAR_FROM = 1 << 16     # bytes: smaller empty() Arrays are plain zeroed bytearrays
 
-# dtype name -> (struct format char, array-interface typestr, itemsize)
-_DTYPES = {
-    "float32": ("f", "<f4", 4),
-    "float64": ("d", "<f8", 8),
-    "int32": ("i", "<i4", 4),
-    "int64": ("q", "<i8", 8),
-    "uint32": ("I", "<u4", 4),
-    "uint8": ("B", "|u1", 1),
-}
-_FLOAT_DTYPES = ("float32", "float64")
+# dtype name -> (struct format char, array-interface typestr, itemsize), from the dtype table
+_DTYPES = {name: (DTYPES[name].char, DTYPES[name].typestr, DTYPES[name].itemsize) for name in ARRAY_DTYPES}
 
 
 def _check_dtype(dtype, where="Array"):
@@ -77,7 +69,7 @@ def _nest(flat, shape):
 
 def _pack_one(fmt, dtype, value, where):
     """Pack one Python scalar as ``dtype``; TypeError/ValueError if unfit."""
-    if dtype in _FLOAT_DTYPES:
+    if dtype in FLOAT_DTYPES:
         if isinstance(value, (str, bytes, bytearray)):
             raise TypeError(where_msg(where, "%r is not a number" % (value,)))
         value = float(value)
@@ -173,7 +165,6 @@ class Array:
         refused (TypeError); so is a strided torch tensor (ValueError: pass
         ``x.contiguous()``), whose elements no memoryview can reach.
         """
-        from ._buffer import contiguous_fix, probe  # late: _buffer imports this module
         where = "Array.from_buffer"
         p = probe(obj, "obj", where)
         if p.dtype not in _DTYPES:
@@ -188,6 +179,12 @@ class Array:
         if not isinstance(p.view, memoryview):
             raise ValueError(where_msg(where, "obj is a strided view of shape %r; %s"
                                        % (p.shape, contiguous_fix(obj, "obj"))))
+        return cls._from_probe(p)
+
+    @classmethod
+    def _from_probe(cls, p):
+        """A copy of the host buffer a Probe describes, already checked (an Array dtype, a
+        memoryview): for callers that probed the buffer themselves."""
         return cls._wrap(bytearray(p.view.tobytes()), p.shape, p.dtype)
 
     # ----- attributes ---------------------------------------------------

@@ -1,15 +1,15 @@
-"""The one place mojo_train looks inside user buffers.
+"""The tensor checks: what native code needs from a user buffer, refused by name otherwise.
 
-Contract: ``probe`` turns any buffer-protocol object (array.array,
-memoryview, bytearray, numpy array, ...) or a ``mojo_train.Array`` into a
-``Probe`` describing its dtype, shape, size, writability, contiguity and
-data address.  The tensor checks built on it refuse -- never cast, never
+Contract: ``probe`` (from _probe.py, re-exported here with ``Probe``) turns any buffer-protocol
+object (array.array, memoryview, bytearray, numpy array, ...), a ``mojo_train.Array`` or a
+device/DLPack tensor into a ``Probe`` describing its dtype, shape, size, writability, contiguity
+and data address.  The tensor checks built on it refuse -- never cast, never
 copy silently -- anything that is not what native code needs, with an
 error naming the argument and saying the fix (``x.astype(np.float32)``,
 ``x.float()``, ``np.ascontiguousarray(x)``, ``x.contiguous()``, ``x.detach()``).
-``pack`` gives one flat float32 range over a list of tensors, borrowing their
-memory when they already lie end to end. Native byte order only: this library
-targets little-endian hosts.
+Each check takes the object or a Probe of it already made, so an entry point probes each
+argument once. ``pack`` gives one flat float32 range over a list of tensors, borrowing their
+memory when they already lie end to end.
 
 torch tensors, recognised without importing torch, are read through DLPack
 (CPU tensors get a memoryview, like any host buffer); one that requires grad is
@@ -23,255 +23,20 @@ as torch's own in-place ops do, so autograd detects a stale saved tensor.
 
 import sys
 
-from ._array import _FFI as _ffi
 from ._array import Array
+from ._dtypes import INT_DTYPES, native_formats
 from ._errors import where_msg
-
-if sys.byteorder != "little":
-    raise ImportError("mojo_train supports little-endian hosts only; this "
-                      "host is %s-endian" % sys.byteorder)
+from ._probe import ffi as _ffi
+# re-exported: callers take the probe and its helpers from here, with the checks built on them
+from ._probe import Probe, cast_fix, contiguous_fix, is_torch_tensor, normalize_format, probe  # noqa: F401
+from .device import DeviceArray
 
 _INT32_MAX = 2 ** 31 - 1
-_BUFFER_KINDS = ("a buffer-protocol object (array.array, memoryview, numpy "
-                 "array, mojo_train.Array)")
-
-# struct char -> (canonical char, dtype name); 'l'/'L'/'n'/'N' go by itemsize
-_CHARS = {
-    "e": ("e", "float16"), "f": ("f", "float32"), "d": ("d", "float64"),
-    "b": ("b", "int8"), "h": ("h", "int16"), "i": ("i", "int32"),
-    "q": ("q", "int64"), "B": ("B", "uint8"), "H": ("H", "uint16"),
-    "I": ("I", "uint32"), "Q": ("Q", "uint64"), "?": ("?", "bool"),
-}
-_BY_SIZE = {("l", 4): "i", ("l", 8): "q", ("L", 4): "I", ("L", 8): "Q",
-            ("n", 4): "i", ("n", 8): "q", ("N", 4): "I", ("N", 8): "Q"}
-INT_DTYPES = frozenset(("int8", "int16", "int32", "int64",
-                        "uint8", "uint16", "uint32", "uint64"))
-
-
-def normalize_format(fmt, itemsize):
-    """Return ``(format, dtype)`` for a struct format string.
-
-    Native/little-endian prefixes are dropped and the char made canonical
-    (``'<f'`` -> ``('f', 'float32')``); big-endian formats keep their raw
-    format and get a dtype like ``'float32 (big-endian)'``; unknown formats
-    give ``(fmt, fmt)``.
-    """
-    body, big = fmt, False
-    if body[:1] in ("@", "=", "<"):
-        body = body[1:]
-    elif body[:1] in (">", "!"):
-        body, big = body[1:], True
-    char = _BY_SIZE.get((body, itemsize), body)
-    if char not in _CHARS:
-        return fmt, fmt
-    canon, dtype = _CHARS[char]
-    if big and itemsize > 1:
-        return fmt, dtype + " (big-endian)"
-    return canon, dtype
 
 
 class RequiresGradError(RuntimeError, ValueError):
     """An output argument that requires grad, refused in grad mode as torch refuses ``out=``
     (a RuntimeError there; a ValueError like every bad argument here)."""
-
-
-class Probe:
-    """What mojo_train knows about one buffer; keeps it alive while it lives.
-
-    ``versioned``: the torch tensor whose version counter a write into this buffer bumps
-    (``wrote``), None for anything else."""
-
-    __slots__ = ("obj", "view", "format", "dtype", "itemsize", "shape",
-                 "nelems", "nbytes", "readonly", "c_contiguous", "_address", "device", "versioned")
-
-    def __init__(self, obj, view, format, dtype, itemsize, shape, nelems,
-                 nbytes, readonly, c_contiguous, address=None):
-        """Store the fields; ``address=None`` means compute it on demand."""
-        self.obj = obj
-        self.view = view
-        self.format = format
-        self.dtype = dtype
-        self.itemsize = itemsize
-        self.shape = shape
-        self.nelems = nelems
-        self.nbytes = nbytes
-        self.readonly = readonly
-        self.c_contiguous = c_contiguous
-        self._address = address
-        self.device = False
-        self.versioned = None
-
-    @property
-    def address(self):
-        """The data address as an int (0 for an empty buffer)."""
-        if self._address is None:
-            if self.nbytes == 0:
-                self._address = 0
-            elif not self.c_contiguous:
-                raise ValueError("mojo_train: a non-contiguous buffer has no "
-                                 "single data address")
-            else:
-                self._address = buffer_address(self.view)
-        return self._address
-
-    def __repr__(self):
-        return ("Probe(dtype=%r, shape=%r, readonly=%r, c_contiguous=%r)"
-                % (self.dtype, self.shape, self.readonly, self.c_contiguous))
-
-
-def buffer_address(obj):
-    """Return the data address of a C-contiguous buffer, releasing at once."""
-    cdata = _ffi.from_buffer(obj)
-    try:
-        return int(_ffi.cast("uintptr_t", cdata))
-    finally:
-        _ffi.release(cdata)
-
-
-def probe(x, name, where):
-    """Describe buffer ``x`` (argument ``name`` of ``where``) as a Probe.
-
-    TypeError when ``x`` does not export a buffer.
-    """
-    if isinstance(x, Array):
-        view, shape = x.memview(), x.shape
-    else:
-        try:
-            view = memoryview(x)
-        except TypeError:
-            dev = _foreign_probe(x, name, where)
-            if dev is not None:
-                return dev
-            raise TypeError(where_msg(where, "%s must be %s, got %s"
-                                      % (name, _BUFFER_KINDS,
-                                         type(x).__name__))) from None
-        except ValueError as exc:  # e.g. a released memoryview
-            raise ValueError(where_msg(where, "%s: %s" % (name, exc))) from None
-        shape = tuple(view.shape)
-    fmt, dtype = normalize_format(view.format, view.itemsize)
-    nelems = 1
-    for d in shape:
-        nelems *= d
-    return Probe(x, view, fmt, dtype, view.itemsize, shape, nelems,
-                 view.nbytes, bool(view.readonly), bool(view.c_contiguous))
-
-
-_TYPESTRS = {"f4": "float32", "f8": "float64", "f2": "float16", "i1": "int8", "i2": "int16",
-             "i4": "int32", "i8": "int64", "u1": "uint8", "u2": "uint16", "u4": "uint32",
-             "u8": "uint64", "b1": "bool"}
-_FORMAT_OF = {"float32": "f", "float64": "d", "float16": "e", "int8": "b", "int16": "h",
-              "int32": "i", "int64": "q", "uint8": "B", "uint16": "H", "uint32": "I",
-              "uint64": "Q", "bool": "?"}
-
-
-def _c_contiguous(shape, strides, itemsize):
-    if strides is None:
-        return True
-    expect = itemsize
-    for d, s in zip(reversed(shape), reversed(strides)):
-        if d != 1 and s != expect:
-            return False
-        expect *= d
-    return True
-
-
-def _described(x, view, ptr, shape, dtype, itemsize, strides, readonly, device):
-    nelems = 1
-    for d in shape:
-        nelems *= d
-    p = Probe(x, view, _FORMAT_OF.get(dtype, dtype), dtype, itemsize, tuple(shape), nelems,
-              nelems * itemsize, bool(readonly), _c_contiguous(shape, strides, itemsize), ptr)
-    p.device = device
-    return p
-
-
-def is_torch_tensor(x):
-    """True for a torch.Tensor or a subclass (nn.Parameter), without importing torch."""
-    return any(c.__name__ == "Tensor" and c.__module__ == "torch" for c in type(x).__mro__)
-
-
-def _foreign_probe(x, name, where):
-    """A Probe for an object without the buffer protocol that exports memory through
-    ``__cuda_array_interface__`` (torch CUDA tensors, CuPy, DeviceArray) or DLPack (torch
-    CPU tensors: a memoryview over their memory); None when it exports neither. A torch
-    tensor that requires grad is read through ``x.detach()``, which shares its memory."""
-    torch = is_torch_tensor(x)
-    src = x.detach() if torch and x.requires_grad else x
-    p = _interface_probe(x, src)
-    if p is None and callable(getattr(src, "__dlpack__", None)):
-        p = _dlpack_probe(x, src)
-    if p is not None and torch:
-        p.versioned = x
-    return p
-
-
-def _interface_probe(x, src):
-    cai = getattr(src, "__cuda_array_interface__", None)
-    if cai is None:
-        return None
-    ts = cai["typestr"]
-    dtype = _TYPESTRS.get(ts[1:], ts) if ts[:1] in "<|=" else ts + " (big-endian)"
-    itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
-    ptr, readonly = cai["data"]
-    return _described(x, None, int(ptr or 0), cai["shape"], dtype, itemsize,
-                      cai.get("strides"), readonly, True)
-
-
-_CASTABLE = frozenset("fdbhiqBHIQ?")      # formats memoryview.cast takes
-
-
-def _dlpack_probe(x, src):
-    from . import _dlpack
-    imp = _dlpack.from_object(src)
-    itemsize = _dlpack.DTYPES[imp.dtype][1] // 8 if imp.dtype in _dlpack.DTYPES else 0
-    p = _described(x, imp, imp.address, imp.shape, imp.dtype, itemsize, None, False,
-                   imp.device_type != _dlpack.DL_CPU)
-    p.c_contiguous = imp.c_contiguous
-    if not p.device and p.c_contiguous and p.format in _CASTABLE:
-        p.view = _owned_view(imp, p.address, p.nbytes, p.format, p.shape)
-    return p
-
-
-def _owned_view(owner, address, nbytes, fmt, shape):
-    """A memoryview of ``shape`` over raw memory that keeps ``owner`` alive while it, or any
-    view made from it, lives (the cffi pointer under it holds ``owner``)."""
-    if nbytes == 0:
-        return memoryview(bytearray()).cast(fmt)
-    ptr = _ffi.gc(_ffi.cast("char *", address), lambda _ptr, owner=owner: None)
-    return memoryview(_ffi.buffer(ptr, nbytes)).cast(fmt, shape)
-
-
-def _library(x):
-    """'numpy', 'cupy', 'torch' or None: whose array ``x`` is, for the fix a message names."""
-    if is_torch_tensor(x):
-        return "torch"
-    module = type(x).__module__.split(".")[0]
-    return module if module in ("numpy", "cupy") else None
-
-
-def _detached(x, name):
-    return name + ".detach()" if x.requires_grad else name
-
-
-def cast_fix(x, name, dtype):
-    """How the user converts argument ``name`` (the object ``x``) to ``dtype`` ('float32' or
-    'int64'), as a clause for an error message."""
-    lib = _library(x)
-    if lib == "torch":
-        return "convert with %s.%s()" % (_detached(x, name), "float" if dtype == "float32" else "long")
-    if lib:
-        return "convert with %s.astype(%s.%s)" % (name, "np" if lib == "numpy" else lib, dtype)
-    return "convert it to %s first" % dtype
-
-
-def contiguous_fix(x, name):
-    """How the user makes a C-contiguous copy of argument ``name`` (the object ``x``)."""
-    lib = _library(x)
-    if lib == "torch":
-        return "pass %s.contiguous()" % _detached(x, name)
-    if lib:
-        return "pass %s.ascontiguousarray(%s)" % ("np" if lib == "numpy" else lib, name)
-    return "copy it into a contiguous buffer"
 
 
 def _check_layout(p, name, where, allow_empty, inplace=False):
@@ -294,8 +59,13 @@ def _refuse_grad_output(p, name, where):
                                           "torch.no_grad()" % (name, name)))
 
 
+def _probed(x, name, where):
+    """``x`` itself when it is a Probe (made once by the entry point), else its Probe."""
+    return x if type(x) is Probe else probe(x, name, where)
+
+
 def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
-    """Probe ``x`` and require a C-contiguous native float32 buffer.
+    """Probe ``x`` (or take its Probe) and require a C-contiguous native float32 buffer.
 
     TypeError for any other dtype (float64, float16, ints, big-endian...);
     ValueError when empty (unless ``allow_empty``), strided, or -- when
@@ -305,10 +75,10 @@ def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
     place as torch's optimizers update parameters (allowed). A torch tensor
     written either way needs ``wrote`` after the native call.
     """
-    p = probe(x, name, where)
+    p = _probed(x, name, where)
     if p.dtype != "float32":
         raise TypeError(where_msg(where, "%s has dtype %s; mojo_train works in float32 only "
-                                  "and never casts (%s)" % (name, p.dtype, cast_fix(x, name, "float32"))))
+                                  "and never casts (%s)" % (name, p.dtype, cast_fix(p.obj, name, "float32"))))
     _check_layout(p, name, where, allow_empty, inplace)
     if inplace and p.readonly:
         raise ValueError(where_msg(where, "%s is written in place and must be "
@@ -319,12 +89,12 @@ def float32_tensor(x, name, where, *, inplace=False, allow_empty=False):
 
 
 def int_tensor(x, name, where):
-    """Probe ``x`` and require a non-empty C-contiguous integer buffer."""
-    p = probe(x, name, where)
+    """Probe ``x`` (or take its Probe) and require a non-empty C-contiguous integer buffer."""
+    p = _probed(x, name, where)
     if p.dtype not in INT_DTYPES:
         raise TypeError(where_msg(where, "%s has dtype %s; an integer dtype (int8..int64, "
                                   "uint8..uint64) is required and mojo_train never casts (%s)"
-                                  % (name, p.dtype, cast_fix(x, name, "int64"))))
+                                  % (name, p.dtype, cast_fix(p.obj, name, "int64"))))
     _check_layout(p, name, where, False)
     return p
 
@@ -513,7 +283,7 @@ def zero_bytes(address, nbytes):
         _ffi.memmove(_ffi.cast("void *", address + start), _ZEROS, n)
 
 
-_F32_FORMATS = frozenset(("f", "<f", "=f", "@f"))
+_F32_FORMATS = native_formats("float32")
 
 
 def float32_table(tensors, shapes, table, *, inplace, offsets=None, device_ok=False):
@@ -529,15 +299,15 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None, device_ok=Fa
     """
     if type(tensors) not in (list, tuple) or not tensors or (shapes is not None and len(tensors) != len(shapes)):
         return None
-    keep, sizes, device_array = [], [], _device_array_type()
+    keep, sizes = [], []
     for j, t in enumerate(tensors):
         kind = type(t)
-        if kind is Array or kind is device_array:        # our own arrays: no buffer export needed
+        if kind is Array or kind is DeviceArray:        # our own arrays: no buffer export needed
             if t.dtype != "float32" or (t.shape != shapes[j] if shapes is not None else t.nbytes == 0):
                 return None
-            if kind is device_array and not device_ok:
+            if kind is DeviceArray and not device_ok:
                 return None
-            keep.append(t._cptr if kind is device_array else _ffi.cast("float *", t.address))
+            keep.append(t._cptr if kind is DeviceArray else _ffi.cast("float *", t.address))
             sizes.append(t.nbytes >> 2)
             continue
         try:
@@ -562,16 +332,6 @@ def float32_table(tensors, shapes, table, *, inplace, offsets=None, device_ok=Fa
     return keep
 
 
-_DEVICE_ARRAY = []
-
-
-def _device_array_type():
-    if not _DEVICE_ARRAY:
-        from .device import DeviceArray
-        _DEVICE_ARRAY.append(DeviceArray)
-    return _DEVICE_ARRAY[0]
-
-
 class LastTable:
     """Remembers the pointer table built for the last list of our own arrays (Array,
     DeviceArray) and hands it back when the same objects come again, in the same order: a
@@ -592,8 +352,7 @@ class LastTable:
         return None
 
     def put(self, tensors, result):
-        device_array = _device_array_type()
-        if all(type(t) is Array or type(t) is device_array for t in tensors):
+        if all(type(t) is Array or type(t) is DeviceArray for t in tensors):
             self.objects, self.result = tuple(tensors), result
         else:
             self.objects, self.result = (), None

@@ -27,14 +27,12 @@ import re
 import struct
 import zlib
 
-import mojo_train
-
 from . import _native
 from ._array import Array
 from .device import DeviceArray
 
 CARD_SUFFIX = ".card"
-CONTRACTS = {"optim": "optimizer v1", "clip": "clip v1"}
+CONTRACTS = {}   # card -> contract version (register)
 _INPUTS = "Philox4x32-10 of mt_pinned.h via mt_uniform_fill"
 _HEADER = re.compile(r"^# mojo_train card (\w+); contract ([^;]+); inputs: (.+)$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -92,22 +90,15 @@ def _sizes(text):
     return tuple(sizes)
 
 
-_INPUT_KEYS = {"seed": _count, "sizes": _sizes, "g": _pair}
-_OPTIM_KEYS = dict(_INPUT_KEYS, p=_pair, steps=_count, lr=_number, max_norm=_number,
-                   weight_decay=_number, maximize=_flag)
-_KEYS = {
-    "sgd": dict(_OPTIM_KEYS, momentum=_number, dampening=_number, nesterov=_flag),
-    "adam": dict(_OPTIM_KEYS, betas=_pair, eps=_number),
-    "adamw": dict(_OPTIM_KEYS, betas=_pair, eps=_number),
-    "clip": dict(_INPUT_KEYS, max_norm=_number),
-}
-_REQUIRED = {op: ("seed", "sizes", "g", "max_norm") if op == "clip"
-             else ("seed", "sizes", "p", "g", "steps", "lr") for op in _KEYS}
-_OUTPUTS = {}   # op -> outputs(case), for ops registered by other modules
+_INPUT_KEYS = {"seed": _count, "sizes": _sizes, "g": _pair}   # a tensor list drawn as the module docstring says
+# The header notes of a card whose inputs are tensor lists (optim, clip).
+_LIST_NOTES = ("p=/g= low,high: params from stream 0, step-k grads from stream k (clip: stream 1),",
+               "tensor j at offset offsets[j]; unset hyper-parameters take the public API defaults.")
+_KEYS = {}      # op -> {key: parser}
+_REQUIRED = {}  # op -> the keys a case must give
+_OUTPUTS = {}   # op -> outputs(case)
 _RUNNERS = {}   # op -> run(case, backend)
-_NOTES = {"optim": ("# p=/g= low,high: params from stream 0, step-k grads from stream k (clip: stream 1),",
-                    "# tensor j at offset offsets[j]; unset hyper-parameters take the public API defaults.")}
-_NOTES["clip"] = _NOTES["optim"]
+_NOTES = {}     # card -> the header's comment lines
 
 
 def register(card, contract, cases, ops, notes):
@@ -130,18 +121,7 @@ def case_key(case):
 
 def output_names(case):
     """The outputs a case's line must carry a digest for, in line order."""
-    if case.op in _OUTPUTS:
-        return tuple(_OUTPUTS[case.op](case))
-    if case.op == "clip":
-        return ("tensor_norms", "norms_total", "grads", "total")
-    names = ["params", "grads"]
-    if case.op in ("adam", "adamw"):
-        names += ["exp_avg", "exp_avg_sq"]
-    elif case.args.get("momentum", 0.0) != 0.0:
-        names.append("exp_avg")
-    if "max_norm" in case.args:
-        names.append("step_norms")
-    return tuple(names)
+    return tuple(_OUTPUTS[case.op](case))
 
 
 # ---- the reader -----------------------------------------------------------------------------
@@ -257,6 +237,24 @@ def _filled(backend, case, stream, bounds):
     return arrays
 
 
+def _one_size(text):
+    """``sizes=`` of a one-tensor case (random, elementwise): exactly one size."""
+    sizes = _sizes(text)
+    if len(sizes) != 1:
+        raise ValueError("%r: one size expected" % text)
+    return sizes
+
+
+def _input(backend, case, stream, bounds):
+    """Input tensor number ``stream`` of a one-tensor case (a 1-D float32 of the case's size)."""
+    return _filled(backend, case, stream, bounds)[0]
+
+
+def _named(*names):
+    """An ``outputs(case)`` for register: the same output names for every case of the op."""
+    return lambda case: names
+
+
 def _sha(arrays=(), raw=b""):
     h = hashlib.sha256(raw)
     for a in arrays:
@@ -268,51 +266,9 @@ def _f32(*values):
     return struct.pack("<%df" % len(values), *values)
 
 
-_OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
-_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize", "betas", "eps")
-
-
-def _run_optim(case, backend):
-    args = case.args
-    params = _filled(backend, case, 0, args["p"])
-    kwargs = {k: args[k] for k in _HYPER if k in args}
-    opt = getattr(mojo_train, _OPTIMIZERS[case.op])(params, numeric_mode="identical", **kwargs)
-    totals = []
-    for step in range(1, args["steps"] + 1):
-        grads = _filled(backend, case, step, args["g"])
-        totals.append(opt.step(grads, max_norm=args.get("max_norm")))
-    out = {"params": _sha(params), "grads": _sha(grads)}
-    if getattr(opt, "exp_avg", None) is not None:
-        out["exp_avg"] = _sha([opt.exp_avg])
-    if case.op != "sgd":
-        out["exp_avg_sq"] = _sha([opt.exp_avg_sq])
-    if "max_norm" in args:
-        out["step_norms"] = _sha(raw=_f32(*totals))
-    return out
-
-
-def _run_clip(case, backend):
-    grads = _filled(backend, case, 1, case.args["g"])
-    n, ffi = len(grads), _native.ffi
-    offsets = [0]
-    for g in grads:
-        offsets.append(offsets[-1] + g.size)
-    offsets = Array.from_list(offsets, "int32")
-    table = ffi.new("float *[]", [ffi.cast("float *", g.ptr if _ON_DEVICE else g.address) for g in grads])
-    norms, total = Array((n,), "float32"), Array((1,), "float32")
-    rc = backend.lib.mt_grad_norms(ffi.cast("float *", norms.address), ffi.cast("float *", total.address),
-                                   table, ffi.cast("int32_t *", offsets.address), n)
-    backend.check(rc, "mt_grad_norms")
-    clipped_total = mojo_train.clip_grad_norm_(grads, case.args["max_norm"], numeric_mode="identical")
-    return {"tensor_norms": _sha([norms]), "norms_total": _sha([total]), "grads": _sha(grads),
-            "total": _sha(raw=_f32(clipped_total))}
-
-
 def run_case(case, backend):
     """{output: sha256 hex} of ``case`` on the vendor currently selected (see vendor_selected)."""
-    if case.op in _RUNNERS:
-        return _RUNNERS[case.op](case, backend)
-    return (_run_clip if case.op == "clip" else _run_optim)(case, backend)
+    return _RUNNERS[case.op](case, backend)
 
 
 @contextlib.contextmanager
@@ -410,93 +366,13 @@ def _seeded(spec):
 UNIT = "-1,1"
 SUB = "-2**-127,2**-127"        # the fill itself lands in the subnormal range
 SUB_SQ = "-2**-64,2**-64"       # normal values whose squares are subnormal
-MANY = "1,3,1023,4096,5000"
 BIG = 2 ** 20 + 7
 
-_SGD = ("", "momentum=0.9", "momentum=0.9 dampening=0.1", "momentum=0.9 nesterov=1",
-        "weight_decay=0.01", "maximize=1")
-_ADAM = ("", "weight_decay=0.01", "maximize=1", "betas=0.8,0.99")
-_ADAMW = ("", "weight_decay=0.1", "maximize=1", "eps=1e-6")
-# U(-1,1) grads over >= 1023 elements have a total norm near 18 or more: 1.0 clips, 1e6 never.
-_CLIPS = ("", "max_norm=1.0", "max_norm=1e6")
+CASES = {}   # card -> cases() (register)
 
-
-def _optim_cases():
-    configs = ([("sgd", o) for o in _SGD] + [("adam", o) for o in _ADAM]
-               + [("adamw", o) for o in _ADAMW])
-    specs = []
-    for op, opts in configs:
-        for clip in _CLIPS:
-            specs.append("%s sizes=1023 steps=3 lr=1e-2 p=%s g=%s %s %s" % (op, UNIT, UNIT, opts, clip))
-            specs.append("%s sizes=%s steps=4 lr=1e-3 p=%s g=%s %s %s" % (op, MANY, UNIT, UNIT, opts, clip))
-    specs += [
-        "sgd sizes=1 steps=5 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9",
-        "sgd sizes=3 steps=5 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9 nesterov=1 max_norm=0.01",
-        "adam sizes=1 steps=5 lr=1e-3 p=-1,1 g=-1,1 max_norm=1e6",
-        "adam sizes=3 steps=5 lr=1e-2 p=-1,1 g=-1,1 max_norm=0.01",
-        "adamw sizes=1 steps=5 lr=1e-2 p=-1,1 g=-1,1 max_norm=0.01",
-        "adamw sizes=3,1,3 steps=5 lr=1e-3 p=-1,1 g=-1,1",
-        "sgd sizes=%d steps=3 lr=1e-2 p=-1,1 g=-1,1 momentum=0.9 nesterov=1 max_norm=1.0" % BIG,
-        "adam sizes=%d steps=3 lr=1e-3 p=-1,1 g=-1,1 weight_decay=0.01" % BIG,
-        "adamw sizes=%d steps=3 lr=1e-3 p=-1,1 g=-1,1 max_norm=1.0" % BIG,
-        "adamw sizes=1,%d,3 steps=3 lr=1e-2 p=-1,1 g=-1,1 weight_decay=0.1 max_norm=1e6" % BIG,
-    ]
-    specs += _subnormal_optim_cases()
-    return [_seeded(" ".join(s.split())) for s in specs]
-
-
-def _subnormal_optim_cases():
-    # Subnormal grads have total norm 0 (their squares underflow): max_norm=1e-9 still clips.
-    return [
-        "sgd sizes=1023 steps=4 lr=1e-2 p=%s g=%s" % (SUB, SUB),
-        "sgd sizes=%s steps=4 lr=1e-2 p=%s g=%s momentum=0.9 weight_decay=0.01 max_norm=1e-9" % (MANY, SUB, SUB),
-        "sgd sizes=1023 steps=3 lr=1e-3 p=%s g=%s momentum=0.9 dampening=0.1 max_norm=1.0" % (SUB, UNIT),
-        "adam sizes=1023 steps=4 lr=1e-3 p=%s g=%s weight_decay=0.01" % (SUB, SUB),
-        "adam sizes=%s steps=3 lr=1e-2 p=%s g=%s max_norm=1e-9" % (MANY, UNIT, SUB),
-        "adamw sizes=1023 steps=4 lr=1e-3 p=%s g=%s" % (SUB, SUB),
-        "adamw sizes=%s steps=3 lr=1e-2 p=%s g=%s weight_decay=0.1 max_norm=1e-9" % (MANY, SUB, SUB),
-        "adamw sizes=1023 steps=5 lr=1e-3 p=%s g=%s max_norm=1.0" % (SUB, UNIT),
-        "sgd sizes=%s steps=3 lr=1e-2 p=%s g=%s momentum=0.9 max_norm=1e-20" % (MANY, UNIT, SUB_SQ),
-        "adam sizes=%s steps=3 lr=1e-3 p=%s g=%s max_norm=1e-20" % (MANY, UNIT, SUB_SQ),
-    ]
-
-
-def _clip_cases():
-    lists = ("1", "3", "1023", "4096", "4097", str(BIG), "1,3,1023,4096,4097", "999x67,1000x66,1001x67")
-    specs = []
-    for sizes in lists:
-        small = "0.01" if sizes in ("1", "3") else "1.0"
-        for max_norm in (small, "1e6", "0"):
-            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, UNIT, max_norm))
-    for sizes in ("1023", "4097", "1,3,1023,4096,4097"):
-        for max_norm in ("1e-9", "1.0", "0"):     # the total is 0: only max_norm < 1e-6 scales
-            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, SUB, max_norm))
-    for sizes in ("1023", "4097", "999x67,1000x66,1001x67"):
-        for max_norm in ("1e-20", "1.0"):       # subnormal squares summed by the tree
-            specs.append("clip sizes=%s g=%s max_norm=%s" % (sizes, SUB_SQ, max_norm))
-    # Large magnitudes, kept where the sum of squares stays below float32's max (no overflow).
-    large = [("3", "1e18"), ("1,3,200", "1e18"), ("100x3", "1e18"), ("1023", "1e17"),
-             ("4096", "1e17"), ("4097", "1e17"), (str(BIG), "1e16"), ("999x67,1000x66,1001x67", "1e16")]
-    for sizes, mag in large:
-        for max_norm in ("1.0", "1e30"):
-            specs.append("clip sizes=%s g=-%s,%s max_norm=%s" % (sizes, mag, mag, max_norm))
-    # Hundreds to thousands of tensors: the vector of norms has full rows and several chunks.
-    # Many tensors of >= 3 rows each are also what sees a changed summation order: one norm
-    # shows a one-ulp change of its sum of squares only now and then (sqrt and the coarser
-    # roundings up the tree absorb most), a few hundred norms almost surely show one.
-    specs += ["clip sizes=3x5000 g=-1,1 max_norm=1.0", "clip sizes=3x5000 g=-1,1 max_norm=1e6",
-              "clip sizes=300x300 g=-1,1 max_norm=1.0", "clip sizes=1x4097 g=-1,1 max_norm=1e6",
-              "clip sizes=3x5000 g=-1e17,1e17 max_norm=1.0", "clip sizes=4097x40 g=-1,1 max_norm=1.0",
-              "clip sizes=257x400,1023x100 g=-1,1 max_norm=0",
-              "clip sizes=1023x100 g=-1e16,1e16 max_norm=1e30"]
-    return [_seeded(s) for s in specs]
-
-
-CASES = {"optim": _optim_cases, "clip": _clip_cases}
-
-# Card families of later ops register themselves (see register); imported last, so that
-# everything above is defined when they import it.
-# (every module named mojo_train/_cards_<family>.py that exists; helpers need not edit this)
+# Every card family registers itself (see register) from mojo_train/_cards_<family>.py; they are
+# imported last, so that everything above is defined when they import it (each module of that
+# name that exists; adding a family needs no edit here).
 import importlib as _importlib  # noqa: E402
 for _family in sorted(f[:-3] for f in os.listdir(os.path.dirname(os.path.abspath(__file__)))
                       if f.startswith("_cards_") and f.endswith(".py")):

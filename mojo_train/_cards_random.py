@@ -1,30 +1,17 @@
-"""Cards of the random draws (fixtures/random.card) and the elementwise ops
-(fixtures/elementwise.card): their cases, inputs and runners, registered with _cards.
+"""Cards of the random draws (fixtures/random.card): their cases, inputs and runners,
+registered with _cards.
 
-random.card: ``normal``/``uniform`` draw n values of (seed, stream) at ``offset`` through
+``normal``/``uniform`` draw n values of (seed, stream) at ``offset`` through
 Generator.normal/uniform; the initializers run on a Generator whose counter is set to
 ``stream``; ``dropout`` drops out x (drawn like every card input: stream 0 of the seed, in
 [low, high) given by ``x=``) with the generator's ``stream`` and ``offset``, and replays the
-mask on dy (stream 1, ``dy=``). elementwise.card: ``silu`` runs forward on x (stream 0) and
-backward on (dy, x) (dy from stream 1); ``add`` adds a (stream 0) and b (stream 1).
-Every runner goes through the public API on the selected vendor's identical tier.
+mask on dy (stream 1, ``dy=``). Every runner goes through the public API on the selected
+vendor's identical tier.
 """
-from . import _cards, elementwise
+from . import _cards
 from .random import Generator
 
 _MODE = "identical"
-
-
-def _one(text):
-    sizes = _cards._sizes(text)
-    if len(sizes) != 1:
-        raise ValueError("%r: one size expected" % text)
-    return sizes
-
-
-def _input(backend, case, stream, bounds):
-    """The case's input tensor number ``stream`` (a 1-D float32 of the case's size)."""
-    return _cards._filled(backend, case, stream, bounds)[0]
 
 
 def _device():
@@ -35,7 +22,6 @@ def _n(case):
     return case.args["sizes"][0]
 
 
-# ---- random ---------------------------------------------------------------------------------
 def _run_draw(case, backend):
     a = case.args
     g = Generator(a["seed"], numeric_mode=_MODE)
@@ -62,28 +48,20 @@ def _run_init(case, backend):
 
 def _run_dropout(case, backend):
     a = case.args
-    x = _input(backend, case, 0, a["x"])
-    dy = _input(backend, case, 1, a["dy"])
+    x = _cards._input(backend, case, 0, a["x"])
+    dy = _cards._input(backend, case, 1, a["dy"])
     g = Generator(a["seed"], numeric_mode=_MODE)
     y, key = g.dropout(x, a["p"], offset=a.get("offset", 0), stream=a["stream"])
     dx = g.dropout_backward(dy, key)
     return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
 
 
-_BASE = {"seed": _cards._count, "sizes": _one, "stream": _cards._count}
+_BASE = {"seed": _cards._count, "sizes": _cards._one_size, "stream": _cards._count}
 _DRAW = dict(_BASE, offset=_cards._count, mean=_cards._number, std=_cards._number, range=_cards._pair)
 _INIT = dict(_BASE, fan_in=_cards._count, fan_out=_cards._count, a=_cards._number, gain=_cards._number)
 _DROP = dict(_BASE, offset=_cards._count, p=_cards._number, x=_cards._pair, dy=_cards._pair)
-
-
-def _OUT(case):
-    return ("out",)
-
-
-def _Y_DX(case):
-    return ("y", "dx")
-
-
+_OUT = _cards._named("out")
+_Y_DX = _cards._named("y", "dx")
 _RANDOM_OPS = {
     "normal": (_DRAW, ("seed", "sizes", "stream"), _OUT, _run_draw),
     "uniform": (_DRAW, ("seed", "sizes", "stream"), _OUT, _run_draw),
@@ -137,53 +115,7 @@ def _random_cases():
     return [_cards._seeded(s) for s in specs]
 
 
-# ---- elementwise ----------------------------------------------------------------------------
-def _run_silu(case, backend):
-    a = case.args
-    x = _input(backend, case, 0, a["x"])
-    dy = _input(backend, case, 1, a["dy"])
-    y = elementwise.silu_forward(x, numeric_mode=_MODE)
-    dx = elementwise.silu_backward(dy, x, numeric_mode=_MODE)
-    return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
-
-
-def _run_add(case, backend):
-    a = case.args
-    out = elementwise.add(_input(backend, case, 0, a["a"]), _input(backend, case, 1, a["b"]), numeric_mode=_MODE)
-    return {"out": _cards._sha([out])}
-
-
-_ELT_KEYS = {"seed": _cards._count, "sizes": _one}
-_ELEMENTWISE_OPS = {
-    "silu": (dict(_ELT_KEYS, x=_cards._pair, dy=_cards._pair), ("seed", "sizes", "x", "dy"),
-             _Y_DX, _run_silu),
-    "add": (dict(_ELT_KEYS, a=_cards._pair, b=_cards._pair), ("seed", "sizes", "a", "b"), _OUT, _run_add),
-}
-
-
-def _elementwise_cases():
-    specs = []
-    for n in ("1", "3", "1023", "4099", str(BIG)):
-        specs += ["silu sizes=%s x=-1,1 dy=-1,1" % n, "silu sizes=%s x=-20,20 dy=-1,1" % n,
-                  "add sizes=%s a=-1,1 b=-1,1" % n, "add sizes=%s a=%s b=%s" % (n, SUB, SUB)]
-    specs += [
-        "silu sizes=4099 x=-120,120 dy=-1,1",            # exp(-x) overflows below -88.72
-        "silu sizes=4099 x=-3,3 dy=-1e30,1e30",
-        "silu sizes=4099 x=-1.5,-1 dy=-1,1",             # the gradient's zero near -1.2785
-        "silu sizes=4099 x=%s dy=-1,1" % SUB,            # x / 2 onto the subnormal grid
-        "silu sizes=4099 x=-2**-100,2**-100 dy=%s" % SUB,
-        "silu sizes=4099 x=-1.5e38,1.5e38 dy=-1,1",
-        "add sizes=4099 a=-2**-125,2**-125 b=-2**-126,2**-126",
-        "add sizes=4099 a=1e38,1.7e38 b=1e38,1.7e38",      # sums that overflow to +inf
-        "add sizes=4099 a=-1,1 b=-2**-20,2**-20",
-    ]
-    return [_cards._seeded(s) for s in specs]
-
-
 _cards.register("random", "random v1", _random_cases, _RANDOM_OPS,
                 ["normal/uniform: Generator(seed).normal/uniform(n, ..., stream=, offset=); initializers on",
                  "Generator(seed) with counter = stream; dropout: x from stream 0, dy from stream 1 of the",
                  "seed (x=/dy= low,high), mask from stream= at offset=; outputs y and dx = backward(dy)."])
-_cards.register("elementwise", "elementwise v1", _elementwise_cases, _ELEMENTWISE_OPS,
-                ["silu: x from stream 0, dy from stream 1 of the seed (x=/dy= low,high); outputs",
-                 "y = silu_forward(x) and dx = silu_backward(dy, x). add: a from stream 0, b from stream 1."])

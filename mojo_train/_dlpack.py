@@ -15,6 +15,8 @@ import ctypes
 import itertools
 import operator
 
+from ._dtypes import BY_DLPACK as _NAMES
+from ._dtypes import TABLE
 from ._errors import where_msg
 
 DL_CPU = 1
@@ -24,17 +26,8 @@ DL_ROCM = 10
 DL_ROCM_HOST = 11
 DL_CUDA_MANAGED = 13
 
-KDL_INT, KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_COMPLEX, KDL_BOOL = 0, 1, 2, 4, 5, 6
-
-# dtype name -> (DLDataType code, bits); lanes is always 1
-DTYPES = {
-    "int8": (KDL_INT, 8), "int16": (KDL_INT, 16), "int32": (KDL_INT, 32),
-    "int64": (KDL_INT, 64), "uint8": (KDL_UINT, 8), "uint16": (KDL_UINT, 16),
-    "uint32": (KDL_UINT, 32), "uint64": (KDL_UINT, 64), "float16": (KDL_FLOAT, 16),
-    "float32": (KDL_FLOAT, 32), "float64": (KDL_FLOAT, 64), "bfloat16": (KDL_BFLOAT, 16),
-    "complex64": (KDL_COMPLEX, 64), "complex128": (KDL_COMPLEX, 128), "bool": (KDL_BOOL, 8),
-}
-_NAMES = {code_bits: name for name, code_bits in DTYPES.items()}
+# dtype name -> (DLDataType code, bits), from the dtype table; lanes is always 1
+DTYPES = {d.name: d.dlpack for d in TABLE}
 
 _MAX_NDIM = 64
 

@@ -36,6 +36,8 @@ import threading
 
 import cffi
 
+from ._errors import where_msg
+
 ABI_VERSION = 2
 TIERS = ("identical", "deterministic", "fast")
 VENDORS = ("cpu", "cuda", "hip", "metal")
@@ -124,7 +126,7 @@ class Backend:
         """Raise the exception matching a nonzero status, with the library's message."""
         if rc:
             msg = ffi.string(self.lib.mt_last_error()).decode("utf-8", "replace")
-            raise _ERRORS.get(rc, RuntimeError)("mojo_train.%s: %s" % (where, msg))
+            raise _ERRORS.get(rc, RuntimeError)(where_msg(where, msg))
 
     def has(self, feature_bit):
         return bool(self.features & feature_bit)

@@ -21,12 +21,13 @@ import zipfile
 import zlib
 
 from ._array import Array
+from ._dtypes import ARRAY_DTYPES, DTYPES
 from ._errors import where_msg
+from ._probe import probe
 
 _MAGIC = b"\x93NUMPY"
-# .npy descr -> (our dtype, itemsize)
-_DESCR = {"<f4": ("float32", 4), "<f8": ("float64", 8), "<i4": ("int32", 4), "<i8": ("int64", 8),
-          "<u4": ("uint32", 4), "|u1": ("uint8", 1)}
+# .npy descr -> (our dtype, itemsize): an Array's dtypes, from the dtype table
+_DESCR = {DTYPES[name].typestr: (name, DTYPES[name].itemsize) for name in ARRAY_DTYPES}
 _DESCR_OF = {dtype: descr for descr, (dtype, _) in _DESCR.items()}
 _HEADER_KEYS = {"descr", "fortran_order", "shape"}
 # bytes a member's data may expand to per compressed byte (deflate's limit is 1032:1)
@@ -59,15 +60,15 @@ def _member(value, name):
     if isinstance(value, str):
         data = value.encode("utf-32-le")
         return _npy_header("<U%d" % max(len(value), 1), ()), data or b"\0\0\0\0"
-    from ._buffer import probe
-    p = probe(value, name, "npz.write")
+    where = "npz.write"
+    p = probe(value, name, where)
     if p.device:
-        raise TypeError("mojo_train.npz.write: %s is device memory; pass .to_host()" % name)
+        raise TypeError(where_msg(where, "%s is device memory; pass .to_host()" % name))
     if p.dtype not in _DESCR_OF:
-        raise TypeError("mojo_train.npz.write: %s has dtype %s; .npz entries are %s or str"
-                        % (name, p.dtype, ", ".join(_DESCR_OF)))
+        raise TypeError(where_msg(where, "%s has dtype %s; .npz entries are %s or str"
+                                  % (name, p.dtype, ", ".join(_DESCR_OF))))
     if not p.c_contiguous:
-        raise ValueError("mojo_train.npz.write: %s must be C-contiguous" % name)
+        raise ValueError(where_msg(where, "%s must be C-contiguous" % name))
     view = value.memview() if isinstance(value, Array) else p.view
     return _npy_header(_DESCR_OF[p.dtype], p.shape), view.cast("B") if p.nbytes else b""
 
@@ -78,7 +79,7 @@ def write(path, arrays):
     members = []
     for name, value in arrays.items():
         if not isinstance(name, str) or not name or "/" in name:
-            raise ValueError("mojo_train.npz.write: bad entry name %r" % (name,))
+            raise ValueError(where_msg("npz.write", "bad entry name %r" % (name,)))
         members.append((name + ".npy",) + _member(value, name))
     tmp = "%s.%d.tmp" % (path, os.getpid())
     try:

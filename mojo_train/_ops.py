@@ -1,4 +1,4 @@
-"""Argument plumbing shared by the loss and layer functions (loss.py, nn.py).
+"""Argument plumbing shared by the loss and layer functions (loss.py, linear.py, rms_norm.py, ...).
 
 Contract: inputs are probed once (``_buffer.probe``), never cast: float tensors must be
 float32 and C-contiguous; targets/ids are any integer buffer or a list of ints. All of a
@@ -8,15 +8,18 @@ the native call fills them, and on refusal they are dropped, so nothing the call
 ever written. A refusal from the native library is raised by ``check``, naming the arguments
 as the caller spelled them where the C names differ (``hidden`` -> ``input``, ...).
 """
+import numbers
 import operator
 import re
 
 from . import _buffer
 from ._array import Array
+from ._dtypes import DTYPES
 from ._errors import where_msg
 from ._native import ffi, load, numeric_mode_arg
+from .device import DeviceArray
 
-_SIGNED_NATIVE = {"int32": 4, "int64": 8}
+_SIGNED_NATIVE = {name: DTYPES[name].itemsize for name in ("int32", "int64")}   # ids read in place
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
 
 
@@ -30,14 +33,23 @@ def f32_in(x, name, where, ndim=None):
     return p
 
 
+def int_probe(x, name, where):
+    """The Probe of an integer argument: a list or tuple of ints becomes an int64 Array first
+    (a value that is no integer, or outside int64, is refused naming its index)."""
+    if isinstance(x, (list, tuple)):
+        x = Array.from_list(_int64_values(x, name, where), "int64")
+    return _buffer.probe(x, name, where)
+
+
 def ids_in(x, n, name, where, shape=None):
     """(Probe, itemsize) of an integer input of n elements (and of ``shape``, when given): a
     signed 4- or 8-byte buffer is used in place; any other integer buffer, or a list of ints,
     becomes an int64 copy on the host (a value outside int64 is refused naming its index).
-    Device buffers must already be int32 or int64."""
-    if isinstance(x, (list, tuple)):
-        x = Array.from_list(_int64_values(x, name, where), "int64")
-    p = _buffer.int_tensor(x, name, where) if n else _buffer.probe(x, name, where)
+    Device buffers must already be int32 or int64. ``x`` may be the Probe ``int_probe`` gave
+    (its entry point probes each argument once)."""
+    p = x if type(x) is _buffer.Probe else int_probe(x, name, where)
+    if n:
+        p = _buffer.int_tensor(p, name, where)
     if p.nelems != n:
         raise ValueError(where_msg(where, "%s has %d elements, %d expected" % (name, p.nelems, n)))
     if shape is not None and tuple(p.shape) != tuple(shape):
@@ -113,7 +125,6 @@ def placement(where, numeric_mode, **probes):
 def out_f32(shape, on_device, numeric_mode):
     """An uninitialised float32 output on the chosen side."""
     if on_device:
-        from .device import DeviceArray
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
     return Array.empty(shape, "float32")
 
@@ -155,3 +166,44 @@ def out_arg(where, out, shape, inputs):
                                    % (tuple(pout.shape), tuple(shape))))
     _buffer.refuse_overlap(where, ("out", pout), inputs)
     return pout
+
+
+def int_arg(value, name, where, low, high):
+    """``value`` as an int in ``[low, high]``: TypeError for a non-int (bool included), else
+    ValueError naming ``name`` and the range."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(where_msg(where, "%s must be an int, got %r" % (name, value)))
+    v = int(value)
+    if not low <= v <= high:
+        raise ValueError(where_msg(where, "%s must be in [%d, %d], got %d" % (name, low, high, v)))
+    return v
+
+
+# ---- shapes of the layers (linear.py, rms_norm.py, elementwise.py's relu) ----------------------
+def leading_rows(shape):
+    """The rows of a ``(..., K)`` tensor: the product of every dimension but the last."""
+    n = 1
+    for d in shape[:-1]:
+        n *= d
+    return n
+
+
+def at_least_1d(p, name, what, where):
+    """Refuse a 0-d ``p``; ``what`` spells the expected shape (``"..., K"``)."""
+    if not p.shape:
+        raise ValueError(where_msg(where, "%s must have at least one dimension (%s), got a "
+                                   "0-d tensor" % (name, what)))
+
+
+def vector_of(p, n, name, where):
+    """Refuse a ``p`` (None: not given) whose shape is not ``(n,)``."""
+    if p is not None and tuple(p.shape) != (n,):
+        raise ValueError(where_msg(where, "%s must have shape (%d,) (one per output), got %r"
+                                   % (name, n, tuple(p.shape))))
+
+
+def dy_like_x(pdy, px, where):
+    """Refuse a gradient ``dy`` whose shape is not ``x``'s."""
+    if tuple(pdy.shape) != tuple(px.shape):
+        raise ValueError(where_msg(where, "dy must have x's shape %r, got %r"
+                                   % (tuple(px.shape), tuple(pdy.shape))))

@@ -7,23 +7,25 @@ takes a host buffer; results stay on the device. ``to_host()`` copies back into 
 ``mojo_train.Array``. Foreign device tensors (torch CUDA tensors, CuPy arrays, anything with
 ``__cuda_array_interface__`` or DLPack) are accepted by the ops directly, in place.
 """
-from . import _buffer
 from ._array import Array
+from ._dtypes import ARRAY_DTYPES, DTYPES
+from ._errors import where_msg
 from ._native import ffi, load, numeric_mode_arg
+from ._probe import probe
 
 __all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
 
-_TYPESTR = {"float32": "<f4", "float64": "<f8", "int32": "<i4", "int64": "<i8", "uint8": "|u1",
-            "uint32": "<u4"}
-_ITEMSIZE = {"float32": 4, "float64": 8, "int32": 4, "int64": 8, "uint8": 1, "uint32": 4}
+# the dtypes a DeviceArray holds (an Array's), with their typestr and itemsize
+_TYPESTR = {name: DTYPES[name].typestr for name in ARRAY_DTYPES}
+_ITEMSIZE = {name: DTYPES[name].itemsize for name in ARRAY_DTYPES}
 
 
 def gpu_backend(numeric_mode, where):
     """The loaded backend, which must be a GPU vendor."""
     backend = load(numeric_mode_arg(numeric_mode, where))
     if backend.vendor == "cpu":
-        raise RuntimeError("mojo_train.%s: the loaded vendor is cpu, which has no device memory; set "
-                           "MOJO_TRAIN_VENDOR=cuda (or auto on a machine with a GPU)" % where)
+        raise RuntimeError(where_msg(where, "the loaded vendor is cpu, which has no device memory; set "
+                                     "MOJO_TRAIN_VENDOR=cuda (or auto on a machine with a GPU)"))
     return backend
 
 
@@ -44,20 +46,28 @@ class _Allocation:
             pass
 
 
+def _checked_shape(shape, dtype):
+    """(shape tuple, element count) of a DeviceArray of ``dtype``, refused by name when bad."""
+    if dtype not in _TYPESTR:
+        raise TypeError(where_msg("DeviceArray", "dtype %r is not supported (%s)" % (dtype, ", ".join(_TYPESTR))))
+    shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    n = 1
+    for d in shape:
+        if d < 0:
+            raise ValueError(where_msg("DeviceArray", "negative dimension in shape %r" % (shape,)))
+        n *= d
+    return shape, n
+
+
 class DeviceArray:
     """An n-d array in GPU memory. ``DeviceArray(shape, dtype='float32')`` is zero-filled."""
 
     __slots__ = ("_alloc", "_offset", "shape", "dtype", "_cptr", "nbytes", "__weakref__")
 
     def __init__(self, shape, dtype="float32", numeric_mode=None, _alloc=None, _offset=0):
-        if dtype not in _TYPESTR:
-            raise TypeError("mojo_train.DeviceArray: dtype %r is not supported (%s)"
-                            % (dtype, ", ".join(_TYPESTR)))
-        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        if any(d < 0 for d in shape):
-            raise ValueError("mojo_train.DeviceArray: negative dimension in shape %r" % (shape,))
+        shape, n = _checked_shape(shape, dtype)
         self.shape, self.dtype, self._offset = shape, dtype, _offset
-        self.nbytes = self.size * _ITEMSIZE[dtype]
+        self.nbytes = n * _ITEMSIZE[dtype]
         if _alloc is None:
             _alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), self.nbytes)
             self._alloc = _alloc
@@ -68,15 +78,7 @@ class DeviceArray:
     @classmethod
     def empty(cls, shape, dtype="float32", numeric_mode=None):
         """An uninitialised DeviceArray (for outputs a kernel fills completely)."""
-        if dtype not in _TYPESTR:
-            raise TypeError("mojo_train.DeviceArray: dtype %r is not supported (%s)"
-                            % (dtype, ", ".join(_TYPESTR)))
-        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
-        n = 1
-        for d in shape:
-            if d < 0:
-                raise ValueError("mojo_train.DeviceArray: negative dimension in shape %r" % (shape,))
-            n *= d
+        shape, n = _checked_shape(shape, dtype)
         alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), n * _ITEMSIZE[dtype])
         return cls(shape, dtype, _alloc=alloc)
 
@@ -127,10 +129,10 @@ class DeviceArray:
 
     def copy_from(self, host):
         """Upload a host buffer of the same dtype and size into this array."""
-        pb = _buffer.probe(host, "host", "DeviceArray.copy_from")
+        pb = probe(host, "host", "DeviceArray.copy_from")
         if pb.dtype != self.dtype or pb.nelems != self.size or not pb.c_contiguous:
-            raise ValueError("mojo_train.DeviceArray.copy_from: need a C-contiguous %s buffer of %d "
-                             "elements, got %s of %d" % (self.dtype, self.size, pb.dtype, pb.nelems))
+            raise ValueError(where_msg("DeviceArray.copy_from", "need a C-contiguous %s buffer of %d elements, "
+                                       "got %s of %d" % (self.dtype, self.size, pb.dtype, pb.nelems)))
         if self.nbytes:
             self._copy(self.ptr, pb.address, self.nbytes)
         return self
@@ -149,8 +151,8 @@ class DeviceArray:
         for d in shape:
             n *= d
         if n != self.size:
-            raise ValueError("mojo_train.DeviceArray.reshape: cannot view %d elements as %r"
-                             % (self.size, tuple(shape)))
+            raise ValueError(where_msg("DeviceArray.reshape", "cannot view %d elements as %r"
+                                       % (self.size, tuple(shape))))
         return DeviceArray(tuple(shape), self.dtype, _alloc=self._alloc, _offset=self._offset)
 
     @property
@@ -159,7 +161,7 @@ class DeviceArray:
                 "data": (self.ptr, False), "strides": None, "stream": None}
 
     def __dlpack_device__(self):
-        from . import _dlpack
+        from . import _dlpack   # late: ctypes is loaded only when DLPack is asked for (not a cycle)
         kind = _dlpack.DL_ROCM if self._alloc.backend.vendor == "hip" else _dlpack.DL_CUDA
         return (kind, 0)
 
@@ -178,11 +180,15 @@ class DeviceArray:
 
 def to_device(x, numeric_mode=None):
     """Copy a host buffer (any buffer-protocol object, float32 or integer) to a new DeviceArray."""
-    pb = _buffer.probe(x, "x", "to_device")
+    return upload(probe(x, "x", "to_device"), numeric_mode)
+
+
+def upload(pb, numeric_mode=None):
+    """``to_device`` of a host buffer the caller has probed already (``pb``, its Probe)."""
     if not pb.c_contiguous:
-        raise ValueError("mojo_train.to_device: x must be C-contiguous")
+        raise ValueError(where_msg("to_device", "x must be C-contiguous"))
     if pb.dtype not in _TYPESTR:
-        raise TypeError("mojo_train.to_device: x has dtype %s; supported: %s" % (pb.dtype, ", ".join(_TYPESTR)))
+        raise TypeError(where_msg("to_device", "x has dtype %s; supported: %s" % (pb.dtype, ", ".join(_TYPESTR))))
     out = DeviceArray(pb.shape, pb.dtype, numeric_mode=numeric_mode, _alloc=_Allocation(
         gpu_backend(numeric_mode, "to_device"), pb.nbytes))
     if pb.nbytes:

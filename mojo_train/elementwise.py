@@ -58,3 +58,31 @@ def add(a, b, *, out=None, numeric_mode=None):
     refuses it, so expand explicitly. Its backward is the identity: d(out) is the gradient of
     a and of b."""
     return _map("add", "mt_add", [("a", a), ("b", b)], out, numeric_mode)
+
+
+# ---- ReLU (elementwise.md, "ReLU"): a new output of the input's shape, no out= -------------------
+__all__ += ["relu_forward", "relu_backward"]
+
+
+def relu_forward(x, *, numeric_mode=None):
+    """``max(x, 0)`` elementwise, as ``torch.relu`` (-0.0 becomes +0.0). Any shape."""
+    where = "relu_forward"
+    px = _ops.f32_in(x, "x", where)
+    backend, on_device = _ops.placement(where, numeric_mode, x=px)
+    y = _ops.out_f32(tuple(px.shape), on_device, numeric_mode)
+    backend.check(backend.lib.mt_relu_forward(_ops.fptr(y), _ops.fptr(px), px.nelems), where)
+    return y
+
+
+def relu_backward(dy, x, *, numeric_mode=None):
+    """Gradient of :func:`relu_forward`: ``dy`` where ``x > 0``, else +0.0 (torch's choice
+    at 0). ``dy`` and ``x`` have one shape."""
+    where = "relu_backward"
+    pdy = _ops.f32_in(dy, "dy", where)
+    px = _ops.f32_in(x, "x", where)
+    _ops.dy_like_x(pdy, px, where)
+    backend, on_device = _ops.placement(where, numeric_mode, dy=pdy, x=px)
+    dx = _ops.out_f32(tuple(px.shape), on_device, numeric_mode)
+    rc = backend.lib.mt_relu_backward(_ops.fptr(dx), _ops.fptr(pdy), _ops.fptr(px), px.nelems)
+    backend.check(rc, where)
+    return dx

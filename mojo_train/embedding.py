@@ -18,7 +18,7 @@ from . import _buffer, _native, _npz, _ops
 from ._array import Array
 from ._errors import where_msg
 from ._native import numeric_mode_arg
-from .device import DeviceArray, to_device
+from .device import DeviceArray, to_device, upload
 
 __all__ = ["Embedding", "embedding_forward", "embedding_backward"]
 
@@ -61,21 +61,20 @@ def _plan(plan, where):
 
 def _ids(ids, where):
     """(Probe, id_bytes, shape) of ids: an integer buffer of any shape (int32/int64 used in place,
-    other integer dtypes copied to int64) or a flat list of ints; empty ids are refused."""
-    if isinstance(ids, (list, tuple)):
-        if any(isinstance(v, (list, tuple)) for v in ids):
-            raise TypeError(where_msg(where, "ids as a list must be flat; pass an integer buffer for "
-                                      "ids of several dimensions"))
-        shape = (len(ids),)
-    else:
-        shape = tuple(_buffer.probe(ids, "ids", where).shape)
+    other integer dtypes copied to int64) or a flat list of ints; empty ids are refused. The
+    caller's ids are probed once."""
+    if isinstance(ids, (list, tuple)) and any(isinstance(v, (list, tuple)) for v in ids):
+        raise TypeError(where_msg(where, "ids as a list must be flat; pass an integer buffer for "
+                                  "ids of several dimensions"))
+    raw = _ops.int_probe(ids, "ids", where)
+    shape = tuple(raw.shape)
     n = 1
     for s in shape:
         n *= s
     if n == 0:
         raise ValueError(where_msg(where, "ids is empty (shape %r); an embedding call needs at least "
                                    "one id" % (shape,)))
-    probe, id_bytes = _ops.ids_in(ids, n, "ids", where)
+    probe, id_bytes = _ops.ids_in(raw, n, "ids", where)
     return probe, id_bytes, shape
 
 
@@ -102,10 +101,21 @@ def embedding_forward(weight, ids, *, numeric_mode=None):
     too). Ids outside ``[0, V)`` are refused naming the first such (flat) position.
     """
     where = "embedding_forward"
+    w = _table(weight, where)
+    pi, id_bytes, shape = _ids(ids, where)
+    return _gather(where, w, pi, id_bytes, shape, numeric_mode)
+
+
+def _table(weight, where):
+    """The Probe of a float32 (V, d) table, refused by name when empty."""
     w = _ops.f32_in(weight, "weight", where, ndim=2)
     if w.nelems == 0:
         raise ValueError(where_msg(where, "weight is empty (shape %r)" % (tuple(w.shape),)))
-    pi, id_bytes, shape = _ids(ids, where)
+    return w
+
+
+def _gather(where, w, pi, id_bytes, shape, numeric_mode):
+    """embedding_forward's native call on checked Probes: table ``w``, ids ``pi`` of ``shape``."""
     backend, on_device = _ops.placement(where, numeric_mode, weight=w, ids=pi)
     vocab, d = w.shape
     out = _ops.out_f32(shape + (d,), on_device, numeric_mode)
@@ -129,11 +139,21 @@ def embedding_backward(dy, ids, vocab, *, padding_idx=None, grad=None, plan="aut
     every plan gives the same bits. The result is on the side (host or device) of the inputs.
     """
     where = "embedding_backward"
-    vocab = _positive(vocab, "vocab", where)
-    pad = _padding(padding_idx, vocab, where)
-    flags = _plan(plan, where) << 1
+    vocab, pad, flags = _backward_options(vocab, padding_idx, plan, where)
     pi, id_bytes, shape = _ids(ids, where)
     g, d = _dy(dy, shape, where)
+    return _scatter(where, g, pi, id_bytes, vocab, d, pad, flags, grad, numeric_mode)
+
+
+def _backward_options(vocab, padding_idx, plan, where):
+    """(vocab, padding row or -1, flags word without the accumulate bit), checked."""
+    vocab = _positive(vocab, "vocab", where)
+    return vocab, _padding(padding_idx, vocab, where), _plan(plan, where) << 1
+
+
+def _scatter(where, g, pi, id_bytes, vocab, d, pad, flags, grad, numeric_mode):
+    """embedding_backward's native call on checked Probes (dy ``g`` of width ``d``, ids ``pi``);
+    ``grad``, when given, is checked here and added into."""
     pg = None
     if grad is not None:
         pg = _buffer.float32_tensor(grad, "grad", where, inplace=True)
@@ -184,12 +204,12 @@ def _refuse_torch_options(max_norm, norm_type, scale_grad_by_freq, sparse, kwarg
 
 def _own_table(weight, shape, numeric_mode, where):
     """The layer's own copy of a float32 table of ``shape``: an Array for host memory, a
-    DeviceArray for device memory."""
+    DeviceArray for device memory. ``weight`` may be the Probe its caller made."""
     p = _buffer.float32_tensor(weight, "weight", where)
     if tuple(p.shape) != shape:
         raise ValueError(where_msg(where, "weight has shape %r, want %r" % (tuple(p.shape), shape)))
     if not p.device:
-        return Array.from_buffer(weight) if not isinstance(weight, Array) else weight.copy()
+        return Array._from_probe(p)
     out = DeviceArray.empty(shape, numeric_mode=numeric_mode)
     out._copy(out.ptr, p.address, p.nbytes)
     return out
@@ -256,10 +276,11 @@ class Embedding:
         refuses (torch would give it no gradient); pass ``freeze=False`` to train it.
         """
         p = _ops.f32_in(embeddings, "embeddings", "Embedding.from_pretrained", ndim=2)
-        layer = cls(p.shape[0], p.shape[1], padding_idx, weight=embeddings, plan=plan, numeric_mode=numeric_mode,
+        # weight=p: the table's Probe, so that embeddings is probed once
+        layer = cls(p.shape[0], p.shape[1], padding_idx, weight=p, plan=plan, numeric_mode=numeric_mode,
                     max_norm=max_norm, norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
         if not isinstance(freeze, bool):
-            raise TypeError("mojo_train.Embedding.from_pretrained: freeze must be a bool, got %r" % (freeze,))
+            raise TypeError(where_msg("Embedding.from_pretrained", "freeze must be a bool, got %r" % (freeze,)))
         layer.freeze = freeze
         return layer
 
@@ -297,12 +318,13 @@ class Embedding:
         if not isinstance(device, bool):
             raise TypeError(where_msg(where, "device must be a bool, got %r" % (device,)))
         if device or isinstance(table, DeviceArray):
-            pi, _, shape = _ids(ids, where)
-            dev_ids = pi.obj if pi.device else to_device(pi.obj, numeric_mode=self.numeric_mode)
-            dev_ids = dev_ids.reshape(shape) if isinstance(dev_ids, DeviceArray) else dev_ids
+            pi, id_bytes, shape = _ids(ids, where)
+            if not pi.device:       # our own upload of the checked ids, probed as such
+                pi = _buffer.probe(upload(pi, self.numeric_mode), "ids", "embedding_forward")
             if not isinstance(table, DeviceArray):
                 table = to_device(table, numeric_mode=self.numeric_mode)
-            out = embedding_forward(table, dev_ids, numeric_mode=self.numeric_mode)
+            w = _table(table, "embedding_forward")
+            out = _gather("embedding_forward", w, pi, id_bytes, shape, self.numeric_mode)
             return out if device else out.to_host()
         return embedding_forward(table, ids, numeric_mode=self.numeric_mode)
 
@@ -339,18 +361,18 @@ class Embedding:
         Refused: a layer made by ``from_pretrained(freeze=True)``; ids outside the table;
         NaN/inf in ``dy`` or ``grad`` (nothing is written).
         """
-        if self.freeze:
-            raise RuntimeError("mojo_train.Embedding.backward: this table is frozen "
-                               "(from_pretrained(freeze=True)), so it gets no gradient; build it "
-                               "with freeze=False to train it")
         where = "Embedding.backward"
-        pi, _, shape = _ids(ids, where)
+        if self.freeze:
+            raise RuntimeError(where_msg(where, "this table is frozen (from_pretrained(freeze=True)), so it "
+                                         "gets no gradient; build it with freeze=False to train it"))
+        pi, id_bytes, shape = _ids(ids, where)
         g, d = _dy(dy, shape, where)
         if d != self.embedding_dim:
             raise ValueError(where_msg(where, "dy rows have %d columns, embedding_dim is %d"
                                        % (d, self.embedding_dim)))
-        return embedding_backward(dy, ids, self.num_embeddings, padding_idx=self.padding_idx, grad=grad,
-                                  plan=self.plan, numeric_mode=self.numeric_mode)
+        # embedding_backward's checks and call on the Probes made here (its messages, its name)
+        vocab, pad, flags = _backward_options(self.num_embeddings, self.padding_idx, self.plan, "embedding_backward")
+        return _scatter("embedding_backward", g, pi, id_bytes, vocab, d, pad, flags, grad, self.numeric_mode)
 
     # -- persistence --
     def __getstate__(self):

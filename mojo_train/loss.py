@@ -1,5 +1,6 @@
 """Losses: cross-entropy here; the chunked language-model head and fused linear +
-cross-entropy (``chunked_lm_head_loss``, ``linear_cross_entropy``) come from _lm_head.py.
+cross-entropy (``chunked_lm_head_loss``, ``linear_cross_entropy``) live in lm_head.py, their
+family's module, and are re-exported here (``mojo_train.loss`` is their public home too).
 
 ``cross_entropy`` is torch's ``F.cross_entropy`` over class indices, with the gradient with
 respect to the logits from the same call (there is no autograd here). Its arithmetic is
@@ -12,7 +13,7 @@ from ._loss_options import MAX_VOCAB, loss_options
 
 __all__ = ["cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy"]
 
-from ._lm_head import chunked_lm_head_loss, linear_cross_entropy  # noqa: E402  (the LM head)
+from .lm_head import chunked_lm_head_loss, linear_cross_entropy  # noqa: E402  (the LM head)
 
 
 # torch keywords cross_entropy does not take, and why; any other unknown keyword is refused too.
@@ -28,13 +29,14 @@ _REFUSED = {
 
 
 def _soft_targets(targets, where):
-    """Refuse class-probability targets (a float buffer, a 2-D buffer, nested lists) by name."""
+    """Refuse class-probability targets (a float buffer, a 2-D buffer, nested lists) by name;
+    return what ``_ops.ids_in`` reads: the list itself, or the buffer's Probe (made once)."""
     why = ("class-probability (soft) targets are not supported (not in loss v1): give one class "
            "index per row")
     if isinstance(targets, (list, tuple)):
         if any(isinstance(v, (list, tuple)) for v in targets):
             raise ValueError(where_msg(where, "targets is a nested list; " + why))
-        return
+        return targets
     try:
         p = _buffer.probe(targets, "targets", where)
     except TypeError:
@@ -44,6 +46,7 @@ def _soft_targets(targets, where):
         raise TypeError(where_msg(where, "targets has dtype %s; %s" % (p.dtype, why)))
     if len(p.shape) != 1:
         raise ValueError(where_msg(where, "targets must be 1-D (N,), got shape %r; %s" % (tuple(p.shape), why)))
+    return p
 
 
 def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_smoothing=0.0,
@@ -130,8 +133,7 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
     if not 1 <= vocab < MAX_VOCAB:
         raise ValueError(where_msg(where, "logits must have at least one class (V >= 1) and fewer than "
                                    "2**24, got shape %r" % (tuple(lp.shape),)))
-    _soft_targets(targets, where)
-    tp, tbytes = _ops.ids_in(targets, n, "targets", where)
+    tp, tbytes = _ops.ids_in(_soft_targets(targets, where), n, "targets", where)
     backend, on_device = _ops.placement(where, numeric_mode, logits=lp, targets=tp)
     if red == 0:
         rows, out = _ops.out_f32((n,), on_device, backend.tier), None

@@ -1,10 +1,11 @@
-"""SGD, Adam, AdamW and clip_grad_norm_, bit-pinned in the identical tier.
+"""SGD, Adam and AdamW, bit-pinned in the identical tier (``clip_grad_norm_`` lives in
+mojo_train.clip and is re-exported here, so ``mojo_train.optim.clip_grad_norm_`` works).
 
 The names and defaults are torch's. There is no autograd here, so ``step`` takes the
 gradients: ``opt.step(grads, max_norm=None)`` updates the parameters in place, clipping the
 gradients first (in place, as ``clip_grad_norm_`` would) when ``max_norm`` is given, and
 returns the pre-clip total norm or None. A refused step changes nothing: not the params,
-not the grads, not the moments, not ``t``. The arithmetic is native/contracts/optimizer.md
+not the grads, not the moments, not ``t``. The arithmetic is native/contracts/optim.md
 and clip.md; tensors are addressed in place through a pointer table, so a list of separate
 arrays is neither packed nor copied.
 
@@ -34,20 +35,17 @@ lacks and are refused by name (NotImplementedError), as is ``fused=True`` with `
 """
 import math
 import numbers
-import operator
-import threading
-from itertools import chain
 
 from ._errors import refuse_keywords, where_msg
 from . import _buffer
 from ._array import Array
 from ._native import ffi, load, numeric_mode_arg
+from ._optim_common import (_DEVICE_BUFFERS, _Registry, _indexed, _probe_ranges, _real, _refuse_overlap,
+                            _single, _switches, _table_ranges)
+from .clip import clip_grad_norm_   # noqa: F401  (mojo_train.optim.clip_grad_norm_ keeps working)
 from .device import DeviceArray
 
 __all__ = ["SGD", "Adam", "AdamW", "clip_grad_norm_"]
-
-_DEVICE_BUFFERS = 1 << 9   # mt_features(): the vendor takes device pointers
-_CLIP_TABLES = threading.local()   # per thread and library: clip_grad_norm_'s last gradient list
 
 # torch keywords this library does not take, and why; anything else unknown is refused too.
 _REFUSED = {
@@ -57,137 +55,19 @@ _REFUSED = {
     "device": "the device follows the loaded vendor (MOJO_TRAIN_VENDOR) and the buffers",
 }
 
-# torch's switches: name -> (the values taken, the exception for another bool, why). The values
-# taken ask for nothing this library lacks and change nothing (module docstring).
-_SWITCHES = {
-    "amsgrad": ((False,), NotImplementedError,
-                "amsgrad's max(v_max, v) is not implemented (it is outside the pinned contract)"),
-    "foreach": ((None, False, True), None, None),
-    "fused": ((None, False, True), None, None),
-    "capturable": ((False,), NotImplementedError,
-                   "there is no CUDA-graph capture here: every step synchronizes before it returns"),
-    "differentiable": ((False,), NotImplementedError,
-                       "there is no autograd in mojo_train (step takes the gradients)"),
-    "decoupled_weight_decay": ((False,), ValueError,
-                               "this Adam's weight decay is coupled; the decoupled update is mojo_train.AdamW"),
-    "error_if_nonfinite": ((True,), NotImplementedError,
-                           "a non-finite total norm is always refused before anything is written "
-                           "(torch's default is False: pass error_if_nonfinite=True)"),
-}
-
-
-def _switches(where, **values):
-    """Check torch's switches ``values``: a value of another type is a TypeError, a value that
-    asks for behaviour this library lacks is refused by name with the reason."""
-    for name, value in values.items():
-        taken, exc, reason = _SWITCHES[name]
-        allowed = (None, False, True) if None in taken else (False, True)
-        if not any(value is v for v in allowed):
-            raise TypeError(where_msg(where, "%s must be %s, got %r" % (
-                name, "None, True or False" if None in allowed else "True or False", value)))
-        if not any(value is v for v in taken):
-            raise exc(where_msg(where, "%s=%r is not supported: %s" % (name, value, reason)))
-    if values.get("fused") is True and values.get("foreach") is True:
-        raise ValueError(where_msg(where, "fused=True and foreach=True ask for two different executions "
-                                   "(torch refuses the pair too); pass one of them"))
-
-
-def _real(value, name, where, low=0.0, high=None, high_open=False):
-    """A finite real in [low, high] (or [low, high)); bools are refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError("mojo_train.%s: %s must be a real number, got %r" % (where, name, value))
-    v = float(value)
-    v32 = float(ffi.cast("float", v))           # the value the native call will see
-    bad = not (v32 == v32) or v32 in (float("inf"), float("-inf")) or (low is not None and v < low)
-    if high is not None:
-        bad = bad or (v32 >= high if high_open else v32 > high)
-    if bad:
-        rng = "[%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
-        raise ValueError("mojo_train.%s: %s must be finite and in %s, got %r" % (where, name, rng, value))
-    return v
-
 
 def _accumulation_steps(value, where):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError("mojo_train.%s: accumulation_steps must be an int, got %r" % (where, value))
+        raise TypeError(where_msg(where, "accumulation_steps must be an int, got %r" % (value,)))
     if not 1 <= int(value) <= 2 ** 31 - 1:
-        raise ValueError("mojo_train.%s: accumulation_steps must be in [1, 2**31 - 1], got %r" % (where, value))
+        raise ValueError(where_msg(where, "accumulation_steps must be in [1, 2**31 - 1], got %r" % (value,)))
     return int(value)
 
 
 def _flag(value, name, where):
     if not isinstance(value, bool):
-        raise TypeError("mojo_train.%s: %s must be a bool, got %r" % (where, name, value))
+        raise TypeError(where_msg(where, "%s must be a bool, got %r" % (name, value)))
     return value
-
-
-class _Registry:
-    """A list of float32 tensors as the native layer sees it: a pointer table and offsets."""
-
-    def __init__(self, tensors, name, where, inplace, backend, like=None):
-        self.probes = _buffer.tensor_list(tensors, name, where, inplace=inplace)
-        for j, pb in enumerate(self.probes):
-            if pb.device and not backend.has(_DEVICE_BUFFERS):
-                raise TypeError("mojo_train.%s: %s[%d] is device memory, but the loaded vendor (%s) takes "
-                                "host buffers only; set MOJO_TRAIN_VENDOR to the device's vendor"
-                                % (where, name, j, backend.vendor))
-        if like is not None:
-            self._match(like, name, where)
-        self.offsets = like.offsets if like is not None else _buffer.offsets_for(self.probes, name, where)
-        self.n = len(self.probes)
-        self.table = ffi.new("float *[]", self.n)
-        for j, pb in enumerate(self.probes):
-            self.table[j] = ffi.cast("float *", pb.address)
-        self.c_offsets = ffi.cast("int32_t *", self.offsets.address)
-        self.total = int(self.offsets[self.n])
-
-    def _match(self, like, name, where):
-        if len(self.probes) != len(like.probes):
-            raise ValueError("mojo_train.%s: %s has %d tensors, params has %d"
-                             % (where, name, len(self.probes), len(like.probes)))
-        for j, (a, b) in enumerate(zip(self.probes, like.probes)):
-            if a.shape != b.shape:
-                raise ValueError("mojo_train.%s: %s[%d] has shape %s, params[%d] has %s"
-                                 % (where, name, j, a.shape, j, b.shape))
-
-
-def _refuse_overlap(groups, name_of, where, fix):
-    """Refuse two byte ranges of ``groups`` -- one (starts, ends) pair of lists per argument --
-    that share memory, naming both (``name_of((group, index))``, the lower first) and saying
-    ``fix``. The common case, every range apart, takes two integer sorts and one pass in C:
-    when the i-th smallest end is at most the (i+1)-th smallest start for every i, at most one
-    range covers any byte."""
-    starts = sorted(chain.from_iterable(g[0] for g in groups))
-    ends = sorted(chain.from_iterable(g[1] for g in groups))
-    if all(map(operator.le, ends, starts[1:])):
-        return
-    # Sorted by start, two ranges overlap only if some neighbours do; empty ranges share nothing.
-    spans = sorted((a, b, (g, j)) for g, (starts, ends) in enumerate(groups)
-                   for j, (a, b) in enumerate(zip(starts, ends)) if b > a)
-    for x, y in zip(spans, spans[1:]):
-        if y[0] < x[1]:
-            first, second = sorted((x[2], y[2]))
-            raise ValueError(where_msg(where, "%s and %s share memory; %s" % (name_of(first), name_of(second), fix)))
-
-
-def _probe_ranges(probes):
-    starts = [pb.address for pb in probes]
-    return starts, [a + pb.nbytes for a, pb in zip(starts, probes)]
-
-
-def _table_ranges(table, nbytes):
-    """(starts, ends) of a cffi pointer table whose tensor j holds ``nbytes[j]`` bytes."""
-    starts = memoryview(ffi.buffer(table, len(nbytes) * ffi.sizeof("float *"))).cast("P").tolist()
-    return starts, list(map(operator.add, starts, nbytes))
-
-
-def _indexed(name, single):
-    """How the user sees item ``j`` of argument ``name``: ``name`` for a single buffer."""
-    return (lambda order: name) if single else (lambda order: "%s[%d]" % (name, order[1]))
-
-
-def _single(x):
-    return type(x) not in (list, tuple) and _buffer._is_buffer(x)
 
 
 def _ptr_int(array):
@@ -219,10 +99,10 @@ class _Optimizer:
         where = self._WHERE
         self.accumulation_steps = _accumulation_steps(accumulation_steps, where)
         if resident not in (None, True, False):
-            raise TypeError("mojo_train.%s: resident must be None, True or False, got %r" % (where, resident))
+            raise TypeError(where_msg(where, "resident must be None, True or False, got %r" % (resident,)))
         if lr_schedule is not None and not callable(getattr(lr_schedule, "lr_at", None)):
-            raise TypeError("mojo_train.%s: lr_schedule must have an lr_at(step) method, got %r"
-                            % (where, lr_schedule))
+            raise TypeError(where_msg(where, "lr_schedule must have an lr_at(step) method, got %r"
+                                             % (lr_schedule,)))
         self._backend = load(numeric_mode_arg(numeric_mode, where))
         self._device_ok = self._backend.has(_DEVICE_BUFFERS)
         self.numeric_mode = self._backend.tier
@@ -312,15 +192,15 @@ class _Optimizer:
         parameter or the state, is refused naming both (``microbatch_grads[1][0] and
         microbatch_grads[1][2] share memory``). Returns what ``step`` returns; a refusal
         changes nothing."""
-        from .schedule import accumulate_grads
+        from .accumulate import accumulate_grads
         where = self._WHERE + ".step_accumulated"
         if _buffer._is_buffer(microbatch_grads) or not isinstance(microbatch_grads, (list, tuple)):
-            raise TypeError("mojo_train.%s: microbatch_grads must be a list of %d gradient lists, got %s"
-                            % (where, self.accumulation_steps, type(microbatch_grads).__name__))
+            raise TypeError(where_msg(where, "microbatch_grads must be a list of %d gradient lists, got %s"
+                                             % (self.accumulation_steps, type(microbatch_grads).__name__)))
         if len(microbatch_grads) != self.accumulation_steps:
-            raise ValueError("mojo_train.%s: %d microbatch gradients for accumulation_steps=%d; the count "
-                             "is part of the run's arithmetic (make the optimizer with the count you use)"
-                             % (where, len(microbatch_grads), self.accumulation_steps))
+            raise ValueError(where_msg(where, "%d microbatch gradients for accumulation_steps=%d; the count is "
+                                              "part of the run's arithmetic (make the optimizer with the count you "
+                                              "use)" % (len(microbatch_grads), self.accumulation_steps)))
         for i, entry in enumerate(microbatch_grads):      # checked before any work is done
             probes = _buffer.tensor_list(entry, "microbatch_grads[%d]" % i, where, inplace=False)
             self._refuse_shared(_probe_ranges(probes), _indexed("microbatch_grads[%d]" % i, _single(entry)), where)
@@ -467,13 +347,13 @@ class _Optimizer:
         try:
             saved = _Schedule.from_config(cfg)
         except (TypeError, ValueError) as e:
-            raise ValueError("mojo_train.%s: lr_schedule in the state is not a schedule config: %s" % (where, e))
+            raise ValueError(where_msg(where, "lr_schedule in the state is not a schedule config: %s" % (e,)))
         mine = self.lr_schedule
         if mine is None:
             return saved
         if not callable(getattr(mine, "config", None)) or mine.config() != saved.config():
-            raise ValueError("mojo_train.%s: the state was saved with lr_schedule %r, this optimizer has %r"
-                             % (where, saved, mine))
+            raise ValueError(where_msg(where, "the state was saved with lr_schedule %r, this optimizer has %r"
+                                              % (saved, mine)))
         return mine
 
     def _state_copy(self, value, name, where):
@@ -487,14 +367,14 @@ class _Optimizer:
                                        "momentum=0 has no momentum buffer)" % name if absent
                                        else "%s must not be None" % name))
         if isinstance(value, (list, tuple)):
-            raise TypeError("mojo_train.%s: %s is a %s; pass a %s buffer (state is never cast)"
-                            % (where, name, type(value).__name__, dtype))
+            raise TypeError(where_msg(where, "%s is a %s; pass a %s buffer (state is never cast)"
+                                             % (name, type(value).__name__, dtype)))
         pb = _buffer.probe(value, name, where)
         if pb.dtype != dtype or not pb.c_contiguous:
-            raise TypeError("mojo_train.%s: %s must be a C-contiguous %s buffer, got %s"
-                            % (where, name, dtype, pb.dtype))
+            raise TypeError(where_msg(where, "%s must be a C-contiguous %s buffer, got %s"
+                                             % (name, dtype, pb.dtype)))
         if pb.nelems != want:
-            raise ValueError("mojo_train.%s: %s has %d elements, expected %d" % (where, name, pb.nelems, want))
+            raise ValueError(where_msg(where, "%s has %d elements, expected %d" % (name, pb.nelems, want)))
         if pb.view is None or not isinstance(pb.view, memoryview):   # device or DLPack memory
             out = Array((want,), dtype)
             self._backend.check(self._backend.lib.mt_memcpy(ffi.cast("void *", out.address),
@@ -576,7 +456,7 @@ class Adam(_Optimizer):
         try:
             b1, b2 = betas
         except (TypeError, ValueError):
-            raise ValueError("mojo_train.%s: betas must be a pair (beta1, beta2), got %r" % (self._WHERE, betas))
+            raise ValueError(where_msg(self._WHERE, "betas must be a pair (beta1, beta2), got %r" % (betas,)))
         self.betas = (_real(b1, "betas[0]", self._WHERE, 0.0, 1.0, True),
                       _real(b2, "betas[1]", self._WHERE, 0.0, 1.0, True))
         self.eps = _real(eps, "eps", self._WHERE)
@@ -653,8 +533,8 @@ class SGD(_Optimizer):
         self.nesterov = _flag(nesterov, "nesterov", self._WHERE)
         self.maximize = _flag(maximize, "maximize", self._WHERE)
         if self.nesterov and (self.momentum == 0.0 or self.dampening != 0.0):
-            raise ValueError("mojo_train.SGD: nesterov=True needs momentum > 0 and dampening == 0, "
-                             "got momentum=%r, dampening=%r" % (momentum, dampening))
+            raise ValueError(where_msg("SGD", "nesterov=True needs momentum > 0 and dampening == 0, "
+                                              "got momentum=%r, dampening=%r" % (momentum, dampening)))
         super().__init__(params, lr, numeric_mode, lr_schedule, resident, accumulation_steps)
         self._init_state()
 
@@ -688,47 +568,3 @@ class SGD(_Optimizer):
         self._backend.check(rc, where)
         _buffer.wrote(p, keep if clip else None)        # torch tensors: bump their version
         return self._finish(clip, lr)
-
-
-def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, foreach=None,
-                    numeric_mode=None):
-    """Scale ``grads`` in place so their total L2 norm is at most ``max_norm``; return the
-    pre-clip total norm (a float).
-
-    The norm is two-level, as torch's: each tensor's L2 norm by the pinned tree, then the L2
-    norm of those norms in tensor order (the order is part of the answer). The coefficient is
-    ``max_norm / (total + 1e-6)`` clamped to 1. Only ``norm_type=2`` and
-    ``error_if_nonfinite=True`` are implemented: a NaN/inf total is refused, nothing written
-    (``error_if_nonfinite=False``, torch's default, is refused by name). ``foreach`` may be
-    None, False or True and changes nothing: the clip is one native pass over all tensors.
-    A gradient listed twice (it would be scaled twice) is refused naming both positions.
-    """
-    where = "clip_grad_norm_"
-    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or float(norm_type) != 2.0:
-        raise NotImplementedError("mojo_train.%s: norm_type=%r is not implemented; only the L2 norm "
-                                  "(norm_type=2.0) is pinned" % (where, norm_type))
-    _switches(where, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
-    mn = _real(max_norm, "max_norm", where)
-    backend = load(numeric_mode_arg(numeric_mode, where))
-    last = _CLIP_TABLES.__dict__.setdefault(backend.path, _buffer.LastTable())
-    hit = last.get(grads)
-    if hit is not None:
-        table, offsets, n = hit
-    else:
-        n = len(grads) if type(grads) in (list, tuple) else 0
-        table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
-        keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
-                                     device_ok=backend.has(_DEVICE_BUFFERS))
-        fast = keep is not None
-        if not fast:
-            keep = _Registry(grads, "grads", where, inplace=True, backend=backend)
-            table, offsets, n = keep.table, keep.c_offsets, keep.n
-        offs = memoryview(ffi.buffer(offsets, 4 * (n + 1))).cast("i").tolist()
-        _refuse_overlap([_table_ranges(table, [4 * (b - a) for a, b in zip(offs, offs[1:])])],
-                        _indexed("grads", _single(grads)), where, "pass each gradient once")
-        if fast:
-            last.put(grads, (table, offsets, n))
-    out = ffi.new("float[2]")
-    backend.check(backend.lib.mt_clip_grad_norm(table, out, offsets, mn, n), where)
-    _buffer.wrote(None if hit is not None else keep)     # a remembered list holds our arrays only
-    return float(out[0])

@@ -1,31 +1,28 @@
-"""Exact learning-rate schedules and gradient accumulation.
+"""Exact learning-rate schedules (contract: native/contracts/schedule.md).
 
-Schedules (contract: native/contracts/schedule.md). ``ConstantLR``, ``WarmupLinearLR`` and
-``WarmupCosineLR`` share names with torch's schedulers but are not schedulers: each is a pure
-function ``lr_at(t)`` of the ONE-BASED step ``t``, passed to an optimizer as
-``lr_schedule=``; nothing is stepped and no optimizer is wrapped. ``lr_at(t)`` is the float32
-nearest the exact real value of the schedule for the arguments read as exact binary64 numbers
-(ties to even), decided with proven error bounds, so every machine gives the same bits. Values
-come from the native library (``mt_lr_values``, host code in every vendor's library) a block
-of 1024 steps at a time and are cached.
+``ConstantLR``, ``WarmupLinearLR`` and ``WarmupCosineLR`` share names with torch's schedulers
+but are not schedulers: each is a pure function ``lr_at(t)`` of the ONE-BASED step ``t``,
+passed to an optimizer as ``lr_schedule=``; nothing is stepped and no optimizer is wrapped.
+``lr_at(t)`` is the float32 nearest the exact real value of the schedule for the arguments
+read as exact binary64 numbers (ties to even), decided with proven error bounds, so every
+machine gives the same bits. Values come from the native library (``mt_lr_values``, host code
+in every vendor's library) a block of 1024 steps at a time and are cached.
 
-Accumulation (contract: native/contracts/accumulate.md). ``accumulate_grads`` adds microbatch
-gradients by the pairwise tree over microbatches (``mt_accumulate``); when the split is
-aligned with the token rule (``accumulation_is_aligned``) that tree is the unsplit batch's own
-tree, so the result has the unsplit gradient's bits.
+Gradient accumulation lives in mojo_train/accumulate.py; ``accumulate_grads``,
+``accumulation_is_aligned`` and ``TOKEN_LEAF`` are re-exported here, where they used to live.
 """
 import array
 import numbers
 import struct
 
-from . import _buffer, _ops
+from . import _ops
 from ._errors import refuse_keywords, where_msg
 from ._native import ffi, load
+from .accumulate import TOKEN_LEAF, accumulate_grads, accumulation_is_aligned  # noqa: F401 (old home)
 
 __all__ = ["ConstantLR", "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads",
            "accumulation_is_aligned", "TOKEN_LEAF"]
 
-TOKEN_LEAF = 1024                 # MT_TOKEN_LEAF of mt_pinned.h (dense.md, the token rule)
 _MAX_STEPS = 2 ** 53              # warmup_steps and total_steps
 _MAX_T = 2 ** 62                  # the largest step lr_at answers
 _FLT_MAX = float.fromhex("0x1.fffffep+127")
@@ -72,15 +69,6 @@ def _real_arg(value, name, where):
     return v
 
 
-def _int_arg(value, name, where, low, high):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(where_msg(where, "%s must be an int, got %r" % (name, value)))
-    v = int(value)
-    if not low <= v <= high:
-        raise ValueError(where_msg(where, "%s must be in [%d, %d], got %d" % (name, low, high, v)))
-    return v
-
-
 class _Schedule:
     """What the three schedules share: validation, the native call and its block cache."""
 
@@ -96,11 +84,11 @@ class _Schedule:
         if not 0.0 <= self.min_lr <= self.peak_lr:
             raise ValueError(where_msg(where, "min_lr must be in [0, peak_lr] = [0, %r], got %r"
                                        % (self.peak_lr, min_lr)))
-        self.warmup_steps = _int_arg(warmup_steps, "warmup_steps", where, 0, _MAX_STEPS)
+        self.warmup_steps = _ops.int_arg(warmup_steps, "warmup_steps", where, 0, _MAX_STEPS)
         if total_steps is None:
             self.total_steps = None
         else:
-            self.total_steps = _int_arg(total_steps, "total_steps", where, 0, _MAX_STEPS)
+            self.total_steps = _ops.int_arg(total_steps, "total_steps", where, 0, _MAX_STEPS)
             if self.total_steps <= self.warmup_steps:
                 raise ValueError(where_msg(where, "total_steps must be > warmup_steps (the decay needs at "
                                            "least one step), got total_steps=%d, warmup_steps=%d"
@@ -132,11 +120,11 @@ class _Schedule:
                 block = self._native(first, min(_BLOCK, self._tail - first))
                 self._cache = (b, block)
             return block[(t - 1) & (_BLOCK - 1)]
-        return self.lr_at(_int_arg(t, "t", type(self).__name__ + ".lr_at", 1, _MAX_T))
+        return self.lr_at(_ops.int_arg(t, "t", type(self).__name__ + ".lr_at", 1, _MAX_T))
 
     def lr_values(self, n):
         """``array('f')`` of lr_at(1) .. lr_at(n)."""
-        n = _int_arg(n, "n", type(self).__name__ + ".lr_values", 0, _MAX_T)
+        n = _ops.int_arg(n, "n", type(self).__name__ + ".lr_values", 0, _MAX_T)
         out = array.array("f", bytes(4 * n))
         if n:
             rc = self._backend.lib.mt_lr_values(ffi.from_buffer("float[]", out), self._code, self.peak_lr,
@@ -262,104 +250,3 @@ class WarmupCosineLR(_Decay):
     """
 
     kind = "warmup_cosine"
-
-
-# ---- gradient accumulation ------------------------------------------------------------------
-
-def _alignment_problem(tokens, steps):
-    """None when `steps` microbatches over `tokens` tokens are aligned; else why not."""
-    if steps == 1:
-        return None
-    if tokens % steps:
-        return "tokens=%d is not divisible by %d microbatches" % (tokens, steps)
-    m = tokens // steps
-    if m % TOKEN_LEAF:
-        return ("each microbatch holds %d tokens, not a whole number of %d-token leaves"
-                % (m, TOKEN_LEAF))
-    leaves = m // TOKEN_LEAF
-    if leaves & (leaves - 1):
-        return ("each microbatch holds %d leaves of %d tokens; an aligned microbatch holds a power of "
-                "two (1, 2, 4, ...)" % (leaves, TOKEN_LEAF))
-    return None
-
-
-def accumulation_is_aligned(tokens, accumulation_steps):
-    """Whether ``accumulation_steps`` equal microbatches over ``tokens`` tokens, combined by
-    ``accumulate_grads``, give exactly the bits of one unsplit batch (accumulate.md).
-
-    True when ``accumulation_steps == 1``, or when each microbatch holds ``tokens /
-    accumulation_steps`` tokens, a power of two times the token leaf (1024): then the unsplit
-    batch's pairwise tree over leaves is the pairwise tree over the microbatches' own trees.
-    """
-    where = "accumulation_is_aligned"
-    tokens = _int_arg(tokens, "tokens", where, 1, _MAX_T)
-    steps = _int_arg(accumulation_steps, "accumulation_steps", where, 1, 2 ** 31 - 1)
-    return _alignment_problem(tokens, steps) is None
-
-
-def _entries(microbatch_grads, where):
-    """(single, [[Probe per tensor] per microbatch])."""
-    if _buffer._is_buffer(microbatch_grads) or not isinstance(microbatch_grads, (list, tuple)):
-        raise TypeError(where_msg(where, "microbatch_grads must be a list with one gradient (a float32 "
-                                  "buffer or a list of them) per microbatch, got %s"
-                                  % type(microbatch_grads).__name__))
-    if not microbatch_grads:
-        raise ValueError(where_msg(where, "microbatch_grads is empty: no microbatches"))
-    single = _buffer._is_buffer(microbatch_grads[0])
-    out = []
-    for i, entry in enumerate(microbatch_grads):
-        name = "microbatch_grads[%d]" % i
-        if single != _buffer._is_buffer(entry) or (not single and not isinstance(entry, (list, tuple))):
-            raise TypeError(where_msg(where, "%s is a %s but microbatch_grads[0] is a %s; every microbatch "
-                                      "has the same structure" % (name, type(entry).__name__,
-                                                                  type(microbatch_grads[0]).__name__)))
-        tensors = [entry] if single else list(entry)
-        probes = [_ops.f32_in(x, name if single else "%s[%d]" % (name, j), where) for j, x in enumerate(tensors)]
-        if out and len(probes) != len(out[0]):
-            raise ValueError(where_msg(where, "%s has %d tensors, microbatch_grads[0] has %d"
-                                       % (name, len(probes), len(out[0]))))
-        for j, p in enumerate(probes):
-            if out and tuple(p.shape) != tuple(out[0][j].shape):
-                raise ValueError(where_msg(where, "%s tensor %d has shape %r, microbatch_grads[0]'s has %r"
-                                           % (name, j, tuple(p.shape), tuple(out[0][j].shape))))
-        out.append(probes)
-    if not out[0]:
-        raise ValueError(where_msg(where, "microbatch_grads[0] is an empty list of tensors"))
-    return single, out
-
-
-def accumulate_grads(microbatch_grads, tokens, *, numeric_mode=None):
-    """The sum of microbatch gradients by the pairwise tree over microbatches.
-
-    ``microbatch_grads`` holds one entry per microbatch, in microbatch order: a float32 buffer,
-    or a list of them, every entry with the same shapes. Elementwise, microbatches meet in the
-    pairwise tree of clip.md step 4 (neighbours add, an odd last one rises), not a running sum.
-    ``tokens`` is the whole step's token count: a split that ``accumulation_is_aligned``
-    rejects raises ValueError saying why (``tokens=None`` skips the check; the sum is then
-    still the tree, but need not equal the unsplit batch's bits). NaN, infinity, or a sum that
-    overflows float32 is refused. Returns new arrays on the inputs' side (``Array`` or
-    ``DeviceArray``), one entry's structure; nothing the caller passed is written.
-    """
-    where = "accumulate_grads"
-    single, entries = _entries(microbatch_grads, where)
-    steps = len(entries)
-    if tokens is not None:
-        tokens = _int_arg(tokens, "tokens", where, 1, _MAX_T)
-        problem = _alignment_problem(tokens, steps)
-        if problem:
-            raise ValueError(where_msg(where, "%d microbatches over tokens=%d are not aligned with the token "
-                                       "rule: %s; pass tokens=None to combine them anyway (the result then "
-                                       "need not equal the unsplit batch's bits)" % (steps, tokens, problem)))
-    flat = {("microbatch_grads[%d]" % i) + ("" if single else "[%d]" % j): p
-            for i, e in enumerate(entries) for j, p in enumerate(e)}
-    backend, on_device = _ops.placement(where, numeric_mode, **flat)
-    table = ffi.new("float *[]", steps)
-    results = []
-    for j, first in enumerate(entries[0]):
-        out = _ops.out_f32(tuple(first.shape), on_device, numeric_mode)
-        for i in range(steps):
-            table[i] = _ops.fptr(entries[i][j])
-        rc = backend.lib.mt_accumulate(_ops.fptr(out), table, steps, first.nelems)
-        backend.check(rc, where if single else "%s (tensor %d)" % (where, j))
-        results.append(out)
-    return results[0] if single else results

@@ -244,6 +244,24 @@ def params_for(sizes, seed=0):
     return [f32_array(n, 104729 * seed + j) for j, n in enumerate(sizes)]
 
 
+EQUAL = (64, 64, 64, 64)   # four tensors of one size: any one may stand where another is expected
+
+
+def equal_grads(container, t):
+    """Step ``t``'s gradients for EQUAL as mojo_train.Arrays (``container="Array"``) or array.arrays."""
+    from mojo_train import Array
+    values = [g.tolist() for g in grads_for_step(EQUAL, t)]
+    return [Array.from_list(v) for v in values] if container == "Array" else [array.array("f", v) for v in values]
+
+
+def flat(tensors):
+    """The values of a list of float32 buffers (or of lists of floats), concatenated."""
+    out = []
+    for t in tensors:
+        out.extend(memoryview(t).cast("B").cast("f").tolist() if not isinstance(t, list) else t)
+    return out
+
+
 def digest(opt):
     """sha256 of params, state and t."""
     return sha(*(list(opt.params) + state_buffers(opt) + [str(opt.t).encode()]))

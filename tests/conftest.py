@@ -64,6 +64,23 @@ def identical(request, monkeypatch):
     return _mode_fixture(request, monkeypatch)
 
 
+@pytest.fixture
+def dense(mode):
+    """Every loadable vendor x tier whose library has the dense layers (linear, RMSNorm, ReLU:
+    MT_FEATURE_DENSE)."""
+    if not mode.has("dense"):
+        pytest.skip("this library has no dense layers (mt_features)")
+    return mode
+
+
+@pytest.fixture
+def dense_identical(identical):
+    """Every loadable vendor's identical tier, where it has the dense layers."""
+    if not identical.has("dense"):
+        pytest.skip("this library has no dense layers (mt_features)")
+    return identical
+
+
 # ---- the skip gate: every skip reason must be a reviewed one (tests/skip_reasons.py) ----------
 
 _skips = []

@@ -10,13 +10,14 @@ through linear_backward where it is built); misaligned ones are refused by name;
 overflow are refused; nothing the caller passed is ever written.
 """
 import array
+import os
 import random
 import struct
 
 import pytest
 
 import mojo_train as mt
-from mojo_train import Array, accumulate_grads, accumulation_is_aligned
+from mojo_train import Array, _cards, accumulate_grads, accumulation_is_aligned
 
 from _helpers import f32, raw
 
@@ -218,6 +219,27 @@ def test_linear_backward_on_aligned_microbatches_accumulates_to_the_whole_batchs
         parts.append([dwi, dbi])
     got_w, got_b = accumulate_grads(parts, tokens, numeric_mode=mode.tier)
     assert raw(got_w) == raw(dw) and raw(got_b) == raw(db)
+
+
+def test_the_card_gives_every_aligned_split_of_a_batch_the_unsplit_batchs_digests():
+    card = _cards.read_card(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                         "fixtures", "accumulate.card"))
+    unsplit, splits = {}, []
+    for line in card.lines:
+        if line.case.op == "accumulate_linear":
+            batch = tuple(sorted((k, v) for k, v in line.case.args.items() if k != "parts"))
+            if line.case.args["parts"] == 1:
+                unsplit[batch] = line.digests
+            else:
+                splits.append((batch, line))
+    assert splits and all(unsplit[batch] == line.digests for batch, line in splits), splits
+
+
+def test_accumulation_keeps_its_old_import_path_in_schedule():
+    from mojo_train import accumulate, schedule
+    assert schedule.accumulate_grads is accumulate.accumulate_grads is mt.accumulate_grads
+    assert schedule.accumulation_is_aligned is accumulate.accumulation_is_aligned is mt.accumulation_is_aligned
+    assert schedule.TOKEN_LEAF == accumulate.TOKEN_LEAF == LEAF
 
 
 # ---- structure and refusals ----------------------------------------------------------------------

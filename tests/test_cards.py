@@ -75,7 +75,8 @@ def test_every_case_defined_in_code_has_a_line_in_its_card(name):
 def test_every_card_file_has_a_sabotage_op(path):
     macro = "MT_SABOTAGE_" + _name(path).upper()
     sources = glob.glob(os.path.join(REPO, "native", "include", "*.h"))
-    sources += glob.glob(os.path.join(REPO, "native", "cpu_oracle", "*.[ch]"))
+    for folder in ("common", "cpu_oracle"):
+        sources += glob.glob(os.path.join(REPO, "native", folder, "*.[ch]"))
     users = [s for s in sources if macro in open(s, encoding="utf-8").read()]
     assert users, ("%s has no sabotage: no native source uses %s, so make SABOTAGE=%s would build "
                    "an intact library and the card could not prove it notices a change"

@@ -733,9 +733,9 @@ def _emulated_library(tmp_path):
     if not cxx or not cc:
         pytest.skip("no C/C++ compiler to build the GPU emulation")
     lib = str(tmp_path / "libemb_emulated.so")
-    flags = ["-O1", "-fPIC", "-ffp-contract=off", "-Inative/include", "-Inative/cpu_oracle", "-Itests/c"]
+    flags = ["-O1", "-fPIC", "-ffp-contract=off", "-Inative/include", "-Inative/common", "-Itests/c"]
     host = str(tmp_path / "mt_host.o")
-    subprocess.run([cc, "-std=c11", "-c", "native/cpu_oracle/mt_host.c", "-o", host, "-D_GNU_SOURCE"] + flags,
+    subprocess.run([cc, "-std=c11", "-c", "native/common/mt_host.c", "-o", host, "-D_GNU_SOURCE"] + flags,
                    cwd=REPO, check=True, capture_output=True)
     build = subprocess.run([cxx, "-std=c++17", "-shared", "-o", lib, "-x", "c++", "tests/c/emb_gpu_emulate.cc",
                             "-x", "none", host, "-lpthread"] + flags, cwd=REPO, capture_output=True, text=True)

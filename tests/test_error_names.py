@@ -1,6 +1,6 @@
 """Every refusal of the loss, LM-head and dense entry points names the caller's argument.
 
-Contract under test (the project standard; mojo_train/_ops.py's ``check``, _lm_head.py's
+Contract under test (the project standard; mojo_train/_ops.py's ``check``, lm_head.py's
 names, mojo_train/_loss_options.py): a bad argument raises ValueError, TypeError or
 NotImplementedError (never a bare OverflowError, struct.error or cffi error) whose message
 starts ``mojo_train.<entry point>:`` and names the argument as the caller spelled it

@@ -1,7 +1,7 @@
 """A library cannot under-report itself: every GPU library built here declares at least the
 op features of the CPU oracle of its tier.
 
-A stale bit once made mt_gpu_dense.cu report no dense feature, so most dense and LM-head tests
+A stale bit once made mt_gpu_dense.cu (now mt_gpu_linear.cu) report no dense feature, so most dense and LM-head tests
 skipped on CUDA unnoticed. This test reads mt_features() straight from each built library file
 (no device needed: the identity functions touch no GPU) and compares the op bits; the
 capability bits (buffers, threads, contraction, ...) legitimately differ between vendors.

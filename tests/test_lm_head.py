@@ -1,8 +1,8 @@
-"""The chunked LM head and the fused linear_cross_entropy (mojo_train.loss).
+"""The chunked LM head and the fused linear_cross_entropy (mojo_train.lm_head, mojo_train.loss).
 
-Contract under test (mojo_train/_lm_head.py, native/contracts/loss.md + dense.md): the result
-is bit for bit linear_forward -> cross_entropy -> linear_backward run separately, whatever
-the chunk size; at most a chunk of logits is alive (the library's own memory counters show
+Contract under test (mojo_train/lm_head.py, native/contracts/lm_head.md, loss.md, linear.md):
+the result is bit for bit linear_forward -> cross_entropy -> linear_backward run separately,
+whatever the chunk size; at most a chunk of logits is alive (the library's own memory counters show
 it); refusals name the argument and write nothing the caller owns; the names, keywords and
 defaults are torch 2.13's ``linear_cross_entropy``.
 """
@@ -84,6 +84,12 @@ def test_linear_cross_entropy_is_bit_for_bit_the_separate_layers_at_every_chunk_
         got = loss.linear_cross_entropy(h, w, t, linear_bias=b, reduction=red, label_smoothing=smooth,
                                         return_grad=True, chunk_rows=chunk, numeric_mode=head.tier)
         _agree(head, got, want, "chunk_rows=%r" % chunk)
+
+
+def test_the_lm_head_lives_in_lm_head_and_keeps_its_loss_import_path():
+    from mojo_train import lm_head
+    assert loss.linear_cross_entropy is lm_head.linear_cross_entropy is mt.linear_cross_entropy
+    assert loss.chunked_lm_head_loss is lm_head.chunked_lm_head_loss is mt.chunked_lm_head_loss
 
 
 def test_chunked_lm_head_loss_is_the_mean_cross_entropy_of_the_logits(head):

@@ -368,7 +368,7 @@ def test_rows_are_independent_a_subset_gives_the_subset_of_the_rows(mode):
 
 
 def token_rule_sum(values):
-    """The token rule (dense.md) replayed in float32: serial leaves of 1024, a pairwise tree."""
+    """The token rule (linear.md) replayed in float32: serial leaves of 1024, a pairwise tree."""
     leaves = []
     for k in range(0, len(values), 1024):
         acc = 0.0

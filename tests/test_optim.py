@@ -1,41 +1,33 @@
-"""SGD, Adam, AdamW and clip_grad_norm_ through the public Python API.
+"""SGD, Adam and AdamW through the public Python API (clip_grad_norm_ on its own: test_clip.py).
 
 Contract under test: a step updates the caller's buffers in place (array.array, memoryview,
 numpy, mojo_train.Array) and, in the identical tier, gives exactly the bits of the contract's
-arithmetic replayed in Python (tests/_helpers.py); the return value and the per-step reports
-(t, lr_, total_norm_, clip_coef_) are torch-like; lr and lr_schedule are read at every step;
-torch keywords this library does not take are refused by name; EVERY refusal leaves params,
-grads and state byte-identical; state_dict/load_state_dict resume bit-identically, even in a
-fresh process; thread counts and concurrent Python threads never change a bit.
+arithmetic replayed in Python (tests/_helpers.py), clipping included when ``max_norm`` is given;
+the return value and the per-step reports (t, lr_, total_norm_, clip_coef_) are torch-like; lr
+and lr_schedule are read at every step; torch keywords this library does not take are refused
+by name; EVERY refusal leaves params, grads and state byte-identical; state_dict/load_state_dict
+resume bit-identically, even in a fresh process; thread counts and concurrent Python threads
+never change a bit.
 """
 import array
 import math
 import os
 import pickle
-import re
 import subprocess
 import sys
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
-from mojo_train import SGD, Adam, AdamW, Array, clip_grad_norm_
+from mojo_train import SGD, Adam, AdamW, Array
 from mojo_train._native import ffi
 
-from _helpers import (KINDS, REPO, digest, f32, f32_array, grads_for_step, make_optimizer,
-                      params_for, raw, ref_adam, ref_clip, ref_norms, ref_sgd, snapshot,
-                      state_buffers, wide_array)
+from _helpers import (EQUAL, KINDS, REPO, digest, equal_grads, f32, f32_array, flat, grads_for_step,
+                      make_optimizer, params_for, raw, ref_adam, ref_clip, ref_sgd, snapshot, state_buffers,
+                      wide_array)
 
 SIZES = (5, 300, 130)
 ALL_KINDS = sorted(KINDS)
-
-
-def flat(tensors):
-    out = []
-    for t in tensors:
-        out.extend(memoryview(t).cast("B").cast("f").tolist() if not isinstance(t, list) else t)
-    return out
 
 
 def copies(tensors):
@@ -678,21 +670,13 @@ def test_a_refused_step_does_not_change_the_next_step(mode, kind, case):
 
 # ---- gradients in memory of their own ------------------------------------------------------------
 
-EQUAL = (64, 64, 64, 64)
-
-
-def _equal_grads(container, t):
-    values = [g.tolist() for g in grads_for_step(EQUAL, t)]
-    return [Array.from_list(v) for v in values] if container == "Array" else [array.array("f", v) for v in values]
-
-
 @pytest.mark.parametrize("container", ["Array", "array.array"])
 @pytest.mark.parametrize("max_norm", [None, 1.0])
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
 def test_a_gradient_listed_twice_is_refused_naming_both_and_changes_nothing(mode, kind, max_norm, container):
     params = params_for(EQUAL)
     opt = make_optimizer(kind, params, mode.tier)
-    g = _equal_grads(container, 1)
+    g = equal_grads(container, 1)
     twice = [g[0], g[1], g[2], g[0]]
     before = snapshot(opt, *g)
     with pytest.raises(ValueError, match=r"^mojo_train\.%s\.step: grads\[0\] and grads\[3\] share memory; pass each "
@@ -709,14 +693,14 @@ def test_a_refused_gradient_list_does_not_disturb_the_one_remembered_before_it(m
     # its addresses behind for the remembered one.
     params, twin_params = params_for(EQUAL), params_for(EQUAL)
     opt, twin = make_optimizer("adamw", params, mode.tier), make_optimizer("adamw", twin_params, mode.tier)
-    g = _equal_grads("Array", 1)
-    other = _equal_grads("Array", 2)
+    g = equal_grads("Array", 1)
+    other = equal_grads("Array", 2)
     opt.step(g)
-    twin.step(_equal_grads("Array", 1))
+    twin.step(equal_grads("Array", 1))
     with pytest.raises(ValueError, match="share memory"):
         opt.step([other[0], other[1], other[2], other[1]])
     opt.step(g)
-    twin.step(_equal_grads("Array", 1))
+    twin.step(equal_grads("Array", 1))
     assert digest(opt) == digest(twin)
 
 
@@ -747,42 +731,10 @@ def test_a_gradient_in_the_optimizers_own_state_is_refused(mode, kind):
         assert snapshot(opt) == before
 
 
-def test_clip_grad_norm_refuses_a_gradient_listed_twice_and_writes_nothing(mode):
-    for container in ("Array", "array.array"):
-        g = _equal_grads(container, 1)
-        before = [raw(x) for x in g]
-        for _ in range(2):            # a second call is checked as well (nothing remembered)
-            with pytest.raises(ValueError,
-                               match=r"^mojo_train\.clip_grad_norm_: grads\[1\] and grads\[2\] share memory"):
-                clip_grad_norm_([g[0], g[1], g[1], g[3]], 0.5, numeric_mode=mode.tier)
-        assert [raw(x) for x in g] == before
-    big = array.array("f", [3.0] * 100)
-    with pytest.raises(ValueError, match=r"grads\[0\] and grads\[1\] share memory"):
-        clip_grad_norm_([memoryview(big)[:60], memoryview(big)[50:]], 0.5, numeric_mode=mode.tier)
-    assert big.tolist() == [3.0] * 100
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(0, 47), st.integers(1, 16)), min_size=1, max_size=6))
-def test_gradients_are_refused_exactly_when_two_share_a_byte_and_the_two_named_do(mode, slices):
-    big = array.array("f", [1.0] * 64)
-    grads = [memoryview(big)[a:a + n] for a, n in slices]
-    overlapping = {(i, j) for i in range(len(slices)) for j in range(i + 1, len(slices))
-                   if slices[i][0] < sum(slices[j]) and slices[j][0] < sum(slices[i])}
-    try:
-        clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier)
-    except ValueError as e:
-        named = tuple(int(x) for x in re.findall(r"grads\[(\d+)\]", str(e)))
-        assert named in overlapping, (str(e), overlapping)
-    else:
-        assert not overlapping
-    assert big.tolist() == [1.0] * 64
-
-
 def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_param(mode):
     params = params_for(EQUAL)
     opt = make_optimizer("adamw", params, mode.tier, accumulation_steps=2)
-    a, b = _equal_grads("array.array", 1), _equal_grads("array.array", 2)
+    a, b = equal_grads("array.array", 1), equal_grads("array.array", 2)
     before = snapshot(opt, *(a + b))
     with pytest.raises(ValueError, match=r"microbatch_grads\[1\]\[0\] and microbatch_grads\[1\]\[2\] share memory"):
         opt.step_accumulated([a, [b[0], b[1], b[0], b[3]]], None, max_norm=1.0)
@@ -1044,116 +996,6 @@ def test_load_state_dict_refuses_another_optimizers_state(mode):
     with pytest.raises(ValueError, match="Adam"):
         adamw.load_state_dict(adam.state_dict())
     assert snapshot(adamw) == before
-
-
-# ---- clip_grad_norm_ -----------------------------------------------------------------------------
-
-def test_clip_grad_norm_returns_the_total_and_scales_in_place_with_the_contracts_bits(identical):
-    grads = [wide_array(n, 60 + j) for j, n in enumerate((4096 + 300, 7, 129, 3 * 4096))]
-    total, coef, clipped = ref_clip([list(g) for g in grads], 2.0)
-    got = clip_grad_norm_(grads, 2.0, numeric_mode=identical.tier)
-    assert got == total and coef < 1.0
-    assert flat(grads) == flat(clipped)
-
-
-def test_clip_grad_norm_agrees_with_the_norms_of_the_pinned_tree(identical):
-    grads = [wide_array(n, 70 + j) for j, n in enumerate((1, 128, 129, 4097, 2 * 4096 + 1))]
-    norms, total = ref_norms(grads)
-    assert clip_grad_norm_(grads, 1e9, numeric_mode=identical.tier) == total
-    assert norms[0] == abs(grads[0][0])
-
-
-def _rows_then_small():
-    """Each lane: 1.0 in row 0, then 32 rows of 2**-12. Ascending rows round every small square
-    away (1 + 2**-24 -> 1); a reversed fold would keep their sum (1 + 2**-19)."""
-    return array.array("f", [1.0] * 128 + [2.0**-12] * (128 * 32))
-
-
-def _chunks_then_small():
-    """Chunk partials 1 then seven of 2**-24: the pairwise tree keeps 3 * 2**-23 of them, a
-    serial fold of the partials rounds each away."""
-    x = [0.0] * (8 * 4096)
-    x[0] = 1.0
-    for c in range(1, 8):
-        x[c * 4096] = 2.0**-12
-    return array.array("f", x)
-
-
-@pytest.mark.parametrize("make, alternative", [
-    (_rows_then_small, 11.313719749450684),        # sqrt(128 + 2**-12) in float32
-    (_chunks_then_small, 1.0),                     # sqrt(1) after a serial fold
-])
-def test_the_norm_follows_the_contracts_tree_where_order_matters(identical, make, alternative):
-    x = make()
-    _, total = ref_norms([x])
-    assert total != alternative                     # the input tells the two orders apart
-    assert clip_grad_norm_([x], 1e9, numeric_mode=identical.tier) == total
-    opt = SGD([array.array("f", [0.0] * len(x))], numeric_mode=identical.tier)
-    assert opt.step([make()], max_norm=1e9) == total
-
-
-@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
-def test_clip_grad_norm_is_the_clip_the_optimizers_apply(mode, kind):
-    g1, g2 = grads_for_step(SIZES, 1), grads_for_step(SIZES, 1)
-    total = clip_grad_norm_(g1, 0.5, numeric_mode=mode.tier)
-    opt = make_optimizer(kind, params_for(SIZES), mode.tier)
-    assert opt.step(g2, max_norm=0.5) == total
-    assert [raw(g) for g in g1] == [raw(g) for g in g2]
-
-
-def test_clip_grad_norm_below_max_norm_leaves_grads_alone(mode):
-    grads = grads_for_step(SIZES, 1)
-    before = [raw(g) for g in grads]
-    total = clip_grad_norm_(grads, 1e6, numeric_mode=mode.tier)
-    assert total > 0 and [raw(g) for g in grads] == before
-
-
-@pytest.mark.parametrize("kwargs, exc, match", [
-    (dict(norm_type=1.0), NotImplementedError, "norm_type"),
-    (dict(norm_type=float("inf")), NotImplementedError, "norm_type"),
-    (dict(norm_type="fro"), NotImplementedError, "norm_type"),
-    (dict(error_if_nonfinite=False), NotImplementedError, "error_if_nonfinite=False is not supported: a non-finite"),
-    (dict(error_if_nonfinite=1), TypeError, "error_if_nonfinite must be True or False"),
-    (dict(foreach="yes"), TypeError, "foreach must be None, True or False"),
-    (dict(foreach=True, error_if_nonfinite=None), TypeError, "error_if_nonfinite"),
-    (dict(max_norm=-1.0), ValueError, "max_norm"),
-    (dict(max_norm=float("nan")), ValueError, "max_norm"),
-])
-def test_clip_grad_norm_refuses_what_it_does_not_implement_by_name(mode, kwargs, exc, match):
-    grads = grads_for_step(SIZES, 1)
-    before = [raw(g) for g in grads]
-    kwargs = dict(kwargs)
-    max_norm = kwargs.pop("max_norm", 1.0)
-    with pytest.raises(exc, match=match):
-        clip_grad_norm_(grads, max_norm, numeric_mode=mode.tier, **kwargs)
-    assert [raw(g) for g in grads] == before
-
-
-@pytest.mark.parametrize("kwargs", [dict(foreach=None), dict(foreach=False), dict(foreach=True),
-                                    dict(error_if_nonfinite=True, foreach=True)])
-def test_clip_grad_norm_takes_torchs_switches_at_values_asking_for_nothing_we_lack(mode, kwargs):
-    plain, switched = grads_for_step(SIZES, 1), grads_for_step(SIZES, 1)
-    total = clip_grad_norm_(plain, 0.5, numeric_mode=mode.tier)
-    assert clip_grad_norm_(switched, 0.5, numeric_mode=mode.tier, **kwargs) == total
-    assert [raw(g) for g in switched] == [raw(g) for g in plain] != [raw(g) for g in grads_for_step(SIZES, 1)]
-
-
-@pytest.mark.parametrize("poison", [float("nan"), float("inf"), 3e38])
-def test_clip_grad_norm_refuses_a_nonfinite_total_and_writes_nothing(mode, poison):
-    grads = grads_for_step(SIZES, 1)
-    grads[1][5] = poison
-    if poison == 3e38:
-        grads[1][6] = poison
-    before = [raw(g) for g in grads]
-    with pytest.raises(ValueError, match="grads|overflow"):
-        clip_grad_norm_(grads, 1.0, numeric_mode=mode.tier)
-    assert [raw(g) for g in grads] == before
-
-
-def test_clip_grad_norm_refuses_read_only_grads(mode):
-    frozen = [memoryview(array.array("f", [3.0, 4.0]).tobytes()).cast("f")]
-    with pytest.raises(ValueError, match="writable|read-only"):
-        clip_grad_norm_(frozen, 1.0, numeric_mode=mode.tier)
 
 
 # ---- threads ---------------------------------------------------------------------------------------

@@ -349,7 +349,7 @@ def build_probe(workdir, flags):
     with open(src, "w") as f:
         f.write(PROBE_C)
     exe = os.path.join(str(workdir), "probe")
-    inc = ["-I", os.path.join(REPO, "native", "include"), "-I", os.path.join(REPO, "native", "cpu_oracle")]
+    inc = ["-I", os.path.join(REPO, "native", "include"), "-I", os.path.join(REPO, "native", "common")]
     done = subprocess.run([_compiler(), "-std=c11", "-D_GNU_SOURCE"] + flags + inc + [src, "-o", exe, "-lm"],
                           capture_output=True, text=True)
     if done.returncode and "-march=native" in flags:
@@ -421,7 +421,7 @@ def _c_table(text, name):
 
 
 def test_the_series_and_pi_constants_are_the_nearest_double_words():
-    with open(os.path.join(REPO, "native", "cpu_oracle", "mt_schedule.c")) as f:
+    with open(os.path.join(REPO, "native", "common", "mt_schedule.c")) as f:
         text = f.read()
 
     def dw(x):

@@ -40,6 +40,10 @@ int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t 
 int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t *offsets,
                  int32_t n_tensors);
 
+/* The total norm of grads (mt_cpu_norms) into *total; a non-finite total is refused
+ * (MT_ENONFINITE, naming the first tensor holding NaN or inf, else the overflow). */
+int mt_cpu_clip_total(float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors);
+
 /* The clip coefficient of the contract: max_norm / (total + 1e-6), clamped to 1. */
 float mt_clip_coefficient(float max_norm, float total);
 #endif

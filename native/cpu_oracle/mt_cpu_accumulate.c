@@ -9,6 +9,7 @@
  * Elements are independent, so blocks of 256 run on the thread pool; a finiteness flag is
  * gathered on the outputs (an infinite or NaN input, or an overflowing sum, gives a
  * non-finite output) and refuses the call, leaving out undefined and every part untouched.
+ * make SABOTAGE=accumulate (MT_SAB_ACCUMULATE) folds the final stack from its bottom.
  */
 #include <string.h>
 #include "mt_cpu.h"
@@ -59,6 +60,13 @@ static void acc_block(const acc_job *job, int64_t b, int64_t len, float buf[ACC_
     if (top == 1) {
         memcpy(out, slot[0], (size_t)len * 4);
         return;
+    }
+    /* make SABOTAGE=accumulate: the stack reversed, so the fold below runs from its bottom,
+     * ((S_0 + S_1) + S_2) + ... (IEEE addition commutes). */
+    for (int j = 0; MT_SAB_ACCUMULATE && j < top / 2; ++j) {
+        const float *t = slot[j];
+        slot[j] = slot[top - 1 - j];
+        slot[top - 1 - j] = t;
     }
     add_into(out, slot[top - 2], slot[top - 1], len);
     for (int j = top - 3; j >= 0; --j) add_right(out, slot[j], len);

@@ -1,4 +1,4 @@
-/* mt_cpu_elementwise.c -- SiLU and the residual add on the cpu vendor (contract:
+/* mt_cpu_elementwise.c -- SiLU, the residual add and ReLU on the cpu vendor (contract:
  * native/contracts/elementwise.md).
  *
  * Each output element is one pinned function of its inputs (mt_silu, mt_silu_grad,
@@ -6,12 +6,14 @@
  * nothing: an output that partly overlaps an input is refused before anything is read, and a
  * NaN or inf in any input by a finiteness pre-pass (one read of each input, mt_cpu_nonfinite)
  * before the one pass that writes the output. The output may be an input itself (in place).
+ * ReLU (at the end) keeps the checks it had beside linear: counts, pointers, the pre-pass.
  */
 #include "mt_cpu.h"
 #include "mt_cpu_gemm.h"
 #include "mt_host.h"
 #include "mt_pinned.h"
 #include "mt_pool.h"
+#include <stddef.h>
 
 uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 
@@ -78,4 +80,47 @@ int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
 int mt_add(float *out, const float *a, const float *b, int64_t n) {
     const char *names[3] = {"out", "a", "b"};
     return run(out, a, b, n, OP_ADD, names);
+}
+
+/* ---- ReLU ------------------------------------------------------------------------------------ */
+typedef struct { float *out; const float *dy, *x; } relu_job;
+
+MT_SIMD static void relu_run(float *out, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = mt_relu(x[i]);
+}
+
+MT_SIMD static void relu_grad_run(float *out, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = mt_relu_grad(dy[i], x[i]);
+}
+
+static void relu_range(void *ctx, int64_t b, int64_t e) {
+    relu_job *job = (relu_job *)ctx;
+    if (job->dy) relu_grad_run(job->out + b, job->dy + b, job->x + b, e - b);
+    else relu_run(job->out + b, job->x + b, e - b);
+}
+
+MT_NOINLINE static int relu_body(float *out, const float *dy, const float *x, int64_t n) {
+    int rc;
+    if ((rc = mt_check_count(n, "n")) || (rc = mt_check_tensor(out, n, dy ? "dx" : "y")) ||
+        (rc = mt_check_tensor(x, n, "x")) || (rc = mt_cpu_refuse_nonfinite(dy, n, "dy")) ||
+        (rc = mt_cpu_refuse_nonfinite(x, n, "x")))
+        return rc;
+    relu_job job = {out, dy, x};
+    mt_parallel_for(n, 4096, relu_range, &job);
+    return MT_OK;
+}
+
+static int relu_common(float *out, const float *dy, const float *x, int64_t n) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = relu_body(out, dy, x, n);
+    mt_fp_end(&env);
+    return rc;
+}
+
+int mt_relu_forward(float *y, const float *x, int64_t n) { return relu_common(y, NULL, x, n); }
+
+int mt_relu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    if (n > 0 && !dy) return mt_fail(MT_EINVAL, "dy is NULL");
+    return relu_common(dx, dy, x, n);
 }

@@ -544,3 +544,8 @@ int mt_cpu_nonfinite(const float *x, int64_t n) {
     if (n > 0) mt_parallel_for(n, 16384, nonfinite_range, &job);
     return job.bad;
 }
+
+int mt_cpu_refuse_nonfinite(const float *x, int64_t n, const char *name) {
+    if (x && mt_cpu_nonfinite(x, n)) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", name);
+    return MT_OK;
+}

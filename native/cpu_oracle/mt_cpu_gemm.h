@@ -1,5 +1,6 @@
-/* mt_cpu_gemm.h -- the CPU oracle's GEMM and token-rule accumulators (contract: dense.md),
- * shared by linear (mt_cpu_dense.c) and the chunked LM head.
+/* mt_cpu_gemm.h -- the CPU oracle's GEMM and token-rule accumulators (contract: linear.md),
+ * shared by linear (mt_cpu_linear.c), RMSNorm's dweight (mt_cpu_rms_norm.c) and the chunked
+ * LM head.
  *
  * GEMM: every output C(i,j) is one chain over p = 0..k-1 in ascending order,
  * acc = MT_DOT_STEP(A(i,p), B(p,j), acc), starting from +0.0 or, with `accumulate`, from C's
@@ -70,6 +71,9 @@ void mt_token_acc_free(mt_token_acc *t);
 
 /* The finiteness pre-pass: nonzero when x[0..n) holds a NaN or an infinity (pool-parallel). */
 int mt_cpu_nonfinite(const float *x, int64_t n);
+/* The pre-pass as a refusal: MT_ENONFINITE naming `name` ("x holds NaN or inf; nothing was
+ * written") when x[0..n) holds one; MT_OK for a NULL x (an optional input not given). */
+int mt_cpu_refuse_nonfinite(const float *x, int64_t n, const char *name);
 
 /* Which GEMM kernel runs: "avx512", "avx2" or "scalar". */
 const char *mt_cpu_gemm_kernel(void);

@@ -1,7 +1,7 @@
 /* mt_cpu_lm_head.c -- the chunked LM head (mt_lm_head_loss) on the CPU oracle.
  *
  * Contract: the bits of linear_forward -> cross_entropy -> linear_backward run separately
- * (loss.md, dense.md), with at most chunk_rows rows of logits alive. Per chunk of rows:
+ * (loss.md, linear.md), with at most chunk_rows rows of logits alive. Per chunk of rows:
  * logits = the forward GEMM (+ bias); mt_cross_entropy on the chunk with the whole call's
  * divisor (so g = 1 / D is the unsplit one) gives the rows' losses and dlogits;
  * d_hidden rows = dlogits . weight; the weight and bias gradients continue each token leaf's

@@ -1,7 +1,9 @@
-/* mt_cpu_optim.c -- SGD, Adam, AdamW and global-norm clipping on the CPU oracle.
+/* mt_cpu_optim.c -- SGD, Adam, AdamW steps (contract: native/contracts/optim.md) and zero_grad's
+ * fill on the CPU oracle.
  *
  * Order of every step: check the arguments; if clipping, form the norms (the pinned tree,
- * which also reads every gradient) and refuse a non-finite total; check params (and, without
+ * which also reads every gradient: mt_cpu_clip_total in mt_cpu_tensors.c, shared with
+ * clip_grad_norm_ in mt_cpu_clip.c) and refuse a non-finite total; check params (and, without
  * clipping, grads) for NaN/inf; only then run one fused pass that scales the gradient, writes
  * it back when clipped, and updates params and state by mt_pinned.h's element routines.
  */
@@ -87,12 +89,8 @@ static int prepare(step_job *job, float *norm_out, const int32_t *offsets, int32
     job->coef = 1.0f;
     float total = 0.0f;
     if (clip) {
-        if (mt_cpu_norms(0, &total, job->grads, offsets, n)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
-        if (!mt_is_finite(total)) {
-            int32_t j = mt_first_nonfinite(job->grads, offsets, n);
-            if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
-            return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
-        }
+        int rc = mt_cpu_clip_total(&total, job->grads, offsets, n);
+        if (rc) return rc;
         job->coef = mt_clip_coefficient(max_norm, total);
         job->scale = job->coef < 1.0f;
     }
@@ -171,52 +169,6 @@ MT_NOINLINE static int sgd_step_body(float *const *params, float *const *grads, 
     return MT_OK;
 }
 
-/* ---- clip_grad_norm_ and friends ---- */
-typedef struct { float *const *table; float coef; } scale_job;
-
-MT_SIMD static void scale_run(float *restrict x, int64_t n, float coef) {
-    for (int64_t i = 0; i < n; ++i) x[i] = x[i] * coef;
-}
-
-static void scale_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
-    scale_job *job = (scale_job *)ctx;
-    (void)flat;
-    scale_run(job->table[j] + local, count, job->coef);
-}
-
-MT_NOINLINE static int clip_body(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
-                      int32_t n_tensors) {
-    int rc;
-    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
-        (rc = mt_check_ptr(norm_out, "norm_out")) || (rc = mt_check_nonneg(max_norm, "max_norm")))
-        return rc;
-    float total = 0.0f;
-    if (mt_cpu_norms(0, &total, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
-    if (!mt_is_finite(total)) {
-        int32_t j = mt_first_nonfinite(grads, offsets, n_tensors);
-        if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
-        return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
-    }
-    float coef = mt_clip_coefficient(max_norm, total);
-    if (coef < 1.0f) {
-        scale_job sj = {grads, coef};
-        mt_parallel_segments(offsets, n_tensors, scale_segment, &sj);
-    }
-    norm_out[0] = total;
-    norm_out[1] = coef;
-    return MT_OK;
-}
-
-MT_NOINLINE static int grad_norms_body(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
-                  int32_t n_tensors) {
-    int rc;
-    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
-        (rc = mt_check_ptr(tensor_norms, "tensor_norms")) || (rc = mt_check_ptr(total_norm, "total_norm")))
-        return rc;
-    if (mt_cpu_norms(tensor_norms, total_norm, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
-    return MT_OK;
-}
-
 static void zero_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
     float *const *table = (float *const *)ctx;
     (void)flat;
@@ -239,23 +191,6 @@ int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffe
     mt_fp_begin(&env);
     int rc = sgd_step_body(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, lr, momentum, dampening, weight_decay,
                      nesterov, maximize, clip, max_norm, n_tensors);
-    mt_fp_end(&env);
-    return rc;
-}
-
-int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm, int32_t n_tensors) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = clip_body(grads, norm_out, offsets, max_norm, n_tensors);
-    mt_fp_end(&env);
-    return rc;
-}
-
-int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
-                  int32_t n_tensors) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = grad_norms_body(tensor_norms, total_norm, grads, offsets, n_tensors);
     mt_fp_end(&env);
     return rc;
 }

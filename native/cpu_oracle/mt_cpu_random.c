@@ -1,4 +1,5 @@
-/* mt_cpu_random.c -- normal fills and dropout on the cpu vendor (contract: native/contracts/random.md).
+/* mt_cpu_random.c -- uniform and normal fills and dropout on the cpu vendor (contract:
+ * native/contracts/random.md).
  *
  * Every value is a pure function of (seed, stream, stream element), computed by mt_pinned.h;
  * the thread pool only decides who computes which elements. Loops walk Philox counter blocks
@@ -26,6 +27,29 @@ static int span_check(uint64_t offset, int64_t n) {
     const char *why = mt_span_problem(offset, n);
     return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
                : MT_OK;
+}
+
+/* ---- uniform fill (the draw every card input comes from) ---- */
+typedef struct { float *out; uint64_t seed, stream, offset; float low, width; } uniform_job;
+
+static void uniform_range(void *ctx, int64_t b, int64_t e) {
+    uniform_job *job = (uniform_job *)ctx;
+    for (int64_t i = b; i < e; ++i)
+        job->out[i] = mt_uniform_at(job->low, job->width,
+                                    mt_philox_word(job->seed, job->stream, job->offset + (uint64_t)i));
+}
+
+int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
+                    int64_t n) {
+    float width, lo;
+    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
+    if (rc) return rc;
+    uniform_job job = {out, seed, stream, offset, lo, width};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    mt_parallel_for(n, 4, uniform_range, &job);   /* out of line: the ranges run behind a call */
+    mt_fp_end(&env);
+    return MT_OK;
 }
 
 /* ---- normal fill ---- */

@@ -1,8 +1,11 @@
-/* mt_cpu_tensors.c -- see mt_cpu.h. */
+/* mt_cpu_tensors.c -- what the CPU oracle's ops share over tensor lists (see mt_cpu.h): flat
+ * ranges as per-tensor segments, the finiteness pre-pass, and the norms of the pinned tree that
+ * clip_grad_norm_ (mt_cpu_clip.c) and the steps that clip (mt_cpu_optim.c) both use. */
 #include "mt_cpu.h"
 #include "mt_pool.h"
 #include "mt_pinned.h"
 #include "mojo_train.h"
+#include "mt_host.h"
 #include <stdlib.h>
 
 static int32_t tensor_of(const int32_t *offsets, int32_t n_tensors, int64_t i) {
@@ -135,6 +138,15 @@ int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t 
     if (norms) for (int32_t j = 0; j < n_tensors; ++j) norms[j] = own[j];
     free(partials); free(chunk_start); free(own);
     return MT_OK;
+}
+
+/* The total norm, or the refusal of a non-finite one (naming the first bad gradient). */
+int mt_cpu_clip_total(float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors) {
+    if (mt_cpu_norms(0, total, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+    if (mt_is_finite(*total)) return MT_OK;
+    int32_t j = mt_first_nonfinite(grads, offsets, n_tensors);
+    if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
+    return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
 }
 
 float mt_clip_coefficient(float max_norm, float total) {

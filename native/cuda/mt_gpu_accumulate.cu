@@ -7,6 +7,7 @@
  * the call succeeds; device pointers are used in place. A non-finite output (NaN/inf in a
  * part, or an overflowing sum) sets a flag that every writer sets to the same value (no
  * atomics) and refuses the call: a device out is then undefined, a host out untouched.
+ * make SABOTAGE=accumulate (MT_SAB_ACCUMULATE) folds the final stack from its bottom.
  */
 #include <vector>
 #include "mt_gpu.h"
@@ -26,8 +27,14 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_accumulate(float *out, co
             for (uint32_t c = (uint32_t)k + 1; !(c & 1); c >>= 1) v = st[--top] + v;
             st[top++] = v;
         }
-        float acc = st[--top];
-        while (top > 0) acc = st[--top] + acc;
+        float acc;
+        if (MT_SAB_ACCUMULATE) {                 /* sabotage: fold the stack from its bottom */
+            acc = st[0];
+            for (int j = 1; j < top; ++j) acc = acc + st[j];
+        } else {
+            acc = st[--top];
+            while (top > 0) acc = st[--top] + acc;
+        }
         out[i] = acc;
         any |= !mt_is_finite(acc);
     }

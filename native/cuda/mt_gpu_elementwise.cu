@@ -1,6 +1,6 @@
-/* mt_gpu_elementwise.cu -- SiLU and the residual add on a GPU (contract:
+/* mt_gpu_elementwise.cu -- SiLU, the residual add and ReLU on a GPU (contract:
  * native/contracts/elementwise.md), and the call shape every one-pass map shares
- * (mt_gpu_map; dropout uses it too).
+ * (mt_gpu_map; dropout uses it too; ReLU, at the end, keeps its own).
  *
  * A call: argument checks on the host (aliasing included: an output is an input itself or
  * disjoint from it); staging (host inputs uploaded, device buffers used in place, a host
@@ -11,6 +11,7 @@
  * the arithmetic is mt_pinned.h's, one element at a time.
  */
 #include "mt_gpu_map.h"
+#include "mt_gpu_rows.cuh"
 
 uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 
@@ -174,6 +175,90 @@ int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
 int mt_add(float *out, const float *a, const float *b, int64_t n) {
     static const char *const names[3] = {"out", "a", "b"};
     return run(out, a, b, n, names, launch_elt<OP_ADD>);
+}
+
+}  /* extern "C" */
+
+/* ---- ReLU: one element kernel (mt_relu, mt_relu_grad) ---- */
+/* Unlike the maps above, finiteness rides along (no pre-pass): the kernel raises per-input
+ * flags in the mapped status of mt_gpu_rows.cuh and the host refuses after the
+ * synchronization, so y and dx are undefined after a refusal (mojo_train.h); a host output's
+ * twin is downloaded only on success. Checks and refusal order follow the oracle. */
+namespace {
+
+enum { BAD_X = 0, BAD_DY = 1 };
+
+template <bool VEC>
+__global__ void k_relu(float *out, const float *dy, const float *x, int64_t n, int32_t *bad) {
+    bool bx = false, bdy = false;
+    int64_t step = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (VEC) {
+        for (; 4 * i + 3 < n; i += step) {
+            float4 q = ((const float4 *)x)[i], o;
+            bx |= any_bad4(q);
+            if (dy) {
+                float4 g = ((const float4 *)dy)[i];
+                bdy |= any_bad4(g);
+                o = make_float4(mt_relu_grad(g.x, q.x), mt_relu_grad(g.y, q.y), mt_relu_grad(g.z, q.z), mt_relu_grad(g.w, q.w));
+            } else {
+                o = make_float4(mt_relu(q.x), mt_relu(q.y), mt_relu(q.z), mt_relu(q.w));
+            }
+            ((float4 *)out)[i] = o;
+        }
+        i = 4 * (n / 4) + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    }
+    for (; i < n; i += step) {
+        float q = x[i];
+        bx |= !mt_is_finite(q);
+        if (dy) {
+            bdy |= !mt_is_finite(dy[i]);
+            out[i] = mt_relu_grad(dy[i], q);
+        } else {
+            out[i] = mt_relu(q);
+        }
+    }
+    if (bx) bad[BAD_X] = 1;
+    if (bdy) bad[BAD_DY] = 1;
+}
+
+int relu(float *out, const float *dy, const float *x, int64_t n) {
+    int rc;
+    if ((rc = mt_check_count(n, "n")) || (rc = mt_check_tensor(out, n, dy ? "dx" : "y")) ||
+        (rc = mt_check_tensor(x, n, "x")))
+        return rc;
+    if (n == 0) return MT_OK;
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_rows_status *st = mt_rows_mapped();
+    if (!st) return MT_ENOMEM;
+    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
+    mt_arena arena;
+    float *d_out = nullptr, *d_x = nullptr, *d_dy = nullptr;
+    bool so = false, sx = false, sdy = false;
+    if ((rc = mt_buf_to_device((void **)&d_x, &sx, &arena, (void *)x, n * 4, true)) ||
+        (dy && (rc = mt_buf_to_device((void **)&d_dy, &sdy, &arena, (void *)dy, n * 4, true))) ||
+        (rc = mt_buf_to_device((void **)&d_out, &so, &arena, out, n * 4, false)))
+        return rc;
+    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, (int64_t)threads * 16);
+    mt_gpu_record_launch(threads, blocks);
+    if (mt_gpu_aligned16(d_out) && mt_gpu_aligned16(d_x) && mt_gpu_aligned16(d_dy))
+        k_relu<true><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
+    else
+        k_relu<false><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
+    if ((rc = mt_rows_launched("relu"))) return rc;
+    static const int order[2] = {BAD_DY, BAD_X};
+    static const char *const names[3] = {"x", "dy", "unused"};
+    return mt_rows_finish(st, order, 2, names, so ? out : nullptr, d_out, n * 4, nullptr, nullptr, 0);
+}
+
+}  // namespace
+
+extern "C" {
+
+int mt_relu_forward(float *y, const float *x, int64_t n) { return relu(y, nullptr, x, n); }
+
+int mt_relu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    if (n > 0 && !dy) return mt_fail(MT_EINVAL, "dy is NULL");
+    return relu(dx, dy, x, n);
 }
 
 }  /* extern "C" */

@@ -20,9 +20,10 @@
  */
 #include <vector>
 #ifdef MT_EMB_EMULATE
-/* tests/c/emb_gpu_emulate.cc compiles this file as C++ and runs each kernel thread by thread
- * (no kernel here cooperates within a block or warp, so that is a valid schedule): the
- * kernels and this host glue are tested where no GPU is present. */
+/* The test build only (never a library build): tests/c/emb_gpu_emulate.cc compiles this file
+ * as C++ with that folder on its include path, which provides emb_gpu_emulate.h, and runs each
+ * kernel thread by thread (no kernel here cooperates within a block or warp, so that is a valid
+ * schedule): the kernels and this host glue are tested where no GPU is present. */
 #include "emb_gpu_emulate.h"
 #define EMB_LAUNCH(kernel, grid, threads, ...) emu_launch(kernel, grid, threads, __VA_ARGS__)
 #else

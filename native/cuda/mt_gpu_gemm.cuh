@@ -1,4 +1,4 @@
-/* mt_gpu_gemm.cuh -- the chain GEMM of native/contracts/dense.md on a GPU, and the token rule
+/* mt_gpu_gemm.cuh -- the chain GEMM of native/contracts/linear.md on a GPU, and the token rule
  * built on it: register-tiled SIMT float32 (FFMA; no tensor cores, no split-K).
  *
  * Contract: C(i, j) is ONE chain over the contraction index p: acc = +0.0 (or, when
@@ -229,7 +229,7 @@ template <> struct loader_of<2> { typedef rmajor_vec_loader type; };
  * Speed model (sm_90, BK 16, 3 stages): 128 registers, no spills, 2 blocks (16 warps) an SM;
  * the steady loop issues 1024 FFMA in ~1166 instructions (64 LDS.128, 16 LDGSTS, ~60 address
  * and pipeline), so FFMA can hold at most ~88% of the issue slots; FP32 peak is 132 SMs x 128
- * lanes x 2 x 1.98 GHz = 67 TFLOP/s. bench/dense_cuda.py --variants times other tilings. */
+ * lanes x 2 x 1.98 GHz = 67 TFLOP/s. bench/linear_cuda.py --variants times other tilings. */
 template <int KA, int KB>
 __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const params P) {
     if (P.refused && *P.refused) return;

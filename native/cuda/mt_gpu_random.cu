@@ -1,11 +1,13 @@
-/* mt_gpu_random.cu -- normal fills and dropout on a GPU (contract: native/contracts/random.md).
+/* mt_gpu_random.cu -- uniform and normal fills and dropout on a GPU (contract:
+ * native/contracts/random.md).
  *
- * One thread computes one Philox counter block (four stream elements) at a time and writes
- * the elements of it that the call covers: element i of the output is stream element
- * offset + i, whatever the grid. With offset a multiple of 4 and 16-byte aligned buffers a
- * whole block is one float4 load and store; otherwise element by element. Dropout runs
- * through mt_gpu_map (mt_gpu_elementwise.cu): the finiteness pre-pass reads x, then one pass
- * reads x and writes y unless the pre-pass refused; y partly overlapping x is refused first.
+ * Element i of an output is stream element offset + i, whatever the grid. A uniform fill is
+ * one element per thread. Normals and dropout: one thread computes one Philox counter block
+ * (four stream elements) at a time and writes the elements of it that the call covers; with
+ * offset a multiple of 4 and 16-byte aligned buffers a whole block is one float4 load and
+ * store, otherwise element by element. Dropout runs through mt_gpu_map
+ * (mt_gpu_elementwise.cu): the finiteness pre-pass reads x, then one pass reads x and writes
+ * y unless the pre-pass refused; y partly overlapping x is refused first.
  */
 #include "mt_gpu_map.h"
 
@@ -62,6 +64,13 @@ __device__ __forceinline__ void store4(float *y, const span &s, int64_t t, float
     }
 }
 
+/* Uniform: element i is stream element offset + i, one per thread, grid-stride. */
+__global__ void mt_k_uniform(float *out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float low,
+                             float width) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = mt_uniform_at(low, width, mt_philox_word(seed, stream, offset + (uint64_t)i));
+}
+
 template <int VEC>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_normal(float *out, span s, float mean, float std) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -102,6 +111,24 @@ int span_check(uint64_t offset, int64_t n) {
     const char *why = mt_span_problem(offset, n);
     return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
                : MT_OK;
+}
+
+/* A fill of n floats at out: nothing for n == 0; out staged when it is host memory (written
+ * only), launch(dev) on the stream, then the staged output copied back. */
+template <class Launch>
+int run_fill(float *out, int64_t n, const char *what, Launch launch) {
+    if (n == 0) return MT_OK;
+    int rc;
+    if ((rc = mt_gpu_ready())) return rc;
+    mt_arena arena;
+    float *dev = nullptr;
+    bool staged = false;
+    if ((rc = mt_buf_to_device((void **)&dev, &staged, &arena, out, n * 4, false))) return rc;
+    launch(dev);
+    MT_GPU_CHECK(gpuGetLastError(), what);
+    if (staged && (rc = mt_buf_to_host(out, dev, n * 4))) return rc;
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), what);
+    return MT_OK;
 }
 
 MT_NOINLINE void host_normal_scalars(float *mean32, float *std32, double mean, double std) {
@@ -149,6 +176,18 @@ int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t st
 
 extern "C" {
 
+int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
+                    int64_t n) {
+    float width, lo;
+    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
+    if (rc) return rc;
+    return run_fill(out, n, "uniform fill", [&](float *dev) {
+        int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, threads);
+        mt_gpu_record_launch(threads, blocks);
+        mt_k_uniform<<<blocks, threads, 0, MT_STREAM>>>(dev, n, seed, stream, offset, lo, width);
+    });
+}
+
 int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double mean, double std, int64_t n) {
     int rc;
     if ((rc = mt_check_ptr(out, "out")) || (rc = span_check(offset, n))) return rc;
@@ -160,23 +199,15 @@ int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, 
     if (!mt_is_finite(mean32)) return mt_fail(MT_EINVAL, "mean must be finite in float32, got %g", mean);
     if (!mt_is_finite(std32) || std32 < 0.0f)
         return mt_fail(MT_EINVAL, "std must be finite in float32 and >= 0, got %g", std);
-    if (n == 0) return MT_OK;
-    if ((rc = mt_gpu_ready())) return rc;
-    mt_arena arena;
-    float *dev = nullptr;
-    bool staged = false;
-    if ((rc = mt_buf_to_device((void **)&dev, &staged, &arena, out, n * 4, false))) return rc;
-    span s = span_of(seed, stream, offset, n);
-    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(s.blocks, threads);
-    mt_gpu_record_launch(threads, blocks);
-    if (s.head == 0 && mt_gpu_aligned16(dev))
-        mt_k_normal<1><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
-    else
-        mt_k_normal<0><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
-    MT_GPU_CHECK(gpuGetLastError(), "normal fill");
-    if (staged && (rc = mt_buf_to_host(out, dev, n * 4))) return rc;
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "normal fill");
-    return MT_OK;
+    return run_fill(out, n, "normal fill", [&](float *dev) {
+        span s = span_of(seed, stream, offset, n);
+        int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(s.blocks, threads);
+        mt_gpu_record_launch(threads, blocks);
+        if (s.head == 0 && mt_gpu_aligned16(dev))
+            mt_k_normal<1><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
+        else
+            mt_k_normal<0><<<blocks, threads, 0, MT_STREAM>>>(dev, s, mean32, std32);
+    });
 }
 
 int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {

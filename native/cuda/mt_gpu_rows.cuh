@@ -1,11 +1,12 @@
-/* mt_gpu_rows.cuh -- what the row kernels of cross-entropy (mt_gpu_loss.cu) and RMSNorm / ReLU
- * (mt_gpu_norm.cu) share: the status they report through mapped memory, launch sizing, row
+/* mt_gpu_rows.cuh -- what the row kernels of cross-entropy (mt_gpu_loss.cu) and RMSNorm
+ * (mt_gpu_rms_norm.cu) share, and ReLU (mt_gpu_elementwise.cu) with them: the status they report
+ * through mapped memory and its reading after the call (mt_rows_finish), launch sizing, row
  * staging into shared memory, the block max, and the chunk-fold steps they hand to
  * mt_warp_chunk_fold (mt_pinned.h). Arithmetic comes from mt_pinned.h only; these helpers
  * decide where data lives and which thread touches it, never an order of operations.
  *
- * Only inline device functions and inline host helpers live here (no kernels), so both
- * translation units can include it.
+ * Only inline device functions and inline host helpers live here (no kernels), so every
+ * translation unit can include it.
  */
 #ifndef MT_GPU_ROWS_CUH
 #define MT_GPU_ROWS_CUH
@@ -114,6 +115,29 @@ inline int mt_rows_grid(int *grid, K kernel, int threads, size_t smem, int64_t r
 
 inline int mt_rows_launched(const char *what) {
     MT_GPU_CHECK(gpuGetLastError(), what);
+    return MT_OK;
+}
+
+/* Refuse on the first raised flag of st->bad, in `order`; names[i] names input i. */
+inline int mt_rows_refuse(const mt_rows_status *st, const int *order, int n, const char *const *names) {
+    for (int i = 0; i < n; ++i)
+        if (st->bad[order[i]])
+            return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", names[order[i]]);
+    return MT_OK;
+}
+
+/* One synchronization, then the flags: a refusal, or the downloads of staged outputs (a host
+ * output and its device twin; NULL host_out: none). */
+inline int mt_rows_finish(const mt_rows_status *st, const int *order, int n, const char *const *names,
+                          void *host_out, const void *dev_out, int64_t bytes, void *host_out2, const void *dev_out2,
+                          int64_t bytes2) {
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
+    int rc;
+    if ((rc = mt_rows_refuse(st, order, n, names))) return rc;
+    if ((host_out && (rc = mt_buf_to_host(host_out, dev_out, bytes))) ||
+        (host_out2 && (rc = mt_buf_to_host(host_out2, dev_out2, bytes2))))
+        return rc;
+    if (host_out || host_out2) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
     return MT_OK;
 }
 

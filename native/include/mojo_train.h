@@ -128,8 +128,9 @@ int mt_uniform_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64
 
 int mt_one_minus_pow(float *out /* (1) */, float base, int64_t exponent);
 
-/* Loss and dense layers (contracts: native/contracts/loss.md, dense.md). Every pointer is a
- * host pointer, or on a GPU vendor a device pointer; results land where the outputs are.
+/* Loss and dense layers (contracts: native/contracts/loss.md, linear.md, rms_norm.md; ReLU:
+ * elementwise.md). Every pointer is a host pointer, or on a GPU vendor a device pointer;
+ * results land where the outputs are.
  * Targets are signed integers of target_bytes (4 or 8) each. On refusal nothing the caller
  * passed is written except, after a non-finite input is found, outputs the caller must
  * treat as undefined (dlogits, row_loss, d_hidden, d_weight, d_bias, y, dx, out); loss_out and

@@ -39,6 +39,13 @@
 #else
 #define MT_OPT_MADD(a, b, c) MT_MADD(a, b, c)
 #endif
+/* make SABOTAGE=schedule (native/common/mt_schedule.c, host code): a warmup value is rounded
+ * twice, RN(RN(peak / W) * t) in float32, instead of once from the exact peak * t / W. */
+#ifdef MT_SABOTAGE_SCHEDULE
+#define MT_SAB_SCHEDULE 1
+#else
+#define MT_SAB_SCHEDULE 0
+#endif
 
 /* ---- bits ------------------------------------------------------------------------------ */
 
@@ -266,7 +273,7 @@ MT_HD float mt_one_minus_pow_f32(float base, int64_t t) {
     return s + (err - r.lo);
 }
 
-/* ---- optimizer element updates (contract: native/contracts/optimizer.md) -------------- */
+/* ---- optimizer element updates (contract: native/contracts/optim.md) ------------------ */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float one_minus_beta1, one_minus_beta2, step_size, sqrt_bias2, decay, grad_sign;
@@ -580,7 +587,7 @@ MT_HD float mt_log1pf(float x) {
 }
 /* ==== end of pinned exp, log, log1p ==================================================== */
 
-/* ==== losses and dense layers (contracts: native/contracts/loss.md, dense.md) ===========
+/* ==== losses and dense layers (contracts: native/contracts/loss.md, linear.md, rms_norm.md)
  * The per-element arithmetic every vendor shares. Loop schedules (which thread folds which
  * lane, which block owns which leaf) belong to the vendors; the trees they must realise are
  * the chunk tree above (along a row) and the token rule below (across rows). */
@@ -661,6 +668,15 @@ MT_HD float mt_token_tree(float *s, int64_t m, int reversed) {
     }
     return mt_tree_fold(s, m);
 }
+
+/* make SABOTAGE=accumulate (contract: native/contracts/accumulate.md): the stack of complete
+ * subtrees over microbatches folds from its bottom, ((S_0 + S_1) + S_2) + ..., instead of
+ * from its top; a count with three or more one bits (7, 11, 13, ...) must change bits. */
+#ifdef MT_SABOTAGE_ACCUMULATE
+#define MT_SAB_ACCUMULATE 1
+#else
+#define MT_SAB_ACCUMULATE 0
+#endif
 
 /* ---- cross-entropy ------------------------------------------------------------------------ */
 typedef struct {

@@ -1,7 +1,7 @@
 /* emb_gpu_emulate.cc -- native/cuda/mt_gpu_embedding.cu (host glue and kernels) compiled as
  * C++ over the CPU emulation of emb_gpu_emulate.h, as a shared library exporting the
  * embedding's two ABI calls and emu_geometry. tests/test_embedding.py builds it with
- *   c++ -std=c++17 -shared -Inative/include -Inative/cpu_oracle -Itests/c \
+ *   c++ -std=c++17 -shared -Inative/include -Inative/common -Itests/c \
  *       tests/c/emb_gpu_emulate.cc mt_host.o
  * and compares its bits with the CPU oracle's. */
 #define MT_EMB_EMULATE
@@ -11,7 +11,8 @@ extern "C" {
 /* The other op families' feature bits, which mt_host.c's mt_features asks for. */
 uint64_t mt_vendor_features(void) { return 0; }
 uint64_t mt_loss_features(void) { return 0; }
-uint64_t mt_dense_features(void) { return 0; }
+uint64_t mt_linear_features(void) { return 0; }
+uint64_t mt_rms_norm_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 uint64_t mt_random_features(void) { return 0; }
 uint64_t mt_accumulate_features(void) { return 0; }

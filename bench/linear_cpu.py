@@ -1,6 +1,6 @@
-"""linear and RMSNorm on the CPU, side by side with torch in one process (identical tier by default).
+"""linear on the CPU, side by side with torch in one process (identical tier by default).
 
-    python bench/dense_cpu.py [--repeat 15] [--mode identical] [--write]
+    python bench/linear_cpu.py [--repeat 15] [--mode identical] [--write]
 
 Figures: medians of --repeat calls after warm-up, ours and torch's timed in alternation (call
 for call), so that a busy machine slows both alike; through the public API on both sides
@@ -9,7 +9,9 @@ for call), so that a busy machine slows both alike; through the public API on bo
 pre-pass reads every input once more before any output is written: its bytes are listed
 (``prepass_MB``). On a shared machine the wall-clock figures move with the load (recorded);
 the one-thread figure in GFLOP per CPU-second of the process moves less. Target (issue 4):
-linear_forward 1024^3 at least 0.5x torch's GFLOP/s.
+linear_forward 1024^3 at least 0.5x torch's GFLOP/s. RMSNorm's figures: bench/rms_norm_cpu.py
+(which times them with paired_medians and filled from here). Records before the split into
+families are in bench/results/dense_cpu.jsonl; new ones go to linear_cpu.jsonl.
 """
 import argparse
 import os
@@ -26,7 +28,6 @@ import mojo_train as mt  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
 
 LINEAR_SHAPES = [(1024, 1024, 1024), (4096, 1024, 1024), (8192, 768, 256), (64, 4096, 4096)]
-RMS_SHAPES = [(4096, 1024), (1024, 4096), (16384, 256)]
 
 
 def paired_medians(fns, repeat, warmup=3, clock=time.perf_counter):
@@ -100,30 +101,6 @@ def single_thread_cpu_time(m, n, k, repeat, mode):
             "torch_GFLOP_per_cpu_s": flops / theirs / 1e9, "vs_torch": theirs / ours}
 
 
-def bench_rms(rows, dim, repeat, mode):
-    import torch
-    import torch.nn.functional as F
-    backend = load(mode)
-    x, dy, w = filled((rows, dim), 2, 0, backend), filled((rows, dim), 2, 3, backend), filled((dim,), 2, 1, backend)
-    tx, tdy, tw = torch_of(x).requires_grad_(), torch_of(dy), torch_of(w).requires_grad_()
-
-    def ours():
-        mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode)
-        mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=mode)
-
-    def theirs():
-        tx.grad = tw.grad = None
-        F.rms_norm(tx, (dim,), tw, 1e-5).backward(tdy)
-
-    fwd, tfwd, both, tboth = paired_medians([
-        lambda: mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode),
-        lambda: F.rms_norm(tx.detach(), (dim,), tw.detach(), 1e-5), ours, theirs], repeat)
-    return {"rows": rows, "dim": dim, "forward_ms": fwd * 1e3, "torch_forward_ms": tfwd * 1e3,
-            "forward_vs_torch": tfwd / fwd, "fwd_bwd_ms": both * 1e3, "torch_fwd_bwd_ms": tboth * 1e3,
-            "fwd_bwd_vs_torch": tboth / both,
-            "prepass_MB": {"forward": 4 * rows * dim / 1e6, "backward": 8 * rows * dim / 1e6}}
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=15)
@@ -134,7 +111,6 @@ def main():
     threads = int(load(args.mode).lib.mt_num_threads())
     torch.set_num_threads(threads)
     linear = [bench_linear(m, n, k, args.repeat, args.mode) for m, n, k in LINEAR_SHAPES]
-    rms = [bench_rms(r, d, args.repeat, args.mode) for r, d in RMS_SHAPES]
     core = single_thread_cpu_time(1024, 1024, 1024, args.repeat, args.mode)
     load_avg = os.getloadavg()[0]
     for r in linear:
@@ -143,19 +119,13 @@ def main():
                                                   r["forward_vs_torch"],
                                                   " (target >= 0.5)" if (r["m"], r["n"], r["k"]) == (1024,) * 3 else "",
                                                   r["backward_GFLOPs"], r["torch_backward_GFLOPs"], r["backward_vs_torch"]))
-    for r in rms:
-        print("rms_norm %5d x %4d: forward %.3f ms (torch %.3f) = %.2fx torch; forward+backward %.3f ms "
-              "(torch %.3f) = %.2fx" % (r["rows"], r["dim"], r["forward_ms"], r["torch_forward_ms"],
-                                        r["forward_vs_torch"], r["fwd_bwd_ms"], r["torch_fwd_bwd_ms"],
-                                        r["fwd_bwd_vs_torch"]))
     print("linear 1024^3 on one thread, per CPU-second: ours %.1f GFLOP, torch %.1f = %.2fx (load average %.1f "
           "on %d cores)" % (core["GFLOP_per_cpu_s"], core["torch_GFLOP_per_cpu_s"], core["vs_torch"], load_avg,
                             os.cpu_count() or 0))
     if args.write:
-        write_result("dense_cpu", {"mode": args.mode, "threads": threads, "torch": torch.__version__,
-                                   "gemm_kernel": os.environ.get("MOJO_TRAIN_CPU_GEMM", "auto"),
-                                   "load_average": load_avg, "linear": linear, "rms_norm": rms,
-                                   "one_thread_cpu_time": core},
+        write_result("linear_cpu", {"mode": args.mode, "threads": threads, "torch": torch.__version__,
+                                    "gemm_kernel": os.environ.get("MOJO_TRAIN_CPU_GEMM", "auto"),
+                                    "load_average": load_avg, "linear": linear, "one_thread_cpu_time": core},
                      " ".join(["python"] + sys.argv))
 
 

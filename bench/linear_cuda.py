@@ -1,11 +1,12 @@
 """linear on a GPU, side by side with torch in one process (identical tier, device buffers).
 
-    python bench/dense_cuda.py [--repeat N] [--quick] [--write]
-    python bench/dense_cuda.py --variants [--repeat N]
+    python bench/linear_cuda.py [--repeat N] [--quick] [--write]
+    python bench/linear_cuda.py --variants [--repeat N]
 
 Ours: mt_linear_forward / mt_linear_backward of the identical CUDA library through cffi, on
-mt_device_alloc buffers; torch: F.linear, and dc @ w, dc.T @ a, dc.sum(0) for the backward,
-float32 with TF32 off (torch.backends.cuda.matmul.allow_tf32 = False: cuBLAS SGEMM, FFMA).
+mt_device_alloc buffers (bench/loss_cuda.py's DeviceBuffer); torch: F.linear, and dc @ w,
+dc.T @ a, dc.sum(0) for the backward, float32 with TF32 off
+(torch.backends.cuda.matmul.allow_tf32 = False: cuBLAS SGEMM, FFMA).
 Both sides get the same inputs (drawn by torch, copied into ours with mt_memcpy). Every figure
 is the median wall-clock of --repeat synchronized calls after warm-up (ours returns
 synchronized; torch is followed by torch.cuda.synchronize()). FLOPs: 2 m n k per product
@@ -13,14 +14,16 @@ synchronized; torch is followed by torch.cuda.synchronize()). FLOPs: 2 m n k per
 every input once: pre_pass_MB) and one status read-back per call; the backward with m > 1024
 tokens also holds leaves * n * k floats of dweight partials (scratch_MB) and folds them.
 Then ours is compared with torch's float32 result (max |diff| / max |ref|, not bits: the
-bits are dev_check_linear.py's business). Target (issue): forward 8192^3 >= 0.8x torch.
+bits are the linear card's and tests/test_linear.py's business). Target (issue): forward
+8192^3 >= 0.8x torch. Records before the split into families are in
+bench/results/dense_cuda.jsonl; new ones go to linear_cuda.jsonl.
 
 --variants builds the CUDA identical library once per GEMM tiling in VARIANTS (make with
 BUILD=$MT_VARIANT_DIR/<name>, default /tmp/mt_gemm_variants, and -D flags of
 native/cuda/mt_gpu_gemm.cuh: tile depth, pipeline stages, blocks per SM; builds run in
-parallel), then for each one runs dev_check_linear.py --quick --no-bench (every tiling must
-give the oracle's bits) and times the forward at 8192^3 and 4096 x 11008 x 4096, all in this
-one call, and prints one table.
+parallel), then for each one checks the linear card on it (python -m mojo_train selfcheck
+--card linear: every tiling must give the oracle's bits, host and device buffers) and times
+the forward at 8192^3 and 4096 x 11008 x 4096, all in this one call, and prints one table.
 """
 import argparse
 import json
@@ -34,14 +37,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _timing import write_result  # noqa: E402
-from dev_check_linear import DeviceBuffer, ffi, linear_backward, linear_forward  # noqa: E402
+from loss_cuda import DeviceBuffer  # noqa: E402
 
 from mojo_train import _native  # noqa: E402
+
+ffi = _native.ffi
 
 FORWARD = [(8192, 8192, 8192), (8192, 4096, 4096), (4096, 11008, 4096), (8192, 1024, 4096), (2048, 2048, 2048)]
 BACKWARD = [(8192, 8192, 8192), (8192, 4096, 4096), (16384, 1024, 1024), (2048, 2048, 2048)]
 QUICK_FORWARD = [(8192, 8192, 8192), (2048, 2048, 2048)]
 QUICK_BACKWARD = [(8192, 4096, 4096)]
+
+
+def linear_forward(lib, p, m, n, k):
+    """Call mt_linear_forward with the pointers p['out'], p['a'], p['weight'], p['bias']."""
+    return lib.mt_linear_forward(p["out"], p["a"], p["weight"], p["bias"], m, n, k)
+
+
+def linear_backward(lib, p, m, n, k):
+    return lib.mt_linear_backward(p["da"], p["dweight"], p["dbias"], p["dc"], p["a"], p["weight"], m, n, k)
 
 
 def median_time(fn, repeat, warmup=3, sync=None):
@@ -67,30 +81,27 @@ class Operands:
     def __init__(self, gpu, torch, shapes, seed):
         self.gpu, self.torch, self.t, self.ours = gpu, torch, {}, {}
         for i, (name, shape, is_input) in enumerate(shapes):
-            n = 1
-            for d in shape:
-                n *= d
-            buf = DeviceBuffer(gpu, 4 * n)
+            buf = DeviceBuffer(gpu, shape)
             if is_input and torch is not None:
                 g = torch.Generator(device="cuda").manual_seed(seed * 100 + i)
                 t = torch.rand(shape, device="cuda", generator=g) * 2 - 1
                 self.t[name] = t
-                gpu.check(gpu.lib.mt_memcpy(ffi.cast("void *", buf.addr), ffi.cast("void *", t.data_ptr()), 4 * n),
+                gpu.check(gpu.lib.mt_memcpy(buf.ptr("void *"), ffi.cast("void *", t.data_ptr()), buf.nbytes),
                           "mt_memcpy")
             elif is_input:
-                buf.fill_uniform(n, seed, i)
+                buf.fill_uniform(seed, i, -1.0, 1.0)
             self.ours[name] = buf
         if torch is not None:
             torch.cuda.synchronize()
 
     def ptrs(self, names):
-        return {k: (self.ours[k].fptr() if k in names else ffi.NULL) for k in self.ours}
+        return {k: (self.ours[k].ptr() if k in names else ffi.NULL) for k in self.ours}
 
     def as_torch(self, name, shape):
         out = self.torch.empty(shape, device="cuda")
         buf = self.ours[name]
-        self.gpu.check(self.gpu.lib.mt_memcpy(ffi.cast("void *", out.data_ptr()), ffi.cast("void *", buf.addr),
-                                              buf.nbytes), "mt_memcpy")
+        self.gpu.check(self.gpu.lib.mt_memcpy(ffi.cast("void *", out.data_ptr()), buf.ptr("void *"), buf.nbytes),
+                       "mt_memcpy")
         return out
 
 
@@ -192,9 +203,9 @@ def run_benchmarks(repeat=12, quick=False, write=False):
         repeat, torch.cuda.get_device_name() if torch is not None else "no torch"))
     report(rows)
     if write:
-        write_result("dense_cuda", {"rows": rows, "repeat": repeat,
-                                    "gpu": torch.cuda.get_device_name() if torch is not None else None,
-                                    "torch": torch.__version__ if torch is not None else None},
+        write_result("linear_cuda", {"rows": rows, "repeat": repeat,
+                                     "gpu": torch.cuda.get_device_name() if torch is not None else None,
+                                     "torch": torch.__version__ if torch is not None else None},
                      " ".join(["python"] + sys.argv))
     return rows
 
@@ -230,10 +241,12 @@ def sweep_variants(repeat):
             table.append((name, "build failed", []))
             continue
         env = dict(os.environ, MOJO_TRAIN_LIBRARY_PATH=out)
-        check = subprocess.run([sys.executable, os.path.join(root, "bench", "dev_check_linear.py"), "--quick",
-                                "--no-bench"], env=env, capture_output=True, text=True)
-        summary = [l for l in check.stdout.splitlines() if l.startswith("linear:")]
-        verdict = summary[-1][len("linear: "):] if summary else "check crashed: " + check.stderr[-300:]
+        check = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "linear"], cwd=root,
+                               env=env, capture_output=True, text=True)
+        cuda_rows = [line.split()[-2] for line in check.stdout.splitlines()
+                     if line.startswith("linear ") and "cuda" in line]
+        verdict = ("card %s" % " ".join(cuda_rows) if cuda_rows and check.returncode == 0 else
+                   "card FAILED: " + (check.stdout + check.stderr)[-300:])
         bench = subprocess.run([sys.executable, os.path.abspath(__file__), "--forward-only", "--json", "--repeat",
                                 str(repeat)], env=env, capture_output=True, text=True)
         rows = [json.loads(l[5:]) for l in bench.stdout.splitlines() if l.startswith("JSON ")]
@@ -253,7 +266,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="8192^3 and 2048^3 forward, one backward")
-    ap.add_argument("--write", action="store_true", help="append a record to bench/results/dense_cuda.jsonl")
+    ap.add_argument("--write", action="store_true", help="append a record to bench/results/linear_cuda.jsonl")
     ap.add_argument("--variants", action="store_true", help="build and time every tiling in VARIANTS")
     ap.add_argument("--forward-only", action="store_true", help=argparse.SUPPRESS)   # the sweep's child
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)

@@ -1,5 +1,5 @@
-/* mt_gpu_norm.cu -- RMSNorm and ReLU on a GPU (contract: native/contracts/dense.md); the same
- * bits as the CPU oracle (native/cpu_oracle/mt_cpu_dense.c) in the identical tier.
+/* mt_gpu_rms_norm.cu -- RMSNorm on a GPU (contract: native/contracts/rms_norm.md); the same
+ * bits as the CPU oracle (native/cpu_oracle/mt_cpu_rms_norm.c) in the identical tier.
  *
  * RMSNorm forward, one kernel: each block takes rows in turn, stages the row in shared memory
  * (or, when it does not fit, reads it from global memory twice), folds the squares by the
@@ -10,7 +10,6 @@
  * k_rms_dweight_leaves runs the token rule's leaves (one thread per column walks a leaf's rows
  * in ascending order: acc = fma(dy, x * r, acc), coalesced across columns) into partials laid
  * out (column, leaf), and k_rms_dweight_fold folds each column's partials (mt_token_tree).
- * ReLU: one element kernel (mt_relu, mt_relu_grad).
  * Finiteness rides along (no pre-pass): kernels raise per-input flags, the host refuses after
  * the synchronization; y and dx are undefined then (mojo_train.h), dweight is never written
  * (its fold kernel reads the flags first). Argument checks and refusal order follow the
@@ -18,13 +17,14 @@
  */
 #include "mt_gpu_rows.cuh"
 
+uint64_t mt_rms_norm_features(void) { return MT_FEATURE_DENSE; }
+
 namespace {
 
 #define RMS_MIN_WARPS 4
 #define RMS_MAX_WARPS 16
 #define RMS_COL_THREADS 256   /* columns per block of the dweight kernels */
 #define RMS_ROW_BATCH 16      /* rows whose loads a dweight thread has in flight */
-#define MT_MAX_ELEMS ((int64_t)1 << 60)
 enum { BAD_X = 0, BAD_DY = 1, BAD_W = 2 };
 
 __device__ __forceinline__ bool bad4(float4 q) {
@@ -217,67 +217,7 @@ __global__ void k_nonfinite(const float *p, int64_t n, int32_t *flag) {
     if (b) *flag = 1;
 }
 
-template <bool VEC>
-__global__ void k_relu(float *out, const float *dy, const float *x, int64_t n, int32_t *bad) {
-    bool bx = false, bdy = false;
-    int64_t step = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (VEC) {
-        for (; 4 * i + 3 < n; i += step) {
-            float4 q = ((const float4 *)x)[i], o;
-            bx |= bad4(q);
-            if (dy) {
-                float4 g = ((const float4 *)dy)[i];
-                bdy |= bad4(g);
-                o = make_float4(mt_relu_grad(g.x, q.x), mt_relu_grad(g.y, q.y), mt_relu_grad(g.z, q.z), mt_relu_grad(g.w, q.w));
-            } else {
-                o = make_float4(mt_relu(q.x), mt_relu(q.y), mt_relu(q.z), mt_relu(q.w));
-            }
-            ((float4 *)out)[i] = o;
-        }
-        i = 4 * (n / 4) + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    }
-    for (; i < n; i += step) {
-        float q = x[i];
-        bx |= !mt_is_finite(q);
-        if (dy) {
-            bdy |= !mt_is_finite(dy[i]);
-            out[i] = mt_relu_grad(dy[i], q);
-        } else {
-            out[i] = mt_relu(q);
-        }
-    }
-    if (bx) bad[BAD_X] = 1;
-    if (bdy) bad[BAD_DY] = 1;
-}
-
 /* ---- host ---- */
-
-/* The oracle's checks (mt_cpu_dense.c), in its order. */
-int check_count(int64_t v, const char *name) {
-    if (v < 0) return mt_fail(MT_EINVAL, "%s must be >= 0, got %lld", name, (long long)v);
-    return MT_OK;
-}
-
-int check_tensor(const void *p, int64_t elems, const char *name) {
-    return elems > 0 && !p ? mt_fail(MT_EINVAL, "%s is NULL", name) : MT_OK;
-}
-
-int check_rms(float eps, int64_t rows, int64_t dim) {
-    int rc;
-    if (dim < 1) return mt_fail(MT_EINVAL, "dim must be >= 1, got %lld", (long long)dim);
-    if ((rc = check_count(rows, "rows"))) return rc;
-    if (rows && dim > MT_MAX_ELEMS / rows)
-        return mt_fail(MT_EINVAL, "x (rows x dim) = %lld x %lld elements is too large", (long long)rows, (long long)dim);
-    return mt_check_nonneg(eps, "eps");
-}
-
-/* Refuse on the first raised flag, in `order`; names[i] names input i. */
-int refuse_flags(const mt_rows_status *st, const int *order, int n, const char *const *names) {
-    for (int i = 0; i < n; ++i)
-        if (st->bad[order[i]])
-            return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", names[order[i]]);
-    return MT_OK;
-}
 
 const char *const RMS_NAMES[3] = {"x", "dy", "weight"};
 
@@ -301,19 +241,6 @@ row_plan plan_rows(int n_staged, int k, int64_t dim) {
 
 bool aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* One synchronization, then the flags: a refusal, or the downloads of staged outputs. */
-int finish(const mt_rows_status *st, const int *order, int n, const char *const *names, void *host_out,
-           const void *dev_out, int64_t bytes, void *host_out2, const void *dev_out2, int64_t bytes2) {
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
-    int rc;
-    if ((rc = refuse_flags(st, order, n, names))) return rc;
-    if ((host_out && (rc = mt_buf_to_host(host_out, dev_out, bytes))) ||
-        (host_out2 && (rc = mt_buf_to_host(host_out2, dev_out2, bytes2))))
-        return rc;
-    if (host_out || host_out2) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
-    return MT_OK;
-}
-
 int check_weight_only(const float *w, int64_t dim, mt_rows_status *st) {
     if (!w) return MT_OK;
     k_nonfinite<<<mt_gpu_blocks(dim, 256), 256, 0, MT_STREAM>>>(w, dim, &st->bad[BAD_W]);
@@ -330,8 +257,7 @@ int launch_rows(K kernel, std::once_flag &once, const row_plan &p, int64_t rows,
 
 MT_NOINLINE int rms_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = check_rms(eps, rows, dim)) || (rc = check_tensor(y, rows * dim, "y")) ||
-        (rc = check_tensor(x, rows * dim, "x")) || (rc = mt_gpu_ready()))
+    if ((rc = mt_check_rms_norm_forward_args(y, x, eps, rows, dim)) || (rc = mt_gpu_ready()))
         return rc;
     mt_rows_status *st = mt_rows_mapped();
     if (!st) return MT_ENOMEM;
@@ -358,7 +284,7 @@ MT_NOINLINE int rms_forward(float *y, const float *x, const float *weight, float
         if ((rc = mt_rows_launched("rms_norm forward"))) return rc;
     }
     static const int order[2] = {BAD_X, BAD_W};
-    return finish(st, order, 2, RMS_NAMES, sy ? y : nullptr, d_y, bytes, nullptr, nullptr, 0);
+    return mt_rows_finish(st, order, 2, RMS_NAMES, sy ? y : nullptr, d_y, bytes, nullptr, nullptr, 0);
 }
 
 /* Device buffers of a backward call (staged: a host buffer the call copied). */
@@ -408,12 +334,8 @@ int rms_bwd_launch(const rms_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
 MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
                  int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = check_rms(eps, rows, dim)) || (rc = check_tensor(dy, rows * dim, "dy")) ||
-        (rc = check_tensor(x, rows * dim, "x")))
+    if ((rc = mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim)) || (rc = mt_gpu_ready()))
         return rc;
-    if (dweight && !weight)
-        return mt_fail(MT_EINVAL, "dweight was asked for but weight is NULL (no affine weight, no gradient)");
-    if ((rc = mt_gpu_ready())) return rc;
     mt_rows_status *st = mt_rows_mapped();
     if (!st) return MT_ENOMEM;
     *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
@@ -428,36 +350,8 @@ MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const f
         return rc;
     }
     static const int order[3] = {BAD_DY, BAD_X, BAD_W};
-    return finish(st, order, 3, RMS_NAMES, b.sdx ? dx : nullptr, b.dx, rows * dim * 4, b.sdw ? dweight : nullptr,
-                  b.dweight, dim * 4);
-}
-
-int relu(float *out, const float *dy, const float *x, int64_t n) {
-    int rc;
-    if ((rc = check_count(n, "n")) || (rc = check_tensor(out, n, dy ? "dx" : "y")) || (rc = check_tensor(x, n, "x")))
-        return rc;
-    if (n == 0) return MT_OK;
-    if ((rc = mt_gpu_ready())) return rc;
-    mt_rows_status *st = mt_rows_mapped();
-    if (!st) return MT_ENOMEM;
-    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
-    mt_arena arena;
-    float *d_out = nullptr, *d_x = nullptr, *d_dy = nullptr;
-    bool so = false, sx = false, sdy = false;
-    if ((rc = mt_buf_to_device((void **)&d_x, &sx, &arena, (void *)x, n * 4, true)) ||
-        (dy && (rc = mt_buf_to_device((void **)&d_dy, &sdy, &arena, (void *)dy, n * 4, true))) ||
-        (rc = mt_buf_to_device((void **)&d_out, &so, &arena, out, n * 4, false)))
-        return rc;
-    int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, (int64_t)threads * 16);
-    mt_gpu_record_launch(threads, blocks);
-    if (aligned(d_out) && aligned(d_x) && aligned(d_dy))
-        k_relu<true><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
-    else
-        k_relu<false><<<blocks, threads, 0, MT_STREAM>>>(d_out, d_dy, d_x, n, st->bad);
-    if ((rc = mt_rows_launched("relu"))) return rc;
-    static const int order[2] = {BAD_DY, BAD_X};
-    static const char *const names[3] = {"x", "dy", "unused"};
-    return finish(st, order, 2, names, so ? out : nullptr, d_out, n * 4, nullptr, nullptr, 0);
+    return mt_rows_finish(st, order, 3, RMS_NAMES, b.sdx ? dx : nullptr, b.dx, rows * dim * 4,
+                          b.sdw ? dweight : nullptr, b.dweight, dim * 4);
 }
 
 }  // namespace
@@ -479,13 +373,6 @@ int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float
     int rc = rms_backward(dx, dweight, dy, x, weight, eps, rows, dim);
     mt_fp_end(&env);
     return rc;
-}
-
-int mt_relu_forward(float *y, const float *x, int64_t n) { return relu(y, nullptr, x, n); }
-
-int mt_relu_backward(float *dx, const float *dy, const float *x, int64_t n) {
-    if (n > 0 && !dy) return mt_fail(MT_EINVAL, "dy is NULL");
-    return relu(dx, dy, x, n);
 }
 
 }  /* extern "C" */

@@ -1,17 +1,19 @@
 """The language-model head without the logits: ``chunked_lm_head_loss`` and the fused
 ``linear_cross_entropy`` (named and shaped as torch 2.13's), both one ``mt_lm_head_loss`` call.
 
-Contract: the result is bit for bit what ``linear_forward`` -> ``cross_entropy`` ->
-``linear_backward`` give when run separately (native/contracts/loss.md and dense.md: the
+Contract (native/contracts/lm_head.md): the result is bit for bit what ``linear_forward`` ->
+``cross_entropy`` -> ``linear_backward`` give when run separately (loss.md and linear.md: the
 same chains, the same row trees, the token rule for the weight and bias gradients), while
 at most ``chunk_rows`` rows of logits exist at a time. The chunk size changes memory and
 speed, never a bit. Scratch memory is the library's own (``mojo_train.memory_stats``).
+``mojo_train.loss`` re-exports both functions (their public home before this module).
 """
 from . import _ops
 from ._errors import refuse_keywords, where_msg
 from ._loss_options import MAX_VOCAB, NO_IGNORE, loss_options
 from ._native import ffi
 
+__all__ = ["chunked_lm_head_loss", "linear_cross_entropy"]
 
 # The user's name of each tensor, per entry point (the C library names them hidden, weight,
 # bias, targets: its messages are renamed to these).

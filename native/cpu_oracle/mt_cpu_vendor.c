@@ -1,7 +1,7 @@
-/* mt_cpu_misc.c -- the CPU vendor's identity bits, thread control and Philox fills. */
+/* mt_cpu_vendor.c -- the CPU vendor itself: its identity bits, thread control, and the device
+ * half of the ABI answered for a vendor without devices. The ops live in their families' files. */
 #include "mt_cpu.h"
 #include "mt_host.h"
-#include "mt_pinned.h"
 #include "mt_pool.h"
 
 uint64_t mt_vendor_features(void) { return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_THREADS; }
@@ -11,28 +11,6 @@ int mt_num_threads(void) { return mt_pool_threads(); }
 int mt_set_num_threads(int32_t n_threads) {
     if (mt_pool_set_threads(n_threads) != 0)
         return mt_fail(MT_EINVAL, "n_threads must be in 1..64, got %d", (int)n_threads);
-    return MT_OK;
-}
-
-typedef struct { float *out; uint64_t seed, stream, offset; float low, width; } uniform_job;
-
-static void uniform_range(void *ctx, int64_t b, int64_t e) {
-    uniform_job *job = (uniform_job *)ctx;
-    for (int64_t i = b; i < e; ++i)
-        job->out[i] = mt_uniform_at(job->low, job->width,
-                                    mt_philox_word(job->seed, job->stream, job->offset + (uint64_t)i));
-}
-
-int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
-                    int64_t n) {
-    float width, lo;
-    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
-    if (rc) return rc;
-    uniform_job job = {out, seed, stream, offset, lo, width};
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    mt_parallel_for(n, 4, uniform_range, &job);   /* out of line: the ranges run behind a call */
-    mt_fp_end(&env);
     return MT_OK;
 }
 

@@ -89,9 +89,9 @@ const char *mt_numeric_mode(void) {
 
 uint64_t mt_features(void) {
     uint64_t f = MT_FEATURE_OPTIM | MT_FEATURE_CLIP | MT_FEATURE_RANDOM | mt_vendor_features() |
-                 mt_loss_features() | mt_dense_features() | mt_lm_head_features() | mt_embedding_features() |
-                 mt_random_features() | mt_accumulate_features() | mt_elementwise_features() |
-                 mt_schedule_features();
+                 mt_loss_features() | mt_linear_features() | mt_rms_norm_features() | mt_lm_head_features() |
+                 mt_embedding_features() | mt_random_features() | mt_accumulate_features() |
+                 mt_elementwise_features() | mt_schedule_features();
 #if MT_TIER == MT_TIER_IDENTICAL
     f |= MT_FEATURE_PINNED_MATH;
 #else
@@ -102,6 +102,57 @@ uint64_t mt_features(void) {
 
 int mt_check_ptr(const void *p, const char *name) {
     return p ? MT_OK : mt_fail(MT_EINVAL, "%s is NULL", name);
+}
+
+int mt_check_count(int64_t v, const char *name) {
+    return v < 0 ? mt_fail(MT_EINVAL, "%s must be >= 0, got %lld", name, (long long)v) : MT_OK;
+}
+
+int mt_check_tensor(const void *p, int64_t elems, const char *name) {
+    return elems > 0 ? mt_check_ptr(p, name) : MT_OK;
+}
+
+/* x * y elements (`what` names the tensor and its factors): at most 2^60. */
+static int check_product(int64_t x, int64_t y, const char *what) {
+    const int64_t max_elems = (int64_t)1 << 60;
+    if (x && y > max_elems / x)
+        return mt_fail(MT_EINVAL, "%s = %lld x %lld elements is too large", what, (long long)x, (long long)y);
+    return MT_OK;
+}
+
+int mt_check_linear_sizes(int64_t m, int64_t n, int64_t k) {
+    int rc;
+    if ((rc = mt_check_count(m, "m")) || (rc = mt_check_count(n, "n")) || (rc = mt_check_count(k, "k")) ||
+        (rc = check_product(m, k, "a (m x k)")) || (rc = check_product(n, k, "weight (n x k)")) ||
+        (rc = check_product(m, n, "out (m x n)")))
+        return rc;
+    return MT_OK;
+}
+
+static int check_rms_norm_sizes(float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if (dim < 1) return mt_fail(MT_EINVAL, "dim must be >= 1, got %lld", (long long)dim);
+    if ((rc = mt_check_count(rows, "rows")) || (rc = check_product(rows, dim, "x (rows x dim)"))) return rc;
+    return mt_check_nonneg(eps, "eps");
+}
+
+int mt_check_rms_norm_forward_args(const float *y, const float *x, float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = check_rms_norm_sizes(eps, rows, dim)) || (rc = mt_check_tensor(y, rows * dim, "y")) ||
+        (rc = mt_check_tensor(x, rows * dim, "x")))
+        return rc;
+    return MT_OK;
+}
+
+int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const float *x, const float *weight,
+                                    float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = check_rms_norm_sizes(eps, rows, dim)) || (rc = mt_check_tensor(dy, rows * dim, "dy")) ||
+        (rc = mt_check_tensor(x, rows * dim, "x")))
+        return rc;
+    if (dweight && !weight)
+        return mt_fail(MT_EINVAL, "dweight was asked for but weight is NULL (no affine weight, no gradient)");
+    return MT_OK;
 }
 
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,

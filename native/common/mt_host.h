@@ -25,6 +25,18 @@ void mt_clear_error(void);
 int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
                       const char *name);
 int mt_check_ptr(const void *p, const char *name);
+/* A count (rows, n): v >= 0. A tensor of `elems` elements: a pointer when it holds any. */
+int mt_check_count(int64_t v, const char *name);
+int mt_check_tensor(const void *p, int64_t elems, const char *name);
+/* The sizes of linear (m, n, k >= 0; a, weight and out at most 2^60 elements each, so that
+ * every byte count fits in int64), in the oracle's order, for every vendor. */
+int mt_check_linear_sizes(int64_t m, int64_t n, int64_t k);
+/* RMSNorm's arguments, in the oracle's order, for every vendor: dim >= 1, rows >= 0, x at most
+ * 2^60 elements, eps finite and >= 0, then the pointers of the tensors that hold elements
+ * (and, backward, no dweight without a weight). */
+int mt_check_rms_norm_forward_args(const float *y, const float *x, float eps, int64_t rows, int64_t dim);
+int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const float *x, const float *weight,
+                                    float eps, int64_t rows, int64_t dim);
 /* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
  * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
@@ -66,7 +78,8 @@ float mt_host_round(double x);
  * family, defined beside the family's code (0 until it is built on that vendor). */
 uint64_t mt_vendor_features(void);
 uint64_t mt_loss_features(void);
-uint64_t mt_dense_features(void);
+uint64_t mt_linear_features(void);
+uint64_t mt_rms_norm_features(void);
 uint64_t mt_lm_head_features(void);
 uint64_t mt_embedding_features(void);
 uint64_t mt_random_features(void);
@@ -104,7 +117,7 @@ int mt_fail_target(int64_t row, int64_t value, int64_t vocab, int64_t ignore_ind
 void mt_logits_of_lm_head(int64_t row0, int has_bias);
 int mt_fail_nonfinite_logits(int64_t row);
 
-/* The token rule over rows of single terms (dense.md): each leaf of MT_TOKEN_LEAF rows folds
+/* The token rule over rows of single terms (linear.md): each leaf of MT_TOKEN_LEAF rows folds
  * acc + x[r] from +0.0, the leaves meet in the pairwise tree. partials holds
  * mt_token_leaves(rows) floats of scratch. */
 float mt_token_sum(const float *x, int64_t rows, float *partials);

@@ -1,5 +1,5 @@
-/* mt_gpu_dense.cu -- linear (forward and backward) on a GPU: host glue around the chain GEMM
- * of mt_gpu_gemm.cuh (contract: native/contracts/dense.md).
+/* mt_gpu_linear.cu -- linear (forward and backward) on a GPU: host glue around the chain GEMM
+ * of mt_gpu_gemm.cuh (contract: native/contracts/linear.md).
  *
  * A call: argument checks on the host; staging (host buffers are uploaded, device buffers
  * used in place, outputs of host buffers get device twins); the finiteness pre-pass over
@@ -16,33 +16,11 @@
  */
 #include "mt_gpu_gemm.cuh"
 
-uint64_t mt_dense_features(void) { return MT_FEATURE_DENSE; }   /* linear here, RMSNorm and ReLU in mt_gpu_norm.cu */
+uint64_t mt_linear_features(void) { return MT_FEATURE_DENSE; }
 
 namespace {
 
 #define MT_FLAGS 5   /* [0] any input non-finite, [1 + b] input b */
-
-/* The oracle's checks, in its order (mt_cpu_dense.c): counts >= 0, every tensor at most 2^60
- * elements, then a pointer for every tensor that holds an element. */
-#define MT_MAX_ELEMS ((int64_t)1 << 60)
-
-int check_mnk(int64_t m, int64_t n, int64_t k) {
-    const int64_t v[3] = {m, n, k};
-    const char *names[3] = {"m", "n", "k"};
-    for (int i = 0; i < 3; ++i)
-        if (v[i] < 0) return mt_fail(MT_EINVAL, "%s must be >= 0, got %lld", names[i], (long long)v[i]);
-    const int64_t x[3] = {m, n, m}, y[3] = {k, k, n};
-    const char *what[3] = {"a (m x k)", "weight (n x k)", "out (m x n)"};
-    for (int i = 0; i < 3; ++i)
-        if (x[i] && y[i] > MT_MAX_ELEMS / x[i])
-            return mt_fail(MT_EINVAL, "%s = %lld x %lld elements is too large", what[i], (long long)x[i],
-                           (long long)y[i]);
-    return MT_OK;
-}
-
-int check_tensor(const void *p, int64_t elems, const char *name) {
-    return elems > 0 && !p ? mt_fail(MT_EINVAL, "%s is NULL", name) : MT_OK;
-}
 
 struct dense_call {
     mt_arena arena;
@@ -103,8 +81,10 @@ extern "C" {
 int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
                       int64_t k) {
     int rc;
-    if ((rc = check_mnk(m, n, k)) || (rc = check_tensor(out, m * n, "out")) || (rc = check_tensor(a, m * k, "a")) ||
-        (rc = check_tensor(weight, n * k, "weight")) || (rc = mt_gpu_ready()))
+    /* The oracle's checks, in its order: sizes, then a pointer for every tensor holding an element. */
+    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(out, m * n, "out")) ||
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
+        (rc = mt_gpu_ready()))
         return rc;
     dense_call c;
     const float *da = nullptr, *dw = nullptr, *db = nullptr;
@@ -133,8 +113,9 @@ int mt_linear_forward(float *out, const float *a, const float *weight, const flo
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a,
                        const float *weight, int64_t m, int64_t n, int64_t k) {
     int rc;
-    if ((rc = check_mnk(m, n, k)) || (rc = check_tensor(dc, m * n, "dc")) || (rc = check_tensor(a, m * k, "a")) ||
-        (rc = check_tensor(weight, n * k, "weight")) || (rc = mt_gpu_ready()))
+    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(dc, m * n, "dc")) ||
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
+        (rc = mt_gpu_ready()))
         return rc;
     dense_call c;
     const float *ddc = nullptr, *dA = nullptr, *dW = nullptr;

@@ -1,6 +1,6 @@
-"""Dropout (and the other one-pass maps) on a GPU, side by side with torch in one process.
+"""Dropout and the normal fill on a GPU, side by side with torch in one process.
 
-    python bench/dropout_cuda.py [--log2n 28] [--repeat 40] [--write]
+    python bench/random_cuda.py [--log2n 28] [--repeat 40] [--write]
 
 Buffers are torch CUDA tensors of 2**log2n float32, passed to mojo_train directly (through
 __cuda_array_interface__, no copy); ours writes into a preallocated output (``out=``), torch
@@ -8,10 +8,10 @@ allocates from its caching allocator. Every figure: the median wall-clock of --r
 synchronized calls after warm-up (ours synchronizes before returning: it reads the refusal
 word), and the bytes each side must move as a fraction of the measured device-to-device copy
 bandwidth (torch's y.copy_(x) over the same 2**log2n floats: read + write).
-Bytes: dropout forward/backward, SiLU, ours: the finiteness pre-pass reads x (nothing is
-written when x holds NaN or inf), then read x + write y = 12 per element; torch: 8 (its
-dropout also writes its 1-byte mask: 9). add: ours 20 (pre-pass reads a and b), torch 12.
-normal fill: write 4. Before timing, the first 2**20 outputs are checked against the CPU oracle.
+Bytes: dropout forward/backward, ours: the finiteness pre-pass reads x (nothing is written
+when x holds NaN or inf), then read x + write y = 12 per element; torch: 8 (its dropout also
+writes its 1-byte mask: 9). normal fill: write 4. Before timing, the first 2**20 outputs are
+checked against the CPU oracle. SiLU and add: bench/elementwise_cuda.py.
 """
 import argparse
 import os
@@ -24,7 +24,6 @@ from _timing import write_result  # noqa: E402
 from optim_cuda import copy_bandwidth, timed  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
-from mojo_train import elementwise as ew  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
 
 P = 0.1
@@ -64,18 +63,9 @@ def bench(torch, n, repeat, bw):
                        "ours_backward_ms": ours_bwd * 1e3, "torch_ms": theirs * 1e3,
                        "ours_of_copy_bw": 12 * n / ours_api / bw, "ours_raw_of_copy_bw": 12 * n / ours_raw / bw,
                        "torch_of_copy_bw": 9 * n / theirs / bw}
-    ew.silu_forward(x, out=y)
-    torch.cuda.synchronize()
-    rows["silu_matches_cpu"] = matches_cpu_oracle(torch, x, y, "mt_silu_forward")
-    silu = timed(lambda: ew.silu_forward(x, out=y), repeat)
-    silu_t = timed(lambda: torch.nn.functional.silu(x), repeat, sync=torch.cuda.synchronize)
-    add = timed(lambda: ew.add(x, y, out=dx), repeat)
-    add_t = timed(lambda: torch.add(x, y), repeat, sync=torch.cuda.synchronize)
     normal = timed(lambda: lib.mt_normal_fill(fp(y), 1234, 1, 0, 0.0, 1.0, n), repeat)
     normal_t = timed(lambda: y.normal_(), repeat, sync=torch.cuda.synchronize)
-    rows["others"] = {"silu_ms": silu * 1e3, "silu_torch_ms": silu_t * 1e3, "silu_of_copy_bw": 12 * n / silu / bw,
-                      "add_ms": add * 1e3, "add_torch_ms": add_t * 1e3, "add_of_copy_bw": 20 * n / add / bw,
-                      "normal_ms": normal * 1e3, "normal_torch_ms": normal_t * 1e3,
+    rows["normal"] = {"normal_ms": normal * 1e3, "normal_torch_ms": normal_t * 1e3,
                       "normal_of_copy_bw": 4 * n / normal / bw}
     return rows
 
@@ -91,20 +81,17 @@ def main():
     n = 1 << args.log2n
     bw = copy_bandwidth(torch, 4 * n)
     rows = dict(bench(torch, n, args.repeat, bw), copy_TBps=bw / 1e12)
-    d, o = rows["dropout"], rows["others"]
+    d, o = rows["dropout"], rows["normal"]
     print("copy bandwidth %.2f TB/s (read + write, %d floats)" % (rows["copy_TBps"], n))
     print("dropout p=%.1f over 2^%d: ours %.3f ms (%.0f%% of copy bw; raw C call %.3f ms, %.0f%%), backward %.3f ms; "
           "torch %.3f ms (%.0f%% at 9 bytes/element); matches the cpu oracle: %s"
           % (P, args.log2n, d["ours_api_ms"], 100 * d["ours_of_copy_bw"], d["ours_raw_c_ms"],
              100 * d["ours_raw_of_copy_bw"], d["ours_backward_ms"], d["torch_ms"], 100 * d["torch_of_copy_bw"],
              rows["dropout_matches_cpu"]))
-    print("silu %.3f ms (%.0f%%; torch %.3f ms; matches the cpu oracle: %s), add %.3f ms (%.0f%%; torch %.3f ms), "
-          "normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
-          % (o["silu_ms"], 100 * o["silu_of_copy_bw"], o["silu_torch_ms"], rows["silu_matches_cpu"], o["add_ms"],
-             100 * o["add_of_copy_bw"], o["add_torch_ms"], o["normal_ms"], 100 * o["normal_of_copy_bw"],
-             o["normal_torch_ms"]))
+    print("normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
+          % (o["normal_ms"], 100 * o["normal_of_copy_bw"], o["normal_torch_ms"]))
     if args.write:
-        write_result("dropout_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
+        write_result("random_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
                      " ".join(["python"] + sys.argv))
 
 

@@ -9,11 +9,13 @@
  * otherwise an exact decision takes over: integer comparisons for rationals, and for the
  * cosine fixed-point ball arithmetic at rising precision, which ends because v is then
  * irrational (Niven's theorem). No libm call for any transcendental function.
+ * make SABOTAGE=schedule (MT_SAB_SCHEDULE) rounds warmup values twice.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include "mt_host.h"
+#include "mt_pinned.h"
 
 /* Error-free transformations need every product rounded where it is written: no contraction,
  * whatever the tier's flags. */
@@ -237,6 +239,8 @@ static dyadic dyadic_of(double x) {
 static int64_t rational_value(const lr_form *f, double peak, double min, int exact_only) {
     if (f->gamma == 1 && f->beta == 0 && f->alpha == 1) return f32_bits((float)peak);   /* IEEE RN */
     if (f->gamma == 1 && f->alpha == 0 && f->beta == 1) return f32_bits((float)min);
+    if (MT_SAB_SCHEDULE && f->beta == 0)        /* sabotage: the warmup rounded twice */
+        return f32_bits((float)(peak / (double)f->gamma) * (float)f->alpha);
     /* three roundings of nonnegative numbers, no underflow that matters: error < 2^-51 * v */
     double est = (peak * (double)f->alpha + min * (double)f->beta) / (double)f->gamma;
     int64_t r = exact_only ? -1 : fast_pick(est, 0.0, -50);

@@ -1,0 +1,74 @@
+"""RMSNorm on the CPU, side by side with torch in one process (identical tier by default).
+
+    python bench/rms_norm_cpu.py [--repeat 15] [--mode identical] [--write]
+
+Figures: medians of --repeat calls after warm-up, ours and torch's timed in alternation (call
+for call; bench/linear_cpu.py's paired_medians), through the public API on both sides, with
+the same thread count on both sides (torch.set_num_threads = mt_num_threads). Our finiteness
+pre-pass reads every input once more before any output is written: its bytes are listed
+(``prepass_MB``). Records before the split into families are in bench/results/dense_cpu.jsonl
+(key "rms_norm"); new ones go to rms_norm_cpu.jsonl.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _timing import write_result  # noqa: E402
+from linear_cpu import filled, paired_medians, torch_of  # noqa: E402
+
+import mojo_train as mt  # noqa: E402
+from mojo_train._native import load  # noqa: E402
+
+RMS_SHAPES = [(4096, 1024), (1024, 4096), (16384, 256)]
+
+
+def bench_rms(rows, dim, repeat, mode):
+    import torch
+    import torch.nn.functional as F
+    backend = load(mode)
+    x, dy, w = filled((rows, dim), 2, 0, backend), filled((rows, dim), 2, 3, backend), filled((dim,), 2, 1, backend)
+    tx, tdy, tw = torch_of(x).requires_grad_(), torch_of(dy), torch_of(w).requires_grad_()
+
+    def ours():
+        mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode)
+        mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=mode)
+
+    def theirs():
+        tx.grad = tw.grad = None
+        F.rms_norm(tx, (dim,), tw, 1e-5).backward(tdy)
+
+    fwd, tfwd, both, tboth = paired_medians([
+        lambda: mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode),
+        lambda: F.rms_norm(tx.detach(), (dim,), tw.detach(), 1e-5), ours, theirs], repeat)
+    return {"rows": rows, "dim": dim, "forward_ms": fwd * 1e3, "torch_forward_ms": tfwd * 1e3,
+            "forward_vs_torch": tfwd / fwd, "fwd_bwd_ms": both * 1e3, "torch_fwd_bwd_ms": tboth * 1e3,
+            "fwd_bwd_vs_torch": tboth / both,
+            "prepass_MB": {"forward": 4 * rows * dim / 1e6, "backward": 8 * rows * dim / 1e6}}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--mode", default="identical")
+    ap.add_argument("--write", action="store_true", help="record in bench/results/rms_norm_cpu.jsonl")
+    args = ap.parse_args()
+    import torch
+    threads = int(load(args.mode).lib.mt_num_threads())
+    torch.set_num_threads(threads)
+    rms = [bench_rms(r, d, args.repeat, args.mode) for r, d in RMS_SHAPES]
+    for r in rms:
+        print("rms_norm %5d x %4d: forward %.3f ms (torch %.3f) = %.2fx torch; forward+backward %.3f ms "
+              "(torch %.3f) = %.2fx" % (r["rows"], r["dim"], r["forward_ms"], r["torch_forward_ms"],
+                                        r["forward_vs_torch"], r["fwd_bwd_ms"], r["torch_fwd_bwd_ms"],
+                                        r["fwd_bwd_vs_torch"]))
+    if args.write:
+        write_result("rms_norm_cpu", {"mode": args.mode, "threads": threads, "torch": torch.__version__,
+                                      "load_average": os.getloadavg()[0], "rms_norm": rms},
+                     " ".join(["python"] + sys.argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Cards of the elementwise ops (fixtures/elementwise.card): their cases, inputs and runners,
+registered with _cards.
+
+``silu`` runs forward on x (stream 0 of the seed, in [low, high) given by ``x=``) and backward
+on (dy, x) (dy from stream 1, ``dy=``); ``add`` adds a (stream 0) and b (stream 1). Every
+runner goes through the public API on the selected vendor's identical tier.
+"""
+from . import _cards, elementwise
+
+_MODE = "identical"
+BIG, SUB = _cards.BIG, _cards.SUB
+_OUT = _cards._named("out")
+_Y_DX = _cards._named("y", "dx")
+
+
+def _run_silu(case, backend):
+    a = case.args
+    x = _cards._input(backend, case, 0, a["x"])
+    dy = _cards._input(backend, case, 1, a["dy"])
+    y = elementwise.silu_forward(x, numeric_mode=_MODE)
+    dx = elementwise.silu_backward(dy, x, numeric_mode=_MODE)
+    return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
+
+
+def _run_add(case, backend):
+    a = case.args
+    out = elementwise.add(_cards._input(backend, case, 0, a["a"]), _cards._input(backend, case, 1, a["b"]),
+                          numeric_mode=_MODE)
+    return {"out": _cards._sha([out])}
+
+
+_ELT_KEYS = {"seed": _cards._count, "sizes": _cards._one_size}
+_ELEMENTWISE_OPS = {
+    "silu": (dict(_ELT_KEYS, x=_cards._pair, dy=_cards._pair), ("seed", "sizes", "x", "dy"),
+             _Y_DX, _run_silu),
+    "add": (dict(_ELT_KEYS, a=_cards._pair, b=_cards._pair), ("seed", "sizes", "a", "b"), _OUT, _run_add),
+}
+
+
+def _elementwise_cases():
+    specs = []
+    for n in ("1", "3", "1023", "4099", str(BIG)):
+        specs += ["silu sizes=%s x=-1,1 dy=-1,1" % n, "silu sizes=%s x=-20,20 dy=-1,1" % n,
+                  "add sizes=%s a=-1,1 b=-1,1" % n, "add sizes=%s a=%s b=%s" % (n, SUB, SUB)]
+    specs += [
+        "silu sizes=4099 x=-120,120 dy=-1,1",            # exp(-x) overflows below -88.72
+        "silu sizes=4099 x=-3,3 dy=-1e30,1e30",
+        "silu sizes=4099 x=-1.5,-1 dy=-1,1",             # the gradient's zero near -1.2785
+        "silu sizes=4099 x=%s dy=-1,1" % SUB,            # x / 2 onto the subnormal grid
+        "silu sizes=4099 x=-2**-100,2**-100 dy=%s" % SUB,
+        "silu sizes=4099 x=-1.5e38,1.5e38 dy=-1,1",
+        "add sizes=4099 a=-2**-125,2**-125 b=-2**-126,2**-126",
+        "add sizes=4099 a=1e38,1.7e38 b=1e38,1.7e38",      # sums that overflow to +inf
+        "add sizes=4099 a=-1,1 b=-2**-20,2**-20",
+    ]
+    return [_cards._seeded(s) for s in specs]
+
+
+_cards.register("elementwise", "elementwise v1", _elementwise_cases, _ELEMENTWISE_OPS,
+                ["silu: x from stream 0, dy from stream 1 of the seed (x=/dy= low,high); outputs",
+                 "y = silu_forward(x) and dx = silu_backward(dy, x). add: a from stream 0, b from stream 1."])

@@ -1,0 +1,68 @@
+/* mt_cpu_clip.c -- clip_grad_norm_ and the per-tensor norms on the CPU oracle (contract:
+ * native/contracts/clip.md).
+ *
+ * The norms and the refusal of a non-finite total are mt_cpu_clip_total / mt_cpu_norms
+ * (mt_cpu_tensors.c), the same code the steps that clip run (mt_cpu_optim.c), so a clip here
+ * and a clip inside a step give the same bits. Gradients are scaled only after the total is
+ * known to be finite: a refusal writes nothing.
+ */
+#include "mt_cpu.h"
+#include "mt_host.h"
+#include "mt_pinned.h"
+
+typedef struct { float *const *table; float coef; } scale_job;
+
+MT_SIMD static void scale_run(float *restrict x, int64_t n, float coef) {
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] * coef;
+}
+
+static void scale_segment(void *ctx, int32_t j, int64_t flat, int64_t local, int64_t count) {
+    scale_job *job = (scale_job *)ctx;
+    (void)flat;
+    scale_run(job->table[j] + local, count, job->coef);
+}
+
+MT_NOINLINE static int clip_body(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm,
+                      int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (rc = mt_check_ptr(norm_out, "norm_out")) || (rc = mt_check_nonneg(max_norm, "max_norm")))
+        return rc;
+    float total = 0.0f;
+    if ((rc = mt_cpu_clip_total(&total, grads, offsets, n_tensors))) return rc;
+    float coef = mt_clip_coefficient(max_norm, total);
+    if (coef < 1.0f) {
+        scale_job sj = {grads, coef};
+        mt_parallel_segments(offsets, n_tensors, scale_segment, &sj);
+    }
+    norm_out[0] = total;
+    norm_out[1] = coef;
+    return MT_OK;
+}
+
+MT_NOINLINE static int grad_norms_body(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+                  int32_t n_tensors) {
+    int rc;
+    if ((rc = mt_check_registry(grads, offsets, n_tensors, "grads")) ||
+        (rc = mt_check_ptr(tensor_norms, "tensor_norms")) || (rc = mt_check_ptr(total_norm, "total_norm")))
+        return rc;
+    if (mt_cpu_norms(tensor_norms, total_norm, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+    return MT_OK;
+}
+
+int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm, int32_t n_tensors) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = clip_body(grads, norm_out, offsets, max_norm, n_tensors);
+    mt_fp_end(&env);
+    return rc;
+}
+
+int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
+                  int32_t n_tensors) {
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    int rc = grad_norms_body(tensor_norms, total_norm, grads, offsets, n_tensors);
+    mt_fp_end(&env);
+    return rc;
+}

@@ -1,0 +1,286 @@
+"""rms_norm_forward and rms_norm_backward through the public API (mojo_train.rms_norm,
+re-exported by mojo_train and mojo_train.nn).
+
+Contract under test: native/contracts/rms_norm.md. Every refusal (wrong dtype, shape, eps,
+pointer; a NaN or inf in any input, named) writes no output; the results' bytes do not depend
+on the thread count, on the alignment of device buffers or on whether a GPU stages a row in
+shared memory; in the identical tier each row is the contract's arithmetic step by step
+(replayed here in exact rational arithmetic) and dweight follows the token rule over rows;
+every tier stays within tests/tolerances.py's bound of torch in float64.
+``PYTHONPATH=. python tests/test_rms_norm.py N`` prints the bound figures of tolerances.py.
+"""
+import math
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mojo_train as mt
+from mojo_train._native import ffi
+
+import tolerances as tol
+from _helpers import _lane_tree, _tree_fold, f32, fma32
+from _layer_helpers import LEAF, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
+    device_copy_at, digests_over_thread_counts, mat, need_device, print_bound_figures, rows_of, same_bits, \
+    token_tree, values
+from _layer_helpers import HYPOTHESIS, outputs_sha as sha
+
+
+# ---- the contract replayed in Python -----------------------------------------------------------
+
+def chunk_tree(step_terms):
+    """The chunk tree of clip.md over terms (u_i, v_i) folded as fma(u, v, acc) per lane."""
+    partials = []
+    for c0 in range(0, len(step_terms), 4096):
+        acc = [0.0] * 128
+        for i, (u, v) in enumerate(step_terms[c0:c0 + 4096]):
+            acc[i % 128] = fma32(u, v, acc[i % 128])
+        partials.append(_lane_tree(acc))
+    return _tree_fold(partials)
+
+
+def ref_rms_row(x, w, dy, eps):
+    """(y, dx, r) of one row by rms_norm.md, every step rounded to float32."""
+    dimf = f32(float(len(x)))
+    ss = chunk_tree([(v, v) for v in x])
+    r = f32(1.0 / f32(math.sqrt(f32(f32(ss / dimf) + eps))))
+    w = w or [1.0] * len(x)
+    y = [f32(f32(v * r) * wi) for v, wi in zip(x, w)]
+    if dy is None:
+        return y, None, r
+    g = [f32(d * wi) for d, wi in zip(dy, w)]
+    c = chunk_tree(list(zip(g, x)))
+    k = f32(f32(c / dimf) * f32(f32(r * r) * r))
+    dx = [f32(f32(r * gi) - f32(k * v)) for gi, v in zip(g, x)]
+    return y, dx, r
+
+
+# ---- refusals --------------------------------------------------------------------------------
+
+def _refusals():
+    """(function, args, exception, text of the message)."""
+    x, g = mat((4, 6), 5), mat((6,), 6)
+    rf, rb = mt.rms_norm_forward, mt.rms_norm_backward
+    return [
+        (rf, (x, mat((5,), 6)), ValueError, "weight must have shape (6,)"),
+        (rf, (x, g, -1e-5), ValueError, "eps must be finite and >= 0"),
+        (rf, (x, g, float("nan")), ValueError, "eps must be finite"),
+        (rf, (x, g, 1e39), ValueError, "eps must be finite"),
+        (rf, (x, g, "1e-5"), TypeError, "eps must be a real number"),
+        (rf, (mat((3, 0), 1), None), ValueError, "D must be >= 1"),
+        (rf, (mat((), 1), None), ValueError, "at least one dimension"),
+        (rb, (mat((4, 5), 1), x, g), ValueError, "dy must have x's shape"),
+    ]
+
+
+REFUSALS = _refusals()
+
+
+@pytest.mark.parametrize("i", range(len(REFUSALS)), ids=["%s: %s" % (r[0].__name__, r[3]) for r in REFUSALS])
+def test_a_bad_argument_is_refused_naming_it(dense, i):
+    fn, args, exc, text = REFUSALS[i]
+    with pytest.raises(exc) as info:
+        fn(*args, numeric_mode=dense.tier)
+    assert "mojo_train.%s" % fn.__name__ in str(info.value) and text in str(info.value)
+
+
+def _rf(m, d):
+    return mt.rms_norm_forward(d["x"], d["w"], 1e-5, numeric_mode=m)
+
+
+def _rb(m, d):
+    return mt.rms_norm_backward(d["dy"], d["x"], d["w"], 1e-5, numeric_mode=m)
+
+
+NONFINITE = [("rms_norm_forward", arg, _rf) for arg in ("x", "w")] + \
+            [("rms_norm_backward", arg, _rb) for arg in ("dy", "x", "w")]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("i", range(len(NONFINITE)), ids=["%s %s" % c[:2] for c in NONFINITE])
+def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(dense, i, bad):
+    d = {"x": mat((37, 300), 5), "w": mat((300,), 6), "dy": mat((37, 300), 7)}
+    assert_nonfinite_refused(*NONFINITE[i], dense.tier, d, bad)
+
+
+@pytest.mark.parametrize("rows", [0, 3])
+def test_a_nonfinite_weight_is_refused_with_or_without_rows(dense, rows):
+    """With no rows, no kernel reads the weight along the way: it is still checked."""
+    x, dy = mat((rows, 128), 8), mat((rows, 128), 9)
+    w = mat((128,), 10).reshape(-1)
+    w[0] = float("nan")
+    for call in (lambda: mt.rms_norm_forward(x, w, numeric_mode=dense.tier),
+                 lambda: mt.rms_norm_backward(dy, x, w, numeric_mode=dense.tier)):
+        with pytest.raises(ValueError, match="weight holds NaN or inf"):
+            call()
+
+
+def _c_cases(lib, keep):
+    """(text of the message, call(outputs)); the inputs stay alive in ``keep``."""
+    keep += [mat(shape, seed) for shape, seed in (((6, 4), 4), ((4,), 5), ((6, 4), 6))]
+    x, g, dy = (c_in(v) for v in keep)
+    N, inf = ffi.NULL, float("inf")
+    return [
+        ("dim must be >= 1", lambda o: lib.mt_rms_norm_forward(o[0], x, g, 1e-5, 6, 0)),
+        ("rows must be >= 0", lambda o: lib.mt_rms_norm_forward(o[0], x, g, 1e-5, -6, 4)),
+        ("too large", lambda o: lib.mt_rms_norm_forward(o[0], x, g, 1e-5, 2**40, 2**40)),
+        ("eps must be finite and >= 0", lambda o: lib.mt_rms_norm_forward(o[0], x, g, -1.0, 6, 4)),
+        ("eps must be finite and >= 0", lambda o: lib.mt_rms_norm_backward(o[0], o[1], dy, x, g, inf, 6, 4)),
+        ("y is NULL", lambda o: lib.mt_rms_norm_forward(N, x, g, 1e-5, 6, 4)),
+        ("dweight was asked for but weight is NULL",
+         lambda o: lib.mt_rms_norm_backward(o[0], o[1], dy, x, N, 1e-5, 6, 4)),
+        ("dy is NULL", lambda o: lib.mt_rms_norm_backward(o[0], o[1], N, x, g, 1e-5, 6, 4)),
+    ]
+
+
+def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(dense):
+    keep = []
+    assert_c_refusals_write_nothing(dense.backend.lib, _c_cases(dense.backend.lib, keep))
+
+
+def test_empty_rows_are_answered_without_reading_anything(dense):
+    m = dense.tier
+    assert mt.rms_norm_forward(mat((0, 5), 1), None, numeric_mode=m).shape == (0, 5)
+    dx, dg = mt.rms_norm_backward(mat((0, 5), 1), mat((0, 5), 2), mat((5,), 3), numeric_mode=m)
+    assert dx.shape == (0, 5) and values(dg) == [0.0] * 5
+
+
+def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(dense):
+    m = dense.tier
+    x3, dy3 = mat((2, 3, 7), 166), mat((2, 3, 7), 167)
+    y = mt.rms_norm_forward(x3, None, numeric_mode=m)
+    assert y.shape == (2, 3, 7) and sha(y) == sha(mt.rms_norm_forward(x3.reshape(6, 7), None, numeric_mode=m))
+    dx, dw = mt.rms_norm_backward(dy3, x3, None, numeric_mode=m)
+    assert dw is None and dx.shape == (2, 3, 7)
+    assert sha(dx) == sha(mt.rms_norm_backward(dy3.reshape(6, 7), x3.reshape(6, 7), None, numeric_mode=m)[0])
+
+
+# ---- the contract's arithmetic (identical tier) -------------------------------------------------
+
+@pytest.mark.parametrize("dim, affine", [(1, True), (5, False), (300, True), (5000, True), (4097, False)])
+def test_rms_norm_is_the_contracts_arithmetic_row_by_row(dense_identical, dim, affine):
+    rows, eps = 2, 1e-5
+    x, dy = mat((rows, dim), 51 + dim, wide=True), mat((rows, dim), 52 + dim, wide=True)
+    w = mat((dim,), 53, 0.5, 1.5) if affine else None
+    y = values(mt.rms_norm_forward(x, w, eps, numeric_mode="identical"))
+    dx, dw = mt.rms_norm_backward(dy, x, w, eps, numeric_mode="identical")
+    xv, dyv, wv = values(x), values(dy), values(w) if affine else None
+    dweight = [0.0] * dim
+    for i in range(rows):
+        sl = slice(i * dim, (i + 1) * dim)
+        ry, rdx, r = ref_rms_row(xv[sl], wv, dyv[sl], f32(eps))
+        assert same_bits(y[sl], ry) and same_bits(values(dx)[sl], rdx)
+        dweight = [fma32(d, f32(v * r), acc) for d, v, acc in zip(dyv[sl], xv[sl], dweight)]
+    if affine:
+        assert same_bits(values(dw), dweight)
+    else:
+        assert dw is None
+
+
+def test_rms_norm_eps_none_is_float32_machine_epsilon(dense_identical):
+    x, w = mat((3, 8), 61, -1e-4, 1e-4), mat((8,), 62)
+    assert sha(mt.rms_norm_forward(x, w, numeric_mode="identical")) == sha(
+        mt.rms_norm_forward(x, w, 2.0 ** -23, numeric_mode="identical"))
+    assert sha(mt.rms_norm_forward(x, w, numeric_mode="identical")) != sha(
+        mt.rms_norm_forward(x, w, 1e-5, numeric_mode="identical"))
+
+
+def test_rms_norm_dweight_follows_the_token_rule_over_rows(dense_identical):
+    rows, dim = 3 * LEAF - 700, 37
+    x, dy, w = mat((rows, dim), 71, wide=True), mat((rows, dim), 72, wide=True), mat((dim,), 73)
+    dx, dw = mt.rms_norm_backward(dy, x, w, 1e-6, numeric_mode="identical")
+    parts = [mt.rms_norm_backward(rows_of(dy, r0, min(r0 + LEAF, rows)), rows_of(x, r0, min(r0 + LEAF, rows)),
+                                  w, 1e-6, numeric_mode="identical") for r0 in range(0, rows, LEAF)]
+    assert same_bits(values(dw), token_tree([values(p[1]) for p in parts]))
+    assert same_bits(values(dx), sum((values(p[0]) for p in parts), []))
+
+
+# ---- determinism: threads, alignment, rows too wide for shared memory ----------------------------
+
+def test_outputs_do_not_depend_on_the_thread_count(dense):
+    x, g, dy = mat((2600, 300), 97), mat((300,), 98), mat((2600, 300), 99)
+    digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=dense.tier),  # noqa: E731
+                         *mt.rms_norm_backward(dy, x, g, numeric_mode=dense.tier))
+    assert len(digests_over_thread_counts(dense, digest)) == 1
+
+
+# (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too
+# wide for a GPU to stage x and dy of the backward in shared memory, one of 65539 even x alone.
+@pytest.mark.parametrize("rows, dim, offset", [(7, 4096, 4), (3, 4097, 0), (2, 40000, 0), (2, 65539, 4)])
+def test_device_buffers_give_the_host_bits_whatever_the_alignment_and_width(dense_identical, rows, dim, offset):
+    need_device(dense_identical)
+    t = "identical"
+    x, dy, w = mat((rows, dim), 191, wide=True), mat((rows, dim), 192), mat((dim,), 193, 0.5, 1.5)
+    dev = [device_copy_at(v, offset, t) for v in (x, dy, w)]
+    assert sha(mt.rms_norm_forward(dev[0], dev[2], 1e-5, numeric_mode=t)) == \
+        sha(mt.rms_norm_forward(x, w, 1e-5, numeric_mode=t))
+    assert sha(*mt.rms_norm_backward(dev[1], dev[0], dev[2], 1e-5, numeric_mode=t)) == \
+        sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=t))
+
+
+# ---- torch in float64 (tests/tolerances.py) ---------------------------------------------------------
+
+@st.composite
+def rms_cases(draw):
+    dim = draw(st.integers(*tol.RMS_DIM_RANGE))
+    rows = min(tol.DENSE_ROWS_RANGE[1], max(tol.RMS_ELEMENTS // dim, 1))
+    return {"rows": draw(st.integers(tol.DENSE_ROWS_RANGE[0], rows)), "dim": dim,
+            "affine": draw(st.booleans()), "eps": draw(st.sampled_from(tol.RMS_EPS)),
+            "seed": draw(st.integers(0, 2**32 - 1))}
+
+
+def rms_vs_torch(case, tier, dtype=None):
+    import numpy as np
+    torch = pytest.importorskip("torch")
+    rng = np.random.Generator(np.random.PCG64(case["seed"]))
+    rows, dim, eps = case["rows"], case["dim"], case["eps"]
+    x, dy = rng.uniform(-1, 1, (rows, dim)).astype(np.float32), rng.uniform(-1, 1, (rows, dim)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, dim).astype(np.float32) if case["affine"] else None
+
+    def torch_run(dt):
+        tx = torch.tensor(x, dtype=dt, requires_grad=True)
+        tw = None if w is None else torch.tensor(w, dtype=dt, requires_grad=True)
+        y = torch.nn.functional.rms_norm(tx, (dim,), tw, float(np.float32(eps)))
+        y.backward(torch.tensor(dy, dtype=dt))
+        out = {"y": y.detach().numpy(), "dx": tx.grad.numpy()}
+        if w is not None:
+            out["dweight"] = tw.grad.numpy()
+        return out
+
+    ref = torch_run(torch.float64)
+    if dtype is None:
+        got = {"y": np.asarray(mt.rms_norm_forward(x, w, eps, numeric_mode=tier))}
+        dx, dwt = mt.rms_norm_backward(dy, x, w, eps, numeric_mode=tier)
+        got["dx"] = np.asarray(dx)
+        if w is not None:
+            got["dweight"] = np.asarray(dwt)
+    else:
+        got = torch_run(dtype)
+    units = tol.rms_units(x, w, dy, np.float32(eps))
+    return {key: (got[key], ref[key], units[key].ravel()) for key in ref}
+
+
+@settings(max_examples=20, **HYPOTHESIS)
+@given(case=rms_cases())
+def test_rms_norm_stays_within_the_bound_of_torch_float64(dense, case):
+    for name, (ours, ref, unit) in rms_vs_torch(case, dense.tier).items():
+        tol.assert_close_to_reference(ours, ref, "%r rms_norm %s %r" % (dense, name, case), unit=unit)
+
+
+def _figures(n_cases):
+    """Worst share of the bound used, per output: ours (identical, fast) and torch float32."""
+    import random
+    rng = random.Random(0)
+    cases = []
+    for _ in range(n_cases):
+        dim = rng.randint(*tol.RMS_DIM_RANGE)
+        cases.append({"rows": rng.randint(1, min(tol.DENSE_ROWS_RANGE[1], max(tol.RMS_ELEMENTS // dim, 1))),
+                      "dim": dim, "affine": rng.random() < 0.5, "eps": rng.choice(tol.RMS_EPS),
+                      "seed": rng.getrandbits(32)})
+    print_bound_figures(cases, lambda case, tier, dtype: {
+        "rms_norm " + name: v for name, v in rms_vs_torch(case, tier, dtype).items()})
+
+
+if __name__ == "__main__":
+    _figures(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
