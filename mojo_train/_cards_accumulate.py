@@ -13,7 +13,7 @@ Every input comes from the pinned Philox stream (mt_uniform_fill) of the case's 
   ``accumulate_grads(..., tokens=T)``. Every such split is aligned, so for one seed, T, K and
   N the outputs ``dweight`` and ``dbias`` are the same for every A: the unsplit batch's bits.
 """
-from . import _cards
+from . import _card_format as _cards
 from .accumulate import accumulate_grads
 from .nn import linear_backward
 

@@ -8,7 +8,8 @@ vendor's identical tier.
 """
 import mojo_train
 
-from . import _cards, _native
+from . import _card_format as _cards
+from . import _native
 from ._array import Array
 
 UNIT, SUB, SUB_SQ, BIG = _cards.UNIT, _cards.SUB, _cards.SUB_SQ, _cards.BIG

@@ -2,10 +2,13 @@
 registered with _cards.
 
 ``silu`` runs forward on x (stream 0 of the seed, in [low, high) given by ``x=``) and backward
-on (dy, x) (dy from stream 1, ``dy=``); ``add`` adds a (stream 0) and b (stream 1). Every
-runner goes through the public API on the selected vendor's identical tier.
+on (dy, x) (dy from stream 1, ``dy=``); ``add`` adds a (stream 0) and b (stream 1); ``relu``
+(``n=`` elements) runs forward on x (stream 0) and backward on (dy, x) with dy from stream 3
+(its lines were first written into the linear card, whose streams they keep). Every runner
+goes through the public API on the selected vendor's identical tier.
 """
-from . import _cards, elementwise
+from . import _card_format as _cards
+from . import elementwise
 
 _MODE = "identical"
 BIG, SUB = _cards.BIG, _cards.SUB
@@ -22,6 +25,15 @@ def _run_silu(case, backend):
     return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
 
 
+def _run_relu(case, backend):
+    a = case.args
+    draw = _cards.Case("draw", {"seed": a["seed"], "sizes": (a["n"],)}, "")
+    x = _cards._input(backend, draw, 0, a["x"])
+    dy = _cards._input(backend, draw, 3, a["dy"])
+    return {"y": _cards._sha([elementwise.relu_forward(x, numeric_mode=_MODE)]),
+            "dx": _cards._sha([elementwise.relu_backward(dy, x, numeric_mode=_MODE)])}
+
+
 def _run_add(case, backend):
     a = case.args
     out = elementwise.add(_cards._input(backend, case, 0, a["a"]), _cards._input(backend, case, 1, a["b"]),
@@ -34,6 +46,8 @@ _ELEMENTWISE_OPS = {
     "silu": (dict(_ELT_KEYS, x=_cards._pair, dy=_cards._pair), ("seed", "sizes", "x", "dy"),
              _Y_DX, _run_silu),
     "add": (dict(_ELT_KEYS, a=_cards._pair, b=_cards._pair), ("seed", "sizes", "a", "b"), _OUT, _run_add),
+    "relu": ({"seed": _cards._count, "n": _cards._count, "x": _cards._pair, "dy": _cards._pair},
+             ("seed", "n", "x", "dy"), _Y_DX, _run_relu),
 }
 
 
@@ -53,9 +67,12 @@ def _elementwise_cases():
         "add sizes=4099 a=1e38,1.7e38 b=1e38,1.7e38",      # sums that overflow to +inf
         "add sizes=4099 a=-1,1 b=-2**-20,2**-20",
     ]
+    specs += ["relu n=%d x=%s dy=%s" % (n, r, _cards.UNIT) for n, r in ((1, _cards.UNIT), (4097, _cards.UNIT),
+                                                                           (1023, SUB))]
     return [_cards._seeded(s) for s in specs]
 
 
 _cards.register("elementwise", "elementwise v1", _elementwise_cases, _ELEMENTWISE_OPS,
                 ["silu: x from stream 0, dy from stream 1 of the seed (x=/dy= low,high); outputs",
-                 "y = silu_forward(x) and dx = silu_backward(dy, x). add: a from stream 0, b from stream 1."])
+                 "y = silu_forward(x) and dx = silu_backward(dy, x). add: a from stream 0, b from stream 1.",
+                 "relu: x from stream 0, dy from stream 3; outputs y = relu_forward(x), dx = relu_backward(dy, x)."])

@@ -8,7 +8,8 @@ every platform agrees; skew=0 makes every id vocab - 1); with ``accumulate=1`` t
 added into comes from stream 3, uniform in ``g``. Outputs: ``out`` (forward) and ``dweight``
 (backward), through the public API on the vendor's identical tier.
 """
-from . import _cards, _native
+from . import _card_format as _cards
+from . import _native
 from ._array import Array
 from .device import DeviceArray, to_device
 from .embedding import embedding_backward, embedding_forward

@@ -9,11 +9,8 @@ Outputs are digested in the order of their names. The shapes are chosen to be od
 multiple of any block, K and N of 1, 3, 67, 1023) and to cross the token rule's leaves (over
 2048 rows), with subnormal and large-magnitude inputs.
 
-ReLU's three lines are still in fixtures/linear.card, so its card code is here too, in the
-marked block at the end, until it moves to _cards_elementwise.py with its lines.
 """
-from . import _cards
-from .elementwise import relu_backward, relu_forward
+from . import _card_format as _cards
 from .linear import linear_backward, linear_forward
 
 CONTRACT = "dense v1"
@@ -89,29 +86,10 @@ def _linear_cases():
     return [_cards._seeded(s) for s in specs]
 
 
-# ---- ReLU: to move to _cards_elementwise.py (with its 3 lines of fixtures/linear.card) -------------
-def _run_relu(case, backend):
-    x = _draw(backend, case, "x", (case.args["n"],))
-    dy = _draw(backend, case, "dy", (case.args["n"],))
-    return {"y": _sha(relu_forward(x, numeric_mode="identical")),
-            "dx": _sha(relu_backward(dy, x, numeric_mode="identical"))}
 
 
-def _relu_cases():
-    specs = ["relu n=%d x=%s dy=%s" % (n, r, UNIT) for n, r in ((1, UNIT), (4097, UNIT), (1023, SUB))]
-    return [_cards._seeded(s) for s in specs]
-
-
-_RELU_OPS = {
-    "relu": (dict(_SIZE, n=_cards._count, x=_cards._pair, dy=_cards._pair), ("seed", "n", "x", "dy"),
-             lambda c: ("y", "dx"), _run_relu),
-}
-# ---- end of the ReLU block ---------------------------------------------------------------------------
-
-
-_cards.register("linear", CONTRACT, lambda: _linear_cases() + _relu_cases(), {
+_cards.register("linear", CONTRACT, _linear_cases, {
     "linear_forward": (_LINEAR_KEYS, ("seed", "m", "n", "k", "a", "w"), lambda c: ("out",), _run_forward),
     "linear_backward": (dict(_LINEAR_KEYS, dc=_cards._pair), ("seed", "m", "n", "k", "a", "w", "dc"),
                         _backward_outputs, _run_backward),
-    **_RELU_OPS,
 }, _NOTES)

@@ -12,7 +12,7 @@ one case give one line each with the same digests). Outputs: ``loss`` (or ``row_
 with grad ``d_hidden``, ``d_weight`` (and ``d_bias``).
 """
 import mojo_train
-from . import _cards
+from . import _card_format as _cards
 from ._array import Array
 from ._cards_loss import _KEYS as _LOSS_KEYS, _uniform, targets_for
 

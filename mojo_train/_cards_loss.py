@@ -17,7 +17,8 @@ float32 bytes of a mean or sum), ``row_loss`` (reduction=none), ``dlogits`` (gra
 """
 import mojo_train
 
-from . import _cards, _native
+from . import _card_format as _cards
+from . import _native
 from ._array import Array
 from .device import DeviceArray
 

@@ -10,7 +10,7 @@ selected vendor's identical tier.
 """
 import mojo_train
 
-from . import _cards
+from . import _card_format as _cards
 
 UNIT, SUB, SUB_SQ, BIG = _cards.UNIT, _cards.SUB, _cards.SUB_SQ, _cards.BIG
 

@@ -8,7 +8,7 @@ Generator.normal/uniform; the initializers run on a Generator whose counter is s
 mask on dy (stream 1, ``dy=``). Every runner goes through the public API on the selected
 vendor's identical tier.
 """
-from . import _cards
+from . import _card_format as _cards
 from .random import Generator
 
 _MODE = "identical"

@@ -6,7 +6,7 @@ weight from stream 1, dy from stream 3, each in C order from offset 0); outputs 
 in the order of their names. The shapes cross RMSNorm's chunks (over 4096 columns) and the
 token rule's leaves (over 2048 rows), with subnormal and large-magnitude inputs.
 """
-from . import _cards
+from . import _card_format as _cards
 from ._cards_linear import CONTRACT, _NOTES, _SIZE, _draw, _sha
 from .rms_norm import rms_norm_backward, rms_norm_forward
 

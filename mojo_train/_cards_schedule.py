@@ -10,7 +10,7 @@ warmup_cosine) built through the public classes (``ConstantLR``, ``WarmupLinearL
 """
 import struct
 
-from . import _cards
+from . import _card_format as _cards
 from .schedule import ConstantLR, WarmupCosineLR, WarmupLinearLR
 
 _CLASSES = {"constant": ConstantLR, "warmup_linear": WarmupLinearLR, "warmup_cosine": WarmupCosineLR}

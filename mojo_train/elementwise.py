@@ -1,4 +1,4 @@
-"""Elementwise ops: SiLU (forward and backward) and the residual add.
+"""Elementwise ops: SiLU and ReLU (forward and backward) and the residual add.
 
 Contract (native/contracts/elementwise.md): each output element is one pinned float32
 function of the same element of the inputs, identical on every vendor's identical tier:
@@ -7,6 +7,8 @@ function of the same element of the inputs, identical on every vendor's identica
     silu_backward   dx = dy * (s * (1 + x * t))                 s = 1 / (1 + exp(-x)),
                                                                 t = 1 - s (as exp(-x) * s for x > 0)
     add             out = a + b                                 (one rounding)
+    relu_forward    y  = x if x > 0 else +0.0
+    relu_backward   dx = dy if x > 0 else +0.0
 
 with exp the pinned mt_expf. The residual add's backward is the identity: the gradient of
 out flows unchanged to both a and b, so there is no add_backward. Inputs are float32 of one
@@ -20,7 +22,7 @@ or DeviceArray is returned on the inputs' side.
 from . import _buffer, _ops
 from ._errors import where_msg
 
-__all__ = ["silu_forward", "silu_backward", "add"]
+__all__ = ["silu_forward", "silu_backward", "add", "relu_forward", "relu_backward"]
 
 
 def _map(where, fn, inputs, out, numeric_mode):
@@ -61,7 +63,6 @@ def add(a, b, *, out=None, numeric_mode=None):
 
 
 # ---- ReLU (elementwise.md, "ReLU"): a new output of the input's shape, no out= -------------------
-__all__ += ["relu_forward", "relu_backward"]
 
 
 def relu_forward(x, *, numeric_mode=None):

@@ -21,6 +21,10 @@ from mojo_train import elementwise as ew
 from mojo_train._native import ffi
 
 from _helpers import bits, f32, f32_array, raw, wide_array
+from mojo_train import Array
+from _layer_helpers import assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, device_copy_at, \
+    digests_over_thread_counts, mat, need_device, same_bits, values
+from _layer_helpers import outputs_sha as sha
 
 FEATURE_ELEMENTWISE = 1 << 13
 
@@ -359,3 +363,80 @@ def test_the_c_abi_refuses_null_and_negative_sizes(elt_mode):
     assert lib.mt_silu_backward(p, p, ffi.NULL, 2) == 1 and b"x is NULL" in ffi.string(lib.mt_last_error())
     assert lib.mt_add(p, p, p, -1) == 1 and b"n must be >= 0" in ffi.string(lib.mt_last_error())
     assert list(buf) == [1.0, 2.0]
+
+
+# ---- ReLU ---------------------------------------------------------------------------------------
+
+def test_relu_refuses_a_dy_of_another_shape_naming_it(elt_mode):
+    with pytest.raises(ValueError) as info:
+        ew.relu_backward(mat((3,), 1), mat((4,), 2), numeric_mode=elt_mode.tier)
+    assert "mojo_train.relu_backward" in str(info.value) and "dy must have x's shape" in str(info.value)
+
+
+def _uf(m, d):
+    return ew.relu_forward(d["x"], numeric_mode=m)
+
+
+def _ub(m, d):
+    return ew.relu_backward(d["dy"], d["x"], numeric_mode=m)
+
+
+RELU_NONFINITE = [("relu_forward", "x", _uf)] + [("relu_backward", arg, _ub) for arg in ("dy", "x")]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("i", range(len(RELU_NONFINITE)), ids=["%s %s" % c[:2] for c in RELU_NONFINITE])
+def test_relu_refuses_a_nonfinite_input_by_name_and_inputs_are_untouched(elt_mode, i, bad):
+    d = {"x": mat((37, 300), 5), "dy": mat((37, 300), 7)}
+    assert_nonfinite_refused(*RELU_NONFINITE[i], elt_mode.tier, d, bad)
+
+
+def test_relu_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(elt_mode):
+    lib, x = elt_mode.backend.lib, mat((6, 4), 5)
+    assert_c_refusals_write_nothing(lib, [
+        ("n must be >= 0", lambda o: lib.mt_relu_forward(o[0], c_in(x), -1)),
+        ("x is NULL", lambda o: lib.mt_relu_forward(o[0], ffi.NULL, 24)),
+        ("dy is NULL", lambda o: lib.mt_relu_backward(o[0], ffi.NULL, c_in(x), 24)),
+    ])
+
+
+def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elt_mode):
+    tiny = 2.0 ** -149
+    xs = [-2.0, -0.0, 0.0, tiny, -tiny, 1.5, 3e38, -3e38, 2.0 ** -127]
+    x = Array.from_list(xs, "float32")
+    dy = Array.from_list([7.0, -1.0, 2.0, 3.0, 4.0, -5.0, 6.0, 8.0, -0.0], "float32")
+    y = values(ew.relu_forward(x, numeric_mode=elt_mode.tier))
+    dx = values(ew.relu_backward(dy, x, numeric_mode=elt_mode.tier))
+    want_y = [0.0, 0.0, 0.0, tiny, 0.0, 1.5, f32(3e38), 0.0, 2.0 ** -127]
+    want_dx = [0.0, 0.0, 0.0, 3.0, 0.0, -5.0, 6.0, 0.0, -0.0]
+    if elt_mode.has("approximate"):
+        # A library that flushes subnormals (MT_FEATURE_APPROXIMATE: a GPU's fast tier) reads the
+        # subnormal inputs 3 and 8 as zero: their outputs are then +0.0; the rest is exact.
+        flushed = [3, 8]
+        assert all(same_bits([y[i]], [0.0]) or same_bits([y[i]], [want_y[i]]) for i in flushed)
+        assert same_bits([dx[3]], [0.0]) or same_bits([dx[3]], [3.0])
+        assert dx[8] == 0.0
+        keep = [i for i in range(len(xs)) if i not in flushed]
+        y, want_y = [y[i] for i in keep], [want_y[i] for i in keep]
+        dx, want_dx = [dx[i] for i in keep], [want_dx[i] for i in keep]
+    assert same_bits(y, want_y)
+    assert same_bits(dx, want_dx)
+    shaped = ew.relu_forward(mat((2, 3, 4), 81), numeric_mode=elt_mode.tier)
+    assert shaped.shape == (2, 3, 4)
+
+
+def test_relu_outputs_do_not_depend_on_the_thread_count(elt_mode):
+    x, dy = mat((300, 300), 97), mat((300, 300), 99)
+    digest = lambda: sha(ew.relu_forward(x, numeric_mode=elt_mode.tier),  # noqa: E731
+                         ew.relu_backward(dy, x, numeric_mode=elt_mode.tier))
+    assert len(digests_over_thread_counts(elt_mode, digest)) == 1
+
+
+@pytest.mark.parametrize("n", [1, 5, 4099])
+def test_relu_on_device_buffers_off_16_byte_alignment_gives_the_host_bits(elt_identical, n):
+    need_device(elt_identical)
+    x, dy = mat((n,), 181, wide=True), mat((n,), 182)
+    dev_x, dev_dy = device_copy_at(x, 4, "identical"), device_copy_at(dy, 4, "identical")
+    assert sha(ew.relu_forward(dev_x, numeric_mode="identical")) == sha(ew.relu_forward(x, numeric_mode="identical"))
+    assert sha(ew.relu_backward(dev_dy, dev_x, numeric_mode="identical")) == \
+        sha(ew.relu_backward(dy, x, numeric_mode="identical"))
