@@ -93,7 +93,7 @@ def _write(paths):
 
 
 def _has_device(vendor):
-    return _native.load("identical", vendor).has(1 << 9)   # MT_FEATURE_DEVICE_BUFFERS
+    return _native.load("identical", vendor).has("device_buffers")
 
 
 def _check_card_name(card):

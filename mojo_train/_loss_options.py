@@ -13,9 +13,10 @@ import numbers
 import operator
 
 from ._errors import where_msg
+from . import _native
 from ._native import ffi
 
-REDUCTIONS = {"none": 0, "sum": 1, "mean": 2}
+REDUCTIONS = _native.REDUCTIONS      # mojo_train.h enum mt_reduction
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 MAX_VOCAB = 2 ** 24   # the loss contract's bound on the classes (native/contracts/loss.md)
 # mojo_train.h's MT_NO_IGNORE_INDEX: the ignore_index that ignores no row (a target equal to

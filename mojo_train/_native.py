@@ -38,7 +38,6 @@ import cffi
 
 from ._errors import where_msg
 
-ABI_VERSION = 2
 TIERS = ("identical", "deterministic", "fast")
 VENDORS = ("cpu", "cuda", "hip", "metal")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
@@ -48,7 +47,6 @@ _SOURCE_ROOT = os.path.dirname(_PACKAGE_DIR)
 _SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 
 # Error codes of mojo_train.h and the built-in exception a torch user would catch.
-_ERRORS = {1: ValueError, 2: ValueError, 3: MemoryError, 4: RuntimeError, 5: NotImplementedError}
 
 
 class BackendError(ImportError):
@@ -99,15 +97,37 @@ def _header_path():
     raise BackendError("mojo_train: mojo_train.h not found beside the package or in native/include")
 
 
-def _read_cdef():
+def _read_header():
+    """(the cdef block, the preprocessor's MT_ABI_VERSION) of mojo_train.h."""
     with open(_header_path()) as f:
         text = f.read()
     begin, end = text.index("/* MT_CDEF_BEGIN */"), text.index("/* MT_CDEF_END */")
-    return text[begin + len("/* MT_CDEF_BEGIN */"):end]
+    abi = int(re.search(r"^#define MT_ABI_VERSION (\d+)$", text, re.M).group(1))
+    return text[begin + len("/* MT_CDEF_BEGIN */"):end], abi
 
 
+def _read_cdef():
+    return _read_header()[0]
+
+
+_CDEF, ABI_VERSION = _read_header()
 ffi = cffi.FFI()
-ffi.cdef(_read_cdef())
+ffi.cdef(_CDEF)
+
+
+def _enum(name, prefix):
+    """{lower-case name without ``prefix``: value} of ``enum <name>`` in the header."""
+    return {k[len(prefix):].lower(): v for k, v in ffi.typeof("enum " + name).relements.items()}
+
+
+# The header's constants, never retyped: status codes, reductions, schedules, feature bits.
+STATUS = _enum("mt_status", "MT_")
+REDUCTIONS = _enum("mt_reduction", "MT_REDUCTION_")
+SCHEDULES = _enum("mt_schedule_kind", "MT_SCHEDULE_")
+FEATURES = _enum("mt_feature", "MT_FEATURE_")
+# The built-in exception a torch user would catch, per status.
+_ERRORS = {STATUS["einval"]: ValueError, STATUS["enonfinite"]: ValueError, STATUS["enomem"]: MemoryError,
+           STATUS["edevice"]: RuntimeError, STATUS["eunsupported"]: NotImplementedError}
 
 _lock = threading.Lock()
 _loaded = {}          # (vendor, tier) -> Backend
@@ -128,8 +148,13 @@ class Backend:
             msg = ffi.string(self.lib.mt_last_error()).decode("utf-8", "replace")
             raise _ERRORS.get(rc, RuntimeError)(where_msg(where, msg))
 
-    def has(self, feature_bit):
-        return bool(self.features & feature_bit)
+    def has(self, feature):
+        """Whether the library declares ``feature``: a name of the header's ``enum mt_feature``,
+        lower case without its prefix (``"linear"``, ``"device_buffers"``)."""
+        if feature not in FEATURES:
+            raise ValueError("mojo_train: unknown feature %r; the features are %s"
+                             % (feature, ", ".join(sorted(FEATURES))))
+        return bool(self.features & FEATURES[feature])
 
 
 def library_name(vendor, tier):

@@ -12,7 +12,6 @@ from ._errors import where_msg
 from . import _buffer
 from ._native import ffi
 
-_DEVICE_BUFFERS = 1 << 9   # mt_features(): the vendor takes device pointers
 
 # torch's switches: name -> (the values taken, the exception for another bool, why). The values
 # taken ask for nothing this library lacks and change nothing (optim.py's docstring).
@@ -70,7 +69,7 @@ class _Registry:
     def __init__(self, tensors, name, where, inplace, backend, like=None):
         self.probes = _buffer.tensor_list(tensors, name, where, inplace=inplace)
         for j, pb in enumerate(self.probes):
-            if pb.device and not backend.has(_DEVICE_BUFFERS):
+            if pb.device and not backend.has("device_buffers"):
                 raise TypeError(where_msg(where, "%s[%d] is device memory, but the loaded vendor (%s) takes "
                                                  "host buffers only; set MOJO_TRAIN_VENDOR to the device's vendor"
                                                  % (name, j, backend.vendor)))

@@ -13,7 +13,7 @@ import threading
 from . import _buffer
 from ._errors import where_msg
 from ._native import ffi, load, numeric_mode_arg
-from ._optim_common import (_DEVICE_BUFFERS, _Registry, _indexed, _real, _refuse_overlap, _single, _switches,
+from ._optim_common import (_Registry, _indexed, _real, _refuse_overlap, _single, _switches,
                             _table_ranges)
 
 __all__ = ["clip_grad_norm_"]
@@ -49,7 +49,7 @@ def clip_grad_norm_(grads, max_norm, norm_type=2.0, error_if_nonfinite=True, for
         n = len(grads) if type(grads) in (list, tuple) else 0
         table, offsets = ffi.new("float *[]", max(n, 1)), ffi.new("int32_t[]", n + 1)
         keep = _buffer.float32_table(grads, None, table, inplace=True, offsets=offsets,
-                                     device_ok=backend.has(_DEVICE_BUFFERS))
+                                     device_ok=backend.has("device_buffers"))
         fast = keep is not None
         if not fast:
             keep = _Registry(grads, "grads", where, inplace=True, backend=backend)

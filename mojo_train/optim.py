@@ -40,7 +40,7 @@ from ._errors import refuse_keywords, where_msg
 from . import _buffer
 from ._array import Array
 from ._native import ffi, load, numeric_mode_arg
-from ._optim_common import (_DEVICE_BUFFERS, _Registry, _indexed, _probe_ranges, _real, _refuse_overlap,
+from ._optim_common import (_Registry, _indexed, _probe_ranges, _real, _refuse_overlap,
                             _single, _switches, _table_ranges)
 from .clip import clip_grad_norm_   # noqa: F401  (mojo_train.optim.clip_grad_norm_ keeps working)
 from .device import DeviceArray
@@ -104,7 +104,7 @@ class _Optimizer:
             raise TypeError(where_msg(where, "lr_schedule must have an lr_at(step) method, got %r"
                                              % (lr_schedule,)))
         self._backend = load(numeric_mode_arg(numeric_mode, where))
-        self._device_ok = self._backend.has(_DEVICE_BUFFERS)
+        self._device_ok = self._backend.has("device_buffers")
         self.numeric_mode = self._backend.tier
         self._params = _Registry(params, "params", where, inplace=True, backend=self._backend)
         self._param_name = _indexed("params", _single(params))

@@ -17,6 +17,7 @@ import struct
 
 from . import _ops
 from ._errors import refuse_keywords, where_msg
+from . import _native
 from ._native import ffi, load
 from .accumulate import TOKEN_LEAF, accumulate_grads, accumulation_is_aligned  # noqa: F401 (old home)
 
@@ -28,7 +29,7 @@ _MAX_T = 2 ** 62                  # the largest step lr_at answers
 _FLT_MAX = float.fromhex("0x1.fffffep+127")
 _BLOCK = 1024                     # steps per native call of lr_at's cache
 
-_KIND_CODES = {"constant": 0, "warmup_linear": 1, "warmup_cosine": 2}
+_KIND_CODES = _native.SCHEDULES      # mojo_train.h enum mt_schedule_kind
 
 # torch scheduler arguments, and what to pass here instead
 _TORCH_ARGS = {

@@ -1,5 +1,5 @@
 """Helpers of the layer tests (test_linear.py, test_rms_norm.py and ReLU's; their fixtures
-``dense`` and ``dense_identical`` are conftest.py's): their data, the comparisons of outputs
+``linear_mode``, ``rms_norm_mode`` and their ``_identical`` twins are conftest.py's): their data, the comparisons of outputs
 by bits, the token rule replayed, and the checks every layer's refusals share (a C entry
 writes no output; a NaN or inf is refused by name and leaves every input as it was), the
 thread-count check and device buffers at a misaligned address.
@@ -120,7 +120,7 @@ def digests_over_thread_counts(mode, digest):
 
 
 def need_device(mode):
-    if not mode.has("device"):
+    if not mode.has("device_buffers"):
         pytest.skip("the vendor takes no device buffers")
 
 

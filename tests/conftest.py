@@ -7,11 +7,6 @@ import pytest
 
 from mojo_train import _native
 
-FEATURE = {"optim": 1 << 0, "clip": 1 << 1, "random": 1 << 2, "loss": 1 << 3, "dense": 1 << 4,
-           "lm_head": 1 << 5, "schedule": 1 << 6, "embedding": 1 << 7, "accumulate": 1 << 11,
-           "dropout": 1 << 12, "elementwise": 1 << 13, "host": 1 << 8, "device": 1 << 9,
-           "threads": 1 << 10, "pinned": 1 << 16, "contraction": 1 << 17, "approximate": 1 << 18}
-
 
 class Mode:
     """A (vendor, tier) pair under test: pass ``numeric_mode=mode.tier``."""
@@ -20,7 +15,7 @@ class Mode:
         self.vendor, self.tier, self.backend = vendor, tier, backend
 
     def has(self, name):
-        return self.backend.has(FEATURE[name])
+        return self.backend.has(name)
 
     def __repr__(self):
         return "%s-%s" % (self.vendor, self.tier)
@@ -64,21 +59,34 @@ def identical(request, monkeypatch):
     return _mode_fixture(request, monkeypatch)
 
 
-@pytest.fixture
-def dense(mode):
-    """Every loadable vendor x tier whose library has the dense layers (linear, RMSNorm, ReLU:
-    MT_FEATURE_DENSE)."""
-    if not mode.has("dense"):
-        pytest.skip("this library has no dense layers (mt_features)")
+def _having(mode, feature):
+    if not mode.has(feature):
+        pytest.skip("this library has no %s (mt_features)" % feature)
     return mode
 
 
 @pytest.fixture
-def dense_identical(identical):
-    """Every loadable vendor's identical tier, where it has the dense layers."""
-    if not identical.has("dense"):
-        pytest.skip("this library has no dense layers (mt_features)")
-    return identical
+def linear_mode(mode):
+    """Every loadable vendor x tier whose library has the linear family (MT_FEATURE_LINEAR)."""
+    return _having(mode, "linear")
+
+
+@pytest.fixture
+def linear_identical(identical):
+    """Every loadable vendor's identical tier, where it has the linear family."""
+    return _having(identical, "linear")
+
+
+@pytest.fixture
+def rms_norm_mode(mode):
+    """Every loadable vendor x tier whose library has RMSNorm (MT_FEATURE_RMS_NORM)."""
+    return _having(mode, "rms_norm")
+
+
+@pytest.fixture
+def rms_norm_identical(identical):
+    """Every loadable vendor's identical tier, where it has RMSNorm."""
+    return _having(identical, "rms_norm")
 
 
 # ---- the skip gate: every skip reason must be a reviewed one (tests/skip_reasons.py) ----------

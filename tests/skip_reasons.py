@@ -15,10 +15,9 @@ import re
 REVIEWED = (
     # library: capabilities the library under test declares it lacks (mt_features)
     ("library", r"^this library has no \w+ \(mt_features\)$"),
-    ("library", r"^this library has no dense layers \(mt_features\)$"),
     ("library", r".* has no cross_entropy \(MT_FEATURE_LOSS clear\)$"),
     ("library", r"^accumulate is not built into "),
-    ("library", r"^linear_backward is not built into .* \(no dense feature\)$"),
+    ("library", r"^linear_backward is not built into .* \(no linear feature\)$"),
     ("library", r"^SiLU and add are not built into this library$"),
     ("library", r"^normal fills and dropout are not built into this library$"),
     ("library", r"^the \S+ library has no embedding$"),

@@ -21,13 +21,12 @@ from mojo_train import Array, _cards, accumulate_grads, accumulation_is_aligned
 
 from _helpers import f32, raw
 
-ACCUMULATE, DENSE, DEVICE = 1 << 11, 1 << 4, 1 << 9
 LEAF = 1024
 
 
 @pytest.fixture
 def acc(mode):
-    if not mode.backend.has(ACCUMULATE):
+    if not mode.backend.has("accumulate"):
         pytest.skip("accumulate is not built into %r" % mode)
     return mode
 
@@ -189,8 +188,8 @@ def test_an_aligned_split_reproduces_the_unsplit_token_rule_bit_for_bit(acc, tok
 
 
 def _linear_backward_or_skip(mode):
-    if not mode.backend.has(DENSE):
-        pytest.skip("linear_backward is not built into %r (no dense feature)" % mode)
+    if not mode.backend.has("linear"):
+        pytest.skip("linear_backward is not built into %r (no linear feature)" % mode)
 
 
 def _rows(values, rows, cols):
@@ -201,7 +200,7 @@ def _rows(values, rows, cols):
 def test_linear_backward_on_aligned_microbatches_accumulates_to_the_whole_batchs_bits(identical, tokens, steps):
     mode = identical
     _linear_backward_or_skip(mode)
-    if not mode.backend.has(ACCUMULATE):
+    if not mode.backend.has("accumulate"):
         pytest.skip("accumulate is not built into %r" % mode)
     k, n = 6, 5
     rng = random.Random(tokens * 10 + steps)
@@ -293,7 +292,7 @@ def test_empty_tensors_accumulate_to_empty_tensors(acc):
 
 
 def test_device_microbatches_accumulate_on_the_device_with_the_hosts_bits(acc):
-    if not acc.backend.has(DEVICE):
+    if not acc.backend.has("device_buffers"):
         pytest.skip("%r takes no device buffers" % acc)
     rng = random.Random(3)
     host = [f32s(_value(rng) for _ in range(3000)) for _ in range(5)]

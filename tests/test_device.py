@@ -11,7 +11,7 @@ from mojo_train._native import ffi
 
 
 def _device_modes(request_modes):
-    return [m for m in request_modes if m[2].has(1 << 9)]
+    return [m for m in request_modes if m[2].has("device_buffers")]
 
 
 def _filled(n, seed, stream, low=-1.0, high=1.0):
@@ -35,7 +35,7 @@ def _digest(*arrays):
 
 @pytest.fixture
 def dev(mode):
-    if not mode.has("device"):
+    if not mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
     return mode
 
@@ -66,7 +66,7 @@ def test_device_array_round_trips_and_views(dev):
 
 
 def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     sizes = [1, 1023, 4096 * 3 + 5]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
@@ -88,7 +88,7 @@ def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(ident
 
 
 def test_one_tensor_device_step_moves_at_most_64_bytes(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     p, g = mt.to_device(_filled(1000, 5, 0)), mt.to_device(_filled(1000, 5, 1))
     opt = mt.AdamW([p])
@@ -100,7 +100,7 @@ def test_one_tensor_device_step_moves_at_most_64_bytes(identical, monkeypatch):
 
 
 def test_host_buffers_on_a_gpu_vendor_match_the_oracle_with_state_resident(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     sizes = [3, 5000]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 2, None, monkeypatch)
@@ -133,7 +133,7 @@ def test_state_dict_round_trips_resident_moments_bit_exactly(dev):
 
 
 def test_launch_geometry_never_moves_the_bits(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     lib = identical.backend.lib
     digests = set()
@@ -155,7 +155,7 @@ def test_launch_geometry_never_moves_the_bits(identical, monkeypatch):
 
 
 def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -178,7 +178,7 @@ def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(identical
 
 
 def test_two_hundred_separate_torch_tensors_take_one_step_with_the_oracles_bits(identical, monkeypatch):
-    if not identical.has("device"):
+    if not identical.has("device_buffers"):
         pytest.skip("no device buffers")
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

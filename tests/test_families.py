@@ -11,6 +11,8 @@ import re
 
 import pytest
 
+from mojo_train import _native
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTRACTS = os.path.join(ROOT, "native", "contracts")
 NOT_FAMILIES = {"README", "math"}
@@ -45,6 +47,8 @@ def test_a_family_has_every_layer_under_its_name(family):
                   ("fixtures", "%s.card" % family), ("tests", "test_%s.py" % family)):
         if not exists(*parts):
             missing.append("/".join(parts))
+    if family not in _native.FEATURES:
+        missing.append("a feature bit MT_FEATURE_%s in mojo_train.h" % family.upper())
     assert not missing, "family %s lacks %s" % (family, ", ".join(missing))
 
 

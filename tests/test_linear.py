@@ -72,10 +72,10 @@ REFUSALS = _refusals()
 
 
 @pytest.mark.parametrize("i", range(len(REFUSALS)), ids=["%s: %s" % (r[0].__name__, r[4]) for r in REFUSALS])
-def test_a_bad_argument_is_refused_naming_it(dense, i):
+def test_a_bad_argument_is_refused_naming_it(linear_mode, i):
     fn, args, kwargs, exc, text = REFUSALS[i]
     with pytest.raises(exc) as info:
-        fn(*args, numeric_mode=dense.tier, **kwargs)
+        fn(*args, numeric_mode=linear_mode.tier, **kwargs)
     assert "mojo_train.%s" % fn.__name__ in str(info.value) and text in str(info.value)
 
 
@@ -93,9 +93,9 @@ NONFINITE = [("linear_forward", arg, _lf) for arg in ("a", "weight", "bias")] + 
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("i", range(len(NONFINITE)), ids=["%s %s" % c[:2] for c in NONFINITE])
-def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(dense, i, bad):
+def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(linear_mode, i, bad):
     d = {"a": mat((37, 300), 1), "weight": mat((5, 300), 2), "bias": mat((5,), 3), "dc": mat((37, 5), 4)}
-    assert_nonfinite_refused(*NONFINITE[i], dense.tier, d, bad)
+    assert_nonfinite_refused(*NONFINITE[i], linear_mode.tier, d, bad)
 
 
 # ---- refusals: the C entries write nothing ---------------------------------------------------
@@ -117,13 +117,13 @@ def _c_cases(lib, keep):
     ]
 
 
-def test_the_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(dense):
+def test_the_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(linear_mode):
     keep = []
-    assert_c_refusals_write_nothing(dense.backend.lib, _c_cases(dense.backend.lib, keep))
+    assert_c_refusals_write_nothing(linear_mode.backend.lib, _c_cases(linear_mode.backend.lib, keep))
 
 
-def test_the_c_entries_refuse_a_nonfinite_input_before_writing_any_output(dense):
-    lib = dense.backend.lib
+def test_the_c_entries_refuse_a_nonfinite_input_before_writing_any_output(linear_mode):
+    lib = linear_mode.backend.lib
     a, w, dc = mat((6, 4), 1), mat((3, 4), 2), mat((6, 3), 4)
     wr = w.reshape(-1)
     wr[11] = float("inf")
@@ -133,8 +133,8 @@ def test_the_c_entries_refuse_a_nonfinite_input_before_writing_any_output(dense)
     assert all(o[i] == SENTINEL for o, n in zip(outs, (24, 12, 3)) for i in range(n))
 
 
-def test_empty_shapes_are_answered_without_reading_anything(dense):
-    m = dense.tier
+def test_empty_shapes_are_answered_without_reading_anything(linear_mode):
+    m = linear_mode.tier
     out = mt.linear_forward(mat((0, 3), 1), mat((4, 3), 2), numeric_mode=m)
     assert out.shape == (0, 4)
     out = mt.linear_forward(mat((2, 0), 1), mat((3, 0), 2), mat((3,), 3), numeric_mode=m)
@@ -146,8 +146,8 @@ def test_empty_shapes_are_answered_without_reading_anything(dense):
     assert mt.mlp_inference_sessions([], mat((4, 3), 1), None, mat((2, 4), 2), None, numeric_mode=m).shape == (0, 2)
 
 
-def test_leading_dimensions_are_rows_and_skipped_gradients_are_none(dense):
-    m = dense.tier
+def test_leading_dimensions_are_rows_and_skipped_gradients_are_none(linear_mode):
+    m = linear_mode.tier
     a3, w, b = mat((2, 3, 5), 161), mat((4, 5), 162), mat((4,), 163)
     a2 = a3.reshape(6, 5)
     out = mt.linear_forward(a3, w, b, numeric_mode=m)
@@ -165,7 +165,7 @@ def test_leading_dimensions_are_rows_and_skipped_gradients_are_none(dense):
 
 # ---- linear: the chains (identical tier) -------------------------------------------------------
 
-def test_linear_forward_outputs_are_fma_chains_over_k_in_ascending_order(dense_identical):
+def test_linear_forward_outputs_are_fma_chains_over_k_in_ascending_order(linear_identical):
     m, n, k = 5, 7, 300
     a, w, b = mat((m, k), 11, wide=True), mat((n, k), 12, wide=True), mat((n,), 13)
     out = values(mt.linear_forward(a, w, b, numeric_mode="identical"))
@@ -181,7 +181,7 @@ def test_linear_forward_outputs_are_fma_chains_over_k_in_ascending_order(dense_i
     assert reversed_differs, "these inputs cannot tell the chain's order"
 
 
-def test_linear_backward_da_is_the_chain_over_n_and_dweight_the_chain_over_rows(dense_identical):
+def test_linear_backward_da_is_the_chain_over_n_and_dweight_the_chain_over_rows(linear_identical):
     m, n, k = 40, 67, 9
     dc, a, w = mat((m, n), 21, wide=True), mat((m, k), 22, wide=True), mat((n, k), 23, wide=True)
     da, dw, db = mt.linear_backward(dc, a, w, need_bias_grad=True, numeric_mode="identical")
@@ -201,7 +201,7 @@ def test_linear_backward_da_is_the_chain_over_n_and_dweight_the_chain_over_rows(
 
 # 34 leaves: a GPU folds more than 32 leaf partials in two passes of its tree.
 @pytest.mark.parametrize("m", [3 * LEAF - 324, 6 * LEAF + 3, 33 * LEAF + 5])
-def test_dweight_and_dbias_are_per_leaf_results_met_in_the_pairwise_tree(dense_identical, m):
+def test_dweight_and_dbias_are_per_leaf_results_met_in_the_pairwise_tree(linear_identical, m):
     n, k = 5, 3
     dc, a, w = mat((m, n), 31, wide=True), mat((m, k), 32, wide=True), mat((n, k), 33)
     da, dw, db = mt.linear_backward(dc, a, w, need_bias_grad=True, numeric_mode="identical")
@@ -218,7 +218,7 @@ def test_dweight_and_dbias_are_per_leaf_results_met_in_the_pairwise_tree(dense_i
         assert not same_bits(serial, values(dw)), "these inputs cannot tell the tree from a serial fold"
 
 
-def test_gradients_of_aligned_microbatches_add_up_to_the_full_batch_exactly(dense_identical):
+def test_gradients_of_aligned_microbatches_add_up_to_the_full_batch_exactly(linear_identical):
     """Two microbatches of 2048 rows (two leaves each) are the tree's two halves."""
     m, n, k = 4 * LEAF, 6, 4
     dc, a, w = mat((m, n), 41, wide=True), mat((m, k), 42, wide=True), mat((n, k), 43)
@@ -245,8 +245,8 @@ def _all_outputs(tier):
                *mt.linear_backward(d["big_dc"], d["big_a"], d["big_w"], need_bias_grad=True, numeric_mode=tier))
 
 
-def test_outputs_do_not_depend_on_the_thread_count(dense):
-    assert len(digests_over_thread_counts(dense, lambda: _all_outputs(dense.tier))) == 1
+def test_outputs_do_not_depend_on_the_thread_count(linear_mode):
+    assert len(digests_over_thread_counts(linear_mode, lambda: _all_outputs(linear_mode.tier))) == 1
 
 
 _GEMM_HOST = r"""
@@ -331,17 +331,17 @@ def _mlp_weights():
     return mat((40, 13), 111), mat((40,), 112), mat((7, 40), 113), mat((7,), 114)
 
 
-def test_mlp_sessions_are_linear_relu_linear_of_the_concatenated_rows(dense):
+def test_mlp_sessions_are_linear_relu_linear_of_the_concatenated_rows(linear_mode):
     w1, b1, w2, b2 = _mlp_weights()
     sessions = [mat((r, 13), 120 + r) for r in (3, 0, 1200, 1)]
-    out = mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=dense.tier)
+    out = mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.tier)
     x = Array.from_bytes(b"".join(s.tobytes() for s in sessions), (1204, 13), "float32")
-    h = nn.relu_forward(mt.linear_forward(x, w1, b1, numeric_mode=dense.tier), numeric_mode=dense.tier)
-    want = mt.linear_forward(h, w2, b2, numeric_mode=dense.tier)
+    h = nn.relu_forward(mt.linear_forward(x, w1, b1, numeric_mode=linear_mode.tier), numeric_mode=linear_mode.tier)
+    want = mt.linear_forward(h, w2, b2, numeric_mode=linear_mode.tier)
     assert out.shape == (1204, 7) and sha(out) == sha(want)
 
 
-def test_mlp_sessions_do_not_depend_on_how_rows_are_split(dense):
+def test_mlp_sessions_do_not_depend_on_how_rows_are_split(linear_mode):
     w1, b1, w2, b2 = _mlp_weights()
     x = mat((500, 13), 130)
     splits = [(500,), (1, 499), (250, 0, 250), (100,) * 5, (7, 3, 490)]
@@ -351,24 +351,24 @@ def test_mlp_sessions_do_not_depend_on_how_rows_are_split(dense):
         for r in split:
             sessions.append(rows_of(x, r0, r0 + r))
             r0 += r
-        digests.add(sha(mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=dense.tier)))
+        digests.add(sha(mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.tier)))
     assert len(digests) == 1
 
 
-def test_mlp_sessions_without_biases(dense):
+def test_mlp_sessions_without_biases(linear_mode):
     w1, _, w2, _ = _mlp_weights()
     x = mat((9, 13), 140)
-    out = mt.mlp_inference_sessions([x], w1, None, w2, None, numeric_mode=dense.tier)
-    h = nn.relu_forward(mt.linear_forward(x, w1, numeric_mode=dense.tier), numeric_mode=dense.tier)
-    assert sha(out) == sha(mt.linear_forward(h, w2, numeric_mode=dense.tier))
+    out = mt.mlp_inference_sessions([x], w1, None, w2, None, numeric_mode=linear_mode.tier)
+    h = nn.relu_forward(mt.linear_forward(x, w1, numeric_mode=linear_mode.tier), numeric_mode=linear_mode.tier)
+    assert sha(out) == sha(mt.linear_forward(h, w2, numeric_mode=linear_mode.tier))
 
 
 # ---- device buffers ----------------------------------------------------------------------------
 
-def test_device_inputs_give_device_outputs_with_the_host_bits(dense):
-    if not dense.has("device"):
+def test_device_inputs_give_device_outputs_with_the_host_bits(linear_mode):
+    if not linear_mode.has("device_buffers"):
         pytest.skip("the vendor takes no device buffers")
-    t = dense.tier
+    t = linear_mode.tier
     a, w, b, dc = mat((33, 70), 151), mat((9, 70), 152), mat((9,), 153), mat((33, 9), 154)
     dev = [mt.to_device(v, numeric_mode=t) for v in (a, w, b, dc)]
     out = mt.linear_forward(dev[0], dev[1], dev[2], numeric_mode=t)
@@ -380,9 +380,9 @@ def test_device_inputs_give_device_outputs_with_the_host_bits(dense):
 
 
 @pytest.mark.parametrize("offset", [4, 8, 12])
-def test_device_buffers_off_16_byte_alignment_give_the_aligned_bits(dense_identical, offset):
+def test_device_buffers_off_16_byte_alignment_give_the_aligned_bits(linear_identical, offset):
     """Device pointers 4, 8 or 12 bytes past an alignment take the GEMM's narrower loaders."""
-    need_device(dense_identical)
+    need_device(linear_identical)
     a, w, b, dc = mat((65, 130), 171), mat((67, 130), 172), mat((67,), 173), mat((65, 67), 174)
     dev = [device_copy_at(v, offset, "identical") for v in (a, w, b, dc)]
     out = mt.linear_forward(dev[0], dev[1], dev[2], numeric_mode="identical")
@@ -429,9 +429,9 @@ def linear_vs_torch(case, tier, dtype=None):
 
 @settings(max_examples=20, **HYPOTHESIS)
 @given(case=linear_cases())
-def test_linear_stays_within_the_bound_of_torch_float64(dense, case):
-    for name, (ours, ref, unit) in linear_vs_torch(case, dense.tier).items():
-        tol.assert_close_to_reference(ours, ref, "%r linear %s %r" % (dense, name, case), unit=unit)
+def test_linear_stays_within_the_bound_of_torch_float64(linear_mode, case):
+    for name, (ours, ref, unit) in linear_vs_torch(case, linear_mode.tier).items():
+        tol.assert_close_to_reference(ours, ref, "%r linear %s %r" % (linear_mode, name, case), unit=unit)
 
 
 def _figures(n_cases):

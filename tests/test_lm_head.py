@@ -18,7 +18,7 @@ from mojo_train import loss, nn
 
 @pytest.fixture
 def head(mode):
-    for need in ("lm_head", "loss", "dense"):
+    for need in ("lm_head", "loss", "linear"):
         if not mode.has(need):
             pytest.skip("this library has no %s (mt_features)" % need)
     return mode

@@ -98,7 +98,7 @@ def test_the_library_scratch_is_returned_after_each_call(mode):
     ce(mode, x, t, reduction="none")
     assert lib.mt_memory_stats(stats, 0) == 0
     assert stats[0] == now                                # every byte of scratch given back
-    assert stats[1] > now or mode.has("device")           # and used (a GPU reuses its kept scratch)
+    assert stats[1] > now or mode.has("device_buffers")           # and used (a GPU reuses its kept scratch)
 
 
 # ---- refusals ---------------------------------------------------------------------------------
@@ -565,7 +565,7 @@ def test_a_vocabulary_of_50304_stays_within_the_bound_of_torch_float64(mode):
 def test_device_buffers_give_the_host_bits_and_the_results_stay_on_the_device(identical):
     mode = identical
     _need(mode)
-    if not mode.has("device"):
+    if not mode.has("device_buffers"):
         pytest.skip("the vendor takes no device buffers")
     x, t = logits_of(300, 5000, seed=13), targets_of(300, 5000, seed=13, ignore=0.1)
     dx, dt = mt.to_device(x, numeric_mode=mode.tier), mt.to_device(t, numeric_mode=mode.tier)

@@ -103,15 +103,15 @@ def test_identity_exports_agree_with_what_was_asked(mode):
     lib = mode.backend.lib
     assert ffi.string(lib.mt_vendor()).decode() == mode.vendor
     assert ffi.string(lib.mt_numeric_mode()).decode() == mode.tier
-    assert lib.mt_abi_version() == _native.ABI_VERSION == 2
+    assert lib.mt_abi_version() == _native.ABI_VERSION == 3
     assert os.path.basename(mode.backend.path) == _native.library_name(mode.vendor, mode.tier)
     assert int(lib.mt_features()) == mode.backend.features
     for capability in ("optim", "clip", "random"):
         assert mode.has(capability), capability
     if mode.tier == "identical":
-        assert mode.has("pinned") and not mode.has("contraction")
+        assert mode.has("pinned_math") and not mode.has("contraction")
     else:
-        assert mode.has("contraction") and not mode.has("pinned")
+        assert mode.has("contraction") and not mode.has("pinned_math")
 
 
 def test_loader_refuses_a_library_of_another_tier_naming_the_file_and_the_rebuild_command(mode, tmp_path):

@@ -28,21 +28,20 @@ from mojo_train.random import DropoutKey, Generator
 
 from _helpers import REPO, bits, f32, f32_array, from_bits, raw
 
-FEATURE_DROPOUT = 1 << 12
 INCLUDE = os.path.join(REPO, "native", "include")
 SINCOS_BOUND = 0.549   # ulp, random.md
 
 
 @pytest.fixture
 def gen_mode(mode):
-    if not mode.backend.has(FEATURE_DROPOUT):
+    if not mode.backend.has("random"):
         pytest.skip("normal fills and dropout are not built into this library")
     return mode
 
 
 @pytest.fixture
 def gen_identical(identical):
-    if not identical.backend.has(FEATURE_DROPOUT):
+    if not identical.backend.has("random"):
         pytest.skip("normal fills and dropout are not built into this library")
     return identical
 
@@ -450,7 +449,7 @@ def _sentinel(n):
 
 
 def _sides(mode):
-    return ("host", "device") if mode.has("device") else ("host",)
+    return ("host", "device") if mode.has("device_buffers") else ("host",)
 
 
 def _on(side, buf, mode):
@@ -578,7 +577,7 @@ def test_draws_take_shapes_and_return_float32_arrays_of_them(gen_mode):
 
 
 def test_device_draws_equal_host_draws_and_stay_on_the_device(gen_mode):
-    if not gen_mode.has("device"):
+    if not gen_mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
     g = Generator(17, numeric_mode=gen_mode.tier)
     d = g.normal((33, 31), 1.0, 2.0, stream=0, offset=1, device=True)

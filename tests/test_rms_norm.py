@@ -78,10 +78,10 @@ REFUSALS = _refusals()
 
 
 @pytest.mark.parametrize("i", range(len(REFUSALS)), ids=["%s: %s" % (r[0].__name__, r[3]) for r in REFUSALS])
-def test_a_bad_argument_is_refused_naming_it(dense, i):
+def test_a_bad_argument_is_refused_naming_it(rms_norm_mode, i):
     fn, args, exc, text = REFUSALS[i]
     with pytest.raises(exc) as info:
-        fn(*args, numeric_mode=dense.tier)
+        fn(*args, numeric_mode=rms_norm_mode.tier)
     assert "mojo_train.%s" % fn.__name__ in str(info.value) and text in str(info.value)
 
 
@@ -99,19 +99,19 @@ NONFINITE = [("rms_norm_forward", arg, _rf) for arg in ("x", "w")] + \
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("i", range(len(NONFINITE)), ids=["%s %s" % c[:2] for c in NONFINITE])
-def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(dense, i, bad):
+def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(rms_norm_mode, i, bad):
     d = {"x": mat((37, 300), 5), "w": mat((300,), 6), "dy": mat((37, 300), 7)}
-    assert_nonfinite_refused(*NONFINITE[i], dense.tier, d, bad)
+    assert_nonfinite_refused(*NONFINITE[i], rms_norm_mode.tier, d, bad)
 
 
 @pytest.mark.parametrize("rows", [0, 3])
-def test_a_nonfinite_weight_is_refused_with_or_without_rows(dense, rows):
+def test_a_nonfinite_weight_is_refused_with_or_without_rows(rms_norm_mode, rows):
     """With no rows, no kernel reads the weight along the way: it is still checked."""
     x, dy = mat((rows, 128), 8), mat((rows, 128), 9)
     w = mat((128,), 10).reshape(-1)
     w[0] = float("nan")
-    for call in (lambda: mt.rms_norm_forward(x, w, numeric_mode=dense.tier),
-                 lambda: mt.rms_norm_backward(dy, x, w, numeric_mode=dense.tier)):
+    for call in (lambda: mt.rms_norm_forward(x, w, numeric_mode=rms_norm_mode.tier),
+                 lambda: mt.rms_norm_backward(dy, x, w, numeric_mode=rms_norm_mode.tier)):
         with pytest.raises(ValueError, match="weight holds NaN or inf"):
             call()
 
@@ -134,20 +134,20 @@ def _c_cases(lib, keep):
     ]
 
 
-def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(dense):
+def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(rms_norm_mode):
     keep = []
-    assert_c_refusals_write_nothing(dense.backend.lib, _c_cases(dense.backend.lib, keep))
+    assert_c_refusals_write_nothing(rms_norm_mode.backend.lib, _c_cases(rms_norm_mode.backend.lib, keep))
 
 
-def test_empty_rows_are_answered_without_reading_anything(dense):
-    m = dense.tier
+def test_empty_rows_are_answered_without_reading_anything(rms_norm_mode):
+    m = rms_norm_mode.tier
     assert mt.rms_norm_forward(mat((0, 5), 1), None, numeric_mode=m).shape == (0, 5)
     dx, dg = mt.rms_norm_backward(mat((0, 5), 1), mat((0, 5), 2), mat((5,), 3), numeric_mode=m)
     assert dx.shape == (0, 5) and values(dg) == [0.0] * 5
 
 
-def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(dense):
-    m = dense.tier
+def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(rms_norm_mode):
+    m = rms_norm_mode.tier
     x3, dy3 = mat((2, 3, 7), 166), mat((2, 3, 7), 167)
     y = mt.rms_norm_forward(x3, None, numeric_mode=m)
     assert y.shape == (2, 3, 7) and sha(y) == sha(mt.rms_norm_forward(x3.reshape(6, 7), None, numeric_mode=m))
@@ -159,7 +159,7 @@ def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(dense):
 # ---- the contract's arithmetic (identical tier) -------------------------------------------------
 
 @pytest.mark.parametrize("dim, affine", [(1, True), (5, False), (300, True), (5000, True), (4097, False)])
-def test_rms_norm_is_the_contracts_arithmetic_row_by_row(dense_identical, dim, affine):
+def test_rms_norm_is_the_contracts_arithmetic_row_by_row(rms_norm_identical, dim, affine):
     rows, eps = 2, 1e-5
     x, dy = mat((rows, dim), 51 + dim, wide=True), mat((rows, dim), 52 + dim, wide=True)
     w = mat((dim,), 53, 0.5, 1.5) if affine else None
@@ -178,7 +178,7 @@ def test_rms_norm_is_the_contracts_arithmetic_row_by_row(dense_identical, dim, a
         assert dw is None
 
 
-def test_rms_norm_eps_none_is_float32_machine_epsilon(dense_identical):
+def test_rms_norm_eps_none_is_float32_machine_epsilon(rms_norm_identical):
     x, w = mat((3, 8), 61, -1e-4, 1e-4), mat((8,), 62)
     assert sha(mt.rms_norm_forward(x, w, numeric_mode="identical")) == sha(
         mt.rms_norm_forward(x, w, 2.0 ** -23, numeric_mode="identical"))
@@ -186,7 +186,7 @@ def test_rms_norm_eps_none_is_float32_machine_epsilon(dense_identical):
         mt.rms_norm_forward(x, w, 1e-5, numeric_mode="identical"))
 
 
-def test_rms_norm_dweight_follows_the_token_rule_over_rows(dense_identical):
+def test_rms_norm_dweight_follows_the_token_rule_over_rows(rms_norm_identical):
     rows, dim = 3 * LEAF - 700, 37
     x, dy, w = mat((rows, dim), 71, wide=True), mat((rows, dim), 72, wide=True), mat((dim,), 73)
     dx, dw = mt.rms_norm_backward(dy, x, w, 1e-6, numeric_mode="identical")
@@ -198,18 +198,18 @@ def test_rms_norm_dweight_follows_the_token_rule_over_rows(dense_identical):
 
 # ---- determinism: threads, alignment, rows too wide for shared memory ----------------------------
 
-def test_outputs_do_not_depend_on_the_thread_count(dense):
+def test_outputs_do_not_depend_on_the_thread_count(rms_norm_mode):
     x, g, dy = mat((2600, 300), 97), mat((300,), 98), mat((2600, 300), 99)
-    digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=dense.tier),  # noqa: E731
-                         *mt.rms_norm_backward(dy, x, g, numeric_mode=dense.tier))
-    assert len(digests_over_thread_counts(dense, digest)) == 1
+    digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=rms_norm_mode.tier),  # noqa: E731
+                         *mt.rms_norm_backward(dy, x, g, numeric_mode=rms_norm_mode.tier))
+    assert len(digests_over_thread_counts(rms_norm_mode, digest)) == 1
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too
 # wide for a GPU to stage x and dy of the backward in shared memory, one of 65539 even x alone.
 @pytest.mark.parametrize("rows, dim, offset", [(7, 4096, 4), (3, 4097, 0), (2, 40000, 0), (2, 65539, 4)])
-def test_device_buffers_give_the_host_bits_whatever_the_alignment_and_width(dense_identical, rows, dim, offset):
-    need_device(dense_identical)
+def test_device_buffers_give_the_host_bits_whatever_the_alignment_and_width(rms_norm_identical, rows, dim, offset):
+    need_device(rms_norm_identical)
     t = "identical"
     x, dy, w = mat((rows, dim), 191, wide=True), mat((rows, dim), 192), mat((dim,), 193, 0.5, 1.5)
     dev = [device_copy_at(v, offset, t) for v in (x, dy, w)]
@@ -263,9 +263,9 @@ def rms_vs_torch(case, tier, dtype=None):
 
 @settings(max_examples=20, **HYPOTHESIS)
 @given(case=rms_cases())
-def test_rms_norm_stays_within_the_bound_of_torch_float64(dense, case):
-    for name, (ours, ref, unit) in rms_vs_torch(case, dense.tier).items():
-        tol.assert_close_to_reference(ours, ref, "%r rms_norm %s %r" % (dense, name, case), unit=unit)
+def test_rms_norm_stays_within_the_bound_of_torch_float64(rms_norm_mode, case):
+    for name, (ours, ref, unit) in rms_vs_torch(case, rms_norm_mode.tier).items():
+        tol.assert_close_to_reference(ours, ref, "%r rms_norm %s %r" % (rms_norm_mode, name, case), unit=unit)
 
 
 def _figures(n_cases):

@@ -35,12 +35,11 @@ mpmath = pytest.importorskip("mpmath")
 iv = mpmath.iv
 
 FLT_MAX = float.fromhex("0x1.fffffep+127")
-SCHEDULE = 1 << 6
 CLASSES = {"constant": ConstantLR, "warmup_linear": WarmupLinearLR, "warmup_cosine": WarmupCosineLR}
 KIND_CODES = {"constant": 0, "warmup_linear": 1, "warmup_cosine": 2}
 NIVEN = {Fraction(1, 3): Fraction(1, 2), Fraction(1, 2): Fraction(0), Fraction(2, 3): Fraction(-1, 2)}
 
-pytestmark = pytest.mark.skipif(not load().has(SCHEDULE), reason="the loaded library has no schedules")
+pytestmark = pytest.mark.skipif(not load().has("schedule"), reason="the loaded library has no schedules")
 
 
 # ---- the reference ---------------------------------------------------------------------------
@@ -404,7 +403,7 @@ def test_contraction_flags_do_not_reach_the_schedule_arithmetic(probe, tmp_path)
 
 def test_every_loaded_library_gives_the_same_schedule_bits(mode):
     backend = mode.backend
-    if not backend.has(SCHEDULE):
+    if not backend.has("schedule"):
         pytest.skip("no schedules in %r" % mode)
     out = ffi.new("float[3000]")
     backend.check(backend.lib.mt_lr_values(out, 2, 3e-4, 3e-5, 100, 2900, 1, 3000), "lr")

@@ -14,7 +14,7 @@
 #include "mt_pool.h"
 #include <string.h>
 
-uint64_t mt_linear_features(void) { return MT_FEATURE_DENSE; }
+uint64_t mt_linear_features(void) { return MT_FEATURE_LINEAR; }
 
 MT_NOINLINE static int linear_forward_body(float *out, const float *a, const float *weight,
                                            const float *bias, int64_t m, int64_t n, int64_t k) {

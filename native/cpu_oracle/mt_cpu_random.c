@@ -14,7 +14,7 @@
 #include "mt_pinned.h"
 #include "mt_pool.h"
 
-uint64_t mt_random_features(void) { return MT_FEATURE_DROPOUT; }
+uint64_t mt_random_features(void) { return MT_FEATURE_RANDOM; }
 
 /* The counter blocks (four stream elements each) that hold stream elements [first, last):
  * the body runs once per block; it writes only the elements of the range. */

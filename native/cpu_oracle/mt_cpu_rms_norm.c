@@ -16,7 +16,7 @@
 #include "mt_pool.h"
 #include <string.h>
 
-uint64_t mt_rms_norm_features(void) { return MT_FEATURE_DENSE; }
+uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
 
 /* The chunk tree of one row, streamed: chunk partials meet in mt_tree_fold's pairwise tree,
  * built with a stack of complete subtrees (equal-sized neighbours merge as they appear). */

@@ -16,7 +16,7 @@
  */
 #include "mt_gpu_gemm.cuh"
 
-uint64_t mt_linear_features(void) { return MT_FEATURE_DENSE; }
+uint64_t mt_linear_features(void) { return MT_FEATURE_LINEAR; }
 
 namespace {
 

@@ -11,7 +11,7 @@
  */
 #include "mt_gpu_map.h"
 
-uint64_t mt_random_features(void) { return MT_FEATURE_DROPOUT; }
+uint64_t mt_random_features(void) { return MT_FEATURE_RANDOM; }
 
 namespace {
 

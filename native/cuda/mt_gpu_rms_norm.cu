@@ -17,7 +17,7 @@
  */
 #include "mt_gpu_rows.cuh"
 
-uint64_t mt_rms_norm_features(void) { return MT_FEATURE_DENSE; }
+uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
 
 namespace {
 

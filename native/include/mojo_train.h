@@ -23,53 +23,61 @@
 extern "C" {
 #endif
 
-#define MT_ABI_VERSION 2
-
-/* error codes */
-#define MT_OK 0
-#define MT_EINVAL 1       /* an argument was refused (message names it) */
-#define MT_ENONFINITE 2   /* NaN or inf in an input that must be finite */
-#define MT_ENOMEM 3       /* allocation failed */
-#define MT_EDEVICE 4      /* the vendor runtime failed or is absent */
-#define MT_EUNSUPPORTED 5 /* not built into this library */
-
-/* learning-rate schedules (mt_lr_values) */
-#define MT_SCHEDULE_CONSTANT 0
-#define MT_SCHEDULE_WARMUP_LINEAR 1
-#define MT_SCHEDULE_WARMUP_COSINE 2
-
-/* cross-entropy reductions */
-#define MT_REDUCTION_NONE 0
-#define MT_REDUCTION_SUM 1
-#define MT_REDUCTION_MEAN 2
+/* The ABI's version, for the preprocessor of C hosts; mt_abi_version() reports the library's.
+ * 3: feature bits named by family (LINEAR, RMS_NORM; RANDOM covers fills and dropout, bit 12
+ * retired), MT_NO_IGNORE_INDEX, mt_find_bad_state. */
+#define MT_ABI_VERSION 3
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
 #define MT_NO_IGNORE_INDEX INT64_MIN
 
-/* mt_features() bits */
-#define MT_FEATURE_OPTIM (1u << 0)        /* SGD / Adam / AdamW steps */
-#define MT_FEATURE_CLIP (1u << 1)         /* global-norm clipping */
-#define MT_FEATURE_RANDOM (1u << 2)       /* Philox streams */
-#define MT_FEATURE_LOSS (1u << 3)         /* cross_entropy */
-#define MT_FEATURE_DENSE (1u << 4)        /* linear, rms_norm, relu */
-#define MT_FEATURE_LM_HEAD (1u << 5)      /* the chunked LM head / linear_cross_entropy */
-#define MT_FEATURE_SCHEDULE (1u << 6)     /* exact learning-rate schedules */
-#define MT_FEATURE_EMBEDDING (1u << 7)    /* embedding forward / backward */
-#define MT_FEATURE_ACCUMULATE (1u << 11)  /* gradient accumulation by the token tree */
-#define MT_FEATURE_DROPOUT (1u << 12)     /* normal fills, dropout */
-#define MT_FEATURE_ELEMENTWISE (1u << 13) /* SiLU, residual add */
-#define MT_FEATURE_HOST_BUFFERS (1u << 8) /* accepts host pointers */
-#define MT_FEATURE_DEVICE_BUFFERS (1u << 9) /* accepts device pointers */
-#define MT_FEATURE_THREADS (1u << 10)     /* thread pool */
-#define MT_FEATURE_PINNED_MATH (1u << 16) /* pinned routines (identical tier) */
-#define MT_FEATURE_CONTRACTION (1u << 17) /* fma contraction allowed (deterministic, fast) */
-#define MT_FEATURE_APPROXIMATE (1u << 18)  /* approximate division/sqrt, flushed subnormals (GPU fast) */
-
 #if defined(__GNUC__)
 #pragma GCC visibility push(default)
 #endif
 /* MT_CDEF_BEGIN */
+/* The constants, declared once, as enums (C hosts and cffi read the same lines). */
+enum mt_status {
+    MT_OK = 0,
+    MT_EINVAL = 1,        /* an argument was refused (message names it) */
+    MT_ENONFINITE = 2,    /* NaN or inf in an input that must be finite */
+    MT_ENOMEM = 3,        /* allocation failed */
+    MT_EDEVICE = 4,       /* the vendor runtime failed or is absent */
+    MT_EUNSUPPORTED = 5   /* not built into this library */
+};
+
+enum mt_schedule_kind {   /* learning-rate schedules (mt_lr_values) */
+    MT_SCHEDULE_CONSTANT = 0,
+    MT_SCHEDULE_WARMUP_LINEAR = 1,
+    MT_SCHEDULE_WARMUP_COSINE = 2
+};
+
+enum mt_reduction {       /* cross-entropy and LM-head reductions */
+    MT_REDUCTION_NONE = 0,
+    MT_REDUCTION_SUM = 1,
+    MT_REDUCTION_MEAN = 2
+};
+
+enum mt_feature {         /* mt_features() bits: one per op family, then capabilities */
+    MT_FEATURE_OPTIM = 1 << 0,          /* SGD / Adam / AdamW steps */
+    MT_FEATURE_CLIP = 1 << 1,           /* global-norm clipping */
+    MT_FEATURE_RANDOM = 1 << 2,         /* Philox streams, uniform and normal fills, dropout */
+    MT_FEATURE_LOSS = 1 << 3,           /* cross_entropy */
+    MT_FEATURE_LINEAR = 1 << 4,         /* linear forward / backward */
+    MT_FEATURE_LM_HEAD = 1 << 5,        /* the chunked LM head / linear_cross_entropy */
+    MT_FEATURE_SCHEDULE = 1 << 6,       /* exact learning-rate schedules */
+    MT_FEATURE_EMBEDDING = 1 << 7,      /* embedding forward / backward */
+    MT_FEATURE_ACCUMULATE = 1 << 11,    /* gradient accumulation by the token tree */
+    MT_FEATURE_ELEMENTWISE = 1 << 13,   /* SiLU, ReLU, residual add */
+    MT_FEATURE_RMS_NORM = 1 << 14,      /* RMSNorm forward / backward */
+    MT_FEATURE_HOST_BUFFERS = 1 << 8,   /* accepts host pointers */
+    MT_FEATURE_DEVICE_BUFFERS = 1 << 9, /* accepts device pointers */
+    MT_FEATURE_THREADS = 1 << 10,       /* thread pool */
+    MT_FEATURE_PINNED_MATH = 1 << 16,   /* pinned routines (identical tier) */
+    MT_FEATURE_CONTRACTION = 1 << 17,   /* fma contraction allowed (deterministic, fast) */
+    MT_FEATURE_APPROXIMATE = 1 << 18    /* approximate division/sqrt, flushed subnormals (GPU fast) */
+};
+
 int mt_abi_version(void);
 const char *mt_vendor(void);
 const char *mt_numeric_mode(void);
