@@ -1,9 +1,9 @@
-# mojo_train -- builds the native libraries from one set of sources, one tier per -DMT_TIER.
+# mojo_train -- builds the native libraries from one set of sources, one numeric mode per -DMT_NUMERIC_MODE.
 #
-#   make                      CPU libraries, all three tiers, into native/build/
+#   make                      CPU libraries, all three numeric modes, into native/build/
 #   make SABOTAGE=optim       a deliberately broken identical CPU library (cards must fail)
 #   make test                 the test suite (builds first)
-#   make selfcheck            every card on every loadable vendor's identical tier
+#   make selfcheck            every card on every loadable vendor's identical numeric mode
 #   make cuda / make hip      GPU libraries (need nvcc / hipcc)
 
 PYTHON ?= python3
@@ -42,13 +42,13 @@ SONAME = $(if $(filter Darwin,$(UNAME)),-Wl$(comma)-install_name$(comma)@rpath/$
 # $(call with_manifests,<libraries>): the libraries and their manifests, as prerequisites.
 with_manifests = $(1) $(addsuffix .sha256,$(1))
 
-# The tiers' flags (README "Tiers"): identical forbids contraction; the others allow it.
-TIER_FLAGS_identical := -DMT_TIER=0 -ffp-contract=off
-TIER_FLAGS_deterministic := -DMT_TIER=1 -ffp-contract=fast
-TIER_FLAGS_fast := -DMT_TIER=2 -ffp-contract=fast
+# The numeric modes' flags (README "Numeric modes"): identical forbids contraction; the others allow it.
+MODE_FLAGS_identical := -DMT_NUMERIC_MODE=0 -ffp-contract=off
+MODE_FLAGS_deterministic := -DMT_NUMERIC_MODE=1 -ffp-contract=fast
+MODE_FLAGS_fast := -DMT_NUMERIC_MODE=2 -ffp-contract=fast
 
-TIERS := identical deterministic fast
-CPU_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
+NUMERIC_MODES := identical deterministic fast
+CPU_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
 
 ifdef SABOTAGE
 SABOTAGE_FLAG := -DMT_SABOTAGE_$(shell echo $(SABOTAGE) | tr a-z A-Z)
@@ -65,34 +65,34 @@ $(BUILD)/%.$(SO).sha256: | $(BUILD)/%.$(SO)
 
 $(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(CC) $(BASE_CFLAGS) $(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(CC) $(BASE_CFLAGS) $(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 
-# ---- CUDA (make cuda): the same ABI from native/cuda, one library per tier -------------------
+# ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------
 NVCC ?= nvcc
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 CUDA_SRC := $(wildcard native/cuda/*.cu)
 CUDA_HDRS := $(wildcard native/cuda/*.h native/cuda/*.cuh) $(HDRS)
 NVCC_BASE := -O3 -std=c++17 $(CUDA_ARCH) $(INCLUDES) -Inative/cuda -Xcompiler -fPIC,-fvisibility=hidden,-ffp-contract=off,-fno-math-errno
-NVCC_TIER_identical := -DMT_TIER=0 --fmad=false -prec-div=true -prec-sqrt=true -ftz=false
-NVCC_TIER_deterministic := -DMT_TIER=1 --fmad=true -prec-div=true -prec-sqrt=true -ftz=false
-NVCC_TIER_fast := -DMT_TIER=2 --use_fast_math
-CUDA_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
+NVCC_MODE_identical := -DMT_NUMERIC_MODE=0 --fmad=false -prec-div=true -prec-sqrt=true -ftz=false
+NVCC_MODE_deterministic := -DMT_NUMERIC_MODE=1 --fmad=true -prec-div=true -prec-sqrt=true -ftz=false
+NVCC_MODE_fast := -DMT_NUMERIC_MODE=2 --use_fast_math
+CUDA_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
 
 cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS)))
 
 $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-cuda-$*
-	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/obj-cuda-$*)
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*) && $(call seal,$@)
+	$(call host_objs,$(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/obj-cuda-$*)
+	$(NVCC) $(NVCC_BASE) $(NVCC_MODE_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj
-	$(call host_objs,$(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
-	$(NVCC) $(NVCC_BASE) $(NVCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj) && $(call seal,$@)
+	$(call host_objs,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
+	$(NVCC) $(NVCC_BASE) $(NVCC_MODE_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj) && $(call seal,$@)
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -115,7 +115,7 @@ clean:
 # No kernel source of its own: native/cuda/*.cu go through hipcc with -x hip, and the
 # portability header native/cuda/mt_gpu.h picks HIP's spellings (MT_HIP). Debian's hipcc
 # (HIP 5.2, clang 15) targets gfx90a. Compile-checked only (native/hip/README.md says why).
-# The tiers mirror the CUDA ones: identical = no contraction, correctly rounded fp32 divide
+# The numeric modes mirror the CUDA ones: identical = no contraction, correctly rounded fp32 divide
 # and sqrt, subnormals kept (the explicit flags restate clang 15's HIP defaults, except
 # -ffp-contract, whose HIP default is fast-honor-pragmas); deterministic = the same with
 # contraction; fast = nvcc's --use_fast_math on the device only (-Xarch_device keeps
@@ -125,22 +125,22 @@ HIPCC ?= hipcc
 HIP_ARCH ?= --offload-arch=gfx90a
 HIPCC_BASE := -O3 -std=c++17 $(HIP_ARCH) $(INCLUDES) -Inative/cuda -DMT_HIP -fPIC -fvisibility=hidden -fno-math-errno -Wno-unused-result
 HIPCC_EXACT := -fhip-fp32-correctly-rounded-divide-sqrt -fno-gpu-flush-denormals-to-zero
-HIPCC_TIER_identical := -DMT_TIER=0 -ffp-contract=off -fno-fast-math $(HIPCC_EXACT)
-HIPCC_TIER_deterministic := -DMT_TIER=1 -ffp-contract=fast -fno-fast-math $(HIPCC_EXACT)
-HIPCC_TIER_fast := -DMT_TIER=2 -ffp-contract=fast -Xarch_device -ffast-math -fgpu-flush-denormals-to-zero -fno-hip-fp32-correctly-rounded-divide-sqrt
-HIP_LIBS := $(foreach t,$(TIERS),$(BUILD)/libmojo_train_hip_$(t).$(SO))
+HIPCC_MODE_identical := -DMT_NUMERIC_MODE=0 -ffp-contract=off -fno-fast-math $(HIPCC_EXACT)
+HIPCC_MODE_deterministic := -DMT_NUMERIC_MODE=1 -ffp-contract=fast -fno-fast-math $(HIPCC_EXACT)
+HIPCC_MODE_fast := -DMT_NUMERIC_MODE=2 -ffp-contract=fast -Xarch_device -ffast-math -fgpu-flush-denormals-to-zero -fno-hip-fp32-correctly-rounded-divide-sqrt
+HIP_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_hip_$(t).$(SO))
 
 hip: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS)))
 
 $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/obj-hip-$*
-	$(call host_objs,$(TIER_FLAGS_$*) -DMT_VENDOR_NAME='"hip"',$(BUILD)/obj-hip-$*)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*) && $(call seal,$@)
+	$(call host_objs,$(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"hip"',$(BUILD)/obj-hip-$*)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_MODE_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*) && $(call seal,$@)
 
 $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
-	$(call host_objs,$(TIER_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_TIER_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip) && $(call seal,$@)
+	$(call host_objs,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_MODE_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip) && $(call seal,$@)
 
 .PHONY: hip
 

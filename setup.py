@@ -1,6 +1,6 @@
 """Packaging for mojo_train: runs ``make`` and ships the native libraries inside the package.
 
-``pip install .`` builds the CPU libraries (every tier) with the Makefile, then places every
+``pip install .`` builds the CPU libraries (every numeric mode) with the Makefile, then places every
 ``native/build/libmojo_train_*`` library in ``mojo_train/lib/``, the headers in
 ``mojo_train/include/`` (the loader reads its cdef from ``mojo_train.h``) and the cards in
 ``mojo_train/fixtures/``. GPU libraries built beforehand (``make cuda``, ``make hip``) are
@@ -39,7 +39,7 @@ def read_readme():
 
 
 def run_make():
-    """Build the CPU libraries (all tiers) into native/build/; fail loudly if make fails."""
+    """Build the CPU libraries (all numeric modes) into native/build/; fail loudly if make fails."""
     make = os.environ.get("MAKE", "make")
     subprocess.check_call([make, "-C", HERE])
 

@@ -1,9 +1,9 @@
 """`make check-cuda`: everything that proves the CUDA backend, in one command on a GPU machine.
 
 Steps (each can be run alone: ``--steps build,cards``): ``build`` makes the CUDA libraries of
-every tier and every sabotage library at once, in parallel (prebuilt ones are reused when up to
+every numeric mode and every sabotage library at once, in parallel (prebuilt ones are reused when up to
 date; a fresh clone builds in about two minutes on 16 cores); ``cards`` checks every card on
-the CUDA identical tier (selfcheck); ``suite`` runs the whole test suite with
+the CUDA identical numeric mode (selfcheck); ``suite`` runs the whole test suite with
 MOJO_TRAIN_VENDOR=cuda (pytest-xdist when installed) and prints its skips grouped by reason;
 the suite itself fails on a skip whose reason is not reviewed (tests/skip_reasons.py);
 ``sabotage`` proves each sabotage build fails its card on the GPU; ``demo`` trains the demo on
@@ -72,7 +72,7 @@ def commit():
 
 
 def build_all():
-    """make (the CPU oracle, which the suite compares against), make cuda (every tier) and every
+    """make (the CPU oracle, which the suite compares against), make cuda (every numeric mode) and every
     sabotage library, as parallel make processes."""
     t0 = time.time()
     jobs = [("cpu", ["make", "-j3"]), ("cuda", ["make", "-j3", "cuda"])]
@@ -88,7 +88,7 @@ def build_all():
     if not ok:
         with open(os.path.join(LOGS, "build.log"), "w") as f:
             f.write(out)
-    return {"step": "build (every tier and sabotage library)", "ok": ok, "seconds": time.time() - t0,
+    return {"step": "build (every numeric mode and sabotage library)", "ok": ok, "seconds": time.time() - t0,
             "tail": tail, "out": out}
 
 

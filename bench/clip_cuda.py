@@ -1,4 +1,4 @@
-"""clip_grad_norm_ on a GPU, side by side with torch's foreach clip in one process (identical tier).
+"""clip_grad_norm_ on a GPU, side by side with torch's foreach clip in one process (identical numeric mode).
 
     python bench/clip_cuda.py [--repeat 40] [--write]
 

@@ -4,7 +4,7 @@
 
 The figures README quotes for torch (its AdamW and cross-entropy differ between CPU and CUDA)
 come from here. For each case the same float32 inputs go through torch on the CPU and on
-CUDA, and through mojo_train's identical tier on the cpu and cuda vendors; the fraction of
+CUDA, and through mojo_train's identical numeric mode on the cpu and cuda vendors; the fraction of
 output elements whose bits differ is printed for both. Needs a GPU, torch with CUDA, and
 mojo_train's CUDA library (make cuda).
 """

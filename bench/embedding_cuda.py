@@ -1,4 +1,4 @@
-"""Embedding backward (and forward) on a GPU, side by side with torch in one process (identical tier).
+"""Embedding backward (and forward) on a GPU, side by side with torch in one process (identical numeric mode).
 
     python bench/embedding_cuda.py [--repeat N] [--write]
 

@@ -1,4 +1,4 @@
-"""linear on the CPU, side by side with torch in one process (identical tier by default).
+"""linear on the CPU, side by side with torch in one process (identical numeric mode by default).
 
     python bench/linear_cpu.py [--repeat 15] [--mode identical] [--write]
 

@@ -1,4 +1,4 @@
-"""linear on a GPU, side by side with torch in one process (identical tier, device buffers).
+"""linear on a GPU, side by side with torch in one process (identical numeric mode, device buffers).
 
     python bench/linear_cuda.py [--repeat N] [--quick] [--write]
     python bench/linear_cuda.py --variants [--repeat N]
@@ -199,7 +199,7 @@ def run_benchmarks(repeat=12, quick=False, write=False):
         rows.append(bench_forward(gpu, torch, m, n, k, repeat))
     for (m, n, k) in (QUICK_BACKWARD if quick else BACKWARD):
         rows.append(bench_backward(gpu, torch, m, n, k, repeat))
-    print("linear, identical tier, device buffers, median of %d (%s)" % (
+    print("linear, identical numeric mode, device buffers, median of %d (%s)" % (
         repeat, torch.cuda.get_device_name() if torch is not None else "no torch"))
     report(rows)
     if write:

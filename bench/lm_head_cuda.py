@@ -1,6 +1,6 @@
 """The fused LM head on the GPU: linear_cross_entropy forward + backward against torch's
 materialized fp32 path (F.linear -> F.cross_entropy -> backward, TF32 off), side by side in
-one process, identical tier, device buffers (torch CUDA tensors passed straight in).
+one process, identical numeric mode, device buffers (torch CUDA tensors passed straight in).
 
     python bench/lm_head_cuda.py [--rows 8192 --width 768 --vocab 50304] [--repeat 5] [--write]
 

@@ -1,4 +1,4 @@
-"""cross_entropy on the CPU, side by side with torch in one process (identical tier by default).
+"""cross_entropy on the CPU, side by side with torch in one process (identical numeric mode by default).
 
     python bench/loss_cpu.py [--rows 1024] [--vocab 32000] [--repeat 15] [--write]
 

@@ -1,4 +1,4 @@
-"""cross_entropy on a GPU, side by side with torch in one process (identical tier).
+"""cross_entropy on a GPU, side by side with torch in one process (identical numeric mode).
 
     python bench/loss_cuda.py [--repeat N] [--write]
 

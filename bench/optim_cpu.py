@@ -1,4 +1,4 @@
-"""AdamW on the CPU, side by side with torch in one process (identical tier by default).
+"""AdamW on the CPU, side by side with torch in one process (identical numeric mode by default).
 
     python bench/optim_cpu.py [--n 10000000] [--repeat 15] [--write]
 

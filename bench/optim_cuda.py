@@ -1,4 +1,4 @@
-"""Optimizers on a GPU, side by side with torch in one process (identical tier).
+"""Optimizers on a GPU, side by side with torch in one process (identical numeric mode).
 
     python bench/optim_cuda.py [--write]
 

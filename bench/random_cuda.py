@@ -35,7 +35,7 @@ def fp(t):
 
 
 def matches_cpu_oracle(torch, x, y_dev, fn, *args):
-    """The first CHECK outputs of a device call equal the CPU oracle's identical tier on the
+    """The first CHECK outputs of a device call equal the CPU oracle's identical numeric mode on the
     same inputs (fn is the C entry point's name; args follow (out, x) and precede n)."""
     try:
         cpu = load("identical", "cpu")

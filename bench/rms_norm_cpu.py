@@ -1,4 +1,4 @@
-"""RMSNorm on the CPU, side by side with torch in one process (identical tier by default).
+"""RMSNorm on the CPU, side by side with torch in one process (identical numeric mode by default).
 
     python bench/rms_norm_cpu.py [--repeat 15] [--mode identical] [--write]
 

@@ -1,4 +1,4 @@
-"""RMSNorm on a GPU, side by side with torch in one process (identical tier).
+"""RMSNorm on a GPU, side by side with torch in one process (identical numeric mode).
 
     python bench/rms_norm_cuda.py [--repeat N] [--write]
 

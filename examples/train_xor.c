@@ -1,7 +1,7 @@
 /* train_xor.c -- train a small network from C through mojo_train.h alone.
  *
  * A two-layer perceptron learns XOR: logits = relu(x @ W1.T + b1) @ W2.T + b2, with a mean
- * cross-entropy loss and AdamW, every op a call into the library (identical tier: the same
+ * cross-entropy loss and AdamW, every op a call into the library (identical numeric mode: the same
  * float32 bits on every vendor). The weights start from the library's own Philox stream.
  * It prints the loss every 25 steps and each input's prediction, and exits 0 only when the
  * loss fell below a tenth of its start and every prediction is right; 1 otherwise.
@@ -114,7 +114,7 @@ int main(void)
     static struct net n; /* zeroed: AdamW's moments start at zero */
     float first = 0.0f, loss;
     int right;
-    printf("mojo_train %s library, %s tier, ABI %d\n", mt_vendor(), mt_numeric_mode(), mt_abi_version());
+    printf("mojo_train %s library, %s numeric mode, ABI %d\n", mt_vendor(), mt_numeric_mode(), mt_abi_version());
     if (mt_abi_version() != MT_ABI_VERSION) {
         fprintf(stderr, "train_xor: built for ABI %d, the library has %d\n", MT_ABI_VERSION, mt_abi_version());
         return 1;

@@ -1,4 +1,4 @@
-"""mojo_train: neural-network training primitives whose identical tier gives the same
+"""mojo_train: neural-network training primitives whose identical numeric mode gives the same
 float32 bits on every vendor (the C CPU oracle, CUDA, HIP, Metal).
 
 Run-time dependency: cffi only; numpy is never imported. Tensors are any buffer-protocol

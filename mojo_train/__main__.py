@@ -2,7 +2,7 @@
 
     selfcheck [--write] [--card NAME]
                          check every fixtures/*.card (or one) on every loadable vendor's
-                         identical tier -- only MOJO_TRAIN_VENDOR's when it names one -- and
+                         identical numeric mode -- only MOJO_TRAIN_VENDOR's when it names one -- and
                          exit 1 on any mismatch; --write first appends the cases defined in
                          code but missing from the cards, computed on the CPU oracle
     info [--vendor V] [--numeric-mode M]
@@ -65,7 +65,7 @@ def _backend(numeric_mode=None, vendor=None):
 
 
 def _loadable_vendors():
-    """Every vendor whose identical tier loads; a vendor MOJO_TRAIN_VENDOR names must load."""
+    """Every vendor whose identical numeric mode loads; a vendor MOJO_TRAIN_VENDOR names must load."""
     vendors = []
     try:
         asked = _native.default_vendor()
@@ -112,7 +112,7 @@ def selfcheck(write=False, card=None):
         return 1
     vendors = _loadable_vendors()
     if not vendors:
-        print("no vendor's identical tier could be loaded: nothing was checked")
+        print("no vendor's identical numeric mode could be loaded: nothing was checked")
         return 1
     rows, failures = [], []
     for path in paths:
@@ -176,7 +176,7 @@ def _parser():
     check.add_argument("--card", help="check this card only (e.g. optim)")
     i = sub.add_parser("info", help="print backend_info()")
     i.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
-    i.add_argument("--numeric-mode", choices=_native.TIERS, default=None)
+    i.add_argument("--numeric-mode", choices=_native.NUMERIC_MODES, default=None)
     d = sub.add_parser("demo", help="train a small character-level language model end to end")
     d.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
     d.add_argument("--steps", type=_positive_int, default=_demo.STEPS, help="training steps (>= 1)")

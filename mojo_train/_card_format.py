@@ -1,4 +1,4 @@
-"""Cards: the cross-vendor proof that the identical tier gives the same bits everywhere.
+"""Cards: the cross-vendor proof that the identical numeric mode gives the same bits everywhere.
 
 Contract: a card (``fixtures/<name>.card``) is an append-only text file. Its first line is
 the header ``# mojo_train card <name>; contract <contract>; inputs: ...``; other lines that
@@ -14,7 +14,7 @@ else is read from disk. The right side is the sha256 of every output's raw bytes
 scalar as its 4 little-endian float32 bytes).
 
 There is one reader (:func:`read_card`), one runner (:func:`run_case`, through the public
-API on the vendor's identical tier) and one comparator (:func:`compare`). The cases are
+API on the vendor's identical numeric mode) and one comparator (:func:`compare`). The cases are
 also listed in code (:data:`CASES`); :func:`write_missing` appends, from the CPU oracle, the
 lines of cases the file lacks and never touches a line already there -- a recomputed digest
 that disagrees with the file is a failure of :func:`check_card`, never a rewrite.
@@ -105,7 +105,7 @@ def register(card, contract, cases, ops, notes):
     """Add a card family: ``cases()`` lists its specs; ``ops`` maps each op name of its lines
     to ``(keys, required, outputs, run)``: the key parsers, the keys a case must give,
     ``outputs(case)`` (digest names in line order) and ``run(case, backend)`` ({name: sha256},
-    through the public API on the selected vendor's identical tier); ``notes`` are the
+    through the public API on the selected vendor's identical numeric mode); ``notes`` are the
     header's comment lines saying how inputs are drawn."""
     CONTRACTS[card] = contract
     CASES[card] = cases
@@ -204,7 +204,7 @@ def format_line(case, digests):
     return "%s | %s" % (case.text, " ".join("%s=%s" % (n, digests[n]) for n in output_names(case)))
 
 
-# ---- the runner (public API, one vendor's identical tier) ----------------------------------
+# ---- the runner (public API, one vendor's identical numeric mode) ----------------------------------
 @contextlib.contextmanager
 def vendor_selected(vendor):
     """MOJO_TRAIN_VENDOR=vendor while inside (not thread-safe); yields its identical Backend."""
@@ -289,7 +289,7 @@ def compare(want, got):
 
 
 def check_card(path, vendor, device=False):
-    """Run every line of the card on ``vendor``'s identical tier: a list of Result(case text,
+    """Run every line of the card on ``vendor``'s identical numeric mode: a list of Result(case text,
     ok, mismatching outputs). A case that raises fails with ``raised <error>`` as its mismatch.
     With ``device``, inputs are drawn straight into device memory and stay there."""
     card = read_card(path)
@@ -311,7 +311,7 @@ def _header(name):
 
 
 def write_missing(path):
-    """Append, from the CPU oracle's identical tier, a line for every case of the card that is
+    """Append, from the CPU oracle's identical numeric mode, a line for every case of the card that is
     defined in code but absent from the file (creating it with its header if needed). Existing
     lines are never rewritten. Returns the specs appended."""
     name = card_name(path)

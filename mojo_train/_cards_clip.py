@@ -4,7 +4,7 @@ cases and runner, registered with _cards.
 A case names the tensor sizes, the range of the gradients (``g=``, drawn from stream 1) and
 ``max_norm``. Outputs: the per-tensor norms and their total from ``mt_grad_norms``, then the
 gradients clipped in place by ``clip_grad_norm_`` and the total it returns, on the selected
-vendor's identical tier.
+vendor's identical numeric mode.
 """
 import mojo_train
 

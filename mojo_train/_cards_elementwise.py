@@ -5,7 +5,7 @@ registered with _cards.
 on (dy, x) (dy from stream 1, ``dy=``); ``add`` adds a (stream 0) and b (stream 1); ``relu``
 (``n=`` elements) runs forward on x (stream 0) and backward on (dy, x) with dy from stream 3
 (its lines were first written into the linear card, whose streams they keep). Every runner
-goes through the public API on the selected vendor's identical tier.
+goes through the public API on the selected vendor's identical numeric mode.
 """
 from . import _card_format as _cards
 from . import elementwise

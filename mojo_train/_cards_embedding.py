@@ -6,7 +6,7 @@ ids from stream 2: ``u`` uniform in [0, 1) (float32), ``id = min(vocab - 1, floo
 u**skew))`` with ``u**skew`` formed by repeated binary64 multiplication (exact rounding, so
 every platform agrees; skew=0 makes every id vocab - 1); with ``accumulate=1`` the gradient
 added into comes from stream 3, uniform in ``g``. Outputs: ``out`` (forward) and ``dweight``
-(backward), through the public API on the vendor's identical tier.
+(backward), through the public API on the vendor's identical numeric mode.
 """
 from . import _card_format as _cards
 from . import _native

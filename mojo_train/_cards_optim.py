@@ -6,7 +6,7 @@ params (``p=``, stream 0) and of each step's gradients (``g=``, step k from stre
 count and the hyper-parameters (unset ones take the public API's defaults); ``max_norm=`` clips
 inside every step. Outputs: the params, the last step's gradients, the optimizer's moments, and
 with ``max_norm`` every step's pre-clip total. The run goes through the public API on the
-selected vendor's identical tier.
+selected vendor's identical numeric mode.
 """
 import mojo_train
 

@@ -6,7 +6,7 @@ Generator.normal/uniform; the initializers run on a Generator whose counter is s
 ``stream``; ``dropout`` drops out x (drawn like every card input: stream 0 of the seed, in
 [low, high) given by ``x=``) with the generator's ``stream`` and ``offset``, and replays the
 mask on dy (stream 1, ``dy=``). Every runner goes through the public API on the selected
-vendor's identical tier.
+vendor's identical numeric mode.
 """
 from . import _card_format as _cards
 from .random import Generator

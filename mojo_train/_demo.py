@@ -1,5 +1,5 @@
 """``python -m mojo_train demo``: a small character-level language model trained end to end on
-the library's own ops, whose every bit is pinned (identical tier).
+the library's own ops, whose every bit is pinned (identical numeric mode).
 
 Model, per token: x = Embedding(id); h = RMSNorm(x); a = h @ W1.T + b1; z = dropout(SiLU(a));
 r = x + z @ W2.T (the residual); loss = cross-entropy of r @ Wout.T against the next character
@@ -178,7 +178,7 @@ def run(vendor=None, steps=STEPS, batch=1024, svg="demo_loss.svg", every=PRINT_E
     entropy = _unigram_entropy(train, len(chars))
     _svg(losses, svg)
     beaten = held_loss < entropy
-    out("summary (%s vendor, identical tier)" % mt.backend_info("identical")["vendor"])
+    out("summary (%s vendor, identical numeric mode)" % mt.backend_info("identical")["vendor"])
     out("  held-out loss      %.4f nats on %d characters; unigram entropy of the text %.4f nats: %s"
         % (held_loss, len(held) - 1, entropy, "beaten" if beaten else "NOT beaten"))
     out("  steps              %d of %d characters each in %.1f s (training text: %d characters)"

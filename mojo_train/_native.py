@@ -1,7 +1,7 @@
 """Finding, loading and checking the native library (cffi in ABI mode, no compiler needed).
 
 The cdef is read from the C header's marked block, never pasted. A library is named
-``libmojo_train_<vendor>_<tier>.so`` and searched, in order, in ``$MOJO_TRAIN_LIBRARY_PATH``,
+``libmojo_train_<vendor>_<numeric mode>.so`` and searched, in order, in ``$MOJO_TRAIN_LIBRARY_PATH``,
 the package's own ``lib/`` folder, and ``native/build/`` of a source checkout. After dlopen
 the library's own ``mt_vendor()``, ``mt_numeric_mode()`` and ``mt_abi_version()`` are read
 back; a library that disagrees with what was asked is refused, naming the file and the
@@ -38,7 +38,7 @@ import cffi
 
 from ._errors import where_msg
 
-TIERS = ("identical", "deterministic", "fast")
+NUMERIC_MODES = ("identical", "deterministic", "fast")
 VENDORS = ("cpu", "cuda", "hip", "metal")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
 
@@ -66,7 +66,7 @@ def _choices_any_case(choices):
 # Every MOJO_TRAIN_* variable read by mojo_train or its libraries: (is a value allowed?, what is).
 # The native readers (file named) compare their values exactly, so these are exact too.
 _ENVIRONMENT = {
-    "MOJO_TRAIN_NUMERIC_MODE": _choices_any_case(TIERS),
+    "MOJO_TRAIN_NUMERIC_MODE": _choices_any_case(NUMERIC_MODES),
     "MOJO_TRAIN_VENDOR": _choices_any_case(("auto",) + VENDORS),
     "MOJO_TRAIN_NUM_THREADS": (lambda v: v.isdigit() and v.isascii() and int(v) >= 1,
                                "a whole number >= 1 (at most 64 threads are used)"),  # mt_pool.c
@@ -130,16 +130,16 @@ _ERRORS = {STATUS["einval"]: ValueError, STATUS["enonfinite"]: ValueError, STATU
            STATUS["edevice"]: RuntimeError, STATUS["eunsupported"]: NotImplementedError}
 
 _lock = threading.Lock()
-_loaded = {}          # (vendor, tier) -> Backend
-_attempts = {}        # (vendor, tier) -> [(path, outcome)]
+_loaded = {}          # (vendor, numeric mode) -> Backend
+_attempts = {}        # (vendor, numeric mode) -> [(path, outcome)]
 _last_choice = {}     # what the most recent default load chose, and why
 
 
 class Backend:
-    """One loaded library: ``lib`` (the cffi handle), ``vendor``, ``tier``, ``path``."""
+    """One loaded library: ``lib`` (the cffi handle), ``vendor``, ``numeric mode``, ``path``."""
 
-    def __init__(self, lib, vendor, tier, path):
-        self.lib, self.vendor, self.tier, self.path = lib, vendor, tier, path
+    def __init__(self, lib, vendor, numeric_mode, path):
+        self.lib, self.vendor, self.numeric_mode, self.path = lib, vendor, numeric_mode, path
         self.features = int(lib.mt_features())
 
     def check(self, rc, where):
@@ -157,13 +157,13 @@ class Backend:
         return bool(self.features & FEATURES[feature])
 
 
-def library_name(vendor, tier):
-    return "libmojo_train_%s_%s%s" % (vendor, tier, _SUFFIX)
+def library_name(vendor, numeric_mode):
+    return "libmojo_train_%s_%s%s" % (vendor, numeric_mode, _SUFFIX)
 
 
-def rebuild_command(vendor, tier):
+def rebuild_command(vendor, numeric_mode):
     target = "" if vendor == "cpu" else " " + vendor
-    return "make%s   (in the source checkout; builds every tier of %s)" % (target, vendor)
+    return "make%s   (in the source checkout; builds every numeric mode of %s)" % (target, vendor)
 
 
 def _search_dirs():
@@ -295,58 +295,58 @@ def _read_identity(lib):
             int(lib.mt_abi_version()))
 
 
-def _refuse(vendor, tier, tried, path, outcome, message):
+def _refuse(vendor, numeric_mode, tried, path, outcome, message):
     """Record ``path`` as refused and raise BackendError: "<path> <message>. Rebuild with: ..."."""
-    _attempts[(vendor, tier)] = tried + [(path, "refused: " + outcome)]
-    raise BackendError("mojo_train: %s %s. Rebuild with: %s" % (path, message, rebuild_command(vendor, tier)))
+    _attempts[(vendor, numeric_mode)] = tried + [(path, "refused: " + outcome)]
+    raise BackendError("mojo_train: %s %s. Rebuild with: %s" % (path, message, rebuild_command(vendor, numeric_mode)))
 
 
 _IDENTITY = ("mt_vendor", "mt_numeric_mode", "mt_abi_version", "mt_features")
 
 
-def _check_exports(lib, vendor, tier, tried, path):
+def _check_exports(lib, vendor, numeric_mode, tried, path):
     """Refuse a dlopened library that is not the one asked for or lacks a declared name."""
     missing = _missing_symbol(lib, _IDENTITY)
     if missing:
-        _refuse(vendor, tier, tried, path, "does not export " + missing,
+        _refuse(vendor, numeric_mode, tried, path, "does not export " + missing,
                 "does not export %s: it is not a mojo_train library" % missing)
     got = _read_identity(lib)
-    if got != (vendor, tier, ABI_VERSION):
-        _refuse(vendor, tier, tried, path, "reports %s/%s/abi %d" % got,
+    if got != (vendor, numeric_mode, ABI_VERSION):
+        _refuse(vendor, numeric_mode, tried, path, "reports %s/%s/abi %d" % got,
                 "reports vendor %r, numeric mode %r, ABI %d but %r/%r/ABI %d was asked for; "
-                "the file is stale or misplaced" % (got + (vendor, tier, ABI_VERSION)))
+                "the file is stale or misplaced" % (got + (vendor, numeric_mode, ABI_VERSION)))
     missing = _missing_symbol(lib, dir(lib))     # cffi lists every name the cdef declares
     if missing:
-        _refuse(vendor, tier, tried, path, "does not export " + missing,
+        _refuse(vendor, numeric_mode, tried, path, "does not export " + missing,
                 "does not export %s, which mojo_train.h declares; it is incomplete or from "
                 "another build" % missing)
 
 
-def _try_load(vendor, tier):
+def _try_load(vendor, numeric_mode):
     check_environment()           # the library reads some variables itself, from now on
     tried = []
     for d, ours in _search_dirs():
-        path = os.path.join(d, library_name(vendor, tier))
+        path = os.path.join(d, library_name(vendor, numeric_mode))
         if not os.path.isfile(path):
             tried.append((path, "absent"))
             continue
         problem, note = _file_problem(path, ours)
         if problem:
-            _refuse(vendor, tier, tried, path, problem, problem)
+            _refuse(vendor, numeric_mode, tried, path, problem, problem)
         try:
             lib = ffi.dlopen(path)
         except OSError as e:
             tried.append((path, "dlopen failed: %s" % e))
             continue
-        _check_exports(lib, vendor, tier, tried, path)
+        _check_exports(lib, vendor, numeric_mode, tried, path)
         reason = _device_problem(lib, vendor)
         if reason:
             tried.append((path, "loaded but unusable: " + reason + note))
             continue
         tried.append((path, "loaded" + note))
-        _attempts[(vendor, tier)] = tried
-        return Backend(lib, vendor, tier, path)
-    _attempts[(vendor, tier)] = tried
+        _attempts[(vendor, numeric_mode)] = tried
+        return Backend(lib, vendor, numeric_mode, path)
+    _attempts[(vendor, numeric_mode)] = tried
     return None
 
 
@@ -371,15 +371,15 @@ def _normalize(value, allowed, what, env, where=None):
 
 
 def numeric_mode_arg(numeric_mode, where):
-    """``numeric_mode=`` as given to ``where`` (a constructor): None (the environment's tier, read
-    when the library is loaded) or a tier name in any case; anything else is a ValueError now."""
+    """``numeric_mode=`` as given to ``where`` (a constructor): None (the environment's numeric mode, read
+    when the library is loaded) or a numeric mode name in any case; anything else is a ValueError now."""
     if numeric_mode is None:
         return None
-    return _normalize(numeric_mode, TIERS, "numeric_mode", "numeric_mode=", where)
+    return _normalize(numeric_mode, NUMERIC_MODES, "numeric_mode", "numeric_mode=", where)
 
 
-def default_tier():
-    return _normalize(os.environ.get("MOJO_TRAIN_NUMERIC_MODE", "identical"), TIERS,
+def default_numeric_mode():
+    return _normalize(os.environ.get("MOJO_TRAIN_NUMERIC_MODE", "identical"), NUMERIC_MODES,
                       "numeric_mode", "MOJO_TRAIN_NUMERIC_MODE")
 
 
@@ -396,29 +396,29 @@ def load(numeric_mode=None, vendor=None):
     loads and has a device, passing over refused libraries (each is listed in the error when
     none loads, and in ``backend_info()["tried"]``).
     """
-    tier = default_tier() if numeric_mode is None else _normalize(numeric_mode, TIERS, "numeric_mode", "numeric_mode=")
+    numeric_mode = default_numeric_mode() if numeric_mode is None else _normalize(numeric_mode, NUMERIC_MODES, "numeric_mode", "numeric_mode=")
     vendor = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
-    key = (vendor, tier)
+    key = (vendor, numeric_mode)
     with _lock:
         if key in _loaded:
             return _loaded[key]
         order = AUTO_ORDER if vendor == "auto" else (vendor,)
         for v in order:
             try:
-                backend = _loaded.get((v, tier)) or _try_load(v, tier)
+                backend = _loaded.get((v, numeric_mode)) or _try_load(v, numeric_mode)
             except BackendError:
                 if vendor != "auto":
                     raise
                 backend = None    # auto goes on; the refusal stays in backend_info()["tried"]
             if backend is not None:
-                _loaded[(v, tier)] = _loaded[key] = backend
-                _last_choice.update(asked=vendor, tier=tier, chose=v)
+                _loaded[(v, numeric_mode)] = _loaded[key] = backend
+                _last_choice.update(asked=vendor, numeric_mode=numeric_mode, chose=v)
                 return backend
-        lines = ["  %s: %s" % (p, why) for v in order for p, why in _attempts.get((v, tier), [])]
+        lines = ["  %s: %s" % (p, why) for v in order for p, why in _attempts.get((v, numeric_mode), [])]
         raise BackendError(
             "mojo_train: no %s library for numeric_mode=%r could be loaded (vendor=%r). Tried:\n%s\n"
-            "Build it with: %s" % ("/".join(order), tier, vendor, "\n".join(lines),
-                                    rebuild_command(order[-1], tier)))
+            "Build it with: %s" % ("/".join(order), numeric_mode, vendor, "\n".join(lines),
+                                    rebuild_command(order[-1], numeric_mode)))
 
 
 def backend_info(numeric_mode=None, vendor=None):
@@ -427,11 +427,11 @@ def backend_info(numeric_mode=None, vendor=None):
     tried = []
     asked = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
     for v in (AUTO_ORDER if asked == "auto" else (asked,)):
-        tried.extend({"vendor": v, "path": p, "outcome": why} for p, why in _attempts.get((v, b.tier), []))
+        tried.extend({"vendor": v, "path": p, "outcome": why} for p, why in _attempts.get((v, b.numeric_mode), []))
         if v == b.vendor:
             break
     return {
-        "vendor": b.vendor, "numeric_mode": b.tier, "abi_version": int(b.lib.mt_abi_version()),
+        "vendor": b.vendor, "numeric_mode": b.numeric_mode, "abi_version": int(b.lib.mt_abi_version()),
         "path": b.path, "features": b.features, "threads": int(b.lib.mt_num_threads()),
         "asked_vendor": asked, "tried": tried,
         "reason": "the %s vendor was asked for explicitly" % b.vendor if asked != "auto"

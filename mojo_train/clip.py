@@ -1,4 +1,4 @@
-"""clip_grad_norm_: global L2-norm gradient clipping, bit-pinned in the identical tier.
+"""clip_grad_norm_: global L2-norm gradient clipping, bit-pinned in the identical numeric mode.
 
 The norms follow native/contracts/clip.md's tree. The steps of mojo_train.optim that take
 ``max_norm`` clip with the same native code, so ``clip_grad_norm_(grads, c)`` returns the

@@ -1,7 +1,7 @@
 """Elementwise ops: SiLU and ReLU (forward and backward) and the residual add.
 
 Contract (native/contracts/elementwise.md): each output element is one pinned float32
-function of the same element of the inputs, identical on every vendor's identical tier:
+function of the same element of the inputs, identical on every vendor's identical numeric mode:
 
     silu_forward    y  = x / (1 + exp(-x))                      (= x * sigmoid(x))
     silu_backward   dx = dy * (s * (1 + x * t))                 s = 1 / (1 + exp(-x)),

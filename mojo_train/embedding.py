@@ -429,7 +429,7 @@ class Embedding:
             mode = numeric_mode_arg(mode or None, "Embedding.load")
         except ValueError:
             _load_fail(path, "has numeric_mode %r; it is '' (the environment's) or one of %s"
-                             % (mode, ", ".join(_native.TIERS)))
+                             % (mode, ", ".join(_native.NUMERIC_MODES)))
         layer = cls(v, d, None if pad < 0 else pad, weight=weight, plan=plan, numeric_mode=mode)
         layer.freeze = bool(freeze)
         return layer

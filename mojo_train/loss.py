@@ -86,7 +86,7 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
         Also return ``dlogits``, d loss / d logits, of shape (N, V). Refused with
         reduction='none' (NotImplementedError).
     numeric_mode : {'identical', 'deterministic', 'fast'} or None
-        The tier; None takes ``MOJO_TRAIN_NUMERIC_MODE`` (default 'identical').
+        The numeric mode; None takes ``MOJO_TRAIN_NUMERIC_MODE`` (default 'identical').
 
     Returns
     -------
@@ -111,7 +111,7 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
 
     Notes
     -----
-    The identical tier gives the same bits on every vendor, thread count and launch geometry;
+    The identical numeric mode gives the same bits on every vendor, thread count and launch geometry;
     the bits differ from torch's (both are within float32 rounding of the exact value, see
     tests/test_loss.py). The call holds a few scratch floats per row besides the outputs.
 
@@ -136,10 +136,10 @@ def cross_entropy(logits, targets, ignore_index=-100, reduction="mean", label_sm
     tp, tbytes = _ops.ids_in(_soft_targets(targets, where), n, "targets", where)
     backend, on_device = _ops.placement(where, numeric_mode, logits=lp, targets=tp)
     if red == 0:
-        rows, out = _ops.out_f32((n,), on_device, backend.tier), None
+        rows, out = _ops.out_f32((n,), on_device, backend.numeric_mode), None
     else:
-        rows, out = None, _ops.out_f32((1,), on_device, backend.tier)
-    dlogits = _ops.out_f32((n, vocab), on_device, backend.tier) if return_grad else None
+        rows, out = None, _ops.out_f32((1,), on_device, backend.numeric_mode)
+    dlogits = _ops.out_f32((n, vocab), on_device, backend.numeric_mode) if return_grad else None
     rc = backend.lib.mt_cross_entropy(_ops.fptr(out), _ops.fptr(rows), _ops.fptr(dlogits), _ops.fptr(lp),
                                       _ops.vptr(tp), tbytes, n, vocab, ignore, red, eps, num)
     backend.check(rc, where)

@@ -1,4 +1,4 @@
-"""SGD, Adam and AdamW, bit-pinned in the identical tier (``clip_grad_norm_`` lives in
+"""SGD, Adam and AdamW, bit-pinned in the identical numeric mode (``clip_grad_norm_`` lives in
 mojo_train.clip and is re-exported here, so ``mojo_train.optim.clip_grad_norm_`` works).
 
 The names and defaults are torch's. There is no autograd here, so ``step`` takes the
@@ -105,7 +105,7 @@ class _Optimizer:
                                              % (lr_schedule,)))
         self._backend = load(numeric_mode_arg(numeric_mode, where))
         self._device_ok = self._backend.has("device_buffers")
-        self.numeric_mode = self._backend.tier
+        self.numeric_mode = self._backend.numeric_mode
         self._params = _Registry(params, "params", where, inplace=True, backend=self._backend)
         self._param_name = _indexed("params", _single(params))
         self._param_ranges = _probe_ranges(self._params.probes)

@@ -4,7 +4,7 @@ Contract (native/contracts/random.md): a generator is a seed and a counter. Ever
 one stream id -- the counter's value, which then advances -- unless the caller names a
 stream, and element ``i`` of a draw is stream element ``offset + i``: a pure function of
 (seed, stream, offset + i) computed by the pinned Philox4x32-10 and its float mappings, the
-same bits on every vendor's identical tier, thread count and launch geometry. So a draw
+same bits on every vendor's identical numeric mode, thread count and launch geometry. So a draw
 split into pieces at matching offsets gives exactly the unsplit draw, and dropout's
 backward regenerates the forward's mask from its key instead of storing it. A refused call
 changes nothing: the counter advances only after a draw succeeded.
@@ -84,7 +84,7 @@ def _f32(value, name, where):
 class Generator:
     """A seeded Philox4x32-10 random stream: draws, initializers and dropout.
 
-    ``Generator(seed)`` with ``seed`` an int in [0, 2**64); ``numeric_mode`` picks the tier
+    ``Generator(seed)`` with ``seed`` an int in [0, 2**64); ``numeric_mode`` picks the numeric mode
     (None: the library default). Each draw takes the next stream id from the generator's
     counter (``state_dict()`` holds seed and counter: save it beside the optimizer state to
     resume exactly). Results are ``mojo_train.Array`` of float32, or ``DeviceArray`` with

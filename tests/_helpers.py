@@ -1,5 +1,5 @@
 """Shared test helpers: float32 rounding in pure Python, the contract's arithmetic replayed
-element by element (the tests' independent oracle for the identical tier), deterministic
+element by element (the tests' independent oracle for the identical numeric mode), deterministic
 input data, and a byte snapshot of an optimizer's whole state.
 
 Rounding: a binary32 + - * / or sqrt computed in binary64 and then rounded to binary32 is
@@ -112,7 +112,7 @@ def snapshot(opt, *buffers):
     return state
 
 
-# ---- the contract replayed in Python (identical tier) ----------------------------------------
+# ---- the contract replayed in Python (identical numeric mode) ----------------------------------------
 
 LANES, CHUNK = 128, 4096
 

@@ -87,15 +87,15 @@ def assert_c_refusals_write_nothing(lib, cases):
         assert all(o[i] == SENTINEL for o in outs for i in range(24)), text
 
 
-def assert_nonfinite_refused(op, arg, call, tier, inputs, bad):
-    """``call(tier, inputs)`` with ``bad`` planted in inputs[arg] raises ValueError naming the
+def assert_nonfinite_refused(op, arg, call, numeric_mode, inputs, bad):
+    """``call(numeric mode, inputs)`` with ``bad`` planted in inputs[arg] raises ValueError naming the
     argument (``w`` is the caller's ``weight``) and the entry point ``op``, and leaves every
     input's bytes as they were."""
     poisoned = inputs[arg].reshape(-1)
     poisoned[poisoned.size // 2] = float(bad)
     before = {k: v.tobytes() for k, v in inputs.items()}
     with pytest.raises(ValueError) as info:
-        call(tier, inputs)
+        call(numeric_mode, inputs)
     name = "weight" if arg == "w" else arg
     assert "%s holds NaN or inf" % name in str(info.value) and "mojo_train.%s" % op in str(info.value)
     assert {k: v.tobytes() for k, v in inputs.items()} == before
@@ -127,7 +127,7 @@ def need_device(mode):
 # ---- bound figures (tolerances.py) ------------------------------------------------------------------
 
 def print_bound_figures(cases, compare):
-    """For each case: ``compare(case, tier, dtype)`` gives {output: (ours, ref, unit)}; prints the
+    """For each case: ``compare(case, numeric mode, dtype)`` gives {output: (ours, ref, unit)}; prints the
     worst share of tolerances.py's bound used, per output, by ours (identical, fast) and by
     torch in float32."""
     import torch
@@ -135,9 +135,9 @@ def print_bound_figures(cases, compare):
     import tolerances as tol
     worst = {}
     for case in cases:
-        for who, tier, dtype in (("identical", "identical", None), ("fast", "fast", None),
+        for who, numeric_mode, dtype in (("identical", "identical", None), ("fast", "fast", None),
                                  ("torch float32", None, torch.float32)):
-            for name, (got, ref, unit) in compare(case, tier, dtype).items():
+            for name, (got, ref, unit) in compare(case, numeric_mode, dtype).items():
                 used, _ = tol.bound_used(got, ref, unit)
                 worst[(name, who)] = max(worst.get((name, who), 0.0), used)
     for name in sorted({k[0] for k in worst}):

@@ -1,4 +1,4 @@
-"""The suite runs once per loadable (vendor, tier). MOJO_TRAIN_VENDOR, when set to a vendor,
+"""The suite runs once per loadable (vendor, numeric mode). MOJO_TRAIN_VENDOR, when set to a vendor,
 narrows it to that vendor; otherwise every vendor whose library loads here takes part.
 Tests skip by capability (mt_features bits), never by vendor name."""
 import os
@@ -9,16 +9,16 @@ from mojo_train import _native
 
 
 class Mode:
-    """A (vendor, tier) pair under test: pass ``numeric_mode=mode.tier``."""
+    """A (vendor, numeric mode) pair under test: pass ``numeric_mode=mode.numeric_mode``."""
 
-    def __init__(self, vendor, tier, backend):
-        self.vendor, self.tier, self.backend = vendor, tier, backend
+    def __init__(self, vendor, numeric_mode, backend):
+        self.vendor, self.numeric_mode, self.backend = vendor, numeric_mode, backend
 
     def has(self, name):
         return self.backend.has(name)
 
     def __repr__(self):
-        return "%s-%s" % (self.vendor, self.tier)
+        return "%s-%s" % (self.vendor, self.numeric_mode)
 
 
 def _vendors():
@@ -26,36 +26,36 @@ def _vendors():
     return _native.VENDORS if v == "auto" else (v,)
 
 
-def _loadable(tiers):
+def _loadable(numeric_modes):
     out = []
     for vendor in _vendors():
-        for tier in tiers:
+        for numeric_mode in numeric_modes:
             try:
-                out.append((vendor, tier, _native.load(tier, vendor)))
+                out.append((vendor, numeric_mode, _native.load(numeric_mode, vendor)))
             except _native.BackendError:
                 continue
     return out
 
 
-ALL = _loadable(_native.TIERS)
+ALL = _loadable(_native.NUMERIC_MODES)
 IDENTICAL = [c for c in ALL if c[1] == "identical"]
 
 
 def _mode_fixture(request, monkeypatch):
-    vendor, tier, backend = request.param
+    vendor, numeric_mode, backend = request.param
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", vendor)
-    return Mode(vendor, tier, backend)
+    return Mode(vendor, numeric_mode, backend)
 
 
 @pytest.fixture(params=ALL, ids=lambda c: "%s-%s" % c[:2])
 def mode(request, monkeypatch):
-    """Every loadable vendor x tier."""
+    """Every loadable vendor x numeric mode."""
     return _mode_fixture(request, monkeypatch)
 
 
 @pytest.fixture(params=IDENTICAL, ids=lambda c: "%s-%s" % c[:2])
 def identical(request, monkeypatch):
-    """Every loadable vendor's identical tier."""
+    """Every loadable vendor's identical numeric mode."""
     return _mode_fixture(request, monkeypatch)
 
 
@@ -67,25 +67,25 @@ def _having(mode, feature):
 
 @pytest.fixture
 def linear_mode(mode):
-    """Every loadable vendor x tier whose library has the linear family (MT_FEATURE_LINEAR)."""
+    """Every loadable vendor x numeric mode whose library has the linear family (MT_FEATURE_LINEAR)."""
     return _having(mode, "linear")
 
 
 @pytest.fixture
 def linear_identical(identical):
-    """Every loadable vendor's identical tier, where it has the linear family."""
+    """Every loadable vendor's identical numeric mode, where it has the linear family."""
     return _having(identical, "linear")
 
 
 @pytest.fixture
 def rms_norm_mode(mode):
-    """Every loadable vendor x tier whose library has RMSNorm (MT_FEATURE_RMS_NORM)."""
+    """Every loadable vendor x numeric mode whose library has RMSNorm (MT_FEATURE_RMS_NORM)."""
     return _having(mode, "rms_norm")
 
 
 @pytest.fixture
 def rms_norm_identical(identical):
-    """Every loadable vendor's identical tier, where it has RMSNorm."""
+    """Every loadable vendor's identical numeric mode, where it has RMSNorm."""
     return _having(identical, "rms_norm")
 
 

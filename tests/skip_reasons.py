@@ -29,11 +29,11 @@ REVIEWED = (
     ("library", r"^(no device buffers|the vendor takes no device buffers|the loaded vendor takes no device buffers"
                 r"|.* takes no device buffers)$"),
     ("library", r"^(this vendor takes device buffers|a GPU vendor takes device=True)$"),
-    ("library", r"^IEEE-exact arithmetic is not this tier's promise \(approximate division, flushed subnormals\)$"),
-    ("library", r"^this tier does not contract$"),
+    ("library", r"^IEEE-exact arithmetic is not this numeric mode's promise \(approximate division, flushed subnormals\)$"),
+    ("library", r"^this numeric mode does not contract$"),
     ("library", r"^host memory is counted here; the GPU's is measured in bench/$"),
     ("library", r"^no identical library for \w+$"),
-    ("library", r"^the cpu oracle's identical tier is not built( \(make\)$|: )"),
+    ("library", r"^the cpu oracle's identical numeric mode is not built( \(make\)$|: )"),
     ("library", r"^the C host links the CPU oracle, which is not built$"),
     ("library", r"^the example links the cpu oracle's identical library, which is not built$"),
     # reference: what the reference or the environment lacks

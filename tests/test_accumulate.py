@@ -141,17 +141,17 @@ def f32_add(a, b):
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
 def test_accumulate_is_the_pairwise_tree_with_float32_additions(acc, steps, n):
     if acc.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     rng = random.Random(steps * 1000 + n)
     parts = [[_value(rng) for _ in range(n)] for _ in range(steps)]
-    got = accumulate_grads([f32s(p) for p in parts], None, numeric_mode=acc.tier)
+    got = accumulate_grads([f32s(p) for p in parts], None, numeric_mode=acc.numeric_mode)
     want = f32s(tree_fold(col, f32_add) for col in zip(*parts))
     assert raw(got) == raw(want)
 
 
 def test_negative_zeros_stay_negative_and_mixed_zeros_give_positive_zero(acc):
     got = accumulate_grads([f32s([-0.0, -0.0, 0.0]), f32s([-0.0, 0.0, -0.0]), f32s([-0.0, -0.0, -0.0])], None,
-                           numeric_mode=acc.tier)
+                           numeric_mode=acc.numeric_mode)
     assert [struct.pack("<f", x) for x in got.tolist()] == [struct.pack("<f", x) for x in (-0.0, 0.0, 0.0)]
 
 
@@ -183,7 +183,7 @@ def test_an_aligned_split_reproduces_the_unsplit_token_rule_bit_for_bit(acc, tok
     whole = token_rule_sum(per_token, 0, tokens)
     m = tokens // steps
     micro = [f32s(token_rule_sum(per_token, i * m, (i + 1) * m)) for i in range(steps)]
-    got = accumulate_grads(micro, tokens, numeric_mode=acc.tier)
+    got = accumulate_grads(micro, tokens, numeric_mode=acc.numeric_mode)
     assert raw(got) == raw(f32s(whole))
 
 
@@ -208,15 +208,15 @@ def test_linear_backward_on_aligned_microbatches_accumulates_to_the_whole_batchs
     dc = [_value(rng) for _ in range(tokens * n)]
     w = _rows([_value(rng) for _ in range(n * k)], n, k)
     _, dw, db = mt.linear_backward(_rows(dc, tokens, n), _rows(a, tokens, k), w, need_bias_grad=True,
-                                   numeric_mode=mode.tier)
+                                   numeric_mode=mode.numeric_mode)
     m = tokens // steps
     parts = []
     for i in range(steps):
         _, dwi, dbi = mt.linear_backward(_rows(dc[i * m * n:(i + 1) * m * n], m, n),
                                          _rows(a[i * m * k:(i + 1) * m * k], m, k), w, need_bias_grad=True,
-                                         need_input_grad=False, numeric_mode=mode.tier)
+                                         need_input_grad=False, numeric_mode=mode.numeric_mode)
         parts.append([dwi, dbi])
-    got_w, got_b = accumulate_grads(parts, tokens, numeric_mode=mode.tier)
+    got_w, got_b = accumulate_grads(parts, tokens, numeric_mode=mode.numeric_mode)
     assert raw(got_w) == raw(dw) and raw(got_b) == raw(db)
 
 
@@ -245,10 +245,10 @@ def test_accumulation_keeps_its_old_import_path_in_schedule():
 
 def test_lists_of_tensors_keep_their_structure_and_shapes(acc):
     mb = [[Array.from_list([1.0, 2.0, 3.0, 4.0]).reshape(2, 2), f32s([0.5])] for _ in range(3)]
-    out = accumulate_grads(mb, 3 * 1024, numeric_mode=acc.tier)
+    out = accumulate_grads(mb, 3 * 1024, numeric_mode=acc.numeric_mode)
     assert isinstance(out, list) and len(out) == 2
     assert out[0].shape == (2, 2) and out[0].tolist() == [[3.0, 6.0], [9.0, 12.0]] and out[1].tolist() == [1.5]
-    single = accumulate_grads([f32s([1.0]), f32s([2.0])], None, numeric_mode=acc.tier)
+    single = accumulate_grads([f32s([1.0]), f32s([2.0])], None, numeric_mode=acc.numeric_mode)
     assert isinstance(single, Array) and single.tolist() == [3.0]
 
 
@@ -256,7 +256,7 @@ def test_lists_of_tensors_keep_their_structure_and_shapes(acc):
                                          (3 * 3 * 1024, "power of two")])
 def test_a_misaligned_split_is_refused_saying_why(acc, tokens, say):
     with pytest.raises(ValueError, match=say):
-        accumulate_grads([f32s([1.0])] * 3, tokens, numeric_mode=acc.tier)
+        accumulate_grads([f32s([1.0])] * 3, tokens, numeric_mode=acc.numeric_mode)
 
 
 @pytest.mark.parametrize("grads, exc, say", [
@@ -274,7 +274,7 @@ def test_bad_microbatch_gradients_are_refused_by_name_and_nothing_is_written(acc
     before = [raw(g) if not isinstance(g, list) else [raw(x) for x in g] for g in grads] \
         if isinstance(grads, list) else raw(grads)
     with pytest.raises(exc, match=say):
-        accumulate_grads(grads, None, numeric_mode=acc.tier)
+        accumulate_grads(grads, None, numeric_mode=acc.numeric_mode)
     after = [raw(g) if not isinstance(g, list) else [raw(x) for x in g] for g in grads] \
         if isinstance(grads, list) else raw(grads)
     assert before == after
@@ -283,11 +283,11 @@ def test_bad_microbatch_gradients_are_refused_by_name_and_nothing_is_written(acc
 def test_tokens_must_be_a_positive_int_or_none(acc):
     for bad, exc in ((0, ValueError), (1.5, TypeError), ("8", TypeError)):
         with pytest.raises(exc, match="tokens"):
-            accumulate_grads([f32s([1.0])], bad, numeric_mode=acc.tier)
+            accumulate_grads([f32s([1.0])], bad, numeric_mode=acc.numeric_mode)
 
 
 def test_empty_tensors_accumulate_to_empty_tensors(acc):
-    out = accumulate_grads([[f32s([]), f32s([2.0])], [f32s([]), f32s([3.0])]], None, numeric_mode=acc.tier)
+    out = accumulate_grads([[f32s([]), f32s([2.0])], [f32s([]), f32s([3.0])]], None, numeric_mode=acc.numeric_mode)
     assert out[0].tolist() == [] and out[1].tolist() == [5.0]
 
 
@@ -296,10 +296,10 @@ def test_device_microbatches_accumulate_on_the_device_with_the_hosts_bits(acc):
         pytest.skip("%r takes no device buffers" % acc)
     rng = random.Random(3)
     host = [f32s(_value(rng) for _ in range(3000)) for _ in range(5)]
-    dev = [mt.to_device(h, numeric_mode=acc.tier) for h in host]
-    got = accumulate_grads(dev, 5 * 1024, numeric_mode=acc.tier)
+    dev = [mt.to_device(h, numeric_mode=acc.numeric_mode) for h in host]
+    got = accumulate_grads(dev, 5 * 1024, numeric_mode=acc.numeric_mode)
     assert type(got) is mt.DeviceArray
-    assert raw(got.to_host()) == raw(accumulate_grads(host, 5 * 1024, numeric_mode=acc.tier))
+    assert raw(got.to_host()) == raw(accumulate_grads(host, 5 * 1024, numeric_mode=acc.numeric_mode))
 
 
 # ---- optimizers ----------------------------------------------------------------------------------
@@ -310,13 +310,13 @@ def test_step_accumulated_is_accumulate_then_step(acc, cls):
     shapes = (7, 300)
     p1 = [f32s(_value(rng) for _ in range(n)) for n in shapes]
     p2 = [f32s(p) for p in p1]
-    a = cls(p1, lr=0.01, accumulation_steps=4, numeric_mode=acc.tier)
-    b = cls(p2, lr=0.01, numeric_mode=acc.tier)
+    a = cls(p1, lr=0.01, accumulation_steps=4, numeric_mode=acc.numeric_mode)
+    b = cls(p2, lr=0.01, numeric_mode=acc.numeric_mode)
     for t in range(3):
         mb = [[f32s(_value(rng) * 1e-3 for _ in range(n)) for n in shapes] for _ in range(4)]
         kept = [[raw(g) for g in m] for m in mb]
         a.step_accumulated(mb, 4 * 2048, max_norm=0.5)
-        b.step(accumulate_grads(mb, 4 * 2048, numeric_mode=acc.tier), max_norm=0.5)
+        b.step(accumulate_grads(mb, 4 * 2048, numeric_mode=acc.numeric_mode), max_norm=0.5)
         assert [[raw(g) for g in m] for m in mb] == kept        # microbatch gradients never written
     assert [raw(p) for p in p1] == [raw(p) for p in p2]
     assert a.t == 3 and a.total_norm_ == b.total_norm_
@@ -324,7 +324,7 @@ def test_step_accumulated_is_accumulate_then_step(acc, cls):
 
 def test_step_accumulated_refuses_a_wrong_count_or_a_misaligned_split_and_changes_nothing(acc):
     p = f32s([1.0, 2.0])
-    opt = mt.AdamW(p, accumulation_steps=2, numeric_mode=acc.tier)
+    opt = mt.AdamW(p, accumulation_steps=2, numeric_mode=acc.numeric_mode)
     before = (raw(p), raw(opt.exp_avg), opt.t)
     with pytest.raises(ValueError, match="accumulation_steps=2"):
         opt.step_accumulated([f32s([1.0, 1.0])] * 3, 3 * 1024)
@@ -346,7 +346,7 @@ def test_accumulation_steps_must_be_a_positive_int(bad, exc):
 def test_state_dict_carries_the_schedule_lr_and_accumulation_steps_and_resumes_bit_identically(acc):
     sched = mt.WarmupCosineLR(0.05, warmup_steps=2, total_steps=9, min_lr=0.005)
     p1 = f32s([1.0, -1.0, 0.25])
-    opt = mt.AdamW(p1, lr_schedule=sched, accumulation_steps=2, numeric_mode=acc.tier)
+    opt = mt.AdamW(p1, lr_schedule=sched, accumulation_steps=2, numeric_mode=acc.numeric_mode)
     rng = random.Random(9)
     grads = [[f32s(_value(rng) for _ in range(3)) for _ in range(2)] for _ in range(6)]
     for t in range(3):
@@ -354,25 +354,25 @@ def test_state_dict_carries_the_schedule_lr_and_accumulation_steps_and_resumes_b
     state = opt.state_dict()
     assert state["lr_schedule"] == sched.config() and state["accumulation_steps"] == 2
     p2 = f32s(p1)
-    resumed = mt.AdamW(p2, accumulation_steps=2, numeric_mode=acc.tier)   # no schedule given: it comes back
+    resumed = mt.AdamW(p2, accumulation_steps=2, numeric_mode=acc.numeric_mode)   # no schedule given: it comes back
     resumed.load_state_dict(state)
     assert resumed.lr_schedule == sched
     for t in range(3, 6):
         opt.step_accumulated(grads[t], 2048)
         resumed.step_accumulated(grads[t], 2048)
     assert raw(p1) == raw(p2) and resumed.lr_ == sched.lr_at(6)
-    other = mt.AdamW(f32s(p2), accumulation_steps=4, numeric_mode=acc.tier)
+    other = mt.AdamW(f32s(p2), accumulation_steps=4, numeric_mode=acc.numeric_mode)
     with pytest.raises(ValueError, match="accumulation_steps=2"):
         other.load_state_dict(state)
-    clash = mt.AdamW(f32s(p2), accumulation_steps=2, lr_schedule=mt.ConstantLR(0.1), numeric_mode=acc.tier)
+    clash = mt.AdamW(f32s(p2), accumulation_steps=2, lr_schedule=mt.ConstantLR(0.1), numeric_mode=acc.numeric_mode)
     with pytest.raises(ValueError, match="lr_schedule"):
         clash.load_state_dict(state)
     assert clash.t == 0 and clash.lr_schedule == mt.ConstantLR(0.1)
 
 
 def test_a_plain_lr_is_carried_by_the_state_dict(acc):
-    opt = mt.SGD(f32s([1.0]), lr=0.1, numeric_mode=acc.tier)
+    opt = mt.SGD(f32s([1.0]), lr=0.1, numeric_mode=acc.numeric_mode)
     opt.lr = 0.025
-    fresh = mt.SGD(f32s([1.0]), lr=0.1, numeric_mode=acc.tier)
+    fresh = mt.SGD(f32s([1.0]), lr=0.1, numeric_mode=acc.numeric_mode)
     fresh.load_state_dict(opt.state_dict())
     assert fresh.lr == 0.025 and fresh.lr_schedule is None

@@ -1,4 +1,4 @@
-"""The cards (fixtures/*.card): every vendor's identical tier reproduces every line, a
+"""The cards (fixtures/*.card): every vendor's identical numeric mode reproduces every line, a
 sabotaged build fails its card, and the card files are read strictly and only ever grow.
 
 Contract under test: mojo_train/_cards.py's docstring.
@@ -43,7 +43,7 @@ def _cpu_identical():
     try:
         return _native.load("identical", "cpu")
     except _native.BackendError as exc:
-        pytest.skip("the cpu oracle's identical tier is not built: %s" % str(exc).splitlines()[0])
+        pytest.skip("the cpu oracle's identical numeric mode is not built: %s" % str(exc).splitlines()[0])
 
 
 def _name(path):

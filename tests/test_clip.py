@@ -26,7 +26,7 @@ SIZES = (5, 300, 130)
 def test_clip_grad_norm_returns_the_total_and_scales_in_place_with_the_contracts_bits(identical):
     grads = [wide_array(n, 60 + j) for j, n in enumerate((4096 + 300, 7, 129, 3 * 4096))]
     total, coef, clipped = ref_clip([list(g) for g in grads], 2.0)
-    got = clip_grad_norm_(grads, 2.0, numeric_mode=identical.tier)
+    got = clip_grad_norm_(grads, 2.0, numeric_mode=identical.numeric_mode)
     assert got == total and coef < 1.0
     assert flat(grads) == flat(clipped)
 
@@ -34,7 +34,7 @@ def test_clip_grad_norm_returns_the_total_and_scales_in_place_with_the_contracts
 def test_clip_grad_norm_agrees_with_the_norms_of_the_pinned_tree(identical):
     grads = [wide_array(n, 70 + j) for j, n in enumerate((1, 128, 129, 4097, 2 * 4096 + 1))]
     norms, total = ref_norms(grads)
-    assert clip_grad_norm_(grads, 1e9, numeric_mode=identical.tier) == total
+    assert clip_grad_norm_(grads, 1e9, numeric_mode=identical.numeric_mode) == total
     assert norms[0] == abs(grads[0][0])
 
 
@@ -62,8 +62,8 @@ def test_the_norm_follows_the_contracts_tree_where_order_matters(identical, make
     x = make()
     _, total = ref_norms([x])
     assert total != alternative                     # the input tells the two orders apart
-    assert clip_grad_norm_([x], 1e9, numeric_mode=identical.tier) == total
-    opt = SGD([array.array("f", [0.0] * len(x))], numeric_mode=identical.tier)
+    assert clip_grad_norm_([x], 1e9, numeric_mode=identical.numeric_mode) == total
+    opt = SGD([array.array("f", [0.0] * len(x))], numeric_mode=identical.numeric_mode)
     assert opt.step([make()], max_norm=1e9) == total
 
 
@@ -72,8 +72,8 @@ def test_the_norm_follows_the_contracts_tree_where_order_matters(identical, make
 @pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
 def test_clip_grad_norm_is_the_clip_the_optimizers_apply(mode, kind):
     g1, g2 = grads_for_step(SIZES, 1), grads_for_step(SIZES, 1)
-    total = clip_grad_norm_(g1, 0.5, numeric_mode=mode.tier)
-    opt = make_optimizer(kind, params_for(SIZES), mode.tier)
+    total = clip_grad_norm_(g1, 0.5, numeric_mode=mode.numeric_mode)
+    opt = make_optimizer(kind, params_for(SIZES), mode.numeric_mode)
     assert opt.step(g2, max_norm=0.5) == total
     assert [raw(g) for g in g1] == [raw(g) for g in g2]
 
@@ -81,7 +81,7 @@ def test_clip_grad_norm_is_the_clip_the_optimizers_apply(mode, kind):
 def test_clip_grad_norm_below_max_norm_leaves_grads_alone(mode):
     grads = grads_for_step(SIZES, 1)
     before = [raw(g) for g in grads]
-    total = clip_grad_norm_(grads, 1e6, numeric_mode=mode.tier)
+    total = clip_grad_norm_(grads, 1e6, numeric_mode=mode.numeric_mode)
     assert total > 0 and [raw(g) for g in grads] == before
 
 
@@ -104,7 +104,7 @@ def test_clip_grad_norm_refuses_what_it_does_not_implement_by_name(mode, kwargs,
     kwargs = dict(kwargs)
     max_norm = kwargs.pop("max_norm", 1.0)
     with pytest.raises(exc, match=match):
-        clip_grad_norm_(grads, max_norm, numeric_mode=mode.tier, **kwargs)
+        clip_grad_norm_(grads, max_norm, numeric_mode=mode.numeric_mode, **kwargs)
     assert [raw(g) for g in grads] == before
 
 
@@ -112,8 +112,8 @@ def test_clip_grad_norm_refuses_what_it_does_not_implement_by_name(mode, kwargs,
                                     dict(error_if_nonfinite=True, foreach=True)])
 def test_clip_grad_norm_takes_torchs_switches_at_values_asking_for_nothing_we_lack(mode, kwargs):
     plain, switched = grads_for_step(SIZES, 1), grads_for_step(SIZES, 1)
-    total = clip_grad_norm_(plain, 0.5, numeric_mode=mode.tier)
-    assert clip_grad_norm_(switched, 0.5, numeric_mode=mode.tier, **kwargs) == total
+    total = clip_grad_norm_(plain, 0.5, numeric_mode=mode.numeric_mode)
+    assert clip_grad_norm_(switched, 0.5, numeric_mode=mode.numeric_mode, **kwargs) == total
     assert [raw(g) for g in switched] == [raw(g) for g in plain] != [raw(g) for g in grads_for_step(SIZES, 1)]
 
 
@@ -125,14 +125,14 @@ def test_clip_grad_norm_refuses_a_nonfinite_total_and_writes_nothing(mode, poiso
         grads[1][6] = poison
     before = [raw(g) for g in grads]
     with pytest.raises(ValueError, match="grads|overflow"):
-        clip_grad_norm_(grads, 1.0, numeric_mode=mode.tier)
+        clip_grad_norm_(grads, 1.0, numeric_mode=mode.numeric_mode)
     assert [raw(g) for g in grads] == before
 
 
 def test_clip_grad_norm_refuses_read_only_grads(mode):
     frozen = [memoryview(array.array("f", [3.0, 4.0]).tobytes()).cast("f")]
     with pytest.raises(ValueError, match="writable|read-only"):
-        clip_grad_norm_(frozen, 1.0, numeric_mode=mode.tier)
+        clip_grad_norm_(frozen, 1.0, numeric_mode=mode.numeric_mode)
 
 
 # ---- gradients in memory of their own ------------------------------------------------------------
@@ -144,11 +144,11 @@ def test_clip_grad_norm_refuses_a_gradient_listed_twice_and_writes_nothing(mode)
         for _ in range(2):            # a second call is checked as well (nothing remembered)
             with pytest.raises(ValueError,
                                match=r"^mojo_train\.clip_grad_norm_: grads\[1\] and grads\[2\] share memory"):
-                clip_grad_norm_([g[0], g[1], g[1], g[3]], 0.5, numeric_mode=mode.tier)
+                clip_grad_norm_([g[0], g[1], g[1], g[3]], 0.5, numeric_mode=mode.numeric_mode)
         assert [raw(x) for x in g] == before
     big = array.array("f", [3.0] * 100)
     with pytest.raises(ValueError, match=r"grads\[0\] and grads\[1\] share memory"):
-        clip_grad_norm_([memoryview(big)[:60], memoryview(big)[50:]], 0.5, numeric_mode=mode.tier)
+        clip_grad_norm_([memoryview(big)[:60], memoryview(big)[50:]], 0.5, numeric_mode=mode.numeric_mode)
     assert big.tolist() == [3.0] * 100
 
 
@@ -160,7 +160,7 @@ def test_gradients_are_refused_exactly_when_two_share_a_byte_and_the_two_named_d
     overlapping = {(i, j) for i in range(len(slices)) for j in range(i + 1, len(slices))
                    if slices[i][0] < sum(slices[j]) and slices[j][0] < sum(slices[i])}
     try:
-        clip_grad_norm_(grads, 1e9, numeric_mode=mode.tier)
+        clip_grad_norm_(grads, 1e9, numeric_mode=mode.numeric_mode)
     except ValueError as e:
         named = tuple(int(x) for x in re.findall(r"grads\[(\d+)\]", str(e)))
         assert named in overlapping, (str(e), overlapping)

@@ -41,7 +41,7 @@ def dev(mode):
 
 
 def _oracle_adamw(sizes, steps, max_norm, monkeypatch):
-    """The CPU oracle's result for the same inputs (identical tier)."""
+    """The CPU oracle's result for the same inputs (identical numeric mode)."""
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
     params = [_filled(n, 11, 0) for n in sizes]
     opt = mt.AdamW(params, lr=1e-2, numeric_mode="identical")
@@ -54,14 +54,14 @@ def _oracle_adamw(sizes, steps, max_norm, monkeypatch):
 
 def test_device_array_round_trips_and_views(dev):
     host = _filled(1000, 3, 0)
-    d = mt.to_device(host, numeric_mode=dev.tier)
+    d = mt.to_device(host, numeric_mode=dev.numeric_mode)
     assert d.shape == (1000,) and d.dtype == "float32"
     assert d.to_host().tobytes() == host.tobytes()
     r = d.reshape(10, -1)
     assert r.shape == (10, 100) and r.ptr == d.ptr
     cai = d.__cuda_array_interface__
     assert cai["data"][0] == d.ptr and cai["typestr"] == "<f4" and cai["shape"] == (1000,)
-    zeros = mt.DeviceArray((5,), numeric_mode=dev.tier).to_host()
+    zeros = mt.DeviceArray((5,), numeric_mode=dev.numeric_mode).to_host()
     assert zeros.tobytes() == bytes(20)
 
 
@@ -117,11 +117,11 @@ def test_host_buffers_on_a_gpu_vendor_match_the_oracle_with_state_resident(ident
 
 def test_state_dict_round_trips_resident_moments_bit_exactly(dev):
     p = mt.to_device(_filled(777, 8, 0))
-    opt = mt.Adam([p], numeric_mode=dev.tier, weight_decay=0.1)
+    opt = mt.Adam([p], numeric_mode=dev.numeric_mode, weight_decay=0.1)
     opt.step([mt.to_device(_filled(777, 8, 1))])
     state = opt.state_dict()
     p2 = mt.to_device(p.to_host())
-    opt2 = mt.Adam([p2], numeric_mode=dev.tier, weight_decay=0.1)
+    opt2 = mt.Adam([p2], numeric_mode=dev.numeric_mode, weight_decay=0.1)
     opt2.load_state_dict(state)
     g = mt.to_device(_filled(777, 8, 2))
     opt.step([g])

@@ -83,7 +83,7 @@ def _sides(mode):
 
 
 def _on(side, buf, mode):
-    return mojo_train.to_device(buf, numeric_mode=mode.tier) if side == "device" else buf
+    return mojo_train.to_device(buf, numeric_mode=mode.numeric_mode) if side == "device" else buf
 
 
 def _bytes(buf):
@@ -103,10 +103,10 @@ def _inputs(n, seed):
 @pytest.mark.parametrize("low_exp, high_exp", [(-14, 4), (-149, -120), (100, 127)])
 def test_add_is_the_correctly_rounded_float32_sum(elt_mode, low_exp, high_exp):
     if elt_mode.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     n = 20011
     a, b = wide_array(n, 1, low_exp, high_exp), wide_array(n, 2, low_exp, high_exp)
-    out = floats(ew.add(a, b, numeric_mode=elt_mode.tier))
+    out = floats(ew.add(a, b, numeric_mode=elt_mode.numeric_mode))
     for i in range(n):
         s = a[i] + b[i]
         want = f32(s) if abs(s) < 3.4028235677973366e38 else math.copysign(math.inf, s)
@@ -115,7 +115,7 @@ def test_add_is_the_correctly_rounded_float32_sum(elt_mode, low_exp, high_exp):
 
 def test_add_of_one_shape_returns_that_shape(elt_mode):
     a = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
-    out = ew.add(a, mojo_train.Array.from_list([2.0] * 6).reshape(2, 3), numeric_mode=elt_mode.tier)
+    out = ew.add(a, mojo_train.Array.from_list([2.0] * 6).reshape(2, 3), numeric_mode=elt_mode.numeric_mode)
     assert out.shape == (2, 3) and floats(out) == array.array("f", [3.0] * 6)
 
 
@@ -129,9 +129,9 @@ def test_inputs_of_differing_shapes_are_refused_even_of_one_element_count(elt_mo
     want = r"mojo_train\.%s: %s has shape %s, %s has shape %s; %s does not broadcast: expand explicitly" % (
         op, names[0], _re_shape(shapes[0]), names[1], _re_shape(shapes[1]), op)
     with pytest.raises(ValueError, match=want):
-        getattr(ew, op)(*ins, numeric_mode=elt_mode.tier)
+        getattr(ew, op)(*ins, numeric_mode=elt_mode.numeric_mode)
     with pytest.raises(ValueError, match=want):
-        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
     assert raw(out) == before
 
 
@@ -144,7 +144,7 @@ def test_out_of_another_shape_than_the_result_is_refused_and_left_alone(elt_mode
         before = raw(out)
         with pytest.raises(ValueError, match=r"mojo_train\.%s: out has shape %s; the result's shape is \(2, 3\)"
                            % (op, _re_shape(shape))):
-            getattr(ew, op)(*ins, out=view, numeric_mode=elt_mode.tier)
+            getattr(ew, op)(*ins, out=view, numeric_mode=elt_mode.numeric_mode)
         assert raw(out) == before
 
 
@@ -162,8 +162,8 @@ def test_silu_and_its_gradient_are_within_the_torch_bound_of_float64(elt_identic
     tolerances = pytest.importorskip("tolerances")
     n = 30011
     x, dy = _inputs(n, seed), f32_array(n, seed + 10, -2.0, 2.0)
-    y = floats(ew.silu_forward(x, numeric_mode=elt_identical.tier))
-    dx = floats(ew.silu_backward(dy, x, numeric_mode=elt_identical.tier))
+    y = floats(ew.silu_forward(x, numeric_mode=elt_identical.numeric_mode))
+    dx = floats(ew.silu_backward(dy, x, numeric_mode=elt_identical.numeric_mode))
     y64, dx64 = _torch_silu64(x, dy)
     # unit: the natural scale -- 1 for dx (|silu'| <= 1.1, |dy| <= 2), max(1, |x|) for y
     tolerances.assert_close_to_reference(y, y64, "silu_forward", unit=1.0)
@@ -172,8 +172,8 @@ def test_silu_and_its_gradient_are_within_the_torch_bound_of_float64(elt_identic
 
 def test_silu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elt_mode):
     x = array.array("f", [-3.4e38, -1e30, -120.0, -88.8, 88.8, 120.0, 1e30, 3.4e38])
-    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.tier))
-    dx = floats(ew.silu_backward(array.array("f", [1.0] * len(x)), x, numeric_mode=elt_mode.tier))
+    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.numeric_mode))
+    dx = floats(ew.silu_backward(array.array("f", [1.0] * len(x)), x, numeric_mode=elt_mode.numeric_mode))
     assert all(math.isfinite(v) for v in list(y) + list(dx))
     assert [bits(v) for v in y[:4]] == [0x80000000] * 4        # -0.0: exp(-x) overflowed, x / inf
     assert list(y[5:]) == list(x[5:])                           # sigmoid rounds to 1
@@ -182,9 +182,9 @@ def test_silu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elt_
 
 def test_silu_of_subnormals_halves_them_onto_the_grid(elt_mode):
     if elt_mode.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     x = array.array("f", [2.0**-149, 3 * 2.0**-149, -5 * 2.0**-149, 2.0**-127])
-    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.tier))
+    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.numeric_mode))
     # ties to even: 2^-150 -> 0, 1.5 * 2^-148 -> 2^-148, -2.5 * 2^-149 -> -2 * 2^-149
     assert [bits(v) for v in y] == [0, 2, 0x80000002, bits(2.0**-128)]
 
@@ -193,7 +193,7 @@ def test_silu_gradient_uses_one_minus_s_from_exp_for_positive_x(elt_identical):
     # s = 1 / (1 + e) with e < 2^-24 rounds to 1: 1 - s would be 0 and the gradient exactly 1;
     # with t = e * s the gradient keeps x * e (here about 2e-7 for x = 17.5)
     x = array.array("f", [17.5])
-    dx = floats(ew.silu_backward(array.array("f", [1.0]), x, numeric_mode=elt_identical.tier))[0]
+    dx = floats(ew.silu_backward(array.array("f", [1.0]), x, numeric_mode=elt_identical.numeric_mode))[0]
     e = math.exp(-17.5)
     exact = (1 + e * (1 + 17.5)) / (1 + e) ** 2                 # s (1 + x (1 - s))
     assert dx != 1.0 and abs(dx - exact) <= 2.0**-23
@@ -212,7 +212,7 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elt_mode
         for threads, blocks in ((1, 1), (2, 3), (3, 0), (64, 7), (256, 0)):
             if lib.mt_set_launch_geometry(threads, blocks) != 0:
                 continue
-            t = elt_mode.tier
+            t = elt_mode.numeric_mode
             results.append((raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(dy, x, numeric_mode=t)),
                             raw(ew.add(x, dy, numeric_mode=t))))
     finally:
@@ -222,7 +222,7 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elt_mode
 
 def test_unaligned_views_give_the_same_bytes(elt_mode):
     x, dy = _inputs(4099, 7), f32_array(4099, 8)
-    t = elt_mode.tier
+    t = elt_mode.numeric_mode
     whole = [floats(ew.silu_forward(x, numeric_mode=t)), floats(ew.silu_backward(dy, x, numeric_mode=t))]
     part = [floats(ew.silu_forward(memoryview(x)[1:], numeric_mode=t)),
             floats(ew.silu_backward(memoryview(dy)[1:], memoryview(x)[1:], numeric_mode=t))]
@@ -233,7 +233,7 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elt_mode):
     if not elt_mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
     x, dy = _inputs(5003, 9), f32_array(5003, 10)
-    t = elt_mode.tier
+    t = elt_mode.numeric_mode
     dx, ddy = mojo_train.to_device(x, numeric_mode=t), mojo_train.to_device(dy, numeric_mode=t)
     for dev, hst in ((ew.silu_forward(dx, numeric_mode=t), ew.silu_forward(x, numeric_mode=t)),
                      (ew.silu_backward(ddy, dx, numeric_mode=t), ew.silu_backward(dy, x, numeric_mode=t)),
@@ -246,7 +246,7 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elt_mode):
 # ---- out= and refusals -------------------------------------------------------------------------
 @pytest.mark.parametrize("op, slot", SLOTS)
 def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elt_mode, op, slot):
-    t = elt_mode.tier
+    t = elt_mode.numeric_mode
     for side in _sides(elt_mode):
         ins = [_on(side, _inputs(1031, 11) if k == 0 else f32_array(1031, 12 + k), elt_mode)
                for k in range(len(_OPS[op]))]
@@ -258,8 +258,8 @@ def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elt_mode, o
 @pytest.mark.parametrize("op, slot", SLOTS)
 def test_out_viewing_exactly_an_inputs_memory_is_in_place(elt_mode, op, slot):
     ins = [_fresh(1000, 40 + k) for k in range(len(_OPS[op]))]
-    expected = raw(getattr(ew, op)(*ins, numeric_mode=elt_mode.tier))
-    getattr(ew, op)(*ins, out=memoryview(ins[slot]), numeric_mode=elt_mode.tier)
+    expected = raw(getattr(ew, op)(*ins, numeric_mode=elt_mode.numeric_mode))
+    getattr(ew, op)(*ins, out=memoryview(ins[slot]), numeric_mode=elt_mode.numeric_mode)
     assert raw(ins[slot]) == expected
 
 
@@ -279,7 +279,7 @@ def test_a_nonfinite_input_is_refused_by_name_and_out_stays_byte_identical(elt_m
         before = [_bytes(v) for v in ins + [out]]
         with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything was "
                                              r"written" % (op, name)):
-            getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+            getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
         assert [_bytes(v) for v in ins + [out]] == before, side
 
 
@@ -292,7 +292,7 @@ def test_a_nonfinite_input_is_refused_in_place_without_writing(elt_mode, op, slo
         before = [raw(v) for v in ins]
         with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything "
                                              r"was written" % (op, _OPS[op][slot])):
-            getattr(ew, op)(*ins, out=ins[target], numeric_mode=elt_mode.tier)
+            getattr(ew, op)(*ins, out=ins[target], numeric_mode=elt_mode.numeric_mode)
         assert [raw(v) for v in ins] == before
 
 
@@ -309,7 +309,7 @@ def test_an_out_partly_overlapping_an_input_is_refused_naming_both(elt_mode, op,
     with pytest.raises(ValueError, match=r"mojo_train\.%s: out and %s overlap in memory without being the same "
                                          r"buffer \(out starts %d bytes %s %s\); pass %s itself as out"
                                          % (op, name, 4 * abs(shift), "after" if shift > 0 else "before", name, name)):
-        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.tier)
+        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
     assert [raw(store)] + [raw(v) for v in ins] == before
 
 
@@ -334,7 +334,7 @@ def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_noth
 
 
 def test_sizes_dtypes_and_out_are_checked_by_name(elt_mode):
-    t = elt_mode.tier
+    t = elt_mode.numeric_mode
     one, two = array.array("f", [1.0]), array.array("f", [1.0, 2.0])
     with pytest.raises(ValueError, match=r"add: a has shape \(1,\), b has shape \(2,\)"):
         ew.add(one, two, numeric_mode=t)
@@ -350,8 +350,8 @@ def test_sizes_dtypes_and_out_are_checked_by_name(elt_mode):
 
 def test_empty_inputs_give_empty_outputs(elt_mode):
     e = array.array("f")
-    assert ew.add(e, e, numeric_mode=elt_mode.tier).size == 0
-    assert ew.silu_backward(e, e, numeric_mode=elt_mode.tier).size == 0
+    assert ew.add(e, e, numeric_mode=elt_mode.numeric_mode).size == 0
+    assert ew.silu_backward(e, e, numeric_mode=elt_mode.numeric_mode).size == 0
 
 
 def test_the_c_abi_refuses_null_and_negative_sizes(elt_mode):
@@ -368,7 +368,7 @@ def test_the_c_abi_refuses_null_and_negative_sizes(elt_mode):
 
 def test_relu_refuses_a_dy_of_another_shape_naming_it(elt_mode):
     with pytest.raises(ValueError) as info:
-        ew.relu_backward(mat((3,), 1), mat((4,), 2), numeric_mode=elt_mode.tier)
+        ew.relu_backward(mat((3,), 1), mat((4,), 2), numeric_mode=elt_mode.numeric_mode)
     assert "mojo_train.relu_backward" in str(info.value) and "dy must have x's shape" in str(info.value)
 
 
@@ -387,7 +387,7 @@ RELU_NONFINITE = [("relu_forward", "x", _uf)] + [("relu_backward", arg, _ub) for
 @pytest.mark.parametrize("i", range(len(RELU_NONFINITE)), ids=["%s %s" % c[:2] for c in RELU_NONFINITE])
 def test_relu_refuses_a_nonfinite_input_by_name_and_inputs_are_untouched(elt_mode, i, bad):
     d = {"x": mat((37, 300), 5), "dy": mat((37, 300), 7)}
-    assert_nonfinite_refused(*RELU_NONFINITE[i], elt_mode.tier, d, bad)
+    assert_nonfinite_refused(*RELU_NONFINITE[i], elt_mode.numeric_mode, d, bad)
 
 
 def test_relu_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(elt_mode):
@@ -404,12 +404,12 @@ def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elt_mode):
     xs = [-2.0, -0.0, 0.0, tiny, -tiny, 1.5, 3e38, -3e38, 2.0 ** -127]
     x = Array.from_list(xs, "float32")
     dy = Array.from_list([7.0, -1.0, 2.0, 3.0, 4.0, -5.0, 6.0, 8.0, -0.0], "float32")
-    y = values(ew.relu_forward(x, numeric_mode=elt_mode.tier))
-    dx = values(ew.relu_backward(dy, x, numeric_mode=elt_mode.tier))
+    y = values(ew.relu_forward(x, numeric_mode=elt_mode.numeric_mode))
+    dx = values(ew.relu_backward(dy, x, numeric_mode=elt_mode.numeric_mode))
     want_y = [0.0, 0.0, 0.0, tiny, 0.0, 1.5, f32(3e38), 0.0, 2.0 ** -127]
     want_dx = [0.0, 0.0, 0.0, 3.0, 0.0, -5.0, 6.0, 0.0, -0.0]
     if elt_mode.has("approximate"):
-        # A library that flushes subnormals (MT_FEATURE_APPROXIMATE: a GPU's fast tier) reads the
+        # A library that flushes subnormals (MT_FEATURE_APPROXIMATE: a GPU's fast numeric mode) reads the
         # subnormal inputs 3 and 8 as zero: their outputs are then +0.0; the rest is exact.
         flushed = [3, 8]
         assert all(same_bits([y[i]], [0.0]) or same_bits([y[i]], [want_y[i]]) for i in flushed)
@@ -420,14 +420,14 @@ def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elt_mode):
         dx, want_dx = [dx[i] for i in keep], [want_dx[i] for i in keep]
     assert same_bits(y, want_y)
     assert same_bits(dx, want_dx)
-    shaped = ew.relu_forward(mat((2, 3, 4), 81), numeric_mode=elt_mode.tier)
+    shaped = ew.relu_forward(mat((2, 3, 4), 81), numeric_mode=elt_mode.numeric_mode)
     assert shaped.shape == (2, 3, 4)
 
 
 def test_relu_outputs_do_not_depend_on_the_thread_count(elt_mode):
     x, dy = mat((300, 300), 97), mat((300, 300), 99)
-    digest = lambda: sha(ew.relu_forward(x, numeric_mode=elt_mode.tier),  # noqa: E731
-                         ew.relu_backward(dy, x, numeric_mode=elt_mode.tier))
+    digest = lambda: sha(ew.relu_forward(x, numeric_mode=elt_mode.numeric_mode),  # noqa: E731
+                         ew.relu_backward(dy, x, numeric_mode=elt_mode.numeric_mode))
     assert len(digests_over_thread_counts(elt_mode, digest)) == 1
 
 

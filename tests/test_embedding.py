@@ -1,5 +1,5 @@
 """The embedding: a bit-exact gather, and a backward that is the token rule of
-native/contracts/embedding.md on every vendor, tier, plan, thread count and launch geometry.
+native/contracts/embedding.md on every vendor, numeric mode, plan, thread count and launch geometry.
 
 Contract under test: native/contracts/embedding.md and mojo_train/embedding.py's docstrings
 (refusals by name, the padding row, accumulation into grad, the exact microbatch splits), the
@@ -106,7 +106,7 @@ def test_backward_is_the_token_rule_reconstructed_in_python(mode, vocab, d, n, p
     p = None if pad is None else pad % vocab
     want = token_rule(np, dy, ids, vocab, p)
     for plan in ("scan", "sort", "auto"):
-        got = embedding_backward(dy, ids, vocab, padding_idx=pad, plan=plan, numeric_mode=mode.tier)
+        got = embedding_backward(dy, ids, vocab, padding_idx=pad, plan=plan, numeric_mode=mode.numeric_mode)
         assert _bits(got) == want.tobytes(), plan
 
 
@@ -120,7 +120,7 @@ def test_accumulating_is_one_addition_per_row_with_terms(mode):
     want = token_rule(np, dy, ids, 40, pad=2, grad=grad)
     want[2] = grad[2]
     got = grad.copy()
-    out = embedding_backward(dy, ids, 40, padding_idx=2, grad=got, numeric_mode=mode.tier)
+    out = embedding_backward(dy, ids, 40, padding_idx=2, grad=got, numeric_mode=mode.numeric_mode)
     assert out is got and got.tobytes() == want.tobytes()
     assert struct.pack("<f", -0.0) == got[39, 0].tobytes()
 
@@ -129,7 +129,7 @@ def test_rows_without_terms_and_the_padding_row_are_positive_zero(mode):
     _need(mode)
     np = _np()
     dy = np.full((4, 2), -1.0, np.float32)
-    got = _host(embedding_backward(dy, [1, 1, 3, 3], 5, padding_idx=3, numeric_mode=mode.tier))
+    got = _host(embedding_backward(dy, [1, 1, 3, 3], 5, padding_idx=3, numeric_mode=mode.numeric_mode))
     assert got.tolist() == [[0, 0], [-2, -2], [0, 0], [0, 0], [0, 0]]
     assert not np.signbit(got[[0, 2, 3, 4]]).any()
 
@@ -160,7 +160,7 @@ def test_forward_copies_every_bit_of_the_rows(mode):
     raw = table.view(np.uint32)
     raw[1, 0], raw[1, 1], raw[2, 2] = 0x7FA00001, 0x80000000, 1    # a signalling NaN, -0.0, a subnormal
     ids = np.array([[1, 2], [0, 1]], np.int32)
-    out = _host(embedding_forward(table, ids, numeric_mode=mode.tier))
+    out = _host(embedding_forward(table, ids, numeric_mode=mode.numeric_mode))
     assert out.shape == (2, 2, 3) and out.tobytes() == table[ids].tobytes()
 
 
@@ -203,19 +203,19 @@ def test_nan_or_inf_in_dy_or_grad_is_refused_and_nothing_is_written(mode):
     dy[1500, 2] = np.inf
     grad = np.ones((5, 3), np.float32)
     with pytest.raises(ValueError, match=r"dy\[1500, 2\] is NaN or inf; nothing was written"):
-        embedding_backward(dy, np.zeros(2000, np.int64), 5, grad=grad, numeric_mode=mode.tier)
+        embedding_backward(dy, np.zeros(2000, np.int64), 5, grad=grad, numeric_mode=mode.numeric_mode)
     dy[1500, 2] = 0.0
     grad[4, 1] = np.nan
     before = grad.tobytes()
     with pytest.raises(ValueError, match=r"dweight \(the gradient accumulated into\)\[4, 1\] is NaN"):
-        embedding_backward(dy, np.zeros(2000, np.int64), 5, grad=grad, numeric_mode=mode.tier)
+        embedding_backward(dy, np.zeros(2000, np.int64), 5, grad=grad, numeric_mode=mode.numeric_mode)
     assert grad.tobytes() == before
     ids = np.zeros(2000, np.int64)
     ids[1999] = 5
     grad[4, 1] = 1.0
     before = grad.tobytes()
     with pytest.raises(ValueError, match=r"ids\[1999\] = 5 is outside \[0, 5\)"):
-        embedding_backward(dy, ids, 5, grad=grad, numeric_mode=mode.tier)
+        embedding_backward(dy, ids, 5, grad=grad, numeric_mode=mode.numeric_mode)
     assert grad.tobytes() == before
 
 
@@ -805,5 +805,5 @@ def test_backward_refuses_a_grad_sharing_memory_with_dy_naming_both(mode, start,
     grad = memoryview(store)[start:start + 12].cast("B").cast("f", (4, 3))
     before = store.tobytes()
     with pytest.raises(ValueError, match=r"mojo_train\.embedding_backward: " + words):
-        embedding_backward(dy, [0, 1, 2, 3], 4, grad=grad, numeric_mode=mode.tier)
+        embedding_backward(dy, [0, 1, 2, 3], 4, grad=grad, numeric_mode=mode.numeric_mode)
     assert store.tobytes() == before

@@ -64,8 +64,8 @@ FORBIDDEN = {
 
 
 def _nn(fn, args, **kw):
-    """A call of ``fn(*args(tensors), **kw)`` under a tier."""
-    return lambda d, tier: fn(*args(d), numeric_mode=tier, **kw)
+    """A call of ``fn(*args(tensors), **kw)`` under a numeric mode."""
+    return lambda d, numeric_mode: fn(*args(d), numeric_mode=numeric_mode, **kw)
 
 
 def _ce(x=None, t=None, **kw):
@@ -175,7 +175,7 @@ def test_a_refusal_names_the_callers_argument_and_no_internal_name(mode, entry, 
     tensors = _tensors()
     before = {k: v.tobytes() for k, v in tensors.items()}
     with pytest.raises(Exception) as info:
-        call(tensors, mode.tier)
+        call(tensors, mode.numeric_mode)
     message = str(info.value)
     assert type(info.value) in (ValueError, TypeError, NotImplementedError), (type(info.value), message)
     assert message.startswith("mojo_train.%s: " % entry), message

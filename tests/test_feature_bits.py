@@ -1,5 +1,5 @@
 """A library cannot under-report itself: every GPU library built here declares at least the
-op features of the CPU oracle of its tier.
+op features of the CPU oracle of its numeric mode.
 
 A stale bit once made mt_gpu_dense.cu (now mt_gpu_linear.cu) report no dense feature, so most dense and LM-head tests
 skipped on CUDA unnoticed. This test reads mt_features() straight from each built library file
@@ -18,7 +18,7 @@ from mojo_train import _native
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "native", "build")
 HEADER = os.path.join(ROOT, "native", "include", "mojo_train.h")
-# Capabilities of a vendor or tier, not ops: they may differ between the oracle and a GPU.
+# Capabilities of a vendor or numeric mode, not ops: they may differ between the oracle and a GPU.
 CAPABILITIES = ("HOST_BUFFERS", "DEVICE_BUFFERS", "THREADS", "PINNED_MATH", "CONTRACTION", "APPROXIMATE")
 
 
@@ -60,10 +60,10 @@ def test_the_header_declares_the_op_features_the_suite_relies_on():
 @pytest.mark.skipif(not GPU_LIBS, reason="no GPU library is built here (make cuda / make hip)")
 @pytest.mark.parametrize("path", GPU_LIBS, ids=os.path.basename)
 def test_a_gpu_library_declares_every_op_feature_of_the_cpu_oracle(path):
-    tier = re.match(r"libmojo_train_\w+?_(identical|deterministic|fast)\.", os.path.basename(path)).group(1)
-    oracle = os.path.join(BUILD, _native.library_name("cpu", tier))
+    numeric_mode = re.match(r"libmojo_train_\w+?_(identical|deterministic|fast)\.", os.path.basename(path)).group(1)
+    oracle = os.path.join(BUILD, _native.library_name("cpu", numeric_mode))
     if not os.path.isfile(oracle):
-        pytest.skip("the cpu oracle's identical tier is not built (make)")
+        pytest.skip("the cpu oracle's identical numeric mode is not built (make)")
     try:
         gpu = features_of(path)
     except OSError as e:

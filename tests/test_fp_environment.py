@@ -1,4 +1,4 @@
-"""The identical tier does not depend on the calling process's floating-point settings or on
+"""The identical numeric mode does not depend on the calling process's floating-point settings or on
 how the process was started: flush-to-zero set by someone else (torch.set_flush_denormal, a
 library built with -ffast-math) changes no bit, and a forked child can still step."""
 import os

@@ -2,7 +2,7 @@
 
 Contract under test: every function declared between MT_CDEF_BEGIN and MT_CDEF_END in
 mojo_train.h is a defined, exported (T) dynamic symbol of each built
-native/build/libmojo_train_hip_<tier>.so, and the library names itself hip and its tier.
+native/build/libmojo_train_hip_<numeric mode>.so, and the library names itself hip and its numeric mode.
 HIP is compile-checked only (native/hip/README.md): this runs where hipcc is installed and
 `make hip` has run; elsewhere it skips.
 """
@@ -28,10 +28,10 @@ def declared_functions():
     return re.findall(r"\b(mt_\w+)\s*\(", re.sub(r"/\*.*?\*/", "", block, flags=re.S))
 
 
-def hip_library(tier):
+def hip_library(numeric_mode):
     if not shutil.which("hipcc"):
         pytest.skip("hipcc is not installed: the HIP build is not compiled here")
-    path = os.path.join(BUILD, _native.library_name("hip", tier))
+    path = os.path.join(BUILD, _native.library_name("hip", numeric_mode))
     if not os.path.isfile(path):
         pytest.skip("%s is not built (make hip)" % path)
     return path
@@ -44,9 +44,9 @@ def test_header_parse_finds_the_abi():
         assert name in names
 
 
-@pytest.mark.parametrize("tier", _native.TIERS)
-def test_hip_library_exports_every_declared_function(tier):
-    path = hip_library(tier)
+@pytest.mark.parametrize("numeric_mode", _native.NUMERIC_MODES)
+def test_hip_library_exports_every_declared_function(numeric_mode):
+    path = hip_library(numeric_mode)
     nm = shutil.which("nm")
     if not nm:
         pytest.skip("nm is not installed")
@@ -56,11 +56,11 @@ def test_hip_library_exports_every_declared_function(tier):
     assert not missing, "%s does not export %s" % (path, ", ".join(missing))
 
 
-@pytest.mark.parametrize("tier", _native.TIERS)
-def test_hip_library_names_itself(tier):
-    path = hip_library(tier)
+@pytest.mark.parametrize("numeric_mode", _native.NUMERIC_MODES)
+def test_hip_library_names_itself(numeric_mode):
+    path = hip_library(numeric_mode)
     try:
         lib = _native.ffi.dlopen(path)
     except OSError as e:   # e.g. the HIP runtime (libamdhip64) is not installed beside hipcc
         pytest.skip("cannot dlopen %s: %s" % (path, e))
-    assert _native._read_identity(lib) == ("hip", tier, _native.ABI_VERSION)
+    assert _native._read_identity(lib) == ("hip", numeric_mode, _native.ABI_VERSION)

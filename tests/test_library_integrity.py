@@ -39,9 +39,9 @@ LOAD = """
 """
 
 
-def load_in_child(libdir, vendor, tier, **env):
-    """Load (vendor, tier) in a fresh interpreter searching ``libdir`` first."""
-    out = run_python(LOAD % (tier, vendor, tier, vendor),
+def load_in_child(libdir, vendor, numeric_mode, **env):
+    """Load (vendor, numeric mode) in a fresh interpreter searching ``libdir`` first."""
+    out = run_python(LOAD % (numeric_mode, vendor, numeric_mode, vendor),
                      dict(env, MOJO_TRAIN_LIBRARY_PATH=str(libdir), MOJO_TRAIN_VENDOR=vendor))
     assert out.returncode == 0, "the child died (%d): %s" % (out.returncode, out.stderr[-2000:])
     return out.stdout
@@ -73,10 +73,10 @@ def library_bytes(backend):
         return f.read()
 
 
-def assert_refused(stdout, path, vendor, tier, *words):
+def assert_refused(stdout, path, vendor, numeric_mode, *words):
     assert stdout.startswith("REFUSED"), stdout
     assert str(path) in stdout
-    assert "Rebuild with: " + _native.rebuild_command(vendor, tier) in stdout
+    assert "Rebuild with: " + _native.rebuild_command(vendor, numeric_mode) in stdout
     for w in words:
         assert w in stdout, (w, stdout)
 
@@ -104,7 +104,7 @@ def test_sha256sum_accepts_the_manifest_make_writes(identical):
 
 def test_a_good_copy_with_its_manifest_loads_from_the_library_path(identical, tmp_path):
     path = copy_library(identical.backend, tmp_path)
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
     assert out.startswith("LOADED"), out
     info = json.loads(out.splitlines()[1])
     assert info["path"] == str(path)
@@ -113,7 +113,7 @@ def test_a_good_copy_with_its_manifest_loads_from_the_library_path(identical, tm
 
 def test_a_copy_without_a_manifest_loads_from_the_library_path_and_backend_info_says_so(identical, tmp_path):
     path = copy_library(identical.backend, tmp_path, manifest=False)
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
     assert out.startswith("LOADED"), out
     tried = json.loads(out.splitlines()[1])["tried"]
     assert tried[-1]["path"] == str(path)
@@ -135,8 +135,8 @@ def test_a_truncated_library_is_refused_not_a_crash(identical, tmp_path, cut, ma
     data = library_bytes(identical.backend)
     length = TRUNCATIONS[cut](len(data))
     path = copy_library(identical.backend, tmp_path, manifest, data[:length])
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
-    assert_refused(out, path, identical.vendor, identical.tier, "is damaged or truncated")
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
+    assert_refused(out, path, identical.vendor, identical.numeric_mode, "is damaged or truncated")
 
 
 def test_auto_passes_over_a_damaged_gpu_library_and_says_so_while_an_explicit_vendor_refuses(tmp_path):
@@ -164,23 +164,23 @@ def test_a_library_damaged_in_one_byte_is_refused_by_its_manifest(identical, tmp
     data = bytearray(library_bytes(identical.backend))
     data[DAMAGES[where](len(data))] ^= 0x5A
     path = copy_library(identical.backend, tmp_path, True, bytes(data))
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
-    assert_refused(out, path, identical.vendor, identical.tier, "is damaged or truncated")
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
+    assert_refused(out, path, identical.vendor, identical.numeric_mode, "is damaged or truncated")
 
 
 def test_a_malformed_manifest_is_refused(identical, tmp_path):
     path = copy_library(identical.backend, tmp_path, manifest=False)
     (tmp_path / (path.name + ".sha256")).write_text("not a digest\n")
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
-    assert_refused(out, path, identical.vendor, identical.tier, "malformed digest manifest")
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
+    assert_refused(out, path, identical.vendor, identical.numeric_mode, "malformed digest manifest")
 
 
 def test_a_manifest_naming_another_file_is_refused(identical, tmp_path):
     path = copy_library(identical.backend, tmp_path, manifest=False)
     digest = hashlib.sha256(library_bytes(identical.backend)).hexdigest()
     (tmp_path / (path.name + ".sha256")).write_text("%s  libsomething_else.so\n" % digest)
-    out = load_in_child(tmp_path, identical.vendor, identical.tier)
-    assert_refused(out, path, identical.vendor, identical.tier, "malformed digest manifest")
+    out = load_in_child(tmp_path, identical.vendor, identical.numeric_mode)
+    assert_refused(out, path, identical.vendor, identical.numeric_mode, "malformed digest manifest")
 
 
 # ---- our own folders need the manifest ---------------------------------------------------------------
@@ -197,10 +197,10 @@ def _installed_package(tmp_path, backend, manifest):
     return root, copy_library(backend, pkg / "lib", manifest)
 
 
-def _load_installed(root, vendor, tier):
+def _load_installed(root, vendor, numeric_mode):
     env = {k: v for k, v in os.environ.items() if k != "MOJO_TRAIN_LIBRARY_PATH"}
     env.update(PYTHONPATH=python_path(root), MOJO_TRAIN_VENDOR=vendor)
-    res = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD % (tier, vendor, tier, vendor))],
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(LOAD % (numeric_mode, vendor, numeric_mode, vendor))],
                          cwd=str(root), env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
@@ -208,14 +208,14 @@ def _load_installed(root, vendor, tier):
 
 def test_an_installed_library_without_its_manifest_is_refused(identical, tmp_path):
     root, path = _installed_package(tmp_path, identical.backend, manifest=False)
-    out = _load_installed(root, identical.vendor, identical.tier)
-    assert_refused(out, path, identical.vendor, identical.tier, "has no digest manifest",
+    out = _load_installed(root, identical.vendor, identical.numeric_mode)
+    assert_refused(out, path, identical.vendor, identical.numeric_mode, "has no digest manifest",
                    str(path) + ".sha256")
 
 
 def test_an_installed_library_with_its_manifest_loads(identical, tmp_path):
     root, path = _installed_package(tmp_path, identical.backend, manifest=True)
-    out = _load_installed(root, identical.vendor, identical.tier)
+    out = _load_installed(root, identical.vendor, identical.numeric_mode)
     assert out.startswith("LOADED"), out
     info = json.loads(out.splitlines()[1])
     assert info["path"] == str(path) and info["tried"][-1]["outcome"] == "loaded"
@@ -240,15 +240,15 @@ def test_a_stub_exporting_only_identity_functions_is_refused_naming_a_missing_sy
     if cc is None:
         pytest.skip("no C compiler to build the stub")
     src = tmp_path / "stub.c"
-    src.write_text(STUB % (_native.ABI_VERSION, identical.vendor, identical.tier, FEATURES if with_features else ""))
+    src.write_text(STUB % (_native.ABI_VERSION, identical.vendor, identical.numeric_mode, FEATURES if with_features else ""))
     libdir = tmp_path / "lib"
     libdir.mkdir()
-    stub = libdir / _native.library_name(identical.vendor, identical.tier)
+    stub = libdir / _native.library_name(identical.vendor, identical.numeric_mode)
     res = subprocess.run([cc, "-shared", "-fPIC", "-o", str(stub), str(src)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     write_manifest(stub)                     # a stub with a true digest is still refused
-    out = load_in_child(libdir, identical.vendor, identical.tier)
-    assert_refused(out, stub, identical.vendor, identical.tier, "does not export mt_")
+    out = load_in_child(libdir, identical.vendor, identical.numeric_mode)
+    assert_refused(out, stub, identical.vendor, identical.numeric_mode, "does not export mt_")
     named = out.split("does not export ", 1)[1].split()[0].rstrip(":,")
     assert named in declared_functions()
     if with_features:

@@ -4,11 +4,11 @@ mojo_train and mojo_train.nn); ReLU's tests wait in the marked block at the end.
 Contract under test: native/contracts/linear.md. Every refusal (wrong dtype, shape, size,
 pointer; a NaN or inf in any input, named) writes no output; the results' bytes do not
 depend on the thread count, on the CPU's GEMM kernel (AVX-512, AVX2, scalar) or on the
-alignment of device buffers; in the identical tier each GEMM output is the fma chain over its
+alignment of device buffers; in the identical numeric mode each GEMM output is the fma chain over its
 index in ascending order (replayed here in exact rational arithmetic), and contractions over
 rows (dweight, dbias) follow the token rule -- per-leaf results combined by the pairwise
 tree, which is also the exactness of gradient accumulation over aligned microbatches; every
-tier stays within tests/tolerances.py's bound of torch in float64; mlp_inference_sessions is
+numeric mode stays within tests/tolerances.py's bound of torch in float64; mlp_inference_sessions is
 the composition of the layers and ignores how rows are split.
 ``PYTHONPATH=. python tests/test_linear.py N`` prints the bound figures of tolerances.py.
 """
@@ -75,7 +75,7 @@ REFUSALS = _refusals()
 def test_a_bad_argument_is_refused_naming_it(linear_mode, i):
     fn, args, kwargs, exc, text = REFUSALS[i]
     with pytest.raises(exc) as info:
-        fn(*args, numeric_mode=linear_mode.tier, **kwargs)
+        fn(*args, numeric_mode=linear_mode.numeric_mode, **kwargs)
     assert "mojo_train.%s" % fn.__name__ in str(info.value) and text in str(info.value)
 
 
@@ -95,7 +95,7 @@ NONFINITE = [("linear_forward", arg, _lf) for arg in ("a", "weight", "bias")] + 
 @pytest.mark.parametrize("i", range(len(NONFINITE)), ids=["%s %s" % c[:2] for c in NONFINITE])
 def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(linear_mode, i, bad):
     d = {"a": mat((37, 300), 1), "weight": mat((5, 300), 2), "bias": mat((5,), 3), "dc": mat((37, 5), 4)}
-    assert_nonfinite_refused(*NONFINITE[i], linear_mode.tier, d, bad)
+    assert_nonfinite_refused(*NONFINITE[i], linear_mode.numeric_mode, d, bad)
 
 
 # ---- refusals: the C entries write nothing ---------------------------------------------------
@@ -134,7 +134,7 @@ def test_the_c_entries_refuse_a_nonfinite_input_before_writing_any_output(linear
 
 
 def test_empty_shapes_are_answered_without_reading_anything(linear_mode):
-    m = linear_mode.tier
+    m = linear_mode.numeric_mode
     out = mt.linear_forward(mat((0, 3), 1), mat((4, 3), 2), numeric_mode=m)
     assert out.shape == (0, 4)
     out = mt.linear_forward(mat((2, 0), 1), mat((3, 0), 2), mat((3,), 3), numeric_mode=m)
@@ -147,7 +147,7 @@ def test_empty_shapes_are_answered_without_reading_anything(linear_mode):
 
 
 def test_leading_dimensions_are_rows_and_skipped_gradients_are_none(linear_mode):
-    m = linear_mode.tier
+    m = linear_mode.numeric_mode
     a3, w, b = mat((2, 3, 5), 161), mat((4, 5), 162), mat((4,), 163)
     a2 = a3.reshape(6, 5)
     out = mt.linear_forward(a3, w, b, numeric_mode=m)
@@ -163,7 +163,7 @@ def test_leading_dimensions_are_rows_and_skipped_gradients_are_none(linear_mode)
     assert mt.linear_backward(dc3, a3, w, need_weight_grad=False, numeric_mode=m)[1] is None
 
 
-# ---- linear: the chains (identical tier) -------------------------------------------------------
+# ---- linear: the chains (identical numeric mode) -------------------------------------------------------
 
 def test_linear_forward_outputs_are_fma_chains_over_k_in_ascending_order(linear_identical):
     m, n, k = 5, 7, 300
@@ -235,18 +235,18 @@ def test_gradients_of_aligned_microbatches_add_up_to_the_full_batch_exactly(line
 _INPUTS = {}
 
 
-def _all_outputs(tier):
+def _all_outputs(numeric_mode):
     if not _INPUTS:
         _INPUTS.update(a=mat((300, 1100), 91), w=mat((70, 1100), 92), b=mat((70,), 93), dc=mat((300, 70), 94),
                        big_dc=mat((2600, 70), 95), big_a=mat((2600, 33), 96), big_w=mat((70, 33), 100))
     d = _INPUTS
-    return sha(mt.linear_forward(d["a"], d["w"], d["b"], numeric_mode=tier),
-               *mt.linear_backward(d["dc"], d["a"], d["w"], need_bias_grad=True, numeric_mode=tier),
-               *mt.linear_backward(d["big_dc"], d["big_a"], d["big_w"], need_bias_grad=True, numeric_mode=tier))
+    return sha(mt.linear_forward(d["a"], d["w"], d["b"], numeric_mode=numeric_mode),
+               *mt.linear_backward(d["dc"], d["a"], d["w"], need_bias_grad=True, numeric_mode=numeric_mode),
+               *mt.linear_backward(d["big_dc"], d["big_a"], d["big_w"], need_bias_grad=True, numeric_mode=numeric_mode))
 
 
 def test_outputs_do_not_depend_on_the_thread_count(linear_mode):
-    assert len(digests_over_thread_counts(linear_mode, lambda: _all_outputs(linear_mode.tier))) == 1
+    assert len(digests_over_thread_counts(linear_mode, lambda: _all_outputs(linear_mode.numeric_mode))) == 1
 
 
 _GEMM_HOST = r"""
@@ -334,10 +334,10 @@ def _mlp_weights():
 def test_mlp_sessions_are_linear_relu_linear_of_the_concatenated_rows(linear_mode):
     w1, b1, w2, b2 = _mlp_weights()
     sessions = [mat((r, 13), 120 + r) for r in (3, 0, 1200, 1)]
-    out = mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.tier)
+    out = mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.numeric_mode)
     x = Array.from_bytes(b"".join(s.tobytes() for s in sessions), (1204, 13), "float32")
-    h = nn.relu_forward(mt.linear_forward(x, w1, b1, numeric_mode=linear_mode.tier), numeric_mode=linear_mode.tier)
-    want = mt.linear_forward(h, w2, b2, numeric_mode=linear_mode.tier)
+    h = nn.relu_forward(mt.linear_forward(x, w1, b1, numeric_mode=linear_mode.numeric_mode), numeric_mode=linear_mode.numeric_mode)
+    want = mt.linear_forward(h, w2, b2, numeric_mode=linear_mode.numeric_mode)
     assert out.shape == (1204, 7) and sha(out) == sha(want)
 
 
@@ -351,16 +351,16 @@ def test_mlp_sessions_do_not_depend_on_how_rows_are_split(linear_mode):
         for r in split:
             sessions.append(rows_of(x, r0, r0 + r))
             r0 += r
-        digests.add(sha(mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.tier)))
+        digests.add(sha(mt.mlp_inference_sessions(sessions, w1, b1, w2, b2, numeric_mode=linear_mode.numeric_mode)))
     assert len(digests) == 1
 
 
 def test_mlp_sessions_without_biases(linear_mode):
     w1, _, w2, _ = _mlp_weights()
     x = mat((9, 13), 140)
-    out = mt.mlp_inference_sessions([x], w1, None, w2, None, numeric_mode=linear_mode.tier)
-    h = nn.relu_forward(mt.linear_forward(x, w1, numeric_mode=linear_mode.tier), numeric_mode=linear_mode.tier)
-    assert sha(out) == sha(mt.linear_forward(h, w2, numeric_mode=linear_mode.tier))
+    out = mt.mlp_inference_sessions([x], w1, None, w2, None, numeric_mode=linear_mode.numeric_mode)
+    h = nn.relu_forward(mt.linear_forward(x, w1, numeric_mode=linear_mode.numeric_mode), numeric_mode=linear_mode.numeric_mode)
+    assert sha(out) == sha(mt.linear_forward(h, w2, numeric_mode=linear_mode.numeric_mode))
 
 
 # ---- device buffers ----------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def test_mlp_sessions_without_biases(linear_mode):
 def test_device_inputs_give_device_outputs_with_the_host_bits(linear_mode):
     if not linear_mode.has("device_buffers"):
         pytest.skip("the vendor takes no device buffers")
-    t = linear_mode.tier
+    t = linear_mode.numeric_mode
     a, w, b, dc = mat((33, 70), 151), mat((9, 70), 152), mat((9,), 153), mat((33, 9), 154)
     dev = [mt.to_device(v, numeric_mode=t) for v in (a, w, b, dc)]
     out = mt.linear_forward(dev[0], dev[1], dev[2], numeric_mode=t)
@@ -400,7 +400,7 @@ def linear_cases(draw):
             "seed": draw(st.integers(0, 2**32 - 1))}
 
 
-def linear_vs_torch(case, tier, dtype=None):
+def linear_vs_torch(case, numeric_mode, dtype=None):
     """{name: (ours or torch-in-dtype, float64 reference, unit)} for one linear case."""
     import numpy as np
     torch = pytest.importorskip("torch")
@@ -414,8 +414,8 @@ def linear_vs_torch(case, tier, dtype=None):
     if b is not None:
         ref["out"] = ref["out"] + torch.tensor(b, dtype=torch.float64)
     if dtype is None:
-        got = {"out": mt.linear_forward(a, w, b, numeric_mode=tier)}
-        got["da"], got["dweight"], got["dbias"] = mt.linear_backward(dc, a, w, need_bias_grad=True, numeric_mode=tier)
+        got = {"out": mt.linear_forward(a, w, b, numeric_mode=numeric_mode)}
+        got["da"], got["dweight"], got["dbias"] = mt.linear_backward(dc, a, w, need_bias_grad=True, numeric_mode=numeric_mode)
         got = {key: np.asarray(v) for key, v in got.items()}
     else:
         t = {key: torch.tensor(v) for key, v in (("a", a), ("w", w), ("dc", dc))}
@@ -430,7 +430,7 @@ def linear_vs_torch(case, tier, dtype=None):
 @settings(max_examples=20, **HYPOTHESIS)
 @given(case=linear_cases())
 def test_linear_stays_within_the_bound_of_torch_float64(linear_mode, case):
-    for name, (ours, ref, unit) in linear_vs_torch(case, linear_mode.tier).items():
+    for name, (ours, ref, unit) in linear_vs_torch(case, linear_mode.numeric_mode).items():
         tol.assert_close_to_reference(ours, ref, "%r linear %s %r" % (linear_mode, name, case), unit=unit)
 
 
@@ -441,8 +441,8 @@ def _figures(n_cases):
     cases = [{"m": rng.randint(*tol.DENSE_ROWS_RANGE), "n": rng.randint(*tol.DENSE_OUT_RANGE),
               "k": rng.randint(*tol.DENSE_K_RANGE), "bias": rng.random() < 0.5, "seed": rng.getrandbits(32)}
              for _ in range(n_cases)]
-    print_bound_figures(cases, lambda case, tier, dtype: {
-        "linear " + name: v for name, v in linear_vs_torch(case, tier, dtype).items()})
+    print_bound_figures(cases, lambda case, numeric_mode, dtype: {
+        "linear " + name: v for name, v in linear_vs_torch(case, numeric_mode, dtype).items()})
 
 
 if __name__ == "__main__":

@@ -38,22 +38,22 @@ def _inputs(rows, vocab, width, seed, ignored=0.0, scale=1.0):
 
 
 def _separate(h, w, b, t, mode, **ce):
-    logits = nn.linear_forward(h, w, b, numeric_mode=mode.tier)
-    value, dl = loss.cross_entropy(logits, t, return_grad=True, numeric_mode=mode.tier, **ce)
-    grads = nn.linear_backward(dl, h, w, need_bias_grad=b is not None, numeric_mode=mode.tier)
+    logits = nn.linear_forward(h, w, b, numeric_mode=mode.numeric_mode)
+    value, dl = loss.cross_entropy(logits, t, return_grad=True, numeric_mode=mode.numeric_mode, **ce)
+    grads = nn.linear_backward(dl, h, w, need_bias_grad=b is not None, numeric_mode=mode.numeric_mode)
     return (value,) + tuple(grads)
 
 
-# What the fused head promises against the separate layers, by tier (README "Tiers"): the
-# identical and deterministic tiers run the very same arithmetic in both, so the bits agree at
-# every chunk size; a library that declares MT_FEATURE_APPROXIMATE (a GPU's fast tier:
+# What the fused head promises against the separate layers, by numeric mode (README "Numeric modes"): the
+# identical and deterministic numeric modes run the very same arithmetic in both, so the bits agree at
+# every chunk size; a library that declares MT_FEATURE_APPROXIMATE (a GPU's fast numeric mode:
 # approximate exp, division and sqrt, subnormals flushed) lets the compiler round the two
 # paths differently, and promises agreement within float32 rounding only.
 APPROX_RTOL, APPROX_ATOL = 1e-5, 1e-6     # atol relative to the tensor's largest magnitude
 
 
 def _agree(mode, got, want, what):
-    """Assert that two (loss, *grads) tuples agree as the tier promises."""
+    """Assert that two (loss, *grads) tuples agree as the numeric mode promises."""
     if not mode.has("approximate"):
         assert (repr(got[0]),) + tuple(_sha(g) for g in got[1:]) == \
             (repr(want[0]),) + tuple(_sha(g) for g in want[1:]), what
@@ -82,7 +82,7 @@ def test_linear_cross_entropy_is_bit_for_bit_the_separate_layers_at_every_chunk_
     want = _separate(h, w, b, t, head, label_smoothing=smooth, reduction=red)
     for chunk in (None, 1, 7, 1000, 1024, 1025, rows):
         got = loss.linear_cross_entropy(h, w, t, linear_bias=b, reduction=red, label_smoothing=smooth,
-                                        return_grad=True, chunk_rows=chunk, numeric_mode=head.tier)
+                                        return_grad=True, chunk_rows=chunk, numeric_mode=head.numeric_mode)
         _agree(head, got, want, "chunk_rows=%r" % chunk)
 
 
@@ -94,27 +94,27 @@ def test_the_lm_head_lives_in_lm_head_and_keeps_its_loss_import_path():
 
 def test_chunked_lm_head_loss_is_the_mean_cross_entropy_of_the_logits(head):
     h, w, _, t = _inputs(1500, 41, 6, 3)
-    got = loss.chunked_lm_head_loss(h, w, t, return_grad=True, chunk_rows=100, numeric_mode=head.tier)
+    got = loss.chunked_lm_head_loss(h, w, t, return_grad=True, chunk_rows=100, numeric_mode=head.numeric_mode)
     _agree(head, got, _separate(h, w, None, t, head), "chunk_rows=100")
-    _agree(head, (loss.chunked_lm_head_loss(h, w, t, numeric_mode=head.tier),), got[:1], "forward only")
+    _agree(head, (loss.chunked_lm_head_loss(h, w, t, numeric_mode=head.numeric_mode),), got[:1], "forward only")
 
 
 def test_forward_only_and_per_row_losses_match_cross_entropy(head):
     h, w, b, t = _inputs(700, 23, 5, 11, ignored=0.2)
-    logits = nn.linear_forward(h, w, b, numeric_mode=head.tier)
-    rows = loss.cross_entropy(logits, t, reduction="none", numeric_mode=head.tier)
+    logits = nn.linear_forward(h, w, b, numeric_mode=head.numeric_mode)
+    rows = loss.cross_entropy(logits, t, reduction="none", numeric_mode=head.numeric_mode)
     got = loss.linear_cross_entropy(h, w, t, linear_bias=b, reduction="none", chunk_rows=64,
-                                    numeric_mode=head.tier)
-    mean = loss.linear_cross_entropy(h, w, t, linear_bias=b, numeric_mode=head.tier, num_items=999)
-    _agree(head, (mean, got), (loss.cross_entropy(logits, t, num_items=999, numeric_mode=head.tier), rows),
+                                    numeric_mode=head.numeric_mode)
+    mean = loss.linear_cross_entropy(h, w, t, linear_bias=b, numeric_mode=head.numeric_mode, num_items=999)
+    _agree(head, (mean, got), (loss.cross_entropy(logits, t, num_items=999, numeric_mode=head.numeric_mode), rows),
            "reduction='none' and num_items=999")
 
 
 def test_leading_dimensions_are_rows(head):
     h, w, b, t = _inputs(24, 11, 5, 5)
-    flat = loss.linear_cross_entropy(h, w, t, return_grad=True, numeric_mode=head.tier)
+    flat = loss.linear_cross_entropy(h, w, t, return_grad=True, numeric_mode=head.numeric_mode)
     batched = loss.linear_cross_entropy(h.reshape(4, 6, 5), w, mt.Array.from_list(t, "int64").reshape(4, 6),
-                                        return_grad=True, numeric_mode=head.tier)
+                                        return_grad=True, numeric_mode=head.numeric_mode)
     assert batched[0] == flat[0] and batched[1].shape == (4, 6, 5)
     assert batched[1].tobytes() == flat[1].tobytes() and batched[2].tobytes() == flat[2].tobytes()
 
@@ -124,9 +124,9 @@ def test_at_most_a_chunk_of_logits_is_ever_alive(head):
         pytest.skip("host memory is counted here; the GPU's is measured in bench/")
     rows, vocab, width = 4096, 1000, 8
     h, w, _, t = _inputs(rows, vocab, width, 9)
-    before = mt.memory_stats(reset=True, numeric_mode=head.tier)
-    loss.linear_cross_entropy(h, w, t, return_grad=True, chunk_rows=64, numeric_mode=head.tier)
-    peak = mt.memory_stats(numeric_mode=head.tier)["peak"] - before["current"]
+    before = mt.memory_stats(reset=True, numeric_mode=head.numeric_mode)
+    loss.linear_cross_entropy(h, w, t, return_grad=True, chunk_rows=64, numeric_mode=head.numeric_mode)
+    peak = mt.memory_stats(numeric_mode=head.numeric_mode)["peak"] - before["current"]
     logits = rows * vocab * 4
     # two chunks of logits (values, gradients), log2(4) + 1 weight partials, packed weights
     expected = 2 * 64 * vocab * 4 + 4 * vocab * width * 4 + 2 * vocab * width * 4 + rows * 8
@@ -146,7 +146,7 @@ def test_at_most_a_chunk_of_logits_is_ever_alive(head):
 def test_refusals_name_the_argument(head, kwargs, exc, message):
     h, w, b, t = _inputs(10, 5, 3, 1)
     with pytest.raises(exc, match="^mojo_train.linear_cross_entropy: .*" + message):
-        loss.linear_cross_entropy(h, w, t, numeric_mode=head.tier, **kwargs)
+        loss.linear_cross_entropy(h, w, t, numeric_mode=head.numeric_mode, **kwargs)
 
 
 @pytest.mark.parametrize("keyword", ["ignore_index", "reduction", "label_smoothing", "num_items", "linear_bias"])
@@ -154,7 +154,7 @@ def test_chunked_lm_head_loss_refuses_what_only_linear_cross_entropy_takes(head,
     h, w, b, t = _inputs(10, 5, 3, 1)
     with pytest.raises(TypeError, match="chunked_lm_head_loss: %s= is not taken .* linear_cross_entropy has it"
                        % keyword):
-        loss.chunked_lm_head_loss(h, w, t, numeric_mode=head.tier, **{keyword: 0})
+        loss.chunked_lm_head_loss(h, w, t, numeric_mode=head.numeric_mode, **{keyword: 0})
 
 
 def test_chunked_lm_head_loss_refuses_every_target_outside_the_classes_with_no_ignore_index(head):
@@ -165,30 +165,30 @@ def test_chunked_lm_head_loss_refuses_every_target_outside_the_classes_with_no_i
         before = targets.tobytes()
         with pytest.raises(ValueError, match=r"targets\[4\] = %d is outside \[0, 5\) \(there is no ignore "
                            r"index\)" % bad):
-            loss.chunked_lm_head_loss(h, w, targets, return_grad=True, numeric_mode=head.tier)
+            loss.chunked_lm_head_loss(h, w, targets, return_grad=True, numeric_mode=head.numeric_mode)
         assert targets.tobytes() == before
 
 
 def test_torch_defaults_none_are_accepted(head):
     h, w, b, t = _inputs(10, 5, 3, 1)
-    assert loss.linear_cross_entropy(h, w, t, weight=None, options=None, numeric_mode=head.tier) == \
-        loss.linear_cross_entropy(h, w, t, numeric_mode=head.tier)
+    assert loss.linear_cross_entropy(h, w, t, weight=None, options=None, numeric_mode=head.numeric_mode) == \
+        loss.linear_cross_entropy(h, w, t, numeric_mode=head.numeric_mode)
 
 
 def test_bad_targets_and_shapes_are_refused_by_name(head):
     h, w, b, t = _inputs(10, 5, 3, 1)
     with pytest.raises(ValueError, match=r"linear_cross_entropy: target\[3\] = 5 is outside \[0, 5\)"):
-        loss.linear_cross_entropy(h, w, t[:3] + [5] + t[4:], numeric_mode=head.tier)
+        loss.linear_cross_entropy(h, w, t[:3] + [5] + t[4:], numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match="last dimension of input is 3 but linear_weight has width 4"):
-        loss.linear_cross_entropy(h, mt.Array((5, 4)), t, numeric_mode=head.tier)
+        loss.linear_cross_entropy(h, mt.Array((5, 4)), t, numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match="linear_bias has 4 elements"):
-        loss.linear_cross_entropy(h, w, t, linear_bias=mt.Array((4,)), numeric_mode=head.tier)
+        loss.linear_cross_entropy(h, w, t, linear_bias=mt.Array((4,)), numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match="target has 9 elements"):
-        loss.linear_cross_entropy(h, w, t[:9], numeric_mode=head.tier)
+        loss.linear_cross_entropy(h, w, t[:9], numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match=r"target must have shape \(2, 5\), got \(10,\)"):
-        loss.linear_cross_entropy(h.reshape(2, 5, 3), w, t, numeric_mode=head.tier)
+        loss.linear_cross_entropy(h.reshape(2, 5, 3), w, t, numeric_mode=head.numeric_mode)
     with pytest.raises(TypeError, match="float32"):
-        loss.chunked_lm_head_loss(mt.Array((10, 3), "float64"), w, t, numeric_mode=head.tier)
+        loss.chunked_lm_head_loss(mt.Array((10, 3), "float64"), w, t, numeric_mode=head.numeric_mode)
 
 
 def test_nonfinite_inputs_are_refused_and_callers_buffers_untouched(head):
@@ -197,9 +197,9 @@ def test_nonfinite_inputs_are_refused_and_callers_buffers_untouched(head):
     flat[13] = float("nan")
     before = (h.tobytes(), w.tobytes(), b.tobytes())
     with pytest.raises(ValueError, match="linear_cross_entropy: input holds NaN or inf"):
-        loss.linear_cross_entropy(h, w, t, linear_bias=b, return_grad=True, numeric_mode=head.tier)
+        loss.linear_cross_entropy(h, w, t, linear_bias=b, return_grad=True, numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match="chunked_lm_head_loss: hidden holds NaN or inf"):
-        loss.chunked_lm_head_loss(h, w, t, return_grad=True, numeric_mode=head.tier)
+        loss.chunked_lm_head_loss(h, w, t, return_grad=True, numeric_mode=head.numeric_mode)
     assert (h.tobytes(), w.tobytes(), b.tobytes()) == before
 
 
@@ -215,10 +215,10 @@ def test_logits_that_overflow_name_the_callers_row_in_every_chunk(head, chunk_ro
     with pytest.raises(ValueError, match=r"linear_cross_entropy: the logits of input row 5 \(input @ "
                        r"linear_weight.T \+ linear_bias\) overflow float32"):
         loss.linear_cross_entropy(h, big, t, linear_bias=b, return_grad=True, chunk_rows=chunk_rows,
-                                  numeric_mode=head.tier)
+                                  numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match=r"chunked_lm_head_loss: the logits of hidden row 5 \(hidden @ "
                        r"weight.T\) overflow float32"):
-        loss.chunked_lm_head_loss(h, big, t, chunk_rows=chunk_rows, numeric_mode=head.tier)
+        loss.chunked_lm_head_loss(h, big, t, chunk_rows=chunk_rows, numeric_mode=head.numeric_mode)
 
 
 def test_agrees_with_torch_linear_cross_entropy_in_float64(head):
@@ -229,7 +229,7 @@ def test_agrees_with_torch_linear_cross_entropy_in_float64(head):
     import tolerances as tol
     h, w, b, t = _inputs(300, 40, 16, 21, ignored=0.1)
     got = loss.linear_cross_entropy(h, w, t, linear_bias=b, label_smoothing=0.05, return_grad=True,
-                                    numeric_mode=head.tier)
+                                    numeric_mode=head.numeric_mode)
     th, tw, tb = (torch.tensor(np.asarray(x), dtype=torch.float64, requires_grad=True) for x in (h, w, b))
     ref = torch.nn.functional.linear_cross_entropy(th, tw, torch.tensor(t), linear_bias=tb, label_smoothing=0.05)
     ref.backward()

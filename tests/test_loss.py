@@ -44,7 +44,7 @@ def targets_of(rows, vocab, seed=0, ignore=0.0, ignore_index=-100, dtype=np.int6
 
 
 def ce(mode, logits, targets, **kw):
-    return mt.cross_entropy(logits, targets, numeric_mode=mode.tier, **kw)
+    return mt.cross_entropy(logits, targets, numeric_mode=mode.numeric_mode, **kw)
 
 
 def raw(x):
@@ -286,7 +286,7 @@ def _loss_call(mode, entry, **kw):
     t, x = np.array([0, 4, 1, 3, 2, 4], np.int64), rng.uniform(-1, 1, (6, 5)).astype(np.float32)
     args = {"cross_entropy": (x, t), "linear_cross_entropy": (h, w, t), "chunked_lm_head_loss": (h, w, t)}[entry]
     fn = getattr(mt, entry)
-    return (lambda **more: fn(*args, numeric_mode=mode.tier, **dict(kw, **more))), args
+    return (lambda **more: fn(*args, numeric_mode=mode.numeric_mode, **dict(kw, **more))), args
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -385,7 +385,7 @@ def token_rule_sum(values):
 def test_the_sum_is_the_token_rule_over_the_row_losses(mode, rows):
     _need(mode)
     if mode.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     x, t = logits_of(rows, 11, seed=rows), targets_of(rows, 11, seed=rows, ignore=0.1)
     per_row = ce(mode, x, t, reduction="none").tolist()
     total = ce(mode, x, t, reduction="sum")
@@ -473,8 +473,8 @@ def run_torch(x, t, dtype, ignore_index=-100, reduction="mean", label_smoothing=
     return out
 
 
-def run_ours(mode_tier, x, t, return_grad=False, **kw):
-    got = mt.cross_entropy(x, t, numeric_mode=mode_tier, return_grad=return_grad, **kw)
+def run_ours(mode_numeric_mode, x, t, return_grad=False, **kw):
+    got = mt.cross_entropy(x, t, numeric_mode=mode_numeric_mode, return_grad=return_grad, **kw)
     loss, d = got if return_grad else (got, None)
     out = {"loss": np.asarray(loss, dtype=np.float64)}
     if return_grad:
@@ -515,11 +515,11 @@ def bound_used_of(got, ref, x, t, options):
     return {name: tol.bound_used(got[name], ref[name], units[name])[0] for name in ref}
 
 
-def check_against_torch(mode_tier, x, t, label, **options):
-    """Ours (mode_tier) or torch float32 (mode_tier None) against torch float64."""
+def check_against_torch(mode_numeric_mode, x, t, label, **options):
+    """Ours (mode_numeric_mode) or torch float32 (mode_numeric_mode None) against torch float64."""
     torch = pytest.importorskip("torch")
     ref = run_torch(x, t, torch.float64, **options)
-    got = run_torch(x, t, torch.float32, **options) if mode_tier is None else run_ours(mode_tier, x, t, **options)
+    got = run_torch(x, t, torch.float32, **options) if mode_numeric_mode is None else run_ours(mode_numeric_mode, x, t, **options)
     for name, used in bound_used_of(got, ref, x, t, options).items():
         assert used <= 1.0, "%s %s: %.3g of the bound (options %r)" % (label, name, used, options)
 
@@ -529,7 +529,7 @@ def check_against_torch(mode_tier, x, t, label, **options):
 def test_cross_entropy_stays_within_the_bound_of_torch_float64(mode, case):
     _need(mode)
     x, t = case_data(case)
-    check_against_torch(mode.tier, x, t, "%r" % (mode,), **case["options"])
+    check_against_torch(mode.numeric_mode, x, t, "%r" % (mode,), **case["options"])
 
 
 @settings(max_examples=30, **_SETTINGS)
@@ -549,15 +549,15 @@ def test_extreme_magnitudes_stay_within_the_bound_of_torch_float64(mode, name, s
     _need(mode)
     x, t = logits_of(37, 1000, seed=11, scale=scale), targets_of(37, 1000, seed=11, ignore=0.1)
     for reduction in ("none", "sum", "mean"):
-        check_against_torch(mode.tier, x, t, "%r %s" % (mode, name), reduction=reduction,
+        check_against_torch(mode.numeric_mode, x, t, "%r %s" % (mode, name), reduction=reduction,
                             label_smoothing=smoothing, return_grad=reduction != "none")
 
 
 def test_a_vocabulary_of_50304_stays_within_the_bound_of_torch_float64(mode):
     _need(mode)
     x, t = logits_of(7, 50304, seed=12, scale=8.0), targets_of(7, 50304, seed=12)
-    check_against_torch(mode.tier, x, t, "%r V=50304" % (mode,), return_grad=True, label_smoothing=0.1)
-    check_against_torch(mode.tier, x, t, "%r V=50304 sum" % (mode,), reduction="sum", return_grad=True)
+    check_against_torch(mode.numeric_mode, x, t, "%r V=50304" % (mode,), return_grad=True, label_smoothing=0.1)
+    check_against_torch(mode.numeric_mode, x, t, "%r V=50304 sum" % (mode,), reduction="sum", return_grad=True)
 
 
 # ---- device buffers (GPU vendors) ------------------------------------------------------------------
@@ -568,7 +568,7 @@ def test_device_buffers_give_the_host_bits_and_the_results_stay_on_the_device(id
     if not mode.has("device_buffers"):
         pytest.skip("the vendor takes no device buffers")
     x, t = logits_of(300, 5000, seed=13), targets_of(300, 5000, seed=13, ignore=0.1)
-    dx, dt = mt.to_device(x, numeric_mode=mode.tier), mt.to_device(t, numeric_mode=mode.tier)
+    dx, dt = mt.to_device(x, numeric_mode=mode.numeric_mode), mt.to_device(t, numeric_mode=mode.numeric_mode)
     for kw in (dict(reduction="sum", return_grad=True), dict(return_grad=True, label_smoothing=0.1),
                dict(reduction="none"), dict(num_items=1000)):
         host, dev = ce(mode, x, t, **kw), ce(mode, dx, dt, **kw)
@@ -595,7 +595,7 @@ def test_cross_entropy_never_imports_numpy_in_a_fresh_process(mode):
         rows = mt.cross_entropy(x, [0, 1, 2, 0], reduction='none', label_smoothing=0.1, numeric_mode=%r)
         assert loss > 0 and len(rows) == 4 and d.shape == (4, 3)
         print('numpy' in sys.modules)
-    """ % (mode.tier, mode.tier))
+    """ % (mode.numeric_mode, mode.numeric_mode))
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
@@ -603,7 +603,7 @@ def test_cross_entropy_never_imports_numpy_in_a_fresh_process(mode):
 
 # ---- measuring: PYTHONPATH=. python tests/test_loss.py [cases] --------------------------------------
 
-def measure(n, tiers=("identical", "deterministic", "fast")):
+def measure(n, numeric_modes=("identical", "deterministic", "fast")):
     """The figures of tolerances.py: worst bound used per implementation and quantity."""
     import sys
     sys.path.insert(0, __import__("os").path.dirname(__file__))
@@ -618,7 +618,7 @@ def measure(n, tiers=("identical", "deterministic", "fast")):
         o = case["options"]
         ref = run_torch(x, t, torch.float64, **o)
         runs = {"torch float32": run_torch(x, t, torch.float32, **o)}
-        runs.update({"ours " + tier: run_ours(tier, x, t, **o) for tier in tiers})
+        runs.update({"ours " + numeric_mode: run_ours(numeric_mode, x, t, **o) for numeric_mode in numeric_modes})
         for who, got in runs.items():
             for name, used in bound_used_of(got, ref, x, t, o).items():
                 key = (who, "row losses" if name == "loss" and o["reduction"] == "none" else

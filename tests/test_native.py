@@ -4,7 +4,7 @@ Contract under test: mojo_train.h alone is enough for a C host (tests/c/adamw_ho
 Python cdef is the header's marked block and every function in it is exported; a loaded
 library's identity exports match what was asked, a mismatching file is refused naming the
 file and the rebuild command, an explicitly named vendor never falls back, and
-backend_info() says what loaded and every path tried; the tiers differ where the design says
+backend_info() says what loaded and every path tried; the numeric modes differ where the design says
 they may; using the whole API never imports numpy.
 """
 import array
@@ -102,20 +102,20 @@ def test_every_entry_point_with_pointers_refuses_null_and_leaves_a_message(mode)
 def test_identity_exports_agree_with_what_was_asked(mode):
     lib = mode.backend.lib
     assert ffi.string(lib.mt_vendor()).decode() == mode.vendor
-    assert ffi.string(lib.mt_numeric_mode()).decode() == mode.tier
+    assert ffi.string(lib.mt_numeric_mode()).decode() == mode.numeric_mode
     assert lib.mt_abi_version() == _native.ABI_VERSION == 3
-    assert os.path.basename(mode.backend.path) == _native.library_name(mode.vendor, mode.tier)
+    assert os.path.basename(mode.backend.path) == _native.library_name(mode.vendor, mode.numeric_mode)
     assert int(lib.mt_features()) == mode.backend.features
     for capability in ("optim", "clip", "random"):
         assert mode.has(capability), capability
-    if mode.tier == "identical":
+    if mode.numeric_mode == "identical":
         assert mode.has("pinned_math") and not mode.has("contraction")
     else:
         assert mode.has("contraction") and not mode.has("pinned_math")
 
 
-def test_loader_refuses_a_library_of_another_tier_naming_the_file_and_the_rebuild_command(mode, tmp_path):
-    other = [t for t in _native.TIERS if t != mode.tier][0]
+def test_loader_refuses_a_library_of_another_numeric_mode_naming_the_file_and_the_rebuild_command(mode, tmp_path):
+    other = [t for t in _native.NUMERIC_MODES if t != mode.numeric_mode][0]
     impostor = tmp_path / _native.library_name(mode.vendor, other)
     shutil.copyfile(mode.backend.path, impostor)
     out = run_python("""
@@ -132,13 +132,13 @@ def test_loader_refuses_a_library_of_another_tier_naming_the_file_and_the_rebuil
     assert out.stdout.startswith("REFUSED"), out.stdout
     msg = out.stdout
     assert str(impostor) in msg
-    assert repr(mode.tier) in msg and repr(other) in msg
+    assert repr(mode.numeric_mode) in msg and repr(other) in msg
     assert _native.rebuild_command(mode.vendor, other) in msg
     assert "make" in msg
 
 
 def test_loader_refuses_a_misplaced_library_in_process_and_keeps_working_after(mode, tmp_path, monkeypatch):
-    other = [t for t in _native.TIERS if t != mode.tier][0]
+    other = [t for t in _native.NUMERIC_MODES if t != mode.numeric_mode][0]
     impostor = tmp_path / _native.library_name(mode.vendor, other)
     shutil.copyfile(mode.backend.path, impostor)
     saved_loaded, saved_attempts = dict(_native._loaded), dict(_native._attempts)
@@ -156,7 +156,7 @@ def test_loader_refuses_a_misplaced_library_in_process_and_keeps_working_after(m
             _native._loaded.update(saved_loaded)
             _native._attempts.clear()
             _native._attempts.update(saved_attempts)
-    assert _native.load(mode.tier, mode.vendor) is mode.backend
+    assert _native.load(mode.numeric_mode, mode.vendor) is mode.backend
 
 
 def _absent_vendor():
@@ -204,10 +204,10 @@ def test_an_explicitly_named_absent_vendor_never_falls_back_in_a_fresh_process()
 
 # ---- backend_info ----------------------------------------------------------------------------------
 
-def test_backend_info_reports_vendor_tier_path_and_the_paths_tried(mode):
-    info = mojo_train.backend_info(numeric_mode=mode.tier)
+def test_backend_info_reports_vendor_numeric_mode_path_and_the_paths_tried(mode):
+    info = mojo_train.backend_info(numeric_mode=mode.numeric_mode)
     assert info["vendor"] == mode.vendor
-    assert info["numeric_mode"] == mode.tier
+    assert info["numeric_mode"] == mode.numeric_mode
     assert info["path"] == mode.backend.path
     assert info["abi_version"] == _native.ABI_VERSION
     assert info["features"] == mode.backend.features
@@ -220,7 +220,7 @@ def test_backend_info_reports_vendor_tier_path_and_the_paths_tried(mode):
 
 def test_backend_info_lists_paths_tried_whatever_the_vendor_spelling(mode):
     """load() accepts ' CPU ' as 'cpu'; backend_info must describe the same attempt."""
-    info = mojo_train.backend_info(numeric_mode=mode.tier, vendor=mode.vendor.upper())
+    info = mojo_train.backend_info(numeric_mode=mode.numeric_mode, vendor=mode.vendor.upper())
     assert info["vendor"] == mode.vendor
     assert info["tried"] and info["tried"][-1]["path"] == mode.backend.path
 
@@ -318,12 +318,12 @@ def test_allowed_environment_values_import_and_take_effect(mode):
     out = run_python("""
         import json, mojo_train
         print(json.dumps(mojo_train.backend_info()))
-    """, {"MOJO_TRAIN_NUMERIC_MODE": " %s " % mode.tier.title(), "MOJO_TRAIN_VENDOR": mode.vendor.upper(),
+    """, {"MOJO_TRAIN_NUMERIC_MODE": " %s " % mode.numeric_mode.title(), "MOJO_TRAIN_VENDOR": mode.vendor.upper(),
           "MOJO_TRAIN_NUM_THREADS": "3", "MOJO_TRAIN_CPU_GEMM": "scalar", "MOJO_TRAIN_LR_EXACT_ONLY": "0",
           "MOJO_TRAIN_CE_GLOBAL": "0", "MOJO_TRAIN_LM_ONE_STREAM": "1"})
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
-    assert (info["vendor"], info["numeric_mode"]) == (mode.vendor, mode.tier)
+    assert (info["vendor"], info["numeric_mode"]) == (mode.vendor, mode.numeric_mode)
     if mode.has("threads"):
         assert info["threads"] == 3
 
@@ -356,8 +356,8 @@ def test_every_constructor_refuses_a_bad_numeric_mode_when_constructed(name, bad
 
 @pytest.mark.parametrize("name", ["Generator", "Embedding"])
 def test_a_constructor_that_loads_nothing_keeps_the_numeric_mode_in_its_canonical_spelling(mode, name):
-    obj = CONSTRUCTORS[name](" %s " % mode.tier.upper(), _f32(1.0))
-    assert obj.numeric_mode == mode.tier
+    obj = CONSTRUCTORS[name](" %s " % mode.numeric_mode.upper(), _f32(1.0))
+    assert obj.numeric_mode == mode.numeric_mode
 
 
 FUNCTIONS = {
@@ -381,15 +381,15 @@ def test_a_function_refuses_a_bad_numeric_mode_naming_itself(name):
 
 
 def test_numeric_mode_names_are_case_and_space_insensitive(mode):
-    assert _native.load(" %s " % mode.tier.upper(), mode.vendor) is mode.backend
+    assert _native.load(" %s " % mode.numeric_mode.upper(), mode.vendor) is mode.backend
 
 
-# ---- the tiers really differ ---------------------------------------------------------------------
+# ---- the numeric modes really differ ---------------------------------------------------------------------
 
-def _one_step(cls, tier, **kwargs):
+def _one_step(cls, numeric_mode, **kwargs):
     p = f32_array(8192, 1, -2.0, 2.0)
     g = f32_array(8192, 2, -3.0, 3.0)
-    opt = getattr(mojo_train, cls)(p, numeric_mode=tier, **kwargs)
+    opt = getattr(mojo_train, cls)(p, numeric_mode=numeric_mode, **kwargs)
     for _ in range(2):
         opt.step(g)
     return p.tobytes() + opt.exp_avg.tobytes() + opt.exp_avg_sq.tobytes()
@@ -397,7 +397,7 @@ def _one_step(cls, tier, **kwargs):
 
 def _identical_twin(mode):
     if not mode.has("contraction"):
-        pytest.skip("this tier does not contract")
+        pytest.skip("this numeric mode does not contract")
     try:
         return _native.load("identical", mode.vendor)
     except _native.BackendError:
@@ -406,29 +406,29 @@ def _identical_twin(mode):
 
 @pytest.mark.parametrize("cls, kwargs", [("AdamW", dict(lr=0.1, weight_decay=0.1)),
                                          ("Adam", dict(lr=0.1, weight_decay=0.1))])
-def test_a_contracting_tier_differs_from_identical_in_some_bits(mode, cls, kwargs):
+def test_a_contracting_numeric_mode_differs_from_identical_in_some_bits(mode, cls, kwargs):
     _identical_twin(mode)
     a = _one_step(cls, "identical", **kwargs)
-    b = _one_step(cls, mode.tier, **kwargs)
+    b = _one_step(cls, mode.numeric_mode, **kwargs)
     assert len(a) == len(b)
     differing = sum(1 for i in range(0, len(a), 4) if a[i:i + 4] != b[i:i + 4])
     assert differing > 0
 
 
 @pytest.mark.parametrize("cls", ["AdamW", "Adam", "SGD"])
-def test_every_tier_gives_the_same_bits_twice(mode, cls):
+def test_every_numeric_mode_gives_the_same_bits_twice(mode, cls):
     kwargs = dict(lr=0.1, weight_decay=0.1)
     if cls == "SGD":
         kwargs["momentum"] = 0.9
         p1, p2 = f32_array(8192, 1), f32_array(8192, 1)
         g = f32_array(8192, 2)
         for p in (p1, p2):
-            opt = mojo_train.SGD(p, numeric_mode=mode.tier, **kwargs)
+            opt = mojo_train.SGD(p, numeric_mode=mode.numeric_mode, **kwargs)
             opt.step(g)
             opt.step(g)
         assert p1.tobytes() == p2.tobytes()
         return
-    assert _one_step(cls, mode.tier, **kwargs) == _one_step(cls, mode.tier, **kwargs)
+    assert _one_step(cls, mode.numeric_mode, **kwargs) == _one_step(cls, mode.numeric_mode, **kwargs)
 
 
 # ---- no numpy -------------------------------------------------------------------------------------
@@ -439,15 +439,15 @@ def test_the_whole_api_used_in_a_fresh_process_never_imports_numpy(mode):
         import mojo_train
         from mojo_train import Array, SGD, Adam, AdamW, clip_grad_norm_, backend_info
         from mojo_train._native import ffi, load
-        tier = %r
-        info = backend_info(numeric_mode=tier)
+        numeric mode = %r
+        info = backend_info(numeric_mode=numeric mode)
         ps = [array.array('f', [0.5] * 300), Array.from_list([0.25] * 7).reshape(7)]
         gs = [array.array('f', [0.1] * 300), Array.from_list([-2.0] * 7)]
         mv = memoryview(bytearray(array.array('f', [1.0] * 12).tobytes())).cast('f', (3, 4))
-        opts = [SGD(ps, lr=0.1, momentum=0.9, nesterov=True, numeric_mode=tier),
-                SGD(ps, lr=0.1, momentum=0.5, dampening=0.1, weight_decay=0.1, maximize=True, numeric_mode=tier),
-                Adam(ps, weight_decay=0.1, numeric_mode=tier), AdamW(ps, numeric_mode=tier),
-                AdamW([mv], numeric_mode=tier)]
+        opts = [SGD(ps, lr=0.1, momentum=0.9, nesterov=True, numeric_mode=numeric mode),
+                SGD(ps, lr=0.1, momentum=0.5, dampening=0.1, weight_decay=0.1, maximize=True, numeric_mode=numeric mode),
+                Adam(ps, weight_decay=0.1, numeric_mode=numeric mode), AdamW(ps, numeric_mode=numeric mode),
+                AdamW([mv], numeric_mode=numeric mode)]
         for opt in opts[:4]:
             assert opt.step(gs) is None
             assert opt.step(gs, max_norm=0.5) > 0
@@ -460,18 +460,18 @@ def test_the_whole_api_used_in_a_fresh_process_never_imports_numpy(mode):
         opts[4].step([memoryview(bytearray(48)).cast('f', (3, 4))])
         opts[0].zero_grad(gs)
         gs[0][0] = 3.0
-        assert clip_grad_norm_(gs, 1.0, numeric_mode=tier) == 3.0
+        assert clip_grad_norm_(gs, 1.0, numeric_mode=numeric mode) == 3.0
         try:
             clip_grad_norm_(gs, 1.0, norm_type=1.0)
         except NotImplementedError:
             pass
         a = Array((2, 3), 'float32'); a2 = pickle.loads(pickle.dumps(a)); memoryview(a.memview())
-        lib = load(tier).lib
+        lib = load(numeric mode).lib
         out = ffi.new('uint32_t[4]'); lib.mt_philox4x32_10(out, ffi.new('uint32_t[4]'), ffi.new('uint32_t[2]'))
         buf = ffi.new('float[100]'); lib.mt_uniform_fill(buf, 1, 2, 3, 0.0, 1.0, 100)
         one = ffi.new('float[1]'); lib.mt_one_minus_pow(one, 0.9, 10)
         print('numpy' in sys.modules)
-    """ % mode.tier)
+    """ % mode.numeric_mode)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -552,7 +552,7 @@ def test_c_host_bits_equal_the_python_api_on_every_identical_vendor(host_output,
     _, lines = host_output
     params, grads = _host_recipe()
     opt = mojo_train.AdamW(params, lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1,
-                           numeric_mode=identical.tier)
+                           numeric_mode=identical.numeric_mode)
     norms = []
     for step in (1, 2, 3):
         g = grads(step)

@@ -1,7 +1,7 @@
 """SGD, Adam and AdamW through the public Python API (clip_grad_norm_ on its own: test_clip.py).
 
 Contract under test: a step updates the caller's buffers in place (array.array, memoryview,
-numpy, mojo_train.Array) and, in the identical tier, gives exactly the bits of the contract's
+numpy, mojo_train.Array) and, in the identical numeric mode, gives exactly the bits of the contract's
 arithmetic replayed in Python (tests/_helpers.py), clipping included when ``max_norm`` is given;
 the return value and the per-step reports (t, lr_, total_norm_, clip_coef_) are torch-like; lr
 and lr_schedule are read at every step; torch keywords this library does not take are refused
@@ -40,7 +40,7 @@ def library_one_minus_pow(backend, base, t):
     return out[0]
 
 
-# ---- the contract's bits (identical tier) ---------------------------------------------------
+# ---- the contract's bits (identical numeric mode) ---------------------------------------------------
 
 class Replay:
     """The contract replayed in Python for one optimizer kind, step by step."""
@@ -80,7 +80,7 @@ class Replay:
 def test_identical_step_gives_the_contracts_bits(identical, kind, max_norm):
     params = params_for(SIZES)
     replay = Replay(kind, params, identical.backend)
-    opt = make_optimizer(kind, params, identical.tier)
+    opt = make_optimizer(kind, params, identical.numeric_mode)
     for t in (1, 2, 3):
         grads = grads_for_step(SIZES, t)
         total, coef, clipped = replay.step(grads, max_norm)
@@ -98,7 +98,7 @@ def test_identical_clip_crosses_chunks_and_lanes_with_the_contracts_bits(identic
     sizes = (4096 + 129, 1, 257)
     params = params_for(sizes, seed=4)
     replay = Replay("adamw", params, identical.backend)
-    opt = make_optimizer("adamw", params, identical.tier)
+    opt = make_optimizer("adamw", params, identical.numeric_mode)
     grads = [wide_array(n, 50 + j) for j, n in enumerate(sizes)]
     total, coef, clipped = replay.step(grads, 1.0)
     assert opt.step(grads, max_norm=1.0) == total and coef < 1.0
@@ -133,9 +133,9 @@ def test_step_updates_every_kind_of_buffer_in_place(mode, kind, container):
     p0 = [f32_array(12, 1).tolist(), f32_array(5, 2).tolist()]
     gs = [[f32_array(12, 10 + t).tolist(), f32_array(5, 20 + t).tolist()] for t in range(3)]
     reference = [array.array("f", p) for p in p0]
-    ref_opt = make_optimizer(kind, reference, mode.tier)
+    ref_opt = make_optimizer(kind, reference, mode.numeric_mode)
     params = _containers(container, p0)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     assert all(a is b for a, b in zip(opt.params, params))
     for t in range(3):
         g_ref = [array.array("f", g) for g in gs[t]]
@@ -153,8 +153,8 @@ def test_step_accepts_read_only_grads_without_clipping_and_leaves_them_alone(mod
     grads = grads_for_step(SIZES, 1)
     frozen = [memoryview(g.tobytes()).cast("f") for g in grads]
     twin = params_for(SIZES)
-    make_optimizer(kind, params, mode.tier).step(frozen)
-    make_optimizer(kind, twin, mode.tier).step(grads)
+    make_optimizer(kind, params, mode.numeric_mode).step(frozen)
+    make_optimizer(kind, twin, mode.numeric_mode).step(grads)
     assert [raw(p) for p in params] == [raw(p) for p in twin]
     assert [raw(g) for g in frozen] == [raw(g) for g in grads]
 
@@ -164,7 +164,7 @@ def test_step_accepts_read_only_grads_without_clipping_and_leaves_them_alone(mod
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_step_returns_none_without_max_norm_and_sets_the_reports(mode, kind):
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     assert (opt.t, opt.lr_, opt.total_norm_, opt.clip_coef_) == (0, None, None, None)
     assert opt.step(grads_for_step(SIZES, 1)) is None
     assert opt.t == 1 and opt.lr_ == f32(KINDS[kind][1]["lr"])
@@ -174,7 +174,7 @@ def test_step_returns_none_without_max_norm_and_sets_the_reports(mode, kind):
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_step_with_max_norm_returns_the_pre_clip_total_and_scales_grads(mode, kind):
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     grads = grads_for_step(SIZES, 1)
     before = flat(grads)
     total = opt.step(grads, max_norm=1.0)
@@ -200,7 +200,7 @@ def test_lr_is_read_at_every_step(mode, kind):
     runs = []
     for lrs in ((0.1, 0.1, 0.1), (0.1, 0.03, 0.2)):
         params = params_for(SIZES)
-        opt = make_optimizer(kind, params, mode.tier, lr=lrs[0])
+        opt = make_optimizer(kind, params, mode.numeric_mode, lr=lrs[0])
         for t, lr in enumerate(lrs, 1):
             opt.lr = lr
             opt.step(grads_for_step(SIZES, t))
@@ -225,8 +225,8 @@ def test_lr_schedule_is_asked_for_every_one_based_step_and_used(mode, kind):
     lrs = [0.1, 0.03, 0.2, 0.05]
     sched = Schedule(lrs)
     params, manual = params_for(SIZES), params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier, lr=123.0, lr_schedule=sched)
-    man = make_optimizer(kind, manual, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode, lr=123.0, lr_schedule=sched)
+    man = make_optimizer(kind, manual, mode.numeric_mode)
     for t, lr in enumerate(lrs, 1):
         g = grads_for_step(SIZES, t)
         opt.step(g)
@@ -249,14 +249,14 @@ def test_lr_schedule_without_lr_at_is_refused(cls):
 def test_zero_grad_writes_positive_zero_everywhere(mode, container):
     params = _containers(container, [[1.0] * 12, [2.0] * 5])
     grads = _containers(container, [[-0.0, float("nan"), float("inf"), -1.5] * 3, [-0.0] * 5])
-    opt = SGD(params, numeric_mode=mode.tier)
+    opt = SGD(params, numeric_mode=mode.numeric_mode)
     opt.zero_grad(grads)
     assert all(raw(g) == bytes(len(raw(g))) for g in grads)
     assert [raw(p) for p in params] == [raw(x) for x in _containers(container, [[1.0] * 12, [2.0] * 5])]
 
 
 def test_zero_grad_refuses_read_only_and_mismatched_grads(mode):
-    opt = SGD([array.array("f", [1.0] * 4)], numeric_mode=mode.tier)
+    opt = SGD([array.array("f", [1.0] * 4)], numeric_mode=mode.numeric_mode)
     frozen = memoryview(array.array("f", [3.0] * 4).tobytes()).cast("f")
     with pytest.raises(ValueError, match="grads"):
         opt.zero_grad([frozen])
@@ -267,12 +267,12 @@ def test_zero_grad_refuses_read_only_and_mismatched_grads(mode):
 
 
 def test_adamw_default_weight_decay_is_torchs_0_01(mode):
-    assert AdamW(array.array("f", [1.0]), numeric_mode=mode.tier).weight_decay == 0.01
-    assert Adam(array.array("f", [1.0]), numeric_mode=mode.tier).weight_decay == 0.0
+    assert AdamW(array.array("f", [1.0]), numeric_mode=mode.numeric_mode).weight_decay == 0.01
+    assert Adam(array.array("f", [1.0]), numeric_mode=mode.numeric_mode).weight_decay == 0.0
     results = []
     for kwargs in ({}, {"weight_decay": 0.01}, {"weight_decay": 0.0}):
         p = f32_array(64, 1, 1.0, 2.0)
-        AdamW(p, lr=0.1, numeric_mode=mode.tier, **kwargs).step(f32_array(64, 2))
+        AdamW(p, lr=0.1, numeric_mode=mode.numeric_mode, **kwargs).step(f32_array(64, 2))
         results.append(p.tobytes())
     assert results[0] == results[1] != results[2]
 
@@ -296,8 +296,8 @@ TAKEN = [(cls, kw, v) for cls, table in SWITCHES_TAKEN.items() for kw, vals in t
 def test_torch_switches_asking_for_nothing_we_lack_are_taken_and_change_no_bit(mode, cls, keyword, value):
     kind = KIND_OF[cls]
     plain, switched = params_for(SIZES), params_for(SIZES)
-    a = make_optimizer(kind, plain, mode.tier)
-    b = make_optimizer(kind, switched, mode.tier, **{keyword: value})
+    a = make_optimizer(kind, plain, mode.numeric_mode)
+    b = make_optimizer(kind, switched, mode.numeric_mode, **{keyword: value})
     for t in (1, 2):
         assert a.step(grads_for_step(SIZES, t), max_norm=2.0) == b.step(grads_for_step(SIZES, t), max_norm=2.0)
     assert digest(a) == digest(b)
@@ -399,9 +399,9 @@ class Ctx:
         self.kind, self.mode = kind, mode
         self.is_sgd = KINDS[kind][0] == "SGD"
         self.params = params_for(SIZES)
-        self.opt = make_optimizer(kind, self.params, mode.tier)
+        self.opt = make_optimizer(kind, self.params, mode.numeric_mode)
         self.twin_params = params_for(SIZES)
-        self.twin = make_optimizer(kind, self.twin_params, mode.tier)
+        self.twin = make_optimizer(kind, self.twin_params, mode.numeric_mode)
         for t in (1, 2):
             self.opt.step(grads_for_step(SIZES, t), max_norm=2.0)
             self.twin.step(grads_for_step(SIZES, t), max_norm=2.0)
@@ -555,7 +555,7 @@ def _constructor(make_params, exc, match, **kw):
     def case(c):
         p = make_params(c)
         c.extra = [p] if not isinstance(p, list) else p
-        return lambda: make_optimizer(c.kind, p, c.mode.tier, **kw), exc, match
+        return lambda: make_optimizer(c.kind, p, c.mode.numeric_mode, **kw), exc, match
     return case
 
 
@@ -675,7 +675,7 @@ def test_a_refused_step_does_not_change_the_next_step(mode, kind, case):
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adamw"])
 def test_a_gradient_listed_twice_is_refused_naming_both_and_changes_nothing(mode, kind, max_norm, container):
     params = params_for(EQUAL)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     g = equal_grads(container, 1)
     twice = [g[0], g[1], g[2], g[0]]
     before = snapshot(opt, *g)
@@ -692,7 +692,7 @@ def test_a_refused_gradient_list_does_not_disturb_the_one_remembered_before_it(m
     # Lists of our own arrays are remembered from step to step; a refused list must not leave
     # its addresses behind for the remembered one.
     params, twin_params = params_for(EQUAL), params_for(EQUAL)
-    opt, twin = make_optimizer("adamw", params, mode.tier), make_optimizer("adamw", twin_params, mode.tier)
+    opt, twin = make_optimizer("adamw", params, mode.numeric_mode), make_optimizer("adamw", twin_params, mode.numeric_mode)
     g = equal_grads("Array", 1)
     other = equal_grads("Array", 2)
     opt.step(g)
@@ -709,7 +709,7 @@ def test_adjacent_gradients_in_one_buffer_are_their_own_memory(mode):
     view, at = memoryview(flat_grads), [0, 5, 305, 435]
     halves = [view[at[j]:at[j + 1]] for j in range(3)]
     params, twin_params = params_for(SIZES), params_for(SIZES)
-    opt, twin = make_optimizer("adam", params, mode.tier), make_optimizer("adam", twin_params, mode.tier)
+    opt, twin = make_optimizer("adam", params, mode.numeric_mode), make_optimizer("adam", twin_params, mode.numeric_mode)
     assert opt.step(halves, max_norm=1.0) == twin.step(grads_for_step(SIZES, 1), max_norm=1.0)
     assert digest(opt) == digest(twin)
 
@@ -717,7 +717,7 @@ def test_adjacent_gradients_in_one_buffer_are_their_own_memory(mode):
 @pytest.mark.parametrize("kind", ["sgd_momentum", "adam"])
 def test_a_gradient_in_the_optimizers_own_state_is_refused(mode, kind):
     params = [array.array("f", [0.5] * 8)]
-    opt = make_optimizer(kind, params, mode.tier, resident=False)   # state in host memory, as exp_avg gives it
+    opt = make_optimizer(kind, params, mode.numeric_mode, resident=False)   # state in host memory, as exp_avg gives it
     opt.step([array.array("f", [1.0] * 8)])
     names = [n for n in ("exp_avg", "exp_avg_sq") if getattr(opt, n) is not None]
     assert names == (["exp_avg"] if KINDS[kind][0] == "SGD" else ["exp_avg", "exp_avg_sq"])
@@ -733,7 +733,7 @@ def test_a_gradient_in_the_optimizers_own_state_is_refused(mode, kind):
 
 def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_param(mode):
     params = params_for(EQUAL)
-    opt = make_optimizer("adamw", params, mode.tier, accumulation_steps=2)
+    opt = make_optimizer("adamw", params, mode.numeric_mode, accumulation_steps=2)
     a, b = equal_grads("array.array", 1), equal_grads("array.array", 2)
     before = snapshot(opt, *(a + b))
     with pytest.raises(ValueError, match=r"microbatch_grads\[1\]\[0\] and microbatch_grads\[1\]\[2\] share memory"):
@@ -758,13 +758,13 @@ def assert_runs_on_alike(a, b):
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_state_dict_round_trip_continues_bit_identically(mode, kind):
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     for t in (1, 2, 3):
         opt.step(grads_for_step(SIZES, t), max_norm=2.0)
     state = pickle.loads(pickle.dumps(opt.state_dict()))
     assert state["t"] == 3
     resumed_params = copies(params)
-    resumed = make_optimizer(kind, resumed_params, mode.tier)
+    resumed = make_optimizer(kind, resumed_params, mode.numeric_mode)
     resumed.load_state_dict(state)
     assert resumed.t == 3
     assert_runs_on_alike(opt, resumed)
@@ -773,7 +773,7 @@ def test_state_dict_round_trip_continues_bit_identically(mode, kind):
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_state_dict_is_a_copy(mode, kind):
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     opt.step(grads_for_step(SIZES, 1))
     state = opt.state_dict()
     frozen = {k: raw(v) if hasattr(v, "tobytes") else v for k, v in state.items()}
@@ -785,11 +785,11 @@ RESUME_SCRIPT = """
 import pickle, sys
 import mojo_train
 from _helpers import digest, grads_for_step, make_optimizer
-path, kind, tier, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+path, kind, numeric mode, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 with open(path, "rb") as f:
     saved = pickle.load(f)
 params = saved["params"]
-opt = make_optimizer(kind, params, tier)
+opt = make_optimizer(kind, params, numeric mode)
 opt.load_state_dict(saved["state"])
 sizes = [len(p) for p in params]
 for t in range(k + 1, n + 1):
@@ -803,7 +803,7 @@ print("numpy" in sys.modules)
 def test_a_run_saved_at_step_k_and_resumed_in_a_fresh_process_is_bit_identical(mode, kind, tmp_path):
     k, n = 3, 6
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     for t in range(1, k + 1):
         opt.step(grads_for_step(SIZES, t), max_norm=2.0)
     path = tmp_path / "run.pkl"
@@ -813,7 +813,7 @@ def test_a_run_saved_at_step_k_and_resumed_in_a_fresh_process_is_bit_identical(m
         opt.step(grads_for_step(SIZES, t), max_norm=2.0)
     search = [REPO, os.path.join(REPO, "tests")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(search))
-    out = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, str(path), kind, mode.tier, str(k), str(n)],
+    out = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, str(path), kind, mode.numeric_mode, str(k), str(n)],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     resumed_digest, numpy_loaded = out.stdout.split()
@@ -924,12 +924,12 @@ BAD_STATES = ([("sgd", b) for b in COMMON_BAD_STATES + FLAG_BAD_STATES + [
 @pytest.mark.parametrize("kind, bad", BAD_STATES)
 def test_load_state_dict_refuses_each_bad_state_by_name_and_changes_nothing(mode, kind, bad):
     saved = params_for(SIZES)
-    source = make_optimizer(kind, saved, mode.tier)
+    source = make_optimizer(kind, saved, mode.numeric_mode)
     for t in (1, 2, 3):
         source.step(grads_for_step(SIZES, t), max_norm=2.0)
     good = source.state_dict()
     params = params_for(SIZES, seed=1)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     opt.step(grads_for_step(SIZES, 1), max_norm=2.0)       # t=1: loading any state of t=3 would show
     state, exc, match = _bad_states(good, opt)[bad]
     before = snapshot(opt, *params)
@@ -947,9 +947,9 @@ def test_load_state_dict_refuses_each_bad_state_by_name_and_changes_nothing(mode
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_load_state_dict_takes_a_fresh_state_and_zero_moments_after_steps(mode, kind):
     fresh_params = params_for(SIZES)
-    fresh = make_optimizer(kind, fresh_params, mode.tier)
+    fresh = make_optimizer(kind, fresh_params, mode.numeric_mode)
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     opt.step(grads_for_step(SIZES, 1))
     opt.load_state_dict(fresh.state_dict())               # t=0 and zero moments: as made
     assert opt.t == 0 and [raw(s) for s in state_buffers(opt)] == [raw(s) for s in state_buffers(fresh)]
@@ -969,7 +969,7 @@ def test_load_state_dict_takes_a_fresh_state_and_zero_moments_after_steps(mode, 
 @pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "adam"])
 def test_assigning_a_state_array_is_checked_as_loading_it_is(mode, kind):
     params = params_for(SIZES)
-    opt = make_optimizer(kind, params, mode.tier)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
     opt.step(grads_for_step(SIZES, 1))
     n, j = opt.n_total, len(params)
     before = snapshot(opt, *params)
@@ -989,8 +989,8 @@ def test_assigning_a_state_array_is_checked_as_loading_it_is(mode, kind):
 
 
 def test_load_state_dict_refuses_another_optimizers_state(mode):
-    adam = make_optimizer("adam", params_for(SIZES), mode.tier)
-    adamw = make_optimizer("adamw", params_for(SIZES), mode.tier)
+    adam = make_optimizer("adam", params_for(SIZES), mode.numeric_mode)
+    adamw = make_optimizer("adamw", params_for(SIZES), mode.numeric_mode)
     adam.step(grads_for_step(SIZES, 1))
     before = snapshot(adamw)
     with pytest.raises(ValueError, match="Adam"):
@@ -1025,7 +1025,7 @@ def test_the_result_does_not_depend_on_the_thread_count(mode, kind):
         for n_threads in (1, 2, 3):
             assert lib.mt_set_num_threads(n_threads) == 0
             params = copies(big["params"])
-            opt = make_optimizer(kind, params, mode.tier)
+            opt = make_optimizer(kind, params, mode.numeric_mode)
             totals = []
             for g in big["grads"]:
                 g = copies(g)
@@ -1046,7 +1046,7 @@ def test_python_threads_stepping_separate_optimizers_match_the_serial_bytes(mode
 
     def run(index, barrier=None):
         params = params_for(sizes, seed=index)
-        opt = make_optimizer(kind, params, mode.tier)
+        opt = make_optimizer(kind, params, mode.numeric_mode)
         mine = {t: copies(g) for t, g in grads.items()}     # clipping writes them
         if barrier is not None:
             barrier.wait()

@@ -113,7 +113,7 @@ def test_uniform_fill_values_lie_in_the_closed_range_low_high(random_lib, low, h
 
 
 def test_uniform_fill_is_the_stated_map_of_the_philox_stream(identical):
-    """identical tier: element i is low + (high - low) * (word_i >> 8) * 2**-24, each rounded."""
+    """identical numeric mode: element i is low + (high - low) * (word_i >> 8) * 2**-24, each rounded."""
     lib = identical.backend.lib
     seed, stream, offset, low, high = 2**40 + 5, 2**33 + 9, 2**34 - 3, -0.75, 2.5
     got = floats(fill(lib, 64, seed, stream, offset, low, high))

@@ -56,7 +56,7 @@ def host(a):
 
 # ---- the generator's state --------------------------------------------------------------
 def test_every_draw_takes_one_stream_and_a_named_stream_takes_none(gen_mode):
-    g = Generator(7, numeric_mode=gen_mode.tier)
+    g = Generator(7, numeric_mode=gen_mode.numeric_mode)
     g.uniform(3)
     g.normal(3)
     g.kaiming_uniform((2, 2), fan_in=2)
@@ -69,20 +69,20 @@ def test_every_draw_takes_one_stream_and_a_named_stream_takes_none(gen_mode):
 
 
 def test_a_draw_is_the_draw_of_its_stream_id(gen_identical):
-    g = Generator(11, numeric_mode=gen_identical.tier)
+    g = Generator(11, numeric_mode=gen_identical.numeric_mode)
     first, second = g.normal(100), g.normal(100)
-    again = Generator(11, numeric_mode=gen_identical.tier)
+    again = Generator(11, numeric_mode=gen_identical.numeric_mode)
     assert raw(again.normal(100, stream=1)) == raw(second)
     assert raw(again.normal(100, stream=0)) == raw(first)
     assert raw(first) != raw(second)
 
 
 def test_state_dict_round_trip_resumes_the_same_draws(gen_identical):
-    g = Generator(2**64 - 1, numeric_mode=gen_identical.tier)
+    g = Generator(2**64 - 1, numeric_mode=gen_identical.numeric_mode)
     g.normal(10)
     state = g.state_dict()
     expected = raw(g.normal(1000)), raw(g.uniform(77))
-    h = Generator(0, numeric_mode=gen_identical.tier)
+    h = Generator(0, numeric_mode=gen_identical.numeric_mode)
     h.load_state_dict(state)
     assert (raw(h.normal(1000)), raw(h.uniform(77))) == expected
 
@@ -123,20 +123,20 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(gen_mode
         for threads, blocks in ((1, 1), (2, 3), (3, 0), (64, 7), (256, 0)):
             if lib.mt_set_launch_geometry(threads, blocks) != 0:
                 continue
-            results.append(_draws(Generator(123, numeric_mode=gen_mode.tier), n))
+            results.append(_draws(Generator(123, numeric_mode=gen_mode.numeric_mode), n))
     finally:
         assert lib.mt_set_launch_geometry(before[0], 0) == 0
     assert len(results) >= 2 and all(r == results[0] for r in results)
 
 
 def test_the_bytes_are_the_same_call_after_call(gen_mode):
-    assert _draws(Generator(9, numeric_mode=gen_mode.tier), 4099) == _draws(Generator(9, numeric_mode=gen_mode.tier),
+    assert _draws(Generator(9, numeric_mode=gen_mode.numeric_mode), 4099) == _draws(Generator(9, numeric_mode=gen_mode.numeric_mode),
                                                                            4099)
 
 
 @pytest.mark.parametrize("n, cuts", [(1023, [1]), (1023, [2, 3]), (4099, [1000, 2001, 2002]), (17, [4, 8, 9])])
 def test_a_draw_split_at_matching_offsets_is_the_unsplit_draw(gen_mode, n, cuts):
-    g = Generator(31, numeric_mode=gen_mode.tier)
+    g = Generator(31, numeric_mode=gen_mode.numeric_mode)
     base = 10**12 + 1
     whole_normal = raw(g.normal(n, 0.25, 3.0, stream=4, offset=base))
     whole_uniform = raw(g.uniform(n, -1.0, 2.0, stream=4, offset=base))
@@ -166,7 +166,7 @@ def _philox_words(lib, seed, stream, block):
 
 def test_normals_are_box_muller_of_the_stated_words(gen_identical):
     seed, stream, offset, n = 77, 5, 2**33 + 2, 4001
-    z = floats(Generator(seed, numeric_mode=gen_identical.tier).normal(n, stream=stream, offset=offset))
+    z = floats(Generator(seed, numeric_mode=gen_identical.numeric_mode).normal(n, stream=stream, offset=offset))
     lib = gen_identical.backend.lib
     for i in range(n):
         j = offset + i
@@ -181,7 +181,7 @@ def test_normals_are_box_muller_of_the_stated_words(gen_identical):
 
 def test_normal_mean_and_std_are_within_5_sigma(gen_identical):
     n = 2**20
-    z = floats(Generator(2024, numeric_mode=gen_identical.tier).normal(n))
+    z = floats(Generator(2024, numeric_mode=gen_identical.numeric_mode).normal(n))
     mean = math.fsum(z) / n
     var = math.fsum((v - mean) ** 2 for v in z) / n
     # sampling sd: of the mean 1/sqrt(n), of the sample sd ~ 1/sqrt(2n) (normal parent)
@@ -194,7 +194,7 @@ def test_normal_mean_and_std_are_within_5_sigma(gen_identical):
 
 
 def test_normal_applies_mean_and_std_in_two_roundings(gen_identical):
-    g = Generator(4, numeric_mode=gen_identical.tier)
+    g = Generator(4, numeric_mode=gen_identical.numeric_mode)
     z = floats(g.normal(1000, stream=0))
     m, s = f32(-1.5), f32(0.1)
     y = floats(g.normal(1000, -1.5, 0.1, stream=0))
@@ -330,7 +330,7 @@ def _scale(p):
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9, 1e-7])
 def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(gen_mode, p):
     n, offset = 70001, 3
-    g = Generator(99, numeric_mode=gen_mode.tier)
+    g = Generator(99, numeric_mode=gen_mode.numeric_mode)
     x = f32_array(n, 1, -3.0, 3.0)
     y, key = g.dropout(x, p, offset=offset, stream=12)
     u = floats(g.uniform(n, stream=12, offset=offset))
@@ -345,7 +345,7 @@ def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(gen_mode,
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropout_keep_fraction_is_within_5_sigma(gen_identical, p):
     n = 2**20
-    y, _ = Generator(5, numeric_mode=gen_identical.tier).dropout(array.array("f", [1.0]) * n, p)
+    y, _ = Generator(5, numeric_mode=gen_identical.numeric_mode).dropout(array.array("f", [1.0]) * n, p)
     kept = sum(1 for v in floats(y) if v != 0.0) / n
     assert abs(kept - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
 
@@ -359,9 +359,9 @@ def test_dropout_writes_positive_zero_where_it_drops():
 
 def test_dropout_with_p_zero_returns_x_bit_for_bit_and_a_key(gen_mode):
     if gen_mode.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this tier's promise (approximate division, flushed subnormals)")
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     x = array.array("f", [1.0, -0.0, 2.0**-149, -3e38, 0.1] * 300)
-    g = Generator(3, numeric_mode=gen_mode.tier)
+    g = Generator(3, numeric_mode=gen_mode.numeric_mode)
     y, key = g.dropout(x, 0.0)
     assert raw(host(y)) == raw(x) and key.p == 0.0 and g.counter == 1
     assert raw(host(g.dropout_backward(x, key))) == raw(x)
@@ -369,7 +369,7 @@ def test_dropout_with_p_zero_returns_x_bit_for_bit_and_a_key(gen_mode):
 
 def test_dropout_backward_replays_the_mask_on_dy(gen_mode):
     n = 10007
-    g = Generator(8, numeric_mode=gen_mode.tier)
+    g = Generator(8, numeric_mode=gen_mode.numeric_mode)
     x, dy = f32_array(n, 2), f32_array(n, 3, -5.0, 5.0)
     y, key = g.dropout(x, 0.4, offset=11)
     dx = floats(host(g.dropout_backward(dy, key)))
@@ -381,7 +381,7 @@ def test_dropout_backward_replays_the_mask_on_dy(gen_mode):
 
 
 def test_dropout_in_place_through_out_matches_and_refuses_nonfinite_without_writing(gen_mode):
-    g = Generator(6, numeric_mode=gen_mode.tier)
+    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
     x = f32_array(4099, 4)
     expected, _ = g.dropout(x, 0.25, stream=0)
     y, _ = g.dropout(x, 0.25, stream=0, out=x)
@@ -396,7 +396,7 @@ def test_dropout_in_place_through_out_matches_and_refuses_nonfinite_without_writ
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_dropout_refuses_nonfinite_input_by_name_and_takes_no_stream(gen_mode, bad):
-    g = Generator(6, numeric_mode=gen_mode.tier)
+    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
     x = f32_array(1000, 4)
     x[999] = bad
     with pytest.raises(ValueError, match=r"Generator.dropout: x holds NaN or inf"):
@@ -453,7 +453,7 @@ def _sides(mode):
 
 
 def _on(side, buf, mode):
-    return mojo_train.to_device(buf, numeric_mode=mode.tier) if side == "device" else buf
+    return mojo_train.to_device(buf, numeric_mode=mode.numeric_mode) if side == "device" else buf
 
 
 def _bytes(buf):
@@ -465,7 +465,7 @@ def _bytes(buf):
 def test_dropout_refuses_nonfinite_by_name_and_leaves_out_byte_identical(gen_mode, direction, n, at, bad):
     name = "x" if direction == "forward" else "dy"
     for side in _sides(gen_mode):
-        g = Generator(6, numeric_mode=gen_mode.tier)
+        g = Generator(6, numeric_mode=gen_mode.numeric_mode)
         _, key = g.dropout(f32_array(n, 4), 0.25, offset=3)
         inp = f32_array(n, 5)
         inp[at] = bad
@@ -487,7 +487,7 @@ def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(gen_mod
     n, base = 1000, 1000
     store = f32_array(3000, 7)
     inp, out = memoryview(store)[base:base + n], memoryview(store)[base + shift:base + shift + n]
-    g = Generator(6, numeric_mode=gen_mode.tier)
+    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
     _, key = g.dropout(f32_array(n, 4), 0.25)
     before = (raw(store), g.counter)
     name = "x" if direction == "forward" else "dy"
@@ -503,7 +503,7 @@ def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(gen_mod
 
 def test_dropout_in_place_gives_the_out_of_place_bits_forward_and_backward(gen_mode):
     for side in _sides(gen_mode):
-        g = Generator(6, numeric_mode=gen_mode.tier)
+        g = Generator(6, numeric_mode=gen_mode.numeric_mode)
         x, dy = _on(side, f32_array(4099, 4), gen_mode), _on(side, f32_array(4099, 5), gen_mode)
         y, key = g.dropout(x, 0.25, stream=0, offset=1)
         dx = g.dropout_backward(dy, key)
@@ -526,7 +526,7 @@ def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(gen_mode)
 
 
 def test_dropout_backward_and_out_refuse_other_shapes_of_one_element_count(gen_mode):
-    g = Generator(6, numeric_mode=gen_mode.tier)
+    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
     x = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
     _, key = g.dropout(x, 0.5)
     assert key.shape == (2, 3) and key.size == 6
@@ -570,7 +570,7 @@ def test_draws_refuse_bad_arguments_by_name_and_take_no_stream(call, match):
 
 
 def test_draws_take_shapes_and_return_float32_arrays_of_them(gen_mode):
-    g = Generator(1, numeric_mode=gen_mode.tier)
+    g = Generator(1, numeric_mode=gen_mode.numeric_mode)
     for shape, want in ((5, (5,)), ((2, 3), (2, 3)), ((), ()), ((0, 4), (0, 4))):
         a = g.normal(shape)
         assert a.shape == want and a.dtype == "float32"
@@ -579,7 +579,7 @@ def test_draws_take_shapes_and_return_float32_arrays_of_them(gen_mode):
 def test_device_draws_equal_host_draws_and_stay_on_the_device(gen_mode):
     if not gen_mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
-    g = Generator(17, numeric_mode=gen_mode.tier)
+    g = Generator(17, numeric_mode=gen_mode.numeric_mode)
     d = g.normal((33, 31), 1.0, 2.0, stream=0, offset=1, device=True)
     assert isinstance(d, DeviceArray) and d.shape == (33, 31)
     assert raw(d.to_host()) == raw(g.normal((33, 31), 1.0, 2.0, stream=0, offset=1))
@@ -593,7 +593,7 @@ def test_device_true_is_refused_on_the_cpu_vendor(gen_mode):
     if gen_mode.vendor != "cpu":
         pytest.skip("a GPU vendor takes device=True")
     with pytest.raises(ValueError, match=r"Generator.uniform: device=True but the loaded vendor is cpu"):
-        Generator(1, numeric_mode=gen_mode.tier).uniform(3, device=True)
+        Generator(1, numeric_mode=gen_mode.numeric_mode).uniform(3, device=True)
 
 
 # ---- initializers -------------------------------------------------------------------------
@@ -614,7 +614,7 @@ def test_initializers_draw_with_torchs_bounds(gen_identical, fan_in, fan_out, a,
     ref = _torch_bounds(fan_in, fan_out, a, gain)
     shape = (3, 1001)
     for name, scalar in ref.items():
-        g, h = Generator(5, numeric_mode=gen_identical.tier), Generator(5, numeric_mode=gen_identical.tier)
+        g, h = Generator(5, numeric_mode=gen_identical.numeric_mode), Generator(5, numeric_mode=gen_identical.numeric_mode)
         if name.startswith("kaiming"):
             got = getattr(g, name)(shape, fan_in, a)
         else:
@@ -626,7 +626,7 @@ def test_initializers_draw_with_torchs_bounds(gen_identical, fan_in, fan_out, a,
 
 
 def test_kaiming_uniform_defaults_to_nn_linears_init(gen_identical):
-    g, h = Generator(2, numeric_mode=gen_identical.tier), Generator(2, numeric_mode=gen_identical.tier)
+    g, h = Generator(2, numeric_mode=gen_identical.numeric_mode), Generator(2, numeric_mode=gen_identical.numeric_mode)
     w = g.kaiming_uniform((64, 48), 48)
     assert raw(w) == raw(h.kaiming_uniform((64, 48), 48, a=math.sqrt(5.0)))
     # nn.Linear's bound gain * sqrt(3 / fan_in) with a = sqrt(5) is 1 / sqrt(fan_in)

@@ -4,9 +4,9 @@ re-exported by mojo_train and mojo_train.nn).
 Contract under test: native/contracts/rms_norm.md. Every refusal (wrong dtype, shape, eps,
 pointer; a NaN or inf in any input, named) writes no output; the results' bytes do not depend
 on the thread count, on the alignment of device buffers or on whether a GPU stages a row in
-shared memory; in the identical tier each row is the contract's arithmetic step by step
+shared memory; in the identical numeric mode each row is the contract's arithmetic step by step
 (replayed here in exact rational arithmetic) and dweight follows the token rule over rows;
-every tier stays within tests/tolerances.py's bound of torch in float64.
+every numeric mode stays within tests/tolerances.py's bound of torch in float64.
 ``PYTHONPATH=. python tests/test_rms_norm.py N`` prints the bound figures of tolerances.py.
 """
 import math
@@ -81,7 +81,7 @@ REFUSALS = _refusals()
 def test_a_bad_argument_is_refused_naming_it(rms_norm_mode, i):
     fn, args, exc, text = REFUSALS[i]
     with pytest.raises(exc) as info:
-        fn(*args, numeric_mode=rms_norm_mode.tier)
+        fn(*args, numeric_mode=rms_norm_mode.numeric_mode)
     assert "mojo_train.%s" % fn.__name__ in str(info.value) and text in str(info.value)
 
 
@@ -101,7 +101,7 @@ NONFINITE = [("rms_norm_forward", arg, _rf) for arg in ("x", "w")] + \
 @pytest.mark.parametrize("i", range(len(NONFINITE)), ids=["%s %s" % c[:2] for c in NONFINITE])
 def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(rms_norm_mode, i, bad):
     d = {"x": mat((37, 300), 5), "w": mat((300,), 6), "dy": mat((37, 300), 7)}
-    assert_nonfinite_refused(*NONFINITE[i], rms_norm_mode.tier, d, bad)
+    assert_nonfinite_refused(*NONFINITE[i], rms_norm_mode.numeric_mode, d, bad)
 
 
 @pytest.mark.parametrize("rows", [0, 3])
@@ -110,8 +110,8 @@ def test_a_nonfinite_weight_is_refused_with_or_without_rows(rms_norm_mode, rows)
     x, dy = mat((rows, 128), 8), mat((rows, 128), 9)
     w = mat((128,), 10).reshape(-1)
     w[0] = float("nan")
-    for call in (lambda: mt.rms_norm_forward(x, w, numeric_mode=rms_norm_mode.tier),
-                 lambda: mt.rms_norm_backward(dy, x, w, numeric_mode=rms_norm_mode.tier)):
+    for call in (lambda: mt.rms_norm_forward(x, w, numeric_mode=rms_norm_mode.numeric_mode),
+                 lambda: mt.rms_norm_backward(dy, x, w, numeric_mode=rms_norm_mode.numeric_mode)):
         with pytest.raises(ValueError, match="weight holds NaN or inf"):
             call()
 
@@ -140,14 +140,14 @@ def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(rms_nor
 
 
 def test_empty_rows_are_answered_without_reading_anything(rms_norm_mode):
-    m = rms_norm_mode.tier
+    m = rms_norm_mode.numeric_mode
     assert mt.rms_norm_forward(mat((0, 5), 1), None, numeric_mode=m).shape == (0, 5)
     dx, dg = mt.rms_norm_backward(mat((0, 5), 1), mat((0, 5), 2), mat((5,), 3), numeric_mode=m)
     assert dx.shape == (0, 5) and values(dg) == [0.0] * 5
 
 
 def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(rms_norm_mode):
-    m = rms_norm_mode.tier
+    m = rms_norm_mode.numeric_mode
     x3, dy3 = mat((2, 3, 7), 166), mat((2, 3, 7), 167)
     y = mt.rms_norm_forward(x3, None, numeric_mode=m)
     assert y.shape == (2, 3, 7) and sha(y) == sha(mt.rms_norm_forward(x3.reshape(6, 7), None, numeric_mode=m))
@@ -156,7 +156,7 @@ def test_leading_dimensions_are_rows_and_no_weight_has_no_dweight(rms_norm_mode)
     assert sha(dx) == sha(mt.rms_norm_backward(dy3.reshape(6, 7), x3.reshape(6, 7), None, numeric_mode=m)[0])
 
 
-# ---- the contract's arithmetic (identical tier) -------------------------------------------------
+# ---- the contract's arithmetic (identical numeric mode) -------------------------------------------------
 
 @pytest.mark.parametrize("dim, affine", [(1, True), (5, False), (300, True), (5000, True), (4097, False)])
 def test_rms_norm_is_the_contracts_arithmetic_row_by_row(rms_norm_identical, dim, affine):
@@ -200,8 +200,8 @@ def test_rms_norm_dweight_follows_the_token_rule_over_rows(rms_norm_identical):
 
 def test_outputs_do_not_depend_on_the_thread_count(rms_norm_mode):
     x, g, dy = mat((2600, 300), 97), mat((300,), 98), mat((2600, 300), 99)
-    digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=rms_norm_mode.tier),  # noqa: E731
-                         *mt.rms_norm_backward(dy, x, g, numeric_mode=rms_norm_mode.tier))
+    digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=rms_norm_mode.numeric_mode),  # noqa: E731
+                         *mt.rms_norm_backward(dy, x, g, numeric_mode=rms_norm_mode.numeric_mode))
     assert len(digests_over_thread_counts(rms_norm_mode, digest)) == 1
 
 
@@ -230,7 +230,7 @@ def rms_cases(draw):
             "seed": draw(st.integers(0, 2**32 - 1))}
 
 
-def rms_vs_torch(case, tier, dtype=None):
+def rms_vs_torch(case, numeric_mode, dtype=None):
     import numpy as np
     torch = pytest.importorskip("torch")
     rng = np.random.Generator(np.random.PCG64(case["seed"]))
@@ -250,8 +250,8 @@ def rms_vs_torch(case, tier, dtype=None):
 
     ref = torch_run(torch.float64)
     if dtype is None:
-        got = {"y": np.asarray(mt.rms_norm_forward(x, w, eps, numeric_mode=tier))}
-        dx, dwt = mt.rms_norm_backward(dy, x, w, eps, numeric_mode=tier)
+        got = {"y": np.asarray(mt.rms_norm_forward(x, w, eps, numeric_mode=numeric_mode))}
+        dx, dwt = mt.rms_norm_backward(dy, x, w, eps, numeric_mode=numeric_mode)
         got["dx"] = np.asarray(dx)
         if w is not None:
             got["dweight"] = np.asarray(dwt)
@@ -264,7 +264,7 @@ def rms_vs_torch(case, tier, dtype=None):
 @settings(max_examples=20, **HYPOTHESIS)
 @given(case=rms_cases())
 def test_rms_norm_stays_within_the_bound_of_torch_float64(rms_norm_mode, case):
-    for name, (ours, ref, unit) in rms_vs_torch(case, rms_norm_mode.tier).items():
+    for name, (ours, ref, unit) in rms_vs_torch(case, rms_norm_mode.numeric_mode).items():
         tol.assert_close_to_reference(ours, ref, "%r rms_norm %s %r" % (rms_norm_mode, name, case), unit=unit)
 
 
@@ -278,8 +278,8 @@ def _figures(n_cases):
         cases.append({"rows": rng.randint(1, min(tol.DENSE_ROWS_RANGE[1], max(tol.RMS_ELEMENTS // dim, 1))),
                       "dim": dim, "affine": rng.random() < 0.5, "eps": rng.choice(tol.RMS_EPS),
                       "seed": rng.getrandbits(32)})
-    print_bound_figures(cases, lambda case, tier, dtype: {
-        "rms_norm " + name: v for name, v in rms_vs_torch(case, tier, dtype).items()})
+    print_bound_figures(cases, lambda case, numeric_mode, dtype: {
+        "rms_norm " + name: v for name, v in rms_vs_torch(case, numeric_mode, dtype).items()})
 
 
 if __name__ == "__main__":

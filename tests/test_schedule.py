@@ -8,7 +8,7 @@ mpmath.iv (outward-rounded interval arithmetic) refined until both ends round to
 float32 -- which then is the answer, because rounding is monotone. Cases that land within
 2^-88 of a rounding boundary (where the library's fast estimate must decline) and exact ties
 are built on purpose. A C probe measures the fast estimate's error against its stated bound.
-The schedules are host code, identical on every vendor and tier; they are tested through the
+The schedules are host code, identical on every vendor and numeric mode; they are tested through the
 default library.
 """
 import array
@@ -395,7 +395,7 @@ def test_the_fast_cosine_estimate_stays_within_its_stated_bound(probe):
 
 
 def test_contraction_flags_do_not_reach_the_schedule_arithmetic(probe, tmp_path):
-    # the deterministic and fast tiers compile with -ffp-contract=fast; the file turns it off
+    # the deterministic and fast numeric modes compile with -ffp-contract=fast; the file turns it off
     exe = build_probe(tmp_path, ["-O3", "-ffp-contract=fast", "-march=native"])
     rows = _probe_inputs()[:500]
     assert _probe_run(exe, rows) == _probe_run(probe, rows)
@@ -591,8 +591,8 @@ def test_mt_lr_values_refuses_bad_arguments_and_writes_nothing(args, match):
 def test_an_optimizer_steps_with_the_schedules_float32_lr(mode, cls):
     sched = WarmupCosineLR(0.05, warmup_steps=2, total_steps=6, min_lr=0.01)
     p1, p2 = array.array("f", [1.0, -2.0, 0.5]), array.array("f", [1.0, -2.0, 0.5])
-    a = cls(p1, lr_schedule=sched, numeric_mode=mode.tier)
-    b = cls(p2, numeric_mode=mode.tier)
+    a = cls(p1, lr_schedule=sched, numeric_mode=mode.numeric_mode)
+    b = cls(p2, numeric_mode=mode.numeric_mode)
     for t in range(1, 8):
         g = array.array("f", [0.1 * t, -0.2, 0.3])
         a.step(g)

@@ -95,11 +95,11 @@ def _flat(arrays):
 
 # ---- running ours and torch's --------------------------------------------------------------
 
-def run_ours(case, tier):
+def run_ours(case, numeric_mode):
     """STEPS steps through mojo_train: final params, moments and the per-step pre-clip norms."""
     params, grads, max_norm = case_data(case)
     params = [p.copy() for p in params]
-    opt = getattr(mojo_train, case["kind"])(params, numeric_mode=tier, **case["options"])
+    opt = getattr(mojo_train, case["kind"])(params, numeric_mode=numeric_mode, **case["options"])
     norms = [opt.step([x.copy() for x in g], max_norm=max_norm) for g in grads]
     out = {"params": _flat(params), "norms": np.array([n for n in norms if n is not None], float)}
     if case["kind"] == "SGD":
@@ -166,9 +166,9 @@ def clip_data(case):
     return grads, case["clip_ratio"] * float(scale) * (sum(case["sizes"]) / 3.0) ** 0.5
 
 
-def clip_ours(case, tier):
+def clip_ours(case, numeric_mode):
     grads, max_norm = clip_data(case)
-    total = mojo_train.clip_grad_norm_(grads, max_norm, numeric_mode=tier)
+    total = mojo_train.clip_grad_norm_(grads, max_norm, numeric_mode=numeric_mode)
     return {"total_norm": np.array([total]), "grads": _flat(grads)}
 
 
@@ -195,7 +195,7 @@ KINDS = ("SGD", "Adam", "AdamW")
 def test_optimizer_stays_within_the_bound_of_torch_float64_for_50_steps(mode, kind, data):
     case = data.draw(cases(kind), label="case")
     ref, units = run_torch(case, torch.float64)
-    compare(run_ours(case, mode.tier), ref, units, "%r %s" % (mode, kind))
+    compare(run_ours(case, mode.numeric_mode), ref, units, "%r %s" % (mode, kind))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -212,7 +212,7 @@ def test_torch_float32_stays_within_the_same_bound(kind, data):
 @given(case=clip_cases())
 def test_clip_grad_norm_stays_within_the_bound_of_torch_float64(mode, case):
     ref = clip_torch(case, torch.float64)
-    compare(clip_ours(case, mode.tier), ref, CLIP_UNITS, "%r clip_grad_norm_" % (mode,))
+    compare(clip_ours(case, mode.numeric_mode), ref, CLIP_UNITS, "%r clip_grad_norm_" % (mode,))
 
 
 @settings(max_examples=15, **_SETTINGS)
@@ -226,12 +226,12 @@ def test_torch_float32_clip_grad_norm_stays_within_the_same_bound(case):
 def test_clip_grad_norm_of_a_large_tensor_among_small_ones_matches_torch_float64(mode):
     case = {"sizes": [3, tol.LARGE_TENSOR, 1, 4096], "seed": 7, "grad_exp": 0, "clip_ratio": 0.5}
     ref = clip_torch(case, torch.float64)
-    compare(clip_ours(case, mode.tier), ref, CLIP_UNITS, "%r clip_grad_norm_ large" % (mode,))
+    compare(clip_ours(case, mode.numeric_mode), ref, CLIP_UNITS, "%r clip_grad_norm_ large" % (mode,))
 
 
 # ---- measuring: PYTHONPATH=. python tests/test_torch_reference.py [cases] ------------------------
 
-def measure(n, tiers=("identical", "deterministic", "fast")):
+def measure(n, numeric_modes=("identical", "deterministic", "fast")):
     """The figures of tolerances.py: worst bound-used per optimizer, implementation, quantity,
     over ``n`` hypothesis-drawn cases (about n/3 per optimizer) and n/10 clip cases ("clip-L":
     with a LARGE_TENSOR among them)."""
@@ -247,7 +247,7 @@ def measure(n, tiers=("identical", "deterministic", "fast")):
         case = data.draw(cases(kind))
         ref, units = run_torch(case, torch.float64)
         runs = {"torch float32": run_torch(case, torch.float32)[0]}
-        runs.update({"ours " + t: run_ours(case, t) for t in tiers})
+        runs.update({"ours " + t: run_ours(case, t) for t in numeric_modes})
         for who, got in runs.items():
             for name in ref:
                 note((kind, who, name), tol.bound_used(got[name], ref[name], units[name])[0])
@@ -257,7 +257,7 @@ def measure(n, tiers=("identical", "deterministic", "fast")):
     def sample_clip(case):
         ref = clip_torch(case, torch.float64)
         runs = {"torch float32": clip_torch(case, torch.float32)}
-        runs.update({"ours " + t: clip_ours(case, t) for t in tiers})
+        runs.update({"ours " + t: clip_ours(case, t) for t in numeric_modes})
         kind = "clip" + ("-L" if tol.LARGE_TENSOR in case["sizes"] else "")
         for who, got in runs.items():
             for name in ref:

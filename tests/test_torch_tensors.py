@@ -70,7 +70,7 @@ def test_the_view_of_a_cpu_tensor_keeps_its_memory_alive():
 def test_a_single_tensor_is_one_parameter_not_a_list_of_its_rows(mode):
     _need(mode, "optim")
     t = torch.ones(3, 4, requires_grad=True)
-    opt = mt.AdamW(t, numeric_mode=mode.tier)
+    opt = mt.AdamW(t, numeric_mode=mode.numeric_mode)
     assert len(opt.params) == 1 and opt.params[0] is t and opt.n_total == 12
 
 
@@ -79,8 +79,8 @@ def test_embedding_takes_a_cpu_tensor_as_weight_and_from_pretrained(mode, requir
     _need(mode, "embedding")
     t = torch.tensor(_values(8)).reshape(4, 2).requires_grad_(requires_grad)
     rows = t.tolist()
-    for layer in (Embedding(4, 2, weight=t, numeric_mode=mode.tier),
-                  Embedding.from_pretrained(t, numeric_mode=mode.tier)):
+    for layer in (Embedding(4, 2, weight=t, numeric_mode=mode.numeric_mode),
+                  Embedding.from_pretrained(t, numeric_mode=mode.numeric_mode)):
         assert layer.forward(torch.tensor([3, 0, 3])).tolist() == [rows[3], rows[0], rows[3]]
         assert layer.weight.tolist() == rows and isinstance(layer.weight, Array)     # its own copy
     assert Embedding.from_pretrained(t).freeze
@@ -95,7 +95,7 @@ def test_an_optimizer_updates_params_that_require_grad_in_place_as_on_our_arrays
     ours = [Array.from_buffer(p) for p in params]
     grads = [torch.tensor(_values(6, -0.125)).reshape(2, 3), torch.tensor(_values(5, 0.375))]
     addresses = [p.data_ptr() for p in params]
-    opt, ref = make(params, lr=0.1, numeric_mode=mode.tier), make(ours, lr=0.1, numeric_mode=mode.tier)
+    opt, ref = make(params, lr=0.1, numeric_mode=mode.numeric_mode), make(ours, lr=0.1, numeric_mode=mode.numeric_mode)
     for _ in range(3):
         opt.step(grads)
         ref.step([Array.from_buffer(g) for g in grads])
@@ -110,7 +110,7 @@ def test_a_tensor_saved_for_backward_then_stepped_makes_backward_raise(mode, kin
     _need(mode, "optim")
     w = torch.ones(4, requires_grad=True)
     loss = (w * torch.arange(4.0)).sum() * (w * w).sum()       # saves w
-    getattr(mt, kind)([w], numeric_mode=mode.tier).step([torch.ones(4)])
+    getattr(mt, kind)([w], numeric_mode=mode.numeric_mode).step([torch.ones(4)])
     with pytest.raises(RuntimeError, match=STALE):
         loss.backward()
 
@@ -119,7 +119,7 @@ def test_a_refused_step_leaves_the_params_and_their_version_alone(mode):
     _need(mode, "optim")
     w = torch.ones(4, requires_grad=True)
     loss = (w * w).sum()
-    opt = mt.AdamW([w], numeric_mode=mode.tier)
+    opt = mt.AdamW([w], numeric_mode=mode.numeric_mode)
     with pytest.raises(ValueError):
         opt.step([torch.tensor([0.0, float("nan"), 0.0, 0.0])])
     assert w._version == 0 and w.tolist() == [1.0] * 4 and opt.t == 0
@@ -130,10 +130,10 @@ def test_a_refused_step_leaves_the_params_and_their_version_alone(mode):
 def test_clipping_and_zero_grad_bump_the_gradients_version(mode):
     _need(mode, "optim", "clip")
     grads = [torch.full((3,), 4.0), torch.full((2,), 3.0, requires_grad=True)]
-    assert mt.clip_grad_norm_(grads, 1.0, numeric_mode=mode.tier) == pytest.approx(66 ** 0.5)
+    assert mt.clip_grad_norm_(grads, 1.0, numeric_mode=mode.numeric_mode) == pytest.approx(66 ** 0.5)
     assert [g._version for g in grads] == [1, 1]
     assert grads[0].tolist()[0] == pytest.approx(4.0 / 66 ** 0.5, rel=1e-5)
-    opt = mt.SGD([torch.zeros(3), torch.zeros(2)], numeric_mode=mode.tier)
+    opt = mt.SGD([torch.zeros(3), torch.zeros(2)], numeric_mode=mode.numeric_mode)
     opt.zero_grad(grads)
     assert [g._version for g in grads] == [2, 2] and grads[0].tolist() == [0.0] * 3
     opt.step(grads, max_norm=1.0)
@@ -143,9 +143,9 @@ def test_clipping_and_zero_grad_bump_the_gradients_version(mode):
 def _write_out(mode, op, x, out):
     if op == "add":
         _need(mode, "elementwise")
-        return mt.add(x, x, out=out, numeric_mode=mode.tier)
+        return mt.add(x, x, out=out, numeric_mode=mode.numeric_mode)
     _need(mode, "dropout")
-    return mt.Generator(5, numeric_mode=mode.tier).dropout(x, 0.5, out=out)[0]
+    return mt.Generator(5, numeric_mode=mode.numeric_mode).dropout(x, 0.5, out=out)[0]
 
 
 @pytest.mark.parametrize("op", ["add", "dropout"])
@@ -178,11 +178,11 @@ def test_embedding_backward_into_a_torch_grad_bumps_it_and_refuses_one_requiring
     _need(mode, "embedding")
     dy = torch.ones(3, 2)
     grad = torch.zeros(4, 2)
-    embedding_backward(dy, torch.tensor([1, 1, 3]), 4, grad=grad, numeric_mode=mode.tier)
+    embedding_backward(dy, torch.tensor([1, 1, 3]), 4, grad=grad, numeric_mode=mode.numeric_mode)
     assert grad.tolist() == [[0.0, 0.0], [2.0, 2.0], [0.0, 0.0], [1.0, 1.0]] and grad._version == 1
     tracked = torch.zeros(4, 2, requires_grad=True)
     with pytest.raises(RequiresGradError, match=r"^mojo_train\.embedding_backward: grad requires grad"):
-        embedding_backward(dy, torch.tensor([1, 1, 3]), 4, grad=tracked, numeric_mode=mode.tier)
+        embedding_backward(dy, torch.tensor([1, 1, 3]), 4, grad=tracked, numeric_mode=mode.numeric_mode)
     assert tracked._version == 0 and tracked.tolist() == [[0.0, 0.0]] * 4
 
 
@@ -194,7 +194,7 @@ def test_a_float64_param_is_refused_saying_float(mode, requires_grad, fix):
     t = torch.ones(3, dtype=torch.float64, requires_grad=requires_grad)
     with pytest.raises(TypeError, match=r"^mojo_train\.AdamW: params\[0\] has dtype float64; .*\(convert "
                                         r"with %s\)$" % fix):
-        mt.AdamW([t], numeric_mode=mode.tier)
+        mt.AdamW([t], numeric_mode=mode.numeric_mode)
 
 
 @pytest.mark.parametrize("requires_grad, fix", [(False, r"weight\.contiguous\(\)"),
@@ -204,7 +204,7 @@ def test_a_strided_tensor_is_refused_saying_contiguous(mode, requires_grad, fix)
     t = torch.ones(3, 4, requires_grad=requires_grad).t()
     with pytest.raises(ValueError, match=r"^mojo_train\.embedding_forward: weight must be C-contiguous "
                                          r"\(got a strided view of shape \(4, 3\)\); pass %s$" % fix):
-        mt.embedding.embedding_forward(t, [0], numeric_mode=mode.tier)
+        mt.embedding.embedding_forward(t, [0], numeric_mode=mode.numeric_mode)
     with pytest.raises(ValueError, match=r"^mojo_train\.Array\.from_buffer: obj is a strided view .*; pass "
                                          r"obj(\.detach\(\))?\.contiguous\(\)$"):
         Array.from_buffer(t)
@@ -214,4 +214,4 @@ def test_float_ids_are_refused_saying_long(mode):
     _need(mode, "embedding")
     with pytest.raises(TypeError, match=r"^mojo_train\.embedding_forward: ids has dtype float32; .*\(convert "
                                         r"with ids\.long\(\)\)$"):
-        mt.embedding.embedding_forward(torch.ones(3, 2), torch.zeros(2), numeric_mode=mode.tier)
+        mt.embedding.embedding_forward(torch.ones(3, 2), torch.zeros(2), numeric_mode=mode.numeric_mode)

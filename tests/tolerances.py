@@ -1,7 +1,7 @@
 """The one error bound for comparisons with torch, and the fixed input ranges it holds over.
 
 Only the comparisons with torch (tests/test_torch_reference.py, test_loss.py, test_linear.py,
-test_rms_norm.py) use this: our own tiers are compared bit for bit elsewhere. The optimizers come first, then
+test_rms_norm.py) use this: our own numeric modes are compared bit for bit elsewhere. The optimizers come first, then
 cross-entropy's units and ranges (the same ATOL and RTOL); dense layers have a section below.
 Ours runs in float32; the reference is torch's own optimizer (default CPU path) in float64 on the
 same float32 initial params and the same float32 gradients, clipping with
@@ -181,7 +181,7 @@ def assert_close_to_reference(ours, ref64, what, unit=1.0):
 
 # ---- dense layers (tests/test_linear.py, tests/test_rms_norm.py) ------------------------------------
 """The same bound, |ours - ref64| <= ATOL * unit + RTOL * |ref64|, holds for linear and RMSNorm
-against torch in float64 (ours in every tier, on the same float32 inputs, U(-1, 1) entries and
+against torch in float64 (ours in every numeric mode, on the same float32 inputs, U(-1, 1) entries and
 RMSNorm weights U(0.5, 1.5), shapes drawn in the ranges below). A dot product's unit is the sum
 of the absolute values of its terms: the K products of a linear output (``|a| @ |w|.T``, plus
 ``|bias|``), the N of ``da``, the M rows of ``dweight`` and ``dbias``. It does NOT scale with

@@ -1,5 +1,5 @@
 /* mt_host.c -- see mt_host.h. Identity exports live here so every vendor reports the same
- * way; MT_TIER and MT_VENDOR_NAME come from the build. */
+ * way; MT_NUMERIC_MODE and MT_VENDOR_NAME come from the build. */
 #include <stdlib.h>
 #include "mt_host.h"
 #include "mt_pinned.h"
@@ -78,9 +78,9 @@ int mt_abi_version(void) { return MT_ABI_VERSION; }
 const char *mt_vendor(void) { return MT_VENDOR_NAME; }
 
 const char *mt_numeric_mode(void) {
-#if MT_TIER == MT_TIER_IDENTICAL
+#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
     return "identical";
-#elif MT_TIER == MT_TIER_DETERMINISTIC
+#elif MT_NUMERIC_MODE == MT_MODE_DETERMINISTIC
     return "deterministic";
 #else
     return "fast";
@@ -92,7 +92,7 @@ uint64_t mt_features(void) {
                  mt_loss_features() | mt_linear_features() | mt_rms_norm_features() | mt_lm_head_features() |
                  mt_embedding_features() | mt_random_features() | mt_accumulate_features() |
                  mt_elementwise_features() | mt_schedule_features();
-#if MT_TIER == MT_TIER_IDENTICAL
+#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
     f |= MT_FEATURE_PINNED_MATH;
 #else
     f |= MT_FEATURE_CONTRACTION;

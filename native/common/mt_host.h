@@ -74,7 +74,7 @@ void mt_fp_set(unsigned control);
 float mt_host_one_minus_pow(float base, int64_t exponent);
 float mt_host_round(double x);
 
-/* The vendor's feature bits beyond the tier's (defined by each vendor), and those of each op
+/* The vendor's feature bits beyond the numeric mode's (defined by each vendor), and those of each op
  * family, defined beside the family's code (0 until it is built on that vendor). */
 uint64_t mt_vendor_features(void);
 uint64_t mt_loss_features(void);

@@ -18,7 +18,7 @@
 #include "mt_pinned.h"
 
 /* Error-free transformations need every product rounded where it is written: no contraction,
- * whatever the tier's flags. */
+ * whatever the numeric mode's flags. */
 #if defined(__clang__)
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)

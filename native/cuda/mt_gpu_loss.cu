@@ -1,5 +1,5 @@
 /* mt_gpu_loss.cu -- cross-entropy on a GPU (contract: native/contracts/loss.md); the same bits
- * as the CPU oracle (native/cpu_oracle/mt_cpu_loss.c) in the identical tier.
+ * as the CPU oracle (native/cpu_oracle/mt_cpu_loss.c) in the identical numeric mode.
  *
  * A call is three kernels on the calling thread's stream and one synchronization:
  *  1. k_ce_targets (one block) reads every target once: the smallest refused row and the

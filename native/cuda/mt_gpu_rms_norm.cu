@@ -1,5 +1,5 @@
 /* mt_gpu_rms_norm.cu -- RMSNorm on a GPU (contract: native/contracts/rms_norm.md); the same
- * bits as the CPU oracle (native/cpu_oracle/mt_cpu_rms_norm.c) in the identical tier.
+ * bits as the CPU oracle (native/cpu_oracle/mt_cpu_rms_norm.c) in the identical numeric mode.
  *
  * RMSNorm forward, one kernel: each block takes rows in turn, stages the row in shared memory
  * (or, when it does not fit, reads it from global memory twice), folds the squares by the

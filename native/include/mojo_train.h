@@ -73,7 +73,7 @@ enum mt_feature {         /* mt_features() bits: one per op family, then capabil
     MT_FEATURE_HOST_BUFFERS = 1 << 8,   /* accepts host pointers */
     MT_FEATURE_DEVICE_BUFFERS = 1 << 9, /* accepts device pointers */
     MT_FEATURE_THREADS = 1 << 10,       /* thread pool */
-    MT_FEATURE_PINNED_MATH = 1 << 16,   /* pinned routines (identical tier) */
+    MT_FEATURE_PINNED_MATH = 1 << 16,   /* pinned routines (identical numeric mode) */
     MT_FEATURE_CONTRACTION = 1 << 17,   /* fma contraction allowed (deterministic, fast) */
     MT_FEATURE_APPROXIMATE = 1 << 18    /* approximate division/sqrt, flushed subnormals (GPU fast) */
 };

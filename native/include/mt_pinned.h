@@ -1,9 +1,9 @@
 /* mt_pinned.h -- the one definition of every pinned scalar routine, tree and random stream.
  *
  * Compiles as C99, CUDA and HIP (MT_HD marks functions for host and device). Kernels and the
- * CPU oracle call these instead of re-spelling arithmetic, so the identical tier has one
+ * CPU oracle call these instead of re-spelling arithmetic, so the identical numeric mode has one
  * source of truth. Only binary32 + - * /, sqrt and explicit fmaf appear, each correctly
- * rounded; the build turns contraction off for the identical tier (see Makefile). The
+ * rounded; the build turns contraction off for the identical numeric mode (see Makefile). The
  * contracts in native/contracts/ describe, in words, what this file computes.
  */
 #ifndef MT_PINNED_H
@@ -18,15 +18,15 @@
 #define MT_HD static inline
 #endif
 
-#define MT_TIER_IDENTICAL 0
-#define MT_TIER_DETERMINISTIC 1
-#define MT_TIER_FAST 2
-#ifndef MT_TIER
-#define MT_TIER MT_TIER_IDENTICAL
+#define MT_MODE_IDENTICAL 0
+#define MT_MODE_DETERMINISTIC 1
+#define MT_MODE_FAST 2
+#ifndef MT_NUMERIC_MODE
+#define MT_NUMERIC_MODE MT_MODE_IDENTICAL
 #endif
 
-/* a*b + c: two roundings in the identical tier, one (fused) elsewhere. */
-#if MT_TIER == MT_TIER_IDENTICAL
+/* a*b + c: two roundings in the identical numeric mode, one (fused) elsewhere. */
+#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
 #define MT_MADD(a, b, c) ((a) * (b) + (c))
 #else
 #define MT_MADD(a, b, c) fmaf((a), (b), (c))
@@ -881,7 +881,7 @@ MT_HD void mt_normal_block(float z[4], uint64_t seed, uint64_t stream, uint64_t 
     mt_box_muller(w[2], w[3], &z[2], &z[3]);
 }
 
-/* mean + std * z: two roundings in the identical tier. */
+/* mean + std * z: two roundings in the identical numeric mode. */
 MT_HD float mt_normal_value(float mean, float std, float z) { return MT_MADD(std, z, mean); }
 
 /* ---- dropout ----------------------------------------------------------------------------
