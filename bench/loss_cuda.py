@@ -17,6 +17,7 @@ to bench/rms_norm_cuda.py (which uses DeviceBuffer and _call from here); records
 hold it under "rms_norm_16384x4096".
 """
 import argparse
+import array
 import os
 import sys
 
@@ -138,11 +139,39 @@ def report(rows):
                  r["ours_forward_ms"], r["torch_ms"], r["ratio"], r["floor_ms"], r["bytes"] / 1e9))
 
 
+def kernel_only(gpu, rows, vocab, repeat, label):
+    """Ours alone, no torch in the process: for A/B builds and ncu
+    (`ncu --kernel-name regex:k_ce_rows ... python bench/loss_cuda.py --kernel-only`)."""
+    logits = DeviceBuffer(gpu, (rows, vocab)).fill_uniform(11, 0, -8.0, 8.0)
+    dlogits, loss = DeviceBuffer(gpu, (rows, vocab)), DeviceBuffer(gpu, (1,))
+    targets = DeviceBuffer(gpu, (rows,), "int32")
+    targets.upload(array.array("i", [i * 7919 % vocab for i in range(rows)]).tobytes())
+    tptr, lib = targets.ptr("void *"), gpu.lib
+
+    def both():
+        _call(gpu, lib.mt_cross_entropy(loss.ptr(), ffi.NULL, dlogits.ptr(), logits.ptr(), tptr, 4, rows, vocab,
+                                        -100, MEAN, 0.0, 0), "mt_cross_entropy")
+
+    def forward():
+        _call(gpu, lib.mt_cross_entropy(loss.ptr(), ffi.NULL, ffi.NULL, logits.ptr(), tptr, 4, rows, vocab,
+                                        -100, MEAN, 0.0, 0), "mt_cross_entropy")
+
+    t_both, t_fwd = timed(both, repeat), timed(forward, repeat)
+    print("%s ce %dx%d: fwd+bwd %.3f ms, forward %.3f ms" % (label, rows, vocab, t_both * 1e3, t_fwd * 1e3))
+
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--write", action="store_true", help="record in bench/results/loss_cuda.jsonl")
+    ap.add_argument("--kernel-only", action="store_true", help="time ours alone (no torch), for A/B builds and ncu")
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--vocab", type=int, default=50304)
+    ap.add_argument("--label", default="")
     args = ap.parse_args()
+    if args.kernel_only:
+        return kernel_only(_native.load("identical", "cuda"), args.rows, args.vocab, args.repeat, args.label)
     import torch
     gpu = _native.load("identical", "cuda")
     rows = run_benchmarks(torch, gpu, max(args.repeat, 10))

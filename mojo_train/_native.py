@@ -121,7 +121,7 @@ def _enum(name, prefix):
 
 
 # The header's constants, never retyped: status codes, reductions, schedules, feature bits.
-STATUS = _enum("mt_status", "MT_")
+STATUS = _enum("mt_error_code", "MT_")
 REDUCTIONS = _enum("mt_reduction", "MT_REDUCTION_")
 SCHEDULES = _enum("mt_schedule_kind", "MT_SCHEDULE_")
 FEATURES = _enum("mt_feature", "MT_FEATURE_")

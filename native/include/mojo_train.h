@@ -37,7 +37,7 @@ extern "C" {
 #endif
 /* MT_CDEF_BEGIN */
 /* The constants, declared once, as enums (C hosts and cffi read the same lines). */
-enum mt_status {
+enum mt_error_code {
     MT_OK = 0,
     MT_EINVAL = 1,        /* an argument was refused (message names it) */
     MT_ENONFINITE = 2,    /* NaN or inf in an input that must be finite */
