@@ -63,13 +63,18 @@ endif
 $(BUILD)/%.$(SO).sha256: | $(BUILD)/%.$(SO)
 	rm -f $| && $(MAKE) --no-print-directory $|
 
-$(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
+# $(call cpu_lib,<C flags of the numeric mode>): the one recipe of a CPU library, the sabotage
+# build's included (its flags: the identical mode's and SABOTAGE_FLAG).
+define cpu_lib
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(CC) $(BASE_CFLAGS) $(1) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+endef
+
+$(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
+	$(call cpu_lib,$(MODE_FLAGS_$*))
 
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
-	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
+	$(call cpu_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG))
 
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------
 NVCC ?= nvcc
@@ -84,15 +89,19 @@ CUDA_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cuda_$(t).$(SO)
 
 cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS)))
 
+# $(call cuda_lib,<host C flags>,<nvcc flags of the numeric mode>,<folder of the host objects>): the
+# one recipe of a CUDA library, the sabotage build's included.
+define cuda_lib
+	@mkdir -p $(3)
+	$(call host_objs,$(1) -DMT_VENDOR_NAME='"cuda"',$(3))
+	$(NVCC) $(NVCC_BASE) $(2) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(3)) && $(call seal,$@)
+endef
+
 $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
-	@mkdir -p $(BUILD)/obj-cuda-$*
-	$(call host_objs,$(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/obj-cuda-$*)
-	$(NVCC) $(NVCC_BASE) $(NVCC_MODE_$*) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/obj-cuda-$*) && $(call seal,$@)
+	$(call cuda_lib,$(MODE_FLAGS_$*),$(NVCC_MODE_$*),$(BUILD)/obj-cuda-$*)
 
 $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
-	@mkdir -p $(BUILD)/sabotage-$*/obj
-	$(call host_objs,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"',$(BUILD)/sabotage-$*/obj)
-	$(NVCC) $(NVCC_BASE) $(NVCC_MODE_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(BUILD)/sabotage-$*/obj) && $(call seal,$@)
+	$(call cuda_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG),$(NVCC_MODE_identical) $(SABOTAGE_FLAG),$(BUILD)/sabotage-$*/obj)
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -132,15 +141,19 @@ HIP_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_hip_$(t).$(SO))
 
 hip: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS)))
 
+# $(call hip_lib,<host C flags>,<hipcc flags of the numeric mode>,<folder of the host objects>): the
+# one recipe of a HIP library, the sabotage build's included.
+define hip_lib
+	@mkdir -p $(3)
+	$(call host_objs,$(1) -DMT_VENDOR_NAME='"hip"',$(3))
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(2) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(3)) && $(call seal,$@)
+endef
+
 $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
-	@mkdir -p $(BUILD)/obj-hip-$*
-	$(call host_objs,$(MODE_FLAGS_$*) -DMT_VENDOR_NAME='"hip"',$(BUILD)/obj-hip-$*)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_MODE_$*) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/obj-hip-$*) && $(call seal,$@)
+	$(call hip_lib,$(MODE_FLAGS_$*),$(HIPCC_MODE_$*),$(BUILD)/obj-hip-$*)
 
 $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
-	@mkdir -p $(BUILD)/sabotage-$*/obj-hip
-	$(call host_objs,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"',$(BUILD)/sabotage-$*/obj-hip)
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(HIPCC_MODE_identical) $(SABOTAGE_FLAG) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(BUILD)/sabotage-$*/obj-hip) && $(call seal,$@)
+	$(call hip_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG),$(HIPCC_MODE_identical) $(SABOTAGE_FLAG),$(BUILD)/sabotage-$*/obj-hip)
 
 .PHONY: hip
 

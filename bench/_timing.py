@@ -1,25 +1,73 @@
-"""Shared timing for the benchmarks: median wall-clock of repeated runs after warm-up."""
+"""Shared by every benchmark: the median wall-clock of repeated runs after warm-up, the command
+line (--repeat, --mode, --write and a script's own options) and the record in bench/results/."""
+import argparse
+import os
 import statistics
+import sys
 import time
 
 
-def median_seconds(fn, repeat=15, warmup=3):
-    """Median of `repeat` timed calls of fn() after `warmup` untimed ones."""
+def median_seconds(fn, repeat=15, warmup=3, sync=None):
+    """Median of `repeat` timed calls of fn() after `warmup` untimed ones. sync (e.g.
+    torch.cuda.synchronize), when given, runs after the warm-up and after each call, inside its time."""
     for _ in range(warmup):
         fn()
+    if sync:
+        sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
+        if sync:
+            sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def bench_args(doc, repeat, *options, mode=False):
+    """A benchmark's parsed command line: its own ``options``, each (flag, default) or (flag,
+    default, help) where the default's type is the option's (False: a switch), then --repeat
+    (default ``repeat``), --mode (with mode=True: the numeric mode, identical by default) and
+    --write. The description is doc's first line."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for flag, default, *help_ in options:
+        if default is False:
+            ap.add_argument(flag, action="store_true", help=help_[0] if help_ else None)
+        else:
+            ap.add_argument(flag, type=type(default), default=default, help=help_[0] if help_ else None)
+    ap.add_argument("--repeat", type=int, default=repeat)
+    if mode:
+        ap.add_argument("--mode", default="identical")
+    ap.add_argument("--write", action="store_true", help="record in bench/results/")
+    return ap.parse_args()
+
+
+def record(args, name, figures):
+    """With --write: append figures to bench/results/<name>.jsonl with the command that made them."""
+    if args.write:
+        write_result(name, figures, " ".join(["python"] + sys.argv))
+
+
+def cpu_torch(mode):
+    """(torch, threads): torch set to the thread count of our CPU library of numeric mode `mode`,
+    so that both sides of a CPU benchmark use as many threads."""
+    import torch
+    from mojo_train._native import load
+    threads = int(load(mode).lib.mt_num_threads())
+    torch.set_num_threads(threads)
+    return torch, threads
+
+
+def cpu_record(args, name, figures, torch):
+    """With --write: figures with the numeric mode, thread count, torch version and load average
+    (figures may give their own) to bench/results/<name>.jsonl."""
+    record(args, name, dict({"mode": args.mode, "threads": torch.get_num_threads(), "torch": torch.__version__,
+                             "load_average": os.getloadavg()[0]}, **figures))
 
 
 def write_result(name, figures, command):
     """Append one dated record (machine, commit, command, figures) to bench/results/<name>.jsonl."""
     import json
-    import os
-    import platform
     import subprocess
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
@@ -37,7 +85,6 @@ def write_result(name, figures, command):
 
 
 def _machine():
-    import os
     import platform
     cpu = platform.processor() or platform.machine()
     try:

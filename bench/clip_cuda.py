@@ -4,19 +4,18 @@
 
 Gradients are resident on the GPU (mojo_train DeviceArrays; torch tensors as p.grad for torch).
 Every figure: median wall-clock of --repeat synchronized calls after warm-up, and the bytes
-moved as a fraction of the measured device-to-device copy bandwidth (bench/optim_cuda.py's
-timing and yardstick). With clipping active a clip moves 12 bytes an element (norm read 4,
-scale read 4 + write 4). Target (issue 3): 200 x 500K (active) <= 0.4 ms.
+moved as a fraction of the measured device-to-device copy bandwidth (bench/_gpu.py's timing
+and yardstick). With clipping active a clip moves 12 bytes an element (norm read 4, scale read
+4 + write 4). Target (issue 3): 200 x 500K (active) <= 0.4 ms.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
-from optim_cuda import copy_bandwidth, device_tensors, timed  # noqa: E402
+from _gpu import copy_bandwidth, cuda_torch, device_tensors, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 
@@ -48,21 +47,15 @@ def bench_clip(torch, sizes, repeat, bw):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=40)
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
+    args = bench_args(__doc__, 40)
+    torch = cuda_torch()
     bw = copy_bandwidth(torch)
     rows = {"copy_TBps": bw / 1e12, "clip_200x500K": bench_clip(torch, [500_000] * 200, args.repeat, bw)}
     print("copy bandwidth %.2f TB/s (read + write)" % rows["copy_TBps"])
     c = rows["clip_200x500K"]
     print("clip_grad_norm_ 200 x 500K (clipping): ours %.3f ms (%.0f%% of copy bw), torch foreach %.3f ms"
           % (c["ours_ms"], 100 * c["ours_of_copy_bw"], c["torch_foreach_ms"]))
-    if args.write:
-        write_result("clip_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "clip_cuda", rows, torch)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,14 @@ fraction of the measured device-to-device copy bandwidth. Also printed: whether 
 has the CPU oracle's bits (the cross-vendor promise), and torch's largest difference from ours.
 Target (issue 5): ours <= torch's default (0.62 ms on the H200 in shared/anchors).
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
-from optim_cuda import copy_bandwidth, timed  # noqa: E402  (one timing loop for the GPU benchmarks)
+from _gpu import copy_bandwidth, cuda_torch, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train.embedding import embedding_backward, embedding_forward  # noqa: E402
@@ -104,14 +103,10 @@ def bench_forward(torch, repeat, bw):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=40)
-    ap.add_argument("--write", action="store_true", help="append the record to bench/results/embedding_cuda.jsonl")
-    args = ap.parse_args()
+    args = bench_args(__doc__, 40)
     if args.repeat < 10:
-        ap.error("--repeat must be >= 10 (the figures are medians)")
-    import torch
-    os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
+        sys.exit("embedding_cuda.py: --repeat must be >= 10 (the figures are medians)")
+    torch = cuda_torch()
     bw = copy_bandwidth(torch)
     rows = {"copy_TBps": bw / 1e12, "backward": bench_backward(torch, args.repeat, bw),
             "forward": bench_forward(torch, args.repeat, bw)}
@@ -127,9 +122,7 @@ def main():
           % (b["same_bits_as_cpu_oracle"], b["same_bits_run_to_run"], b["torch_max_abs_diff_from_ours"]))
     print("embedding forward T=%d rows of %d: ours %.3f ms (%.0f%% of copy bw), torch %.3f ms, same bits: %s"
           % (T, D, f["ours_ms"], 100 * f["ours_of_copy_bw"], f["torch_ms"], f["same_bits_as_torch"]))
-    if args.write:
-        write_result("embedding_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "embedding_cuda", rows, torch)
 
 
 if __name__ == "__main__":

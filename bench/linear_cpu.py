@@ -13,7 +13,6 @@ linear_forward 1024^3 at least 0.5x torch's GFLOP/s. RMSNorm's figures: bench/rm
 (which times them with paired_medians and filled from here). Records before the split into
 families are in bench/results/dense_cpu.jsonl; new ones go to linear_cpu.jsonl.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -22,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _timing import bench_args, cpu_record, cpu_torch  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
@@ -102,14 +101,8 @@ def single_thread_cpu_time(m, n, k, repeat, mode):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--mode", default="identical")
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    threads = int(load(args.mode).lib.mt_num_threads())
-    torch.set_num_threads(threads)
+    args = bench_args(__doc__, 15, mode=True)
+    torch, threads = cpu_torch(args.mode)
     linear = [bench_linear(m, n, k, args.repeat, args.mode) for m, n, k in LINEAR_SHAPES]
     core = single_thread_cpu_time(1024, 1024, 1024, args.repeat, args.mode)
     load_avg = os.getloadavg()[0]
@@ -122,11 +115,8 @@ def main():
     print("linear 1024^3 on one thread, per CPU-second: ours %.1f GFLOP, torch %.1f = %.2fx (load average %.1f "
           "on %d cores)" % (core["GFLOP_per_cpu_s"], core["torch_GFLOP_per_cpu_s"], core["vs_torch"], load_avg,
                             os.cpu_count() or 0))
-    if args.write:
-        write_result("linear_cpu", {"mode": args.mode, "threads": threads, "torch": torch.__version__,
-                                    "gemm_kernel": os.environ.get("MOJO_TRAIN_CPU_GEMM", "auto"),
-                                    "load_average": load_avg, "linear": linear, "one_thread_cpu_time": core},
-                     " ".join(["python"] + sys.argv))
+    cpu_record(args, "linear_cpu", {"gemm_kernel": os.environ.get("MOJO_TRAIN_CPU_GEMM", "auto"),
+                                    "load_average": load_avg, "linear": linear, "one_thread_cpu_time": core}, torch)
 
 
 if __name__ == "__main__":

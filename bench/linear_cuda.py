@@ -28,15 +28,13 @@ the forward at 8192^3 and 4096 x 11008 x 4096, all in this one call, and prints 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _timing import median_seconds, write_result  # noqa: E402
 from loss_cuda import DeviceBuffer  # noqa: E402
 
 from mojo_train import _native  # noqa: E402
@@ -56,22 +54,6 @@ def linear_forward(lib, p, m, n, k):
 
 def linear_backward(lib, p, m, n, k):
     return lib.mt_linear_backward(p["da"], p["dweight"], p["dbias"], p["dc"], p["a"], p["weight"], m, n, k)
-
-
-def median_time(fn, repeat, warmup=3, sync=None):
-    """Median seconds of repeat calls of fn() (each followed by sync()) after warm-up."""
-    for _ in range(warmup):
-        fn()
-    if sync:
-        sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 class Operands:
@@ -117,12 +99,12 @@ def bench_forward(gpu, torch, m, n, k, repeat):
     flops = 2.0 * m * n * k
     row = {"op": "forward", "m": m, "n": n, "k": k, "flops": flops,
            "pre_pass_MB": 4 * (m * k + n * k + n) / 1e6}
-    row["ours_ms"] = median_time(call, repeat) * 1e3
+    row["ours_ms"] = median_seconds(call, repeat) * 1e3
     row["ours_TFLOPs"] = flops / row["ours_ms"] / 1e9
     if torch is not None:
         F = torch.nn.functional
         a, w, b = ops.t["a"], ops.t["weight"], ops.t["bias"]
-        row["torch_ms"] = median_time(lambda: F.linear(a, w, b), repeat, sync=torch.cuda.synchronize) * 1e3
+        row["torch_ms"] = median_seconds(lambda: F.linear(a, w, b), repeat, sync=torch.cuda.synchronize) * 1e3
         row["torch_TFLOPs"] = flops / row["torch_ms"] / 1e9
         row["ratio"] = row["ours_TFLOPs"] / row["torch_TFLOPs"]
         row["rel_err_vs_torch"] = rel_err(torch, ops.as_torch("out", (m, n)), F.linear(a, w, b))
@@ -141,7 +123,7 @@ def bench_backward(gpu, torch, m, n, k, repeat):
     for label, outs in (("", ("da", "dweight", "dbias")), ("_da", ("da",)), ("_dweight", ("dweight",))):
         p = ops.ptrs(("dc", "a", "weight") + outs)
         call = lambda: gpu.check(linear_backward(gpu.lib, p, m, n, k), "mt_linear_backward")  # noqa: E731
-        row["ours%s_ms" % label] = median_time(call, repeat) * 1e3
+        row["ours%s_ms" % label] = median_seconds(call, repeat) * 1e3
     row["ours_TFLOPs"] = flops / row["ours_ms"] / 1e9
     row["ours_da_TFLOPs"] = 2.0 * m * n * k / row["ours_da_ms"] / 1e9
     row["ours_dweight_TFLOPs"] = 2.0 * m * n * k / row["ours_dweight_ms"] / 1e9
@@ -150,9 +132,9 @@ def bench_backward(gpu, torch, m, n, k, repeat):
 
         def theirs():
             return dc @ w, dc.t() @ a, dc.sum(0)
-        row["torch_ms"] = median_time(theirs, repeat, sync=torch.cuda.synchronize) * 1e3
-        row["torch_da_ms"] = median_time(lambda: dc @ w, repeat, sync=torch.cuda.synchronize) * 1e3
-        row["torch_dweight_ms"] = median_time(lambda: dc.t() @ a, repeat, sync=torch.cuda.synchronize) * 1e3
+        row["torch_ms"] = median_seconds(theirs, repeat, sync=torch.cuda.synchronize) * 1e3
+        row["torch_da_ms"] = median_seconds(lambda: dc @ w, repeat, sync=torch.cuda.synchronize) * 1e3
+        row["torch_dweight_ms"] = median_seconds(lambda: dc.t() @ a, repeat, sync=torch.cuda.synchronize) * 1e3
         row["torch_TFLOPs"] = flops / row["torch_ms"] / 1e9
         row["ratio"] = row["ours_TFLOPs"] / row["torch_TFLOPs"]
         p = ops.ptrs(("dc", "a", "weight", "da", "dweight", "dbias"))

@@ -11,27 +11,12 @@ FLOPs: three GEMMs of 2 * rows * width * vocab each.
 """
 import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mojo_train as mt  # noqa: E402
-from _timing import write_result  # noqa: E402
-
-
-def timed(fn, sync, repeat, warmup=2):
-    for _ in range(warmup):
-        fn()
-    sync()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+from _timing import median_seconds, write_result  # noqa: E402
 
 
 def main():
@@ -67,11 +52,11 @@ def main():
     got = ours()
     ref = theirs()
     sync()
-    ours_ms = timed(ours, sync, args.repeat) * 1e3
+    ours_ms = median_seconds(ours, args.repeat, warmup=2, sync=sync) * 1e3
     before = mt.memory_stats(reset=True, numeric_mode="identical")["current"]
     ours()
     ours_extra = mt.memory_stats(numeric_mode="identical")["peak"] - before
-    theirs_ms = timed(theirs, sync, args.repeat) * 1e3
+    theirs_ms = median_seconds(theirs, args.repeat, warmup=2, sync=sync) * 1e3
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     theirs()

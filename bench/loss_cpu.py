@@ -16,7 +16,6 @@ writes dlogits: 12 bytes. torch: log_softmax reads x and writes logp, backward r
 writes the gradient: 16 bytes. Target (issue 4): forward + backward on 1024 x 32000 at most
 0.5x torch's time.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _timing import bench_args, cpu_record, cpu_torch  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
@@ -94,15 +93,8 @@ def bench(rows, vocab, repeat, mode):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=1024)
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--mode", default="identical")
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    torch.set_num_threads(int(load(args.mode).lib.mt_num_threads()))
+    args = bench_args(__doc__, 15, ("--rows", 1024), ("--vocab", 32000), mode=True)
+    torch, _ = cpu_torch(args.mode)
     r = bench(args.rows, args.vocab, args.repeat, args.mode)
     print("cross_entropy %d x %d, forward + backward: ours %.1f ms (native call %.1f ms, %.1f GB/s), "
           "torch %.1f ms: ratio %.2f (native %.2f; target <= 0.5)"
@@ -113,10 +105,7 @@ def main():
     print("forward only: ours %.1f ms, torch %.1f ms, ratio %.2f (CPU time %.2f)"
           % (r["ours_fwd_ms"], r["torch_fwd_ms"], r["ours_fwd_ratio"], r["ours_fwd_cpu_ratio"]))
     print("  load average at the end: %.1f (on %d cores)" % (os.getloadavg()[0], os.cpu_count() or 0))
-    if args.write:
-        write_result("loss_cpu", {"mode": args.mode, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                                  "load_average": os.getloadavg()[0], "cross_entropy": r},
-                     " ".join(["python"] + sys.argv))
+    cpu_record(args, "loss_cpu", {"cross_entropy": r}, torch)
 
 
 if __name__ == "__main__":

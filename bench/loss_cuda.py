@@ -16,7 +16,6 @@ Target (issue 4): cross_entropy 8192 x 50304 <= 1.5 ms (torch 4.83 ms). RMSNorm'
 to bench/rms_norm_cuda.py (which uses DeviceBuffer and _call from here); records before that
 hold it under "rms_norm_16384x4096".
 """
-import argparse
 import array
 import os
 import sys
@@ -24,8 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
-from optim_cuda import copy_bandwidth, timed  # noqa: E402
+from _gpu import copy_bandwidth, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
 
 from mojo_train import _native  # noqa: E402
 
@@ -162,23 +161,15 @@ def kernel_only(gpu, rows, vocab, repeat, label):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--write", action="store_true", help="record in bench/results/loss_cuda.jsonl")
-    ap.add_argument("--kernel-only", action="store_true", help="time ours alone (no torch), for A/B builds and ncu")
-    ap.add_argument("--rows", type=int, default=8192)
-    ap.add_argument("--vocab", type=int, default=50304)
-    ap.add_argument("--label", default="")
-    args = ap.parse_args()
+    args = bench_args(__doc__, 20, ("--kernel-only", False, "time ours alone (no torch), for A/B builds and ncu"),
+                      ("--rows", 8192), ("--vocab", 50304), ("--label", ""))
     if args.kernel_only:
         return kernel_only(_native.load("identical", "cuda"), args.rows, args.vocab, args.repeat, args.label)
     import torch
     gpu = _native.load("identical", "cuda")
     rows = run_benchmarks(torch, gpu, max(args.repeat, 10))
     report(rows)
-    if args.write:
-        write_result("loss_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "loss_cuda", rows, torch)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,13 @@ ours including the finiteness pre-pass (params and grads read once more before t
 AdamW moves 28. Targets (issue 2): 10M parameters at most 1.3x torch's fused time; a
 1,000-element step, Python call to result, at most 20 us.
 """
-import argparse
 import os
-import platform
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import median_seconds, write_result  # noqa: E402
+from _timing import bench_args, cpu_record, cpu_torch, median_seconds  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
@@ -60,14 +56,8 @@ def bench_small(mode, repeat=2001):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=10_000_000)
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--mode", default="identical")
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    torch.set_num_threads(int(load(args.mode).lib.mt_num_threads()))
+    args = bench_args(__doc__, 15, ("--n", 10_000_000), mode=True)
+    torch, _ = cpu_torch(args.mode)
     large = bench_large(args.n, args.repeat, args.mode)
     small = bench_small(args.mode)
     print("AdamW %d params: ours %.2f ms (%.1f GB/s), torch fused %.2f ms (%.1f GB/s), ratio %.2f (target <= 1.3)"
@@ -75,10 +65,7 @@ def main():
              large["torch_GBps"], large["ratio"]))
     print("AdamW 1000 params, Python to result: ours %.1f us (target <= 20), torch %.1f us"
           % (small["ours_us"], small["torch_default_us"]))
-    if args.write:
-        write_result("optim_cpu", {"mode": args.mode, "threads": torch.get_num_threads(),
-                                   "torch": torch.__version__, "large": large, "small": small},
-                     " ".join(["python"] + sys.argv))
+    cpu_record(args, "optim_cpu", {"large": large, "small": small}, torch)
 
 
 if __name__ == "__main__":

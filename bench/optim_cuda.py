@@ -12,47 +12,16 @@ bench/clip_cuda.py.
 Targets (issue 3): AdamW 100M in one tensor <= 1.1x torch fused; 100M as 200 tensors <= 0.6x
 torch fused; 1,000-element AdamW step <= 20 us.
 """
-import argparse
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _gpu import copy_bandwidth, cuda_torch, device_tensors, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
-
-
-def timed(fn, repeat, warmup=3, sync=None):
-    for _ in range(warmup):
-        fn()
-    if sync:
-        sync()
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
-
-
-def copy_bandwidth(torch, nbytes=4 << 30):
-    x = torch.empty(nbytes // 4, device="cuda")
-    y = torch.empty_like(x)
-    t = timed(lambda: y.copy_(x), 20, sync=torch.cuda.synchronize)
-    return 2 * nbytes / t
-
-
-def device_tensors(torch, sizes, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    ts = [torch.rand(n, device="cuda", generator=gen) * 2 - 1 for n in sizes]
-    ours = [mt.to_device(t.cpu().numpy()) for t in ts]
-    return ts, ours
 
 
 def bench_adamw(torch, sizes, repeat, bw, clip=None):
@@ -100,12 +69,8 @@ def bench_small(torch, repeat=2001):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=40)
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
+    args = bench_args(__doc__, 40)
+    torch = cuda_torch()
     bw = copy_bandwidth(torch)
     rows = {"copy_TBps": bw / 1e12,
             "adamw_100M_1": bench_adamw(torch, [100_000_000], args.repeat, bw),
@@ -123,9 +88,7 @@ def main():
     o = rows["overheads"]
     print("overheads: pointer classification %.2f us; 200 tensors: raw C call %.3f ms, Python API %.3f ms"
           % (o["classify_us"], o["raw_c_200_ms"], o["api_200_ms"]))
-    if args.write:
-        write_result("optim_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "optim_cuda", rows, torch)
 
 
 if __name__ == "__main__":

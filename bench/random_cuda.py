@@ -13,38 +13,18 @@ when x holds NaN or inf), then read x + write y = 12 per element; torch: 8 (its 
 writes its 1-byte mask: 9). normal fill: write 4. Before timing, the first 2**20 outputs are
 checked against the CPU oracle. SiLU and add: bench/elementwise_cuda.py.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
-from optim_cuda import copy_bandwidth, timed  # noqa: E402
+from _gpu import fp, gpu_record, matches_cpu_oracle, over_floats, timed  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
-from mojo_train._native import ffi, load  # noqa: E402
+from mojo_train._native import load  # noqa: E402
 
 P = 0.1
-CHECK = 1 << 20
-
-
-def fp(t):
-    return ffi.cast("float *", t.data_ptr())
-
-
-def matches_cpu_oracle(torch, x, y_dev, fn, *args):
-    """The first CHECK outputs of a device call equal the CPU oracle's identical numeric mode on the
-    same inputs (fn is the C entry point's name; args follow (out, x) and precede n)."""
-    try:
-        cpu = load("identical", "cpu")
-    except mt.BackendError:
-        return "no cpu library (run make)"
-    xh = x[:CHECK].cpu().contiguous()
-    yh = torch.empty_like(xh)
-    cpu.check(getattr(cpu.lib, fn)(fp(yh), fp(xh), *args, CHECK), fn)
-    return bool(torch.equal(yh.view(torch.int32), y_dev[:CHECK].cpu().view(torch.int32)))
 
 
 def bench(torch, n, repeat, bw):
@@ -71,18 +51,8 @@ def bench(torch, n, repeat, bw):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--log2n", type=int, default=28)
-    ap.add_argument("--repeat", type=int, default=40)
-    ap.add_argument("--write", action="store_true", help="record in bench/results/")
-    args = ap.parse_args()
-    import torch
-    os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
-    n = 1 << args.log2n
-    bw = copy_bandwidth(torch, 4 * n)
-    rows = dict(bench(torch, n, args.repeat, bw), copy_TBps=bw / 1e12)
+    args, torch, rows = over_floats(__doc__, bench)
     d, o = rows["dropout"], rows["normal"]
-    print("copy bandwidth %.2f TB/s (read + write, %d floats)" % (rows["copy_TBps"], n))
     print("dropout p=%.1f over 2^%d: ours %.3f ms (%.0f%% of copy bw; raw C call %.3f ms, %.0f%%), backward %.3f ms; "
           "torch %.3f ms (%.0f%% at 9 bytes/element); matches the cpu oracle: %s"
           % (P, args.log2n, d["ours_api_ms"], 100 * d["ours_of_copy_bw"], d["ours_raw_c_ms"],
@@ -90,9 +60,7 @@ def main():
              rows["dropout_matches_cpu"]))
     print("normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
           % (o["normal_ms"], 100 * o["normal_of_copy_bw"], o["normal_torch_ms"]))
-    if args.write:
-        write_result("random_cuda", dict(rows, gpu=torch.cuda.get_device_name(), torch=torch.__version__),
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "random_cuda", rows, torch)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@ pre-pass reads every input once more before any output is written: its bytes are
 (``prepass_MB``). Records before the split into families are in bench/results/dense_cpu.jsonl
 (key "rms_norm"); new ones go to rms_norm_cpu.jsonl.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _timing import bench_args, cpu_record, cpu_torch  # noqa: E402
 from linear_cpu import filled, paired_medians, torch_of  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
@@ -50,24 +49,15 @@ def bench_rms(rows, dim, repeat, mode):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--mode", default="identical")
-    ap.add_argument("--write", action="store_true", help="record in bench/results/rms_norm_cpu.jsonl")
-    args = ap.parse_args()
-    import torch
-    threads = int(load(args.mode).lib.mt_num_threads())
-    torch.set_num_threads(threads)
+    args = bench_args(__doc__, 15, mode=True)
+    torch, _ = cpu_torch(args.mode)
     rms = [bench_rms(r, d, args.repeat, args.mode) for r, d in RMS_SHAPES]
     for r in rms:
         print("rms_norm %5d x %4d: forward %.3f ms (torch %.3f) = %.2fx torch; forward+backward %.3f ms "
               "(torch %.3f) = %.2fx" % (r["rows"], r["dim"], r["forward_ms"], r["torch_forward_ms"],
                                         r["forward_vs_torch"], r["fwd_bwd_ms"], r["torch_fwd_bwd_ms"],
                                         r["fwd_bwd_vs_torch"]))
-    if args.write:
-        write_result("rms_norm_cpu", {"mode": args.mode, "threads": threads, "torch": torch.__version__,
-                                      "load_average": os.getloadavg()[0], "rms_norm": rms},
-                     " ".join(["python"] + sys.argv))
+    cpu_record(args, "rms_norm_cpu", {"rms_norm": rms}, torch)
 
 
 if __name__ == "__main__":

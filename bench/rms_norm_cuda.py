@@ -14,16 +14,15 @@ Target (issue 4): RMSNorm 16384 x 4096 forward+backward <= torch's (0.64 ms). Re
 the split into families are in bench/results/loss_cuda.jsonl (key "rms_norm_16384x4096");
 new ones go to rms_norm_cuda.jsonl.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import write_result  # noqa: E402
+from _gpu import copy_bandwidth, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
 from loss_cuda import DeviceBuffer, _call  # noqa: E402
-from optim_cuda import copy_bandwidth, timed  # noqa: E402
 
 from mojo_train import _native  # noqa: E402
 
@@ -70,20 +69,14 @@ def report(r):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=20)
-    ap.add_argument("--write", action="store_true", help="record in bench/results/rms_norm_cuda.jsonl")
-    args = ap.parse_args()
+    args = bench_args(__doc__, 20)
     import torch
     gpu = _native.load("identical", "cuda")
     bw = copy_bandwidth(torch)
     print("copy bandwidth %.2f TB/s (read + write)" % (bw / 1e12))
     row = bench_rms_norm(torch, gpu, 16384, 4096, max(args.repeat, 10), bw)
     report(row)
-    if args.write:
-        write_result("rms_norm_cuda", {"copy_TBps": bw / 1e12, "rms_norm_16384x4096": row,
-                                       "gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
-                     " ".join(["python"] + sys.argv))
+    gpu_record(args, "rms_norm_cuda", {"copy_TBps": bw / 1e12, "rms_norm_16384x4096": row}, torch)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,25 @@ def need_device(mode):
         pytest.skip("the vendor takes no device buffers")
 
 
-# ---- bound figures (tolerances.py) ------------------------------------------------------------------
+# ---- bounds and their figures (tolerances.py) --------------------------------------------------------
+
+def assert_within_bound(outputs, what):
+    """tolerances.py's bound holds for every output of ``{name: (ours, ref64, unit)}``; ``what``
+    names the call in the message."""
+    import tolerances as tol
+    for name, (ours, ref, unit) in outputs.items():
+        tol.assert_close_to_reference(ours, ref, "%s: %s" % (what, name), unit=unit)
+
+
+def print_family_figures(family, draw_case, vs_torch, n_cases):
+    """print_bound_figures over ``n_cases`` cases, each ``draw_case(rng)`` (rng: random.Random(0)),
+    compared by ``vs_torch(case, numeric mode, dtype)``; outputs named "<family> <output>"."""
+    import random
+    rng = random.Random(0)
+    cases = [draw_case(rng) for _ in range(n_cases)]
+    print_bound_figures(cases, lambda case, numeric_mode, dtype: {
+        family + " " + name: v for name, v in vs_torch(case, numeric_mode, dtype).items()})
+
 
 def print_bound_figures(cases, compare):
     """For each case: ``compare(case, numeric mode, dtype)`` gives {output: (ours, ref, unit)}; prints the

@@ -65,28 +65,23 @@ def _having(mode, feature):
     return mode
 
 
-@pytest.fixture
-def linear_mode(mode):
-    """Every loadable vendor x numeric mode whose library has the linear family (MT_FEATURE_LINEAR)."""
-    return _having(mode, "linear")
+def _family_fixtures(family):
+    """The fixtures <family>_mode (every loadable vendor x numeric mode) and <family>_identical
+    (every identical numeric mode), each skipped where the library lacks the family's feature bit."""
+    @pytest.fixture(name=family + "_mode")
+    def in_every_mode(mode):
+        return _having(mode, family)
+
+    @pytest.fixture(name=family + "_identical")
+    def in_identical(identical):
+        return _having(identical, family)
+
+    return in_every_mode, in_identical
 
 
-@pytest.fixture
-def linear_identical(identical):
-    """Every loadable vendor's identical numeric mode, where it has the linear family."""
-    return _having(identical, "linear")
-
-
-@pytest.fixture
-def rms_norm_mode(mode):
-    """Every loadable vendor x numeric mode whose library has RMSNorm (MT_FEATURE_RMS_NORM)."""
-    return _having(mode, "rms_norm")
-
-
-@pytest.fixture
-def rms_norm_identical(identical):
-    """Every loadable vendor's identical numeric mode, where it has RMSNorm."""
-    return _having(identical, "rms_norm")
+# linear_mode, linear_identical, rms_norm_mode, ...: one pair per family with a feature bit of its own
+for _family in ("linear", "rms_norm", "elementwise", "random"):
+    globals()[_family + "_mode"], globals()[_family + "_identical"] = _family_fixtures(_family)
 
 
 # ---- the skip gate: every skip reason must be a reviewed one (tests/skip_reasons.py) ----------

@@ -18,8 +18,6 @@ REVIEWED = (
     ("library", r".* has no cross_entropy \(MT_FEATURE_LOSS clear\)$"),
     ("library", r"^accumulate is not built into "),
     ("library", r"^linear_backward is not built into .* \(no linear feature\)$"),
-    ("library", r"^SiLU and add are not built into this library$"),
-    ("library", r"^normal fills and dropout are not built into this library$"),
     ("library", r"^the \S+ library has no embedding$"),
     ("library", r"^the loaded library has no schedules$"),
     ("library", r"^no schedules in "),

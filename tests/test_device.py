@@ -40,6 +40,23 @@ def dev(mode):
     return mode
 
 
+@pytest.fixture
+def dev_identical(identical):
+    """Every loadable vendor's identical numeric mode that takes device buffers."""
+    if not identical.has("device_buffers"):
+        pytest.skip("no device buffers")
+    return identical
+
+
+@pytest.fixture
+def torch_cuda():
+    """torch, where it is importable and has CUDA."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    return torch
+
+
 def _oracle_adamw(sizes, steps, max_norm, monkeypatch):
     """The CPU oracle's result for the same inputs (identical numeric mode)."""
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
@@ -65,12 +82,10 @@ def test_device_array_round_trips_and_views(dev):
     assert zeros.tobytes() == bytes(20)
 
 
-def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
+def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(dev_identical, monkeypatch):
     sizes = [1, 1023, 4096 * 3 + 5]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
-    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", dev_identical.vendor)
     params = [mt.to_device(_filled(n, 11, 0)) for n in sizes]
     opt = mt.AdamW(params, lr=1e-2)
     assert opt.resident
@@ -87,9 +102,7 @@ def test_adamw_on_device_arrays_matches_the_oracle_and_stays_on_the_device(ident
     assert norms == want_norms
 
 
-def test_one_tensor_device_step_moves_at_most_64_bytes(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
+def test_one_tensor_device_step_moves_at_most_64_bytes(dev_identical, monkeypatch):
     p, g = mt.to_device(_filled(1000, 5, 0)), mt.to_device(_filled(1000, 5, 1))
     opt = mt.AdamW([p])
     opt.step([g])
@@ -99,12 +112,10 @@ def test_one_tensor_device_step_moves_at_most_64_bytes(identical, monkeypatch):
     assert (after[0] - before[0]) + (after[1] - before[1]) <= 64
 
 
-def test_host_buffers_on_a_gpu_vendor_match_the_oracle_with_state_resident(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
+def test_host_buffers_on_a_gpu_vendor_match_the_oracle_with_state_resident(dev_identical, monkeypatch):
     sizes = [3, 5000]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 2, None, monkeypatch)
-    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", dev_identical.vendor)
     for resident in (None, False):
         params = [_filled(n, 11, 0) for n in sizes]
         opt = mt.AdamW(params, lr=1e-2, resident=resident)
@@ -132,10 +143,8 @@ def test_state_dict_round_trips_resident_moments_bit_exactly(dev):
     assert opt2.exp_avg.tobytes() == _filled(777, 9, 0).tobytes()
 
 
-def test_launch_geometry_never_moves_the_bits(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
-    lib = identical.backend.lib
+def test_launch_geometry_never_moves_the_bits(dev_identical, monkeypatch):
+    lib = dev_identical.backend.lib
     digests = set()
     seen = set()
     try:
@@ -154,40 +163,30 @@ def test_launch_geometry_never_moves_the_bits(identical, monkeypatch):
     assert len(seen) >= 4 and len(digests) == 1
 
 
-def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
+def test_torch_cuda_tensors_are_stepped_in_place_with_the_oracles_bits(dev_identical, torch_cuda, monkeypatch):
     sizes = [1, 1023, 4096 * 3 + 5]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 3, 0.5, monkeypatch)
-    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
-    params = [_torch_filled(torch, n, 11, 0) for n in sizes]
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", dev_identical.vendor)
+    params = [_torch_filled(torch_cuda, n, 11, 0) for n in sizes]
     ptrs = [p.data_ptr() for p in params]
     opt = mt.AdamW([p.detach() for p in params], lr=1e-2)
     norms = []
     for s in range(3):
-        grads = [_torch_filled(torch, n, 11, 1 + s) for n in sizes]
+        grads = [_torch_filled(torch_cuda, n, 11, 1 + s) for n in sizes]
         norms.append(opt.step(grads, max_norm=0.5))
     assert [p.data_ptr() for p in params] == ptrs
     assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
     assert norms == want_norms
-    view = torch.from_dlpack(mt.to_device(_filled(10, 1, 0)))
+    view = torch_cuda.from_dlpack(mt.to_device(_filled(10, 1, 0)))
     assert view.is_cuda and view.cpu().numpy().tobytes() == _filled(10, 1, 0).tobytes()
 
 
-def test_two_hundred_separate_torch_tensors_take_one_step_with_the_oracles_bits(identical, monkeypatch):
-    if not identical.has("device_buffers"):
-        pytest.skip("no device buffers")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
+def test_two_hundred_separate_torch_tensors_take_one_step_with_the_oracles_bits(dev_identical, torch_cuda, monkeypatch):
     sizes = [1000 + 7 * j for j in range(200)]
     want_p, want_m, want_norms = _oracle_adamw(sizes, 2, 1.0, monkeypatch)
-    monkeypatch.setenv("MOJO_TRAIN_VENDOR", identical.vendor)
-    params = [_torch_filled(torch, n, 11, 0) for n in sizes]
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", dev_identical.vendor)
+    params = [_torch_filled(torch_cuda, n, 11, 0) for n in sizes]
     opt = mt.AdamW(params, lr=1e-2)
-    norms = [opt.step([_torch_filled(torch, n, 11, 1 + s) for n in sizes], max_norm=1.0) for s in range(2)]
+    norms = [opt.step([_torch_filled(torch_cuda, n, 11, 1 + s) for n in sizes], max_norm=1.0) for s in range(2)]
     assert _digest(*[p.cpu().numpy().tobytes() for p in params]) == want_p
     assert norms == want_norms

@@ -28,20 +28,6 @@ from _layer_helpers import outputs_sha as sha
 
 
 
-@pytest.fixture
-def elt_mode(mode):
-    if not mode.backend.has("elementwise"):
-        pytest.skip("SiLU and add are not built into this library")
-    return mode
-
-
-@pytest.fixture
-def elt_identical(identical):
-    if not identical.backend.has("elementwise"):
-        pytest.skip("SiLU and add are not built into this library")
-    return identical
-
-
 def floats(a):
     return array.array("f", raw(a.to_host() if isinstance(a, DeviceArray) else a))
 
@@ -101,27 +87,27 @@ def _inputs(n, seed):
 
 # ---- add --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("low_exp, high_exp", [(-14, 4), (-149, -120), (100, 127)])
-def test_add_is_the_correctly_rounded_float32_sum(elt_mode, low_exp, high_exp):
-    if elt_mode.has("approximate"):
+def test_add_is_the_correctly_rounded_float32_sum(elementwise_mode, low_exp, high_exp):
+    if elementwise_mode.has("approximate"):
         pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     n = 20011
     a, b = wide_array(n, 1, low_exp, high_exp), wide_array(n, 2, low_exp, high_exp)
-    out = floats(ew.add(a, b, numeric_mode=elt_mode.numeric_mode))
+    out = floats(ew.add(a, b, numeric_mode=elementwise_mode.numeric_mode))
     for i in range(n):
         s = a[i] + b[i]
         want = f32(s) if abs(s) < 3.4028235677973366e38 else math.copysign(math.inf, s)
         assert bits(out[i]) == bits(want), (i, a[i], b[i], out[i])
 
 
-def test_add_of_one_shape_returns_that_shape(elt_mode):
+def test_add_of_one_shape_returns_that_shape(elementwise_mode):
     a = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
-    out = ew.add(a, mojo_train.Array.from_list([2.0] * 6).reshape(2, 3), numeric_mode=elt_mode.numeric_mode)
+    out = ew.add(a, mojo_train.Array.from_list([2.0] * 6).reshape(2, 3), numeric_mode=elementwise_mode.numeric_mode)
     assert out.shape == (2, 3) and floats(out) == array.array("f", [3.0] * 6)
 
 
 @pytest.mark.parametrize("op, shapes", [("add", ((5, 1), (5,))), ("add", ((2, 3), (6,))), ("add", ((2, 3), (3, 2))),
                                         ("silu_backward", ((5,), (5, 1))), ("silu_backward", ((1, 4), (4,)))])
-def test_inputs_of_differing_shapes_are_refused_even_of_one_element_count(elt_mode, op, shapes):
+def test_inputs_of_differing_shapes_are_refused_even_of_one_element_count(elementwise_mode, op, shapes):
     names = {"add": ("a", "b"), "silu_backward": ("dy", "x")}[op]
     ins = [mojo_train.Array.from_list([1.0] * _count(sh)).reshape(*sh) for sh in shapes]
     out = _sentinel(_count(shapes[0]))
@@ -129,14 +115,14 @@ def test_inputs_of_differing_shapes_are_refused_even_of_one_element_count(elt_mo
     want = r"mojo_train\.%s: %s has shape %s, %s has shape %s; %s does not broadcast: expand explicitly" % (
         op, names[0], _re_shape(shapes[0]), names[1], _re_shape(shapes[1]), op)
     with pytest.raises(ValueError, match=want):
-        getattr(ew, op)(*ins, numeric_mode=elt_mode.numeric_mode)
+        getattr(ew, op)(*ins, numeric_mode=elementwise_mode.numeric_mode)
     with pytest.raises(ValueError, match=want):
-        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
+        getattr(ew, op)(*ins, out=out, numeric_mode=elementwise_mode.numeric_mode)
     assert raw(out) == before
 
 
 @pytest.mark.parametrize("op", sorted(_OPS))
-def test_out_of_another_shape_than_the_result_is_refused_and_left_alone(elt_mode, op):
+def test_out_of_another_shape_than_the_result_is_refused_and_left_alone(elementwise_mode, op):
     ins = [mojo_train.Array.from_list([0.5] * 6).reshape(2, 3) for _ in _OPS[op]]
     for shape in ((6,), (3, 2), (2, 3, 1)):
         out = array.array("f", raw(_sentinel(6)))
@@ -144,7 +130,7 @@ def test_out_of_another_shape_than_the_result_is_refused_and_left_alone(elt_mode
         before = raw(out)
         with pytest.raises(ValueError, match=r"mojo_train\.%s: out has shape %s; the result's shape is \(2, 3\)"
                            % (op, _re_shape(shape))):
-            getattr(ew, op)(*ins, out=view, numeric_mode=elt_mode.numeric_mode)
+            getattr(ew, op)(*ins, out=view, numeric_mode=elementwise_mode.numeric_mode)
         assert raw(out) == before
 
 
@@ -158,50 +144,50 @@ def _torch_silu64(x, dy):
 
 
 @pytest.mark.parametrize("seed", [3, 4])
-def test_silu_and_its_gradient_are_within_the_torch_bound_of_float64(elt_identical, seed):
+def test_silu_and_its_gradient_are_within_the_torch_bound_of_float64(elementwise_identical, seed):
     tolerances = pytest.importorskip("tolerances")
     n = 30011
     x, dy = _inputs(n, seed), f32_array(n, seed + 10, -2.0, 2.0)
-    y = floats(ew.silu_forward(x, numeric_mode=elt_identical.numeric_mode))
-    dx = floats(ew.silu_backward(dy, x, numeric_mode=elt_identical.numeric_mode))
+    y = floats(ew.silu_forward(x, numeric_mode=elementwise_identical.numeric_mode))
+    dx = floats(ew.silu_backward(dy, x, numeric_mode=elementwise_identical.numeric_mode))
     y64, dx64 = _torch_silu64(x, dy)
     # unit: the natural scale -- 1 for dx (|silu'| <= 1.1, |dy| <= 2), max(1, |x|) for y
     tolerances.assert_close_to_reference(y, y64, "silu_forward", unit=1.0)
     tolerances.assert_close_to_reference(dx, dx64, "silu_backward", unit=1.0)
 
 
-def test_silu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elt_mode):
+def test_silu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elementwise_mode):
     x = array.array("f", [-3.4e38, -1e30, -120.0, -88.8, 88.8, 120.0, 1e30, 3.4e38])
-    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.numeric_mode))
-    dx = floats(ew.silu_backward(array.array("f", [1.0] * len(x)), x, numeric_mode=elt_mode.numeric_mode))
+    y = floats(ew.silu_forward(x, numeric_mode=elementwise_mode.numeric_mode))
+    dx = floats(ew.silu_backward(array.array("f", [1.0] * len(x)), x, numeric_mode=elementwise_mode.numeric_mode))
     assert all(math.isfinite(v) for v in list(y) + list(dx))
     assert [bits(v) for v in y[:4]] == [0x80000000] * 4        # -0.0: exp(-x) overflowed, x / inf
     assert list(y[5:]) == list(x[5:])                           # sigmoid rounds to 1
     assert list(dx[5:]) == [1.0] * 3 and list(dx[:3]) == [0.0] * 3
 
 
-def test_silu_of_subnormals_halves_them_onto_the_grid(elt_mode):
-    if elt_mode.has("approximate"):
+def test_silu_of_subnormals_halves_them_onto_the_grid(elementwise_mode):
+    if elementwise_mode.has("approximate"):
         pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     x = array.array("f", [2.0**-149, 3 * 2.0**-149, -5 * 2.0**-149, 2.0**-127])
-    y = floats(ew.silu_forward(x, numeric_mode=elt_mode.numeric_mode))
+    y = floats(ew.silu_forward(x, numeric_mode=elementwise_mode.numeric_mode))
     # ties to even: 2^-150 -> 0, 1.5 * 2^-148 -> 2^-148, -2.5 * 2^-149 -> -2 * 2^-149
     assert [bits(v) for v in y] == [0, 2, 0x80000002, bits(2.0**-128)]
 
 
-def test_silu_gradient_uses_one_minus_s_from_exp_for_positive_x(elt_identical):
+def test_silu_gradient_uses_one_minus_s_from_exp_for_positive_x(elementwise_identical):
     # s = 1 / (1 + e) with e < 2^-24 rounds to 1: 1 - s would be 0 and the gradient exactly 1;
     # with t = e * s the gradient keeps x * e (here about 2e-7 for x = 17.5)
     x = array.array("f", [17.5])
-    dx = floats(ew.silu_backward(array.array("f", [1.0]), x, numeric_mode=elt_identical.numeric_mode))[0]
+    dx = floats(ew.silu_backward(array.array("f", [1.0]), x, numeric_mode=elementwise_identical.numeric_mode))[0]
     e = math.exp(-17.5)
     exact = (1 + e * (1 + 17.5)) / (1 + e) ** 2                 # s (1 + x (1 - s))
     assert dx != 1.0 and abs(dx - exact) <= 2.0**-23
 
 
 # ---- determinism and placement ------------------------------------------------------------
-def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elt_mode):
-    lib = elt_mode.backend.lib
+def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elementwise_mode):
+    lib = elementwise_mode.backend.lib
     n = 2**18 + 3
     x, dy = _inputs(n, 5), f32_array(n, 6)
     geometry = ffi.new("int32_t[2]")
@@ -212,7 +198,7 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elt_mode
         for threads, blocks in ((1, 1), (2, 3), (3, 0), (64, 7), (256, 0)):
             if lib.mt_set_launch_geometry(threads, blocks) != 0:
                 continue
-            t = elt_mode.numeric_mode
+            t = elementwise_mode.numeric_mode
             results.append((raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(dy, x, numeric_mode=t)),
                             raw(ew.add(x, dy, numeric_mode=t))))
     finally:
@@ -220,20 +206,20 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elt_mode
     assert len(results) >= 2 and all(r == results[0] for r in results)
 
 
-def test_unaligned_views_give_the_same_bytes(elt_mode):
+def test_unaligned_views_give_the_same_bytes(elementwise_mode):
     x, dy = _inputs(4099, 7), f32_array(4099, 8)
-    t = elt_mode.numeric_mode
+    t = elementwise_mode.numeric_mode
     whole = [floats(ew.silu_forward(x, numeric_mode=t)), floats(ew.silu_backward(dy, x, numeric_mode=t))]
     part = [floats(ew.silu_forward(memoryview(x)[1:], numeric_mode=t)),
             floats(ew.silu_backward(memoryview(dy)[1:], memoryview(x)[1:], numeric_mode=t))]
     assert raw(part[0]) == raw(whole[0][1:]) and raw(part[1]) == raw(whole[1][1:])
 
 
-def test_device_inputs_give_device_outputs_with_the_host_bytes(elt_mode):
-    if not elt_mode.has("device_buffers"):
+def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode):
+    if not elementwise_mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
     x, dy = _inputs(5003, 9), f32_array(5003, 10)
-    t = elt_mode.numeric_mode
+    t = elementwise_mode.numeric_mode
     dx, ddy = mojo_train.to_device(x, numeric_mode=t), mojo_train.to_device(dy, numeric_mode=t)
     for dev, hst in ((ew.silu_forward(dx, numeric_mode=t), ew.silu_forward(x, numeric_mode=t)),
                      (ew.silu_backward(ddy, dx, numeric_mode=t), ew.silu_backward(dy, x, numeric_mode=t)),
@@ -245,10 +231,10 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elt_mode):
 
 # ---- out= and refusals -------------------------------------------------------------------------
 @pytest.mark.parametrize("op, slot", SLOTS)
-def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elt_mode, op, slot):
-    t = elt_mode.numeric_mode
-    for side in _sides(elt_mode):
-        ins = [_on(side, _inputs(1031, 11) if k == 0 else f32_array(1031, 12 + k), elt_mode)
+def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elementwise_mode, op, slot):
+    t = elementwise_mode.numeric_mode
+    for side in _sides(elementwise_mode):
+        ins = [_on(side, _inputs(1031, 11) if k == 0 else f32_array(1031, 12 + k), elementwise_mode)
                for k in range(len(_OPS[op]))]
         expected = _bytes(getattr(ew, op)(*ins, numeric_mode=t))
         assert getattr(ew, op)(*ins, out=ins[slot], numeric_mode=t) is ins[slot]
@@ -256,10 +242,10 @@ def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elt_mode, o
 
 
 @pytest.mark.parametrize("op, slot", SLOTS)
-def test_out_viewing_exactly_an_inputs_memory_is_in_place(elt_mode, op, slot):
+def test_out_viewing_exactly_an_inputs_memory_is_in_place(elementwise_mode, op, slot):
     ins = [_fresh(1000, 40 + k) for k in range(len(_OPS[op]))]
-    expected = raw(getattr(ew, op)(*ins, numeric_mode=elt_mode.numeric_mode))
-    getattr(ew, op)(*ins, out=memoryview(ins[slot]), numeric_mode=elt_mode.numeric_mode)
+    expected = raw(getattr(ew, op)(*ins, numeric_mode=elementwise_mode.numeric_mode))
+    getattr(ew, op)(*ins, out=memoryview(ins[slot]), numeric_mode=elementwise_mode.numeric_mode)
     assert raw(ins[slot]) == expected
 
 
@@ -270,35 +256,35 @@ _POISON = [(1, 0, math.nan), (1, 0, math.inf), (1000, 0, -math.inf), (1000, 500,
 
 @pytest.mark.parametrize("n, at, bad", _POISON)
 @pytest.mark.parametrize("op, slot", SLOTS)
-def test_a_nonfinite_input_is_refused_by_name_and_out_stays_byte_identical(elt_mode, op, slot, n, at, bad):
+def test_a_nonfinite_input_is_refused_by_name_and_out_stays_byte_identical(elementwise_mode, op, slot, n, at, bad):
     name = _OPS[op][slot]
-    for side in _sides(elt_mode):
+    for side in _sides(elementwise_mode):
         ins = [_fresh(n, 20 + k) for k in range(len(_OPS[op]))]
         ins[slot][at] = bad
-        ins, out = [_on(side, v, elt_mode) for v in ins], _on(side, _sentinel(n), elt_mode)
+        ins, out = [_on(side, v, elementwise_mode) for v in ins], _on(side, _sentinel(n), elementwise_mode)
         before = [_bytes(v) for v in ins + [out]]
         with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything was "
                                              r"written" % (op, name)):
-            getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
+            getattr(ew, op)(*ins, out=out, numeric_mode=elementwise_mode.numeric_mode)
         assert [_bytes(v) for v in ins + [out]] == before, side
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("op, slot", SLOTS)
-def test_a_nonfinite_input_is_refused_in_place_without_writing(elt_mode, op, slot, bad):
+def test_a_nonfinite_input_is_refused_in_place_without_writing(elementwise_mode, op, slot, bad):
     for target in range(len(_OPS[op])):                     # out is the poisoned input, or the other one
         ins = [_fresh(3001, 13 + k) for k in range(len(_OPS[op]))]
         ins[slot][2999] = bad
         before = [raw(v) for v in ins]
         with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything "
                                              r"was written" % (op, _OPS[op][slot])):
-            getattr(ew, op)(*ins, out=ins[target], numeric_mode=elt_mode.numeric_mode)
+            getattr(ew, op)(*ins, out=ins[target], numeric_mode=elementwise_mode.numeric_mode)
         assert [raw(v) for v in ins] == before
 
 
 @pytest.mark.parametrize("shift", [1, -1, 37, -999])
 @pytest.mark.parametrize("op, slot", SLOTS)
-def test_an_out_partly_overlapping_an_input_is_refused_naming_both(elt_mode, op, slot, shift):
+def test_an_out_partly_overlapping_an_input_is_refused_naming_both(elementwise_mode, op, slot, shift):
     n, base = 1000, 1000
     store = _fresh(3000, 50)
     ins = [_fresh(n, 20 + k) for k in range(len(_OPS[op]))]
@@ -309,7 +295,7 @@ def test_an_out_partly_overlapping_an_input_is_refused_naming_both(elt_mode, op,
     with pytest.raises(ValueError, match=r"mojo_train\.%s: out and %s overlap in memory without being the same "
                                          r"buffer \(out starts %d bytes %s %s\); pass %s itself as out"
                                          % (op, name, 4 * abs(shift), "after" if shift > 0 else "before", name, name)):
-        getattr(ew, op)(*ins, out=out, numeric_mode=elt_mode.numeric_mode)
+        getattr(ew, op)(*ins, out=out, numeric_mode=elementwise_mode.numeric_mode)
     assert [raw(store)] + [raw(v) for v in ins] == before
 
 
@@ -320,10 +306,10 @@ def _c_calls(p, q, n):
             ("mt_add", (p + 5, q, p, n), "out and b"), ("mt_add", (p + 1, p, p, n), "out and a")]
 
 
-def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_nothing(elt_mode):
-    lib, n = elt_mode.backend.lib, 1000
-    for side in _sides(elt_mode):
-        store, other = _on(side, _fresh(n + 8, 60), elt_mode), _on(side, _fresh(n, 61), elt_mode)
+def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_nothing(elementwise_mode):
+    lib, n = elementwise_mode.backend.lib, 1000
+    for side in _sides(elementwise_mode):
+        store, other = _on(side, _fresh(n + 8, 60), elementwise_mode), _on(side, _fresh(n, 61), elementwise_mode)
         p, q = (ffi.cast("float *", b.ptr if side == "device" else ffi.from_buffer(b)) for b in (store, other))
         before = [_bytes(store), _bytes(other)]
         for fn, args, names in _c_calls(p, q, n):
@@ -333,8 +319,8 @@ def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_noth
         assert lib.mt_add(p, p, q, n) == 0 and lib.mt_silu_forward(p + 1, p + 1, n) == 0   # in place
 
 
-def test_sizes_dtypes_and_out_are_checked_by_name(elt_mode):
-    t = elt_mode.numeric_mode
+def test_sizes_dtypes_and_out_are_checked_by_name(elementwise_mode):
+    t = elementwise_mode.numeric_mode
     one, two = array.array("f", [1.0]), array.array("f", [1.0, 2.0])
     with pytest.raises(ValueError, match=r"add: a has shape \(1,\), b has shape \(2,\)"):
         ew.add(one, two, numeric_mode=t)
@@ -348,14 +334,14 @@ def test_sizes_dtypes_and_out_are_checked_by_name(elt_mode):
         ew.add(one, one, out=memoryview(array.array("f", [0.0])).toreadonly(), numeric_mode=t)
 
 
-def test_empty_inputs_give_empty_outputs(elt_mode):
+def test_empty_inputs_give_empty_outputs(elementwise_mode):
     e = array.array("f")
-    assert ew.add(e, e, numeric_mode=elt_mode.numeric_mode).size == 0
-    assert ew.silu_backward(e, e, numeric_mode=elt_mode.numeric_mode).size == 0
+    assert ew.add(e, e, numeric_mode=elementwise_mode.numeric_mode).size == 0
+    assert ew.silu_backward(e, e, numeric_mode=elementwise_mode.numeric_mode).size == 0
 
 
-def test_the_c_abi_refuses_null_and_negative_sizes(elt_mode):
-    lib = elt_mode.backend.lib
+def test_the_c_abi_refuses_null_and_negative_sizes(elementwise_mode):
+    lib = elementwise_mode.backend.lib
     buf = array.array("f", [1.0, 2.0])
     p = ffi.cast("float *", ffi.from_buffer(buf))
     assert lib.mt_silu_forward(ffi.NULL, p, 2) == 1 and b"y is NULL" in ffi.string(lib.mt_last_error())
@@ -366,9 +352,9 @@ def test_the_c_abi_refuses_null_and_negative_sizes(elt_mode):
 
 # ---- ReLU ---------------------------------------------------------------------------------------
 
-def test_relu_refuses_a_dy_of_another_shape_naming_it(elt_mode):
+def test_relu_refuses_a_dy_of_another_shape_naming_it(elementwise_mode):
     with pytest.raises(ValueError) as info:
-        ew.relu_backward(mat((3,), 1), mat((4,), 2), numeric_mode=elt_mode.numeric_mode)
+        ew.relu_backward(mat((3,), 1), mat((4,), 2), numeric_mode=elementwise_mode.numeric_mode)
     assert "mojo_train.relu_backward" in str(info.value) and "dy must have x's shape" in str(info.value)
 
 
@@ -385,13 +371,13 @@ RELU_NONFINITE = [("relu_forward", "x", _uf)] + [("relu_backward", arg, _ub) for
 
 @pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("i", range(len(RELU_NONFINITE)), ids=["%s %s" % c[:2] for c in RELU_NONFINITE])
-def test_relu_refuses_a_nonfinite_input_by_name_and_inputs_are_untouched(elt_mode, i, bad):
+def test_relu_refuses_a_nonfinite_input_by_name_and_inputs_are_untouched(elementwise_mode, i, bad):
     d = {"x": mat((37, 300), 5), "dy": mat((37, 300), 7)}
-    assert_nonfinite_refused(*RELU_NONFINITE[i], elt_mode.numeric_mode, d, bad)
+    assert_nonfinite_refused(*RELU_NONFINITE[i], elementwise_mode.numeric_mode, d, bad)
 
 
-def test_relu_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(elt_mode):
-    lib, x = elt_mode.backend.lib, mat((6, 4), 5)
+def test_relu_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(elementwise_mode):
+    lib, x = elementwise_mode.backend.lib, mat((6, 4), 5)
     assert_c_refusals_write_nothing(lib, [
         ("n must be >= 0", lambda o: lib.mt_relu_forward(o[0], c_in(x), -1)),
         ("x is NULL", lambda o: lib.mt_relu_forward(o[0], ffi.NULL, 24)),
@@ -399,16 +385,16 @@ def test_relu_c_entries_refuse_bad_sizes_and_pointers_writing_nothing(elt_mode):
     ])
 
 
-def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elt_mode):
+def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elementwise_mode):
     tiny = 2.0 ** -149
     xs = [-2.0, -0.0, 0.0, tiny, -tiny, 1.5, 3e38, -3e38, 2.0 ** -127]
     x = Array.from_list(xs, "float32")
     dy = Array.from_list([7.0, -1.0, 2.0, 3.0, 4.0, -5.0, 6.0, 8.0, -0.0], "float32")
-    y = values(ew.relu_forward(x, numeric_mode=elt_mode.numeric_mode))
-    dx = values(ew.relu_backward(dy, x, numeric_mode=elt_mode.numeric_mode))
+    y = values(ew.relu_forward(x, numeric_mode=elementwise_mode.numeric_mode))
+    dx = values(ew.relu_backward(dy, x, numeric_mode=elementwise_mode.numeric_mode))
     want_y = [0.0, 0.0, 0.0, tiny, 0.0, 1.5, f32(3e38), 0.0, 2.0 ** -127]
     want_dx = [0.0, 0.0, 0.0, 3.0, 0.0, -5.0, 6.0, 0.0, -0.0]
-    if elt_mode.has("approximate"):
+    if elementwise_mode.has("approximate"):
         # A library that flushes subnormals (MT_FEATURE_APPROXIMATE: a GPU's fast numeric mode) reads the
         # subnormal inputs 3 and 8 as zero: their outputs are then +0.0; the rest is exact.
         flushed = [3, 8]
@@ -420,20 +406,20 @@ def test_relu_keeps_positives_and_gives_positive_zero_elsewhere(elt_mode):
         dx, want_dx = [dx[i] for i in keep], [want_dx[i] for i in keep]
     assert same_bits(y, want_y)
     assert same_bits(dx, want_dx)
-    shaped = ew.relu_forward(mat((2, 3, 4), 81), numeric_mode=elt_mode.numeric_mode)
+    shaped = ew.relu_forward(mat((2, 3, 4), 81), numeric_mode=elementwise_mode.numeric_mode)
     assert shaped.shape == (2, 3, 4)
 
 
-def test_relu_outputs_do_not_depend_on_the_thread_count(elt_mode):
+def test_relu_outputs_do_not_depend_on_the_thread_count(elementwise_mode):
     x, dy = mat((300, 300), 97), mat((300, 300), 99)
-    digest = lambda: sha(ew.relu_forward(x, numeric_mode=elt_mode.numeric_mode),  # noqa: E731
-                         ew.relu_backward(dy, x, numeric_mode=elt_mode.numeric_mode))
-    assert len(digests_over_thread_counts(elt_mode, digest)) == 1
+    digest = lambda: sha(ew.relu_forward(x, numeric_mode=elementwise_mode.numeric_mode),  # noqa: E731
+                         ew.relu_backward(dy, x, numeric_mode=elementwise_mode.numeric_mode))
+    assert len(digests_over_thread_counts(elementwise_mode, digest)) == 1
 
 
 @pytest.mark.parametrize("n", [1, 5, 4099])
-def test_relu_on_device_buffers_off_16_byte_alignment_gives_the_host_bits(elt_identical, n):
-    need_device(elt_identical)
+def test_relu_on_device_buffers_off_16_byte_alignment_gives_the_host_bits(elementwise_identical, n):
+    need_device(elementwise_identical)
     x, dy = mat((n,), 181, wide=True), mat((n,), 182)
     dev_x, dev_dy = device_copy_at(x, 4, "identical"), device_copy_at(dy, 4, "identical")
     assert sha(ew.relu_forward(dev_x, numeric_mode="identical")) == sha(ew.relu_forward(x, numeric_mode="identical"))

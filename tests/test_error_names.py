@@ -163,13 +163,15 @@ CASES = [  # (entry point, what is bad, call on the tensors, the caller's name t
     ("relu_backward", "shapes that differ", _nn(RELUB, lambda d: (d["h"], d["h"][:2].copy())), "dy"),
 ]
 
-_NEEDS = {"cross_entropy": ("loss",), "linear_cross_entropy": ("lm_head", "loss", "dense"),
-          "chunked_lm_head_loss": ("lm_head", "loss", "dense")}
+FAMILY_OF = {"rms_norm_forward": "rms_norm", "rms_norm_backward": "rms_norm", "relu_forward": "elementwise",
+             "relu_backward": "elementwise"}
+_NEEDS = {"cross_entropy": ("loss",), "linear_cross_entropy": ("lm_head", "loss", "linear"),
+          "chunked_lm_head_loss": ("lm_head", "loss", "linear")}
 
 
 @pytest.mark.parametrize("entry, what, call, name", CASES, ids=["%s-%s" % c[:2] for c in CASES])
 def test_a_refusal_names_the_callers_argument_and_no_internal_name(mode, entry, what, call, name):
-    for need in _NEEDS.get(entry, ("dense",)):
+    for need in _NEEDS.get(entry, (FAMILY_OF.get(entry, "linear"),)):
         if not mode.has(need):
             pytest.skip("this library has no %s (mt_features)" % need)
     tensors = _tensors()

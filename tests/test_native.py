@@ -439,15 +439,15 @@ def test_the_whole_api_used_in_a_fresh_process_never_imports_numpy(mode):
         import mojo_train
         from mojo_train import Array, SGD, Adam, AdamW, clip_grad_norm_, backend_info
         from mojo_train._native import ffi, load
-        numeric mode = %r
-        info = backend_info(numeric_mode=numeric mode)
+        numeric_mode = %r
+        info = backend_info(numeric_mode=numeric_mode)
         ps = [array.array('f', [0.5] * 300), Array.from_list([0.25] * 7).reshape(7)]
         gs = [array.array('f', [0.1] * 300), Array.from_list([-2.0] * 7)]
         mv = memoryview(bytearray(array.array('f', [1.0] * 12).tobytes())).cast('f', (3, 4))
-        opts = [SGD(ps, lr=0.1, momentum=0.9, nesterov=True, numeric_mode=numeric mode),
-                SGD(ps, lr=0.1, momentum=0.5, dampening=0.1, weight_decay=0.1, maximize=True, numeric_mode=numeric mode),
-                Adam(ps, weight_decay=0.1, numeric_mode=numeric mode), AdamW(ps, numeric_mode=numeric mode),
-                AdamW([mv], numeric_mode=numeric mode)]
+        opts = [SGD(ps, lr=0.1, momentum=0.9, nesterov=True, numeric_mode=numeric_mode),
+                SGD(ps, lr=0.1, momentum=0.5, dampening=0.1, weight_decay=0.1, maximize=True, numeric_mode=numeric_mode),
+                Adam(ps, weight_decay=0.1, numeric_mode=numeric_mode), AdamW(ps, numeric_mode=numeric_mode),
+                AdamW([mv], numeric_mode=numeric_mode)]
         for opt in opts[:4]:
             assert opt.step(gs) is None
             assert opt.step(gs, max_norm=0.5) > 0
@@ -460,13 +460,13 @@ def test_the_whole_api_used_in_a_fresh_process_never_imports_numpy(mode):
         opts[4].step([memoryview(bytearray(48)).cast('f', (3, 4))])
         opts[0].zero_grad(gs)
         gs[0][0] = 3.0
-        assert clip_grad_norm_(gs, 1.0, numeric_mode=numeric mode) == 3.0
+        assert clip_grad_norm_(gs, 1.0, numeric_mode=numeric_mode) == 3.0
         try:
             clip_grad_norm_(gs, 1.0, norm_type=1.0)
         except NotImplementedError:
             pass
         a = Array((2, 3), 'float32'); a2 = pickle.loads(pickle.dumps(a)); memoryview(a.memview())
-        lib = load(numeric mode).lib
+        lib = load(numeric_mode).lib
         out = ffi.new('uint32_t[4]'); lib.mt_philox4x32_10(out, ffi.new('uint32_t[4]'), ffi.new('uint32_t[2]'))
         buf = ffi.new('float[100]'); lib.mt_uniform_fill(buf, 1, 2, 3, 0.0, 1.0, 100)
         one = ffi.new('float[1]'); lib.mt_one_minus_pow(one, 0.9, 10)

@@ -785,11 +785,11 @@ RESUME_SCRIPT = """
 import pickle, sys
 import mojo_train
 from _helpers import digest, grads_for_step, make_optimizer
-path, kind, numeric mode, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+path, kind, numeric_mode, k, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 with open(path, "rb") as f:
     saved = pickle.load(f)
 params = saved["params"]
-opt = make_optimizer(kind, params, numeric mode)
+opt = make_optimizer(kind, params, numeric_mode)
 opt.load_state_dict(saved["state"])
 sizes = [len(p) for p in params]
 for t in range(k + 1, n + 1):

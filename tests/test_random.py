@@ -32,20 +32,6 @@ INCLUDE = os.path.join(REPO, "native", "include")
 SINCOS_BOUND = 0.549   # ulp, random.md
 
 
-@pytest.fixture
-def gen_mode(mode):
-    if not mode.backend.has("random"):
-        pytest.skip("normal fills and dropout are not built into this library")
-    return mode
-
-
-@pytest.fixture
-def gen_identical(identical):
-    if not identical.backend.has("random"):
-        pytest.skip("normal fills and dropout are not built into this library")
-    return identical
-
-
 def floats(a):
     return array.array("f", raw(a))
 
@@ -55,8 +41,8 @@ def host(a):
 
 
 # ---- the generator's state --------------------------------------------------------------
-def test_every_draw_takes_one_stream_and_a_named_stream_takes_none(gen_mode):
-    g = Generator(7, numeric_mode=gen_mode.numeric_mode)
+def test_every_draw_takes_one_stream_and_a_named_stream_takes_none(random_mode):
+    g = Generator(7, numeric_mode=random_mode.numeric_mode)
     g.uniform(3)
     g.normal(3)
     g.kaiming_uniform((2, 2), fan_in=2)
@@ -68,21 +54,21 @@ def test_every_draw_takes_one_stream_and_a_named_stream_takes_none(gen_mode):
     assert g.state_dict() == {"seed": 7, "counter": 5}
 
 
-def test_a_draw_is_the_draw_of_its_stream_id(gen_identical):
-    g = Generator(11, numeric_mode=gen_identical.numeric_mode)
+def test_a_draw_is_the_draw_of_its_stream_id(random_identical):
+    g = Generator(11, numeric_mode=random_identical.numeric_mode)
     first, second = g.normal(100), g.normal(100)
-    again = Generator(11, numeric_mode=gen_identical.numeric_mode)
+    again = Generator(11, numeric_mode=random_identical.numeric_mode)
     assert raw(again.normal(100, stream=1)) == raw(second)
     assert raw(again.normal(100, stream=0)) == raw(first)
     assert raw(first) != raw(second)
 
 
-def test_state_dict_round_trip_resumes_the_same_draws(gen_identical):
-    g = Generator(2**64 - 1, numeric_mode=gen_identical.numeric_mode)
+def test_state_dict_round_trip_resumes_the_same_draws(random_identical):
+    g = Generator(2**64 - 1, numeric_mode=random_identical.numeric_mode)
     g.normal(10)
     state = g.state_dict()
     expected = raw(g.normal(1000)), raw(g.uniform(77))
-    h = Generator(0, numeric_mode=gen_identical.numeric_mode)
+    h = Generator(0, numeric_mode=random_identical.numeric_mode)
     h.load_state_dict(state)
     assert (raw(h.normal(1000)), raw(h.uniform(77))) == expected
 
@@ -112,8 +98,8 @@ def _draws(g, n):
             raw(g.dropout_backward(x, key))]
 
 
-def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(gen_mode):
-    lib = gen_mode.backend.lib
+def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(random_mode):
+    lib = random_mode.backend.lib
     n = 2**18 + 7
     geometry = ffi.new("int32_t[2]")
     assert lib.mt_launch_geometry(geometry) == 0
@@ -123,20 +109,20 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(gen_mode
         for threads, blocks in ((1, 1), (2, 3), (3, 0), (64, 7), (256, 0)):
             if lib.mt_set_launch_geometry(threads, blocks) != 0:
                 continue
-            results.append(_draws(Generator(123, numeric_mode=gen_mode.numeric_mode), n))
+            results.append(_draws(Generator(123, numeric_mode=random_mode.numeric_mode), n))
     finally:
         assert lib.mt_set_launch_geometry(before[0], 0) == 0
     assert len(results) >= 2 and all(r == results[0] for r in results)
 
 
-def test_the_bytes_are_the_same_call_after_call(gen_mode):
-    assert _draws(Generator(9, numeric_mode=gen_mode.numeric_mode), 4099) == _draws(Generator(9, numeric_mode=gen_mode.numeric_mode),
-                                                                           4099)
+def test_the_bytes_are_the_same_call_after_call(random_mode):
+    nm = random_mode.numeric_mode
+    assert _draws(Generator(9, numeric_mode=nm), 4099) == _draws(Generator(9, numeric_mode=nm), 4099)
 
 
 @pytest.mark.parametrize("n, cuts", [(1023, [1]), (1023, [2, 3]), (4099, [1000, 2001, 2002]), (17, [4, 8, 9])])
-def test_a_draw_split_at_matching_offsets_is_the_unsplit_draw(gen_mode, n, cuts):
-    g = Generator(31, numeric_mode=gen_mode.numeric_mode)
+def test_a_draw_split_at_matching_offsets_is_the_unsplit_draw(random_mode, n, cuts):
+    g = Generator(31, numeric_mode=random_mode.numeric_mode)
     base = 10**12 + 1
     whole_normal = raw(g.normal(n, 0.25, 3.0, stream=4, offset=base))
     whole_uniform = raw(g.uniform(n, -1.0, 2.0, stream=4, offset=base))
@@ -164,10 +150,10 @@ def _philox_words(lib, seed, stream, block):
     return list(out)
 
 
-def test_normals_are_box_muller_of_the_stated_words(gen_identical):
+def test_normals_are_box_muller_of_the_stated_words(random_identical):
     seed, stream, offset, n = 77, 5, 2**33 + 2, 4001
-    z = floats(Generator(seed, numeric_mode=gen_identical.numeric_mode).normal(n, stream=stream, offset=offset))
-    lib = gen_identical.backend.lib
+    z = floats(Generator(seed, numeric_mode=random_identical.numeric_mode).normal(n, stream=stream, offset=offset))
+    lib = random_identical.backend.lib
     for i in range(n):
         j = offset + i
         w = _philox_words(lib, seed, stream, j >> 2)
@@ -179,9 +165,9 @@ def test_normals_are_box_muller_of_the_stated_words(gen_identical):
         assert abs(z[i] - ref) <= 1e-6 * max(1.0, rad), (i, z[i], ref)
 
 
-def test_normal_mean_and_std_are_within_5_sigma(gen_identical):
+def test_normal_mean_and_std_are_within_5_sigma(random_identical):
     n = 2**20
-    z = floats(Generator(2024, numeric_mode=gen_identical.numeric_mode).normal(n))
+    z = floats(Generator(2024, numeric_mode=random_identical.numeric_mode).normal(n))
     mean = math.fsum(z) / n
     var = math.fsum((v - mean) ** 2 for v in z) / n
     # sampling sd: of the mean 1/sqrt(n), of the sample sd ~ 1/sqrt(2n) (normal parent)
@@ -193,8 +179,8 @@ def test_normal_mean_and_std_are_within_5_sigma(gen_identical):
     assert max(abs(v) for v in z) <= 5.7683
 
 
-def test_normal_applies_mean_and_std_in_two_roundings(gen_identical):
-    g = Generator(4, numeric_mode=gen_identical.numeric_mode)
+def test_normal_applies_mean_and_std_in_two_roundings(random_identical):
+    g = Generator(4, numeric_mode=random_identical.numeric_mode)
     z = floats(g.normal(1000, stream=0))
     m, s = f32(-1.5), f32(0.1)
     y = floats(g.normal(1000, -1.5, 0.1, stream=0))
@@ -328,9 +314,9 @@ def _scale(p):
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9, 1e-7])
-def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(gen_mode, p):
+def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(random_mode, p):
     n, offset = 70001, 3
-    g = Generator(99, numeric_mode=gen_mode.numeric_mode)
+    g = Generator(99, numeric_mode=random_mode.numeric_mode)
     x = f32_array(n, 1, -3.0, 3.0)
     y, key = g.dropout(x, p, offset=offset, stream=12)
     u = floats(g.uniform(n, stream=12, offset=offset))
@@ -343,9 +329,9 @@ def test_dropout_keeps_exactly_where_the_streams_uniform_is_at_least_p(gen_mode,
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_dropout_keep_fraction_is_within_5_sigma(gen_identical, p):
+def test_dropout_keep_fraction_is_within_5_sigma(random_identical, p):
     n = 2**20
-    y, _ = Generator(5, numeric_mode=gen_identical.numeric_mode).dropout(array.array("f", [1.0]) * n, p)
+    y, _ = Generator(5, numeric_mode=random_identical.numeric_mode).dropout(array.array("f", [1.0]) * n, p)
     kept = sum(1 for v in floats(y) if v != 0.0) / n
     assert abs(kept - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)
 
@@ -357,19 +343,19 @@ def test_dropout_writes_positive_zero_where_it_drops():
     assert dropped and set(dropped) == {0}
 
 
-def test_dropout_with_p_zero_returns_x_bit_for_bit_and_a_key(gen_mode):
-    if gen_mode.has("approximate"):
+def test_dropout_with_p_zero_returns_x_bit_for_bit_and_a_key(random_mode):
+    if random_mode.has("approximate"):
         pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     x = array.array("f", [1.0, -0.0, 2.0**-149, -3e38, 0.1] * 300)
-    g = Generator(3, numeric_mode=gen_mode.numeric_mode)
+    g = Generator(3, numeric_mode=random_mode.numeric_mode)
     y, key = g.dropout(x, 0.0)
     assert raw(host(y)) == raw(x) and key.p == 0.0 and g.counter == 1
     assert raw(host(g.dropout_backward(x, key))) == raw(x)
 
 
-def test_dropout_backward_replays_the_mask_on_dy(gen_mode):
+def test_dropout_backward_replays_the_mask_on_dy(random_mode):
     n = 10007
-    g = Generator(8, numeric_mode=gen_mode.numeric_mode)
+    g = Generator(8, numeric_mode=random_mode.numeric_mode)
     x, dy = f32_array(n, 2), f32_array(n, 3, -5.0, 5.0)
     y, key = g.dropout(x, 0.4, offset=11)
     dx = floats(host(g.dropout_backward(dy, key)))
@@ -380,8 +366,8 @@ def test_dropout_backward_replays_the_mask_on_dy(gen_mode):
     assert g.counter == 1
 
 
-def test_dropout_in_place_through_out_matches_and_refuses_nonfinite_without_writing(gen_mode):
-    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
+def test_dropout_in_place_through_out_matches_and_refuses_nonfinite_without_writing(random_mode):
+    g = Generator(6, numeric_mode=random_mode.numeric_mode)
     x = f32_array(4099, 4)
     expected, _ = g.dropout(x, 0.25, stream=0)
     y, _ = g.dropout(x, 0.25, stream=0, out=x)
@@ -395,8 +381,8 @@ def test_dropout_in_place_through_out_matches_and_refuses_nonfinite_without_writ
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_dropout_refuses_nonfinite_input_by_name_and_takes_no_stream(gen_mode, bad):
-    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
+def test_dropout_refuses_nonfinite_input_by_name_and_takes_no_stream(random_mode, bad):
+    g = Generator(6, numeric_mode=random_mode.numeric_mode)
     x = f32_array(1000, 4)
     x[999] = bad
     with pytest.raises(ValueError, match=r"Generator.dropout: x holds NaN or inf"):
@@ -462,14 +448,14 @@ def _bytes(buf):
 
 @pytest.mark.parametrize("n, at, bad", _POISON)
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_dropout_refuses_nonfinite_by_name_and_leaves_out_byte_identical(gen_mode, direction, n, at, bad):
+def test_dropout_refuses_nonfinite_by_name_and_leaves_out_byte_identical(random_mode, direction, n, at, bad):
     name = "x" if direction == "forward" else "dy"
-    for side in _sides(gen_mode):
-        g = Generator(6, numeric_mode=gen_mode.numeric_mode)
+    for side in _sides(random_mode):
+        g = Generator(6, numeric_mode=random_mode.numeric_mode)
         _, key = g.dropout(f32_array(n, 4), 0.25, offset=3)
         inp = f32_array(n, 5)
         inp[at] = bad
-        inp, out = _on(side, inp, gen_mode), _on(side, _sentinel(n), gen_mode)
+        inp, out = _on(side, inp, random_mode), _on(side, _sentinel(n), random_mode)
         before = (_bytes(inp), _bytes(out), g.counter)
         with pytest.raises(ValueError, match=r"mojo_train\.Generator\.%s: %s holds NaN or inf; refused before "
                                              r"anything was written" % ("dropout" if name == "x" else
@@ -483,11 +469,11 @@ def test_dropout_refuses_nonfinite_by_name_and_leaves_out_byte_identical(gen_mod
 
 @pytest.mark.parametrize("shift", [1, -1, 37, -999])
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(gen_mode, direction, shift):
+def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(random_mode, direction, shift):
     n, base = 1000, 1000
     store = f32_array(3000, 7)
     inp, out = memoryview(store)[base:base + n], memoryview(store)[base + shift:base + shift + n]
-    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
+    g = Generator(6, numeric_mode=random_mode.numeric_mode)
     _, key = g.dropout(f32_array(n, 4), 0.25)
     before = (raw(store), g.counter)
     name = "x" if direction == "forward" else "dy"
@@ -501,20 +487,20 @@ def test_dropout_refuses_an_out_partly_overlapping_its_input_naming_both(gen_mod
     assert (raw(store), g.counter) == before
 
 
-def test_dropout_in_place_gives_the_out_of_place_bits_forward_and_backward(gen_mode):
-    for side in _sides(gen_mode):
-        g = Generator(6, numeric_mode=gen_mode.numeric_mode)
-        x, dy = _on(side, f32_array(4099, 4), gen_mode), _on(side, f32_array(4099, 5), gen_mode)
+def test_dropout_in_place_gives_the_out_of_place_bits_forward_and_backward(random_mode):
+    for side in _sides(random_mode):
+        g = Generator(6, numeric_mode=random_mode.numeric_mode)
+        x, dy = _on(side, f32_array(4099, 4), random_mode), _on(side, f32_array(4099, 5), random_mode)
         y, key = g.dropout(x, 0.25, stream=0, offset=1)
         dx = g.dropout_backward(dy, key)
         assert g.dropout(x, 0.25, stream=0, offset=1, out=x)[0] is x and _bytes(x) == _bytes(y), side
         assert g.dropout_backward(dy, key, out=dy) is dy and _bytes(dy) == _bytes(dx), side
 
 
-def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(gen_mode):
-    lib, n = gen_mode.backend.lib, 1000
-    for side in _sides(gen_mode):
-        store = _on(side, f32_array(n + 8, 8), gen_mode)
+def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(random_mode):
+    lib, n = random_mode.backend.lib, 1000
+    for side in _sides(random_mode):
+        store = _on(side, f32_array(n + 8, 8), random_mode)
         p = ffi.cast("float *", store.ptr if side == "device" else ffi.from_buffer(store))
         before = _bytes(store)
         for fn, y, x, names in (("mt_dropout_forward", p + 1, p, "y and x"), ("mt_dropout_forward", p, p + 7, "y and x"),
@@ -525,8 +511,8 @@ def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(gen_mode)
         assert lib.mt_dropout_forward(p + 3, p + 3, 0.5, 1, 1, 0, n) == 0      # in place
 
 
-def test_dropout_backward_and_out_refuse_other_shapes_of_one_element_count(gen_mode):
-    g = Generator(6, numeric_mode=gen_mode.numeric_mode)
+def test_dropout_backward_and_out_refuse_other_shapes_of_one_element_count(random_mode):
+    g = Generator(6, numeric_mode=random_mode.numeric_mode)
     x = mojo_train.Array.from_list([1.0] * 6).reshape(2, 3)
     _, key = g.dropout(x, 0.5)
     assert key.shape == (2, 3) and key.size == 6
@@ -569,17 +555,17 @@ def test_draws_refuse_bad_arguments_by_name_and_take_no_stream(call, match):
     assert g.counter == 0
 
 
-def test_draws_take_shapes_and_return_float32_arrays_of_them(gen_mode):
-    g = Generator(1, numeric_mode=gen_mode.numeric_mode)
+def test_draws_take_shapes_and_return_float32_arrays_of_them(random_mode):
+    g = Generator(1, numeric_mode=random_mode.numeric_mode)
     for shape, want in ((5, (5,)), ((2, 3), (2, 3)), ((), ()), ((0, 4), (0, 4))):
         a = g.normal(shape)
         assert a.shape == want and a.dtype == "float32"
 
 
-def test_device_draws_equal_host_draws_and_stay_on_the_device(gen_mode):
-    if not gen_mode.has("device_buffers"):
+def test_device_draws_equal_host_draws_and_stay_on_the_device(random_mode):
+    if not random_mode.has("device_buffers"):
         pytest.skip("the loaded vendor takes no device buffers")
-    g = Generator(17, numeric_mode=gen_mode.numeric_mode)
+    g = Generator(17, numeric_mode=random_mode.numeric_mode)
     d = g.normal((33, 31), 1.0, 2.0, stream=0, offset=1, device=True)
     assert isinstance(d, DeviceArray) and d.shape == (33, 31)
     assert raw(d.to_host()) == raw(g.normal((33, 31), 1.0, 2.0, stream=0, offset=1))
@@ -589,11 +575,11 @@ def test_device_draws_equal_host_draws_and_stay_on_the_device(gen_mode):
     assert raw(y.to_host()) == raw(g.dropout(x, 0.3, stream=1, offset=2)[0])
 
 
-def test_device_true_is_refused_on_the_cpu_vendor(gen_mode):
-    if gen_mode.vendor != "cpu":
+def test_device_true_is_refused_on_the_cpu_vendor(random_mode):
+    if random_mode.vendor != "cpu":
         pytest.skip("a GPU vendor takes device=True")
     with pytest.raises(ValueError, match=r"Generator.uniform: device=True but the loaded vendor is cpu"):
-        Generator(1, numeric_mode=gen_mode.numeric_mode).uniform(3, device=True)
+        Generator(1, numeric_mode=random_mode.numeric_mode).uniform(3, device=True)
 
 
 # ---- initializers -------------------------------------------------------------------------
@@ -610,11 +596,11 @@ def _torch_bounds(fan_in, fan_out, a, gain):
 @pytest.mark.parametrize("fan_in, fan_out, a, gain", [(64, 256, math.sqrt(5.0), 1.0), (1, 1, 0.0, 5.0),
                                                       (3, 1000, 0.01, math.sqrt(2.0)), (4096, 11008, 1.0, 0.5),
                                                       (7, 3, 2.5, 1.0)])
-def test_initializers_draw_with_torchs_bounds(gen_identical, fan_in, fan_out, a, gain):
+def test_initializers_draw_with_torchs_bounds(random_identical, fan_in, fan_out, a, gain):
     ref = _torch_bounds(fan_in, fan_out, a, gain)
     shape = (3, 1001)
     for name, scalar in ref.items():
-        g, h = Generator(5, numeric_mode=gen_identical.numeric_mode), Generator(5, numeric_mode=gen_identical.numeric_mode)
+        g, h = (Generator(5, numeric_mode=random_identical.numeric_mode) for _ in range(2))
         if name.startswith("kaiming"):
             got = getattr(g, name)(shape, fan_in, a)
         else:
@@ -625,8 +611,8 @@ def test_initializers_draw_with_torchs_bounds(gen_identical, fan_in, fan_out, a,
             assert max(abs(v) for v in floats(got)) <= f32(scalar)
 
 
-def test_kaiming_uniform_defaults_to_nn_linears_init(gen_identical):
-    g, h = Generator(2, numeric_mode=gen_identical.numeric_mode), Generator(2, numeric_mode=gen_identical.numeric_mode)
+def test_kaiming_uniform_defaults_to_nn_linears_init(random_identical):
+    g, h = (Generator(2, numeric_mode=random_identical.numeric_mode) for _ in range(2))
     w = g.kaiming_uniform((64, 48), 48)
     assert raw(w) == raw(h.kaiming_uniform((64, 48), 48, a=math.sqrt(5.0)))
     # nn.Linear's bound gain * sqrt(3 / fan_in) with a = sqrt(5) is 1 / sqrt(fan_in)
@@ -635,8 +621,8 @@ def test_kaiming_uniform_defaults_to_nn_linears_init(gen_identical):
 
 
 # ---- the C ABI ----------------------------------------------------------------------------
-def test_the_c_abi_refuses_without_writing(gen_mode):
-    lib = gen_mode.backend.lib
+def test_the_c_abi_refuses_without_writing(random_mode):
+    lib = random_mode.backend.lib
     out = array.array("f", [7.0] * 8)
     ptr = ffi.cast("float *", ffi.from_buffer(out))
     assert lib.mt_normal_fill(ffi.NULL, 1, 1, 0, 0.0, 1.0, 8) == 1

@@ -22,8 +22,8 @@ from mojo_train._native import ffi
 import tolerances as tol
 from _helpers import _lane_tree, _tree_fold, f32, fma32
 from _layer_helpers import LEAF, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
-    device_copy_at, digests_over_thread_counts, mat, need_device, print_bound_figures, rows_of, same_bits, \
-    token_tree, values
+    assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
+    rows_of, same_bits, token_tree, values
 from _layer_helpers import HYPOTHESIS, outputs_sha as sha
 
 
@@ -264,23 +264,14 @@ def rms_vs_torch(case, numeric_mode, dtype=None):
 @settings(max_examples=20, **HYPOTHESIS)
 @given(case=rms_cases())
 def test_rms_norm_stays_within_the_bound_of_torch_float64(rms_norm_mode, case):
-    for name, (ours, ref, unit) in rms_vs_torch(case, rms_norm_mode.numeric_mode).items():
-        tol.assert_close_to_reference(ours, ref, "%r rms_norm %s %r" % (rms_norm_mode, name, case), unit=unit)
+    assert_within_bound(rms_vs_torch(case, rms_norm_mode.numeric_mode), "%r rms_norm %r" % (rms_norm_mode, case))
 
 
-def _figures(n_cases):
-    """Worst share of the bound used, per output: ours (identical, fast) and torch float32."""
-    import random
-    rng = random.Random(0)
-    cases = []
-    for _ in range(n_cases):
-        dim = rng.randint(*tol.RMS_DIM_RANGE)
-        cases.append({"rows": rng.randint(1, min(tol.DENSE_ROWS_RANGE[1], max(tol.RMS_ELEMENTS // dim, 1))),
-                      "dim": dim, "affine": rng.random() < 0.5, "eps": rng.choice(tol.RMS_EPS),
-                      "seed": rng.getrandbits(32)})
-    print_bound_figures(cases, lambda case, numeric_mode, dtype: {
-        "rms_norm " + name: v for name, v in rms_vs_torch(case, numeric_mode, dtype).items()})
+def _figures_case(rng):
+    dim = rng.randint(*tol.RMS_DIM_RANGE)
+    return {"rows": rng.randint(1, min(tol.DENSE_ROWS_RANGE[1], max(tol.RMS_ELEMENTS // dim, 1))),
+            "dim": dim, "affine": rng.random() < 0.5, "eps": rng.choice(tol.RMS_EPS), "seed": rng.getrandbits(32)}
 
 
-if __name__ == "__main__":
-    _figures(int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+if __name__ == "__main__":   # worst share of the bound used per output: ours (identical, fast), torch float32
+    print_family_figures("rms_norm", _figures_case, rms_vs_torch, int(sys.argv[1]) if len(sys.argv) > 1 else 200)

@@ -66,6 +66,16 @@ typedef struct { unsigned saved; } mt_fp_env;
 #endif
 void mt_fp_begin(mt_fp_env *env);
 void mt_fp_end(const mt_fp_env *env);
+/* `return CALL;` with CALL (an int-returning call of an MT_NOINLINE body) run in our
+ * environment: the one wrapper of the entry points whose whole body needs it. */
+#define MT_RETURN_IN_FP_ENV(CALL)                                                               \
+    do {                                                                                        \
+        mt_fp_env env_;                                                                         \
+        mt_fp_begin(&env_);                                                                     \
+        int rc_ = (CALL);                                                                       \
+        mt_fp_end(&env_);                                                                       \
+        return rc_;                                                                             \
+    } while (0)
 unsigned mt_fp_current(void);
 void mt_fp_set(unsigned control);
 
@@ -99,6 +109,15 @@ int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const fl
                           int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width,
                           int32_t reduction, float label_smoothing, int64_t num_items,
                           int64_t chunk_rows);
+/* mt_lm_head_loss's arguments as every vendor carries them (chunk: chunk_rows). */
+typedef struct {
+    float *loss_out, *row_loss, *d_hidden, *d_weight, *d_bias;
+    const float *hidden, *weight, *bias;
+    const void *targets;
+    int32_t target_bytes, reduction;
+    int64_t rows, vocab, width, ignore_index, num_items, chunk;
+    float label_smoothing;
+} mt_lm_args;
 
 /* Host targets: each is ignore_index or in [0, vocab) (else refused naming the first bad
  * row); *kept counts those not ignored. ignore_index MT_NO_IGNORE_INDEX ignores no row. */

@@ -655,9 +655,5 @@ MT_NOINLINE static int lr_values_body(float *out, int32_t kind, double peak, dou
 
 int mt_lr_values(float *out, int32_t kind, double peak_lr, double min_lr, int64_t warmup_steps, int64_t total_steps,
                  int64_t first_step, int64_t n) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = lr_values_body(out, kind, peak_lr, min_lr, warmup_steps, total_steps, first_step, n);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(lr_values_body(out, kind, peak_lr, min_lr, warmup_steps, total_steps, first_step, n));
 }

@@ -96,9 +96,5 @@ MT_NOINLINE static int accumulate_body(float *out, const float *const *parts, in
 }
 
 int mt_accumulate(float *out, const float *const *parts, int32_t n_parts, int64_t n) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = accumulate_body(out, parts, n_parts, n);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(accumulate_body(out, parts, n_parts, n));
 }

@@ -51,18 +51,10 @@ MT_NOINLINE static int grad_norms_body(float *tensor_norms, float *total_norm, f
 }
 
 int mt_clip_grad_norm(float *const *grads, float *norm_out, const int32_t *offsets, float max_norm, int32_t n_tensors) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = clip_body(grads, norm_out, offsets, max_norm, n_tensors);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(clip_body(grads, norm_out, offsets, max_norm, n_tensors));
 }
 
 int mt_grad_norms(float *tensor_norms, float *total_norm, float *const *grads, const int32_t *offsets,
                   int32_t n_tensors) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = grad_norms_body(tensor_norms, total_norm, grads, offsets, n_tensors);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(grad_norms_body(tensor_norms, total_norm, grads, offsets, n_tensors));
 }

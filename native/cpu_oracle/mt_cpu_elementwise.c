@@ -111,11 +111,7 @@ MT_NOINLINE static int relu_body(float *out, const float *dy, const float *x, in
 }
 
 static int relu_common(float *out, const float *dy, const float *x, int64_t n) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = relu_body(out, dy, x, n);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(relu_body(out, dy, x, n));
 }
 
 int mt_relu_forward(float *y, const float *x, int64_t n) { return relu_common(y, NULL, x, n); }

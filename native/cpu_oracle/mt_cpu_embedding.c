@@ -265,9 +265,5 @@ MT_NOINLINE static int backward_body(float *dweight, const float *dy, const void
 
 int mt_embedding_backward(float *dweight, const float *dy, const void *ids, int32_t id_bytes, int64_t n_ids,
                           int64_t vocab, int64_t dim, int64_t padding_idx, int32_t accumulate) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = backward_body(dweight, dy, ids, id_bytes, n_ids, vocab, dim, padding_idx, accumulate);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(backward_body(dweight, dy, ids, id_bytes, n_ids, vocab, dim, padding_idx, accumulate));
 }

@@ -30,11 +30,7 @@ MT_NOINLINE static int linear_forward_body(float *out, const float *a, const flo
 
 int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m,
                       int64_t n, int64_t k) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = linear_forward_body(out, a, weight, bias, m, n, k);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(linear_forward_body(out, a, weight, bias, m, n, k));
 }
 
 /* dweight (n x k): the token rule over rows of chains of (dc[i,j], a[i,p]). A leaf's partial is
@@ -110,9 +106,5 @@ MT_NOINLINE static int linear_backward_body(float *da, float *dweight, float *db
 
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a,
                        const float *weight, int64_t m, int64_t n, int64_t k) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = linear_backward_body(da, dweight, dbias, dc, a, weight, m, n, k);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(linear_backward_body(da, dweight, dbias, dc, a, weight, m, n, k));
 }

@@ -20,15 +20,6 @@
 uint64_t mt_lm_head_features(void) { return MT_FEATURE_LM_HEAD; }
 
 typedef struct {
-    float *loss_out, *row_loss, *d_hidden, *d_weight, *d_bias;
-    const float *hidden, *weight, *bias;
-    const void *targets;
-    int32_t target_bytes, reduction;
-    int64_t rows, vocab, width, ignore_index, num_items, chunk;
-    float label_smoothing;
-} lm_args;
-
-typedef struct {
     mt_gemm_b fwd, bwd;              /* weight packed for logits and for d_hidden */
     mt_token_acc dw, db;             /* running token trees of the weight and bias gradients */
     float *logits, *dlogits, *losses, *partials;   /* dlogits: mt_cross_entropy does not write in place */
@@ -36,7 +27,7 @@ typedef struct {
 } lm_state;
 
 /* Targets in range (or ignored), the count D of kept rows, and finite inputs. */
-static int check_lm_inputs(const lm_args *a, int64_t *kept) {
+static int check_lm_inputs(const mt_lm_args *a, int64_t *kept) {
     int rc = mt_check_targets(kept, a->targets, a->target_bytes, a->rows, a->vocab, a->ignore_index);
     if (rc) return rc;
     if (mt_cpu_nonfinite(a->hidden, a->rows * a->width))
@@ -48,7 +39,7 @@ static int check_lm_inputs(const lm_args *a, int64_t *kept) {
     return MT_OK;
 }
 
-static void free_state(lm_state *s, const lm_args *a) {
+static void free_state(lm_state *s, const mt_lm_args *a) {
     mt_cpu_gemm_free_b(&s->fwd);
     mt_cpu_gemm_free_b(&s->bwd);
     mt_token_acc_free(&s->dw);
@@ -59,7 +50,7 @@ static void free_state(lm_state *s, const lm_args *a) {
     mt_scratch_free(s->partials, mt_token_leaves(a->rows) * (int64_t)sizeof(float));
 }
 
-static int init_state(lm_state *s, const lm_args *a) {
+static int init_state(lm_state *s, const mt_lm_args *a) {
     memset(s, 0, sizeof *s);
     int rc;
     int64_t v = a->vocab, w = a->width;
@@ -84,7 +75,7 @@ static void bias_leaf_rows(float *acc, const float *dlogits, int64_t n, int64_t 
 }
 
 /* Weight and bias gradients of chunk rows [r0, r0 + n), leaf by leaf. */
-static int gradients_of_chunk(lm_state *s, const lm_args *a, int64_t r0, int64_t n) {
+static int gradients_of_chunk(lm_state *s, const mt_lm_args *a, int64_t r0, int64_t n) {
     int64_t v = a->vocab, w = a->width;
     for (int64_t r = r0; r < r0 + n;) {
         int64_t leaf_end = (r / MT_TOKEN_LEAF + 1) * MT_TOKEN_LEAF;
@@ -110,7 +101,7 @@ static int gradients_of_chunk(lm_state *s, const lm_args *a, int64_t r0, int64_t
 }
 
 /* One chunk: logits, the rows' losses and dlogits, then the gradients. */
-static int run_chunk(lm_state *s, const lm_args *a, int64_t r0, int64_t n) {
+static int run_chunk(lm_state *s, const mt_lm_args *a, int64_t r0, int64_t n) {
     int64_t v = a->vocab, w = a->width;
     int want_grad = a->d_hidden || a->d_weight || a->d_bias;
     int rc = mt_cpu_gemm_packed(s->logits, v, a->hidden + r0 * w, w, 1, &s->fwd, n, 0, a->bias);
@@ -129,7 +120,7 @@ static int run_chunk(lm_state *s, const lm_args *a, int64_t r0, int64_t n) {
     return gradients_of_chunk(s, a, r0, n);
 }
 
-MT_NOINLINE static int lm_body(lm_args *a) {
+MT_NOINLINE static int lm_body(mt_lm_args *a) {
     int rc;
     int64_t kept = 0;
     if ((rc = mt_check_lm_head_args(a->loss_out, a->row_loss, a->d_hidden, a->d_weight, a->d_bias, a->hidden,
@@ -164,11 +155,7 @@ int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_
                     const float *hidden, const float *weight, const float *bias, const void *targets,
                     int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
                     int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    lm_args a = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
+    mt_lm_args a = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
                  reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = lm_body(&a);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(lm_body(&a));
 }

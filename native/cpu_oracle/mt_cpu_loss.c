@@ -72,22 +72,12 @@ CE_FLAT MT_SIMD static float row_max(const float *x, int64_t n, float *min_out) 
     return mt_bits_f32(order_key((uint32_t)top));
 }
 
-/* The softmax denominator's chunk fold, also keeping each e_j = e^(x_j - m) in e: the
- * contract's fold (mt_pinned.h's MT_DEFINE_CHUNK_FOLD, the same lanes and sabotage switch)
- * with a step that stores the term it adds. */
-#define CE_STEP_SUM_EXP_KEEP(acc, i) (acc) = (acc) + (e[i] = mt_expf(x[i] - m))
-MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_keep, MT_SAB_LOSS, CE_STEP_SUM_EXP_KEEP, const float *x, float m, float *e)
-/* The same two folds through mt_expf_mid (the same bits) for a row whose every x - m is in
- * its range. */
-#define CE_STEP_SUM_EXP_MID(acc, i) (acc) = (acc) + mt_expf_mid(x[i] - m)
-MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_mid, MT_SAB_LOSS, CE_STEP_SUM_EXP_MID, const float *x, float m)
-#define CE_STEP_SUM_EXP_MID_KEEP(acc, i) (acc) = (acc) + (e[i] = mt_expf_mid(x[i] - m))
-MT_DEFINE_CHUNK_FOLD(ce_chunk_sum_exp_mid_keep, MT_SAB_LOSS, CE_STEP_SUM_EXP_MID_KEEP, const float *x, float m,
-                     float *e)
-
+/* The softmax denominator's chunk fold (mt_chunk_sum_exp), each e_j also kept in `keep`
+ * unless NULL, through mt_expf_mid when `mid`: four calls with both known, so that each
+ * inlined copy loses the tests and vectorizes for its own case. */
 CE_FLAT MT_SIMD static float chunk_sum_exp(const float *x, int64_t n, float m, float *keep, int mid) {
-    if (mid) return keep ? ce_chunk_sum_exp_mid_keep(n, x, m, keep) : ce_chunk_sum_exp_mid(n, x, m);
-    return keep ? ce_chunk_sum_exp_keep(n, x, m, keep) : mt_chunk_sum_exp(n, x, m);
+    if (mid) return keep ? mt_chunk_sum_exp(n, x, m, keep, 1) : mt_chunk_sum_exp(n, x, m, 0, 1);
+    return keep ? mt_chunk_sum_exp(n, x, m, keep, 0) : mt_chunk_sum_exp(n, x, m, 0, 0);
 }
 CE_FLAT MT_SIMD static float chunk_sum(const float *x, int64_t n) { return mt_chunk_sum(n, x); }
 
@@ -217,10 +207,6 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
 int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
                      int32_t target_bytes, int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction,
                      float label_smoothing, int64_t num_items) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = ce_body(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, ignore_index,
-                     reduction, label_smoothing, num_items);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(ce_body(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, ignore_index,
+                                reduction, label_smoothing, num_items));
 }

@@ -124,12 +124,8 @@ static int adam_common(float *const *params, float *const *grads, float *exp_avg
                        float *norm_out, const int32_t *offsets, float lr, float beta1, float beta2,
                        float eps, float weight_decay, int32_t maximize, int32_t clip, float max_norm,
                        int64_t step, int32_t n, int32_t decoupled) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = adam_body(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps,
-                       weight_decay, maximize, clip, max_norm, step, n, decoupled);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(adam_body(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps,
+                                  weight_decay, maximize, clip, max_norm, step, n, decoupled));
 }
 
 int mt_adam_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq,
@@ -187,10 +183,6 @@ int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffe
                 float *norm_out, const int32_t *offsets, float lr, float momentum, float dampening,
                 float weight_decay, int32_t nesterov, int32_t maximize, int32_t clip, float max_norm,
                 int32_t n_tensors) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = sgd_step_body(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, lr, momentum, dampening, weight_decay,
-                     nesterov, maximize, clip, max_norm, n_tensors);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(sgd_step_body(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, lr, momentum,
+                                      dampening, weight_decay, nesterov, maximize, clip, max_norm, n_tensors));
 }

@@ -16,11 +16,22 @@
 
 uint64_t mt_random_features(void) { return MT_FEATURE_RANDOM; }
 
-/* The counter blocks (four stream elements each) that hold stream elements [first, last):
- * the body runs once per block; it writes only the elements of the range. */
-#define MT_FOR_BLOCKS(first, last, block, ...)                                                  \
-    for (uint64_t block = (first) >> 2; (first) < (last) && block <= ((last) - 1) >> 2; ++block) { \
-        __VA_ARGS__                                                                             \
+/* The elements [offset + b, offset + e) of a stream, walked by Philox counter block (four
+ * elements each, so each block is computed once): DRAW runs once per block `block`, then EACH
+ * once per element of the range in it, with k its word in the block and i its index in the
+ * output (the element - offset). */
+#define MT_FOR_RANGE(offset, b, e, block, k, i, DRAW, ...)                                       \
+    for (uint64_t first_ = (offset) + (uint64_t)(b), last_ = (offset) + (uint64_t)(e),          \
+                  block = first_ >> 2;                                                          \
+         first_ < last_ && block <= (last_ - 1) >> 2; ++block) {                                \
+        DRAW;                                                                                   \
+        for (int k = 0; k < 4; ++k) {                                                           \
+            uint64_t i = 4 * block + (uint64_t)k;                                               \
+            if (i >= first_ && i < last_) {                                                     \
+                i -= (offset);                                                                  \
+                __VA_ARGS__;                                                                    \
+            }                                                                                   \
+        }                                                                                       \
     }
 
 static int span_check(uint64_t offset, int64_t n) {
@@ -57,15 +68,9 @@ typedef struct { float *out; uint64_t seed, stream, offset; float mean, std; } n
 
 MT_SIMD static void normal_range(void *ctx, int64_t b, int64_t e) {
     normal_job *job = (normal_job *)ctx;
-    uint64_t first = job->offset + (uint64_t)b, last = job->offset + (uint64_t)e;
-    MT_FOR_BLOCKS(first, last, block, {
-        float z[4];
-        mt_normal_block(z, job->seed, job->stream, block);
-        for (int k = 0; k < 4; ++k) {
-            uint64_t j = 4 * block + (uint64_t)k;
-            if (j >= first && j < last) job->out[j - job->offset] = mt_normal_value(job->mean, job->std, z[k]);
-        }
-    })
+    float z[4];
+    MT_FOR_RANGE(job->offset, b, e, block, k, i, mt_normal_block(z, job->seed, job->stream, block),
+                 job->out[i] = mt_normal_value(job->mean, job->std, z[k]));
 }
 
 /* mean and std rounded to float32 under IEEE defaults (out of line, see mt_host.h). */
@@ -96,16 +101,9 @@ typedef struct { float *y; const float *x; uint64_t seed, stream, offset; float 
 
 MT_SIMD static void dropout_range(void *ctx, int64_t b, int64_t e) {
     dropout_job *job = (dropout_job *)ctx;
-    uint64_t first = job->offset + (uint64_t)b, last = job->offset + (uint64_t)e;
-    MT_FOR_BLOCKS(first, last, block, {
-        uint32_t w[4];
-        mt_philox_words(w, job->seed, job->stream, block);
-        for (int k = 0; k < 4; ++k) {
-            uint64_t j = 4 * block + (uint64_t)k;
-            if (j >= first && j < last)
-                job->y[j - job->offset] = mt_dropout_elem(job->x[j - job->offset], w[k], job->p, job->scale);
-        }
-    })
+    uint32_t w[4];
+    MT_FOR_RANGE(job->offset, b, e, block, k, i, mt_philox_words(w, job->seed, job->stream, block),
+                 job->y[i] = mt_dropout_elem(job->x[i], w[k], job->p, job->scale));
 }
 
 MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p); }

@@ -93,11 +93,7 @@ MT_NOINLINE static int rms_forward_body(float *y, const float *x, const float *w
 
 int mt_rms_norm_forward(float *y, const float *x, const float *weight, float eps, int64_t rows,
                         int64_t dim) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = rms_forward_body(y, x, weight, eps, rows, dim);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(rms_forward_body(y, x, weight, eps, rows, dim));
 }
 
 MT_SIMD static void rms_dx_row(float *restrict dx, const float *restrict dy, const float *restrict w,
@@ -180,9 +176,5 @@ MT_NOINLINE static int rms_backward_body(float *dx, float *dweight, const float 
 
 int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight,
                          float eps, int64_t rows, int64_t dim) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = rms_backward_body(dx, dweight, dy, x, weight, eps, rows, dim);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(rms_backward_body(dx, dweight, dy, x, weight, eps, rows, dim));
 }

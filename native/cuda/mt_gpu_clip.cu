@@ -29,35 +29,11 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_chunk_sumsq(float *const 
     }
 }
 
-/* Fold m partials at src with the pairwise tree; all warps of the block cooperate, levels
- * ping-pong through shared memory (buf: two halves of `half` floats). Valid in thread 0. */
-__device__ float mt_block_fold(const float *src, int64_t m, float *buf, int64_t half) {
-    const int t = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
-    const float *cur = src;
-    float *out = buf;
-    while (m > 1) {
-        int64_t groups = (m + 31) / 32;
-        for (int64_t g = w; g < groups; g += nw) {
-            int64_t at = g * 32 + t;
-            int valid = (int)(m - g * 32 < 32 ? m - g * 32 : 32);
-            float r = mt_warp_fold32(at < m ? cur[at] : 0.0f, t, valid);
-            if (t == 0) out[g] = r;
-        }
-        __syncthreads();
-        cur = out;
-        out = (out == buf) ? buf + half : buf;
-        m = groups;
-    }
-    float root = cur[0];
-    __syncthreads();
-    return root;
-}
-
 /* Block j: norms[j] = sqrt(fold of tensor j's chunk partials). */
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_tensor_norms(const float *partials, const int64_t *cstart, float *norms, int64_t half) {
     extern __shared__ float buf[];
     int64_t m = cstart[blockIdx.x + 1] - cstart[blockIdx.x];
-    float root = mt_block_fold(partials + cstart[blockIdx.x], m, buf, half);
+    float root = mt_block_tree_fold(partials + cstart[blockIdx.x], m, buf, buf + half);
     if (threadIdx.x == 0) norms[blockIdx.x] = sqrtf(root);
 }
 
@@ -73,7 +49,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_total(const float *norms,
         if (t == 0) scratch[c] = s;
     }
     __syncthreads();
-    float sq = mt_block_fold(scratch, chunks, buf, (chunks + 31) / 32);
+    float sq = mt_block_tree_fold(scratch, chunks, buf, buf + (chunks + 31) / 32);
     if (threadIdx.x == 0) {
         float total = sqrtf(sq);
         st->total = total;

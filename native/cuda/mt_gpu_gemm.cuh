@@ -85,6 +85,16 @@ struct desc {
                                            fold_leaves and token_col_sums use MT_STREAM whatever it says */
 };
 
+/* The fields every call sets: C (row stride ldc) = the chains of A and B over k, m x n;
+ * `refused` as in desc. The rest keep desc's defaults until the caller sets them. */
+inline desc make_desc(float *c, int64_t ldc, operand a, operand b, int64_t m, int64_t n, int64_t k,
+                      const int32_t *refused = nullptr) {
+    desc d;
+    d.c = c; d.ldc = ldc; d.a = a; d.b = b;
+    d.m = m; d.n = n; d.k = k; d.refused = refused;
+    return d;
+}
+
 constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES, THREADS = 256;
 constexpr int LDS = BM + 4;        /* one contraction step of a tile in shared memory, padded */
 constexpr int TILE = BK * LDS;     /* floats of one operand's tile in one stage */

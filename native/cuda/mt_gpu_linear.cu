@@ -74,18 +74,25 @@ struct dense_call {
     }
 };
 
+/* The oracle's checks, in its order: sizes, then a pointer for every tensor holding an element
+ * (mn: the m x n tensor, out of a forward or dc of a backward, named mn_name); then a GPU. */
+int linear_checks(const float *mn, const char *mn_name, const float *a, const float *weight, int64_t m, int64_t n,
+                  int64_t k) {
+    int rc;
+    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(mn, m * n, mn_name)) ||
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")))
+        return rc;
+    return mt_gpu_ready();
+}
+
 }  // namespace
 
 extern "C" {
 
 int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
                       int64_t k) {
-    int rc;
-    /* The oracle's checks, in its order: sizes, then a pointer for every tensor holding an element. */
-    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(out, m * n, "out")) ||
-        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
-        (rc = mt_gpu_ready()))
-        return rc;
+    int rc = linear_checks(out, "out", a, weight, m, n, k);
+    if (rc) return rc;
     dense_call c;
     const float *da = nullptr, *dw = nullptr, *db = nullptr;
     float *dout = nullptr;
@@ -95,16 +102,9 @@ int mt_linear_forward(float *out, const float *a, const float *weight, const flo
     const float *ptrs[3] = {da, dw, db};
     const int64_t counts[3] = {m * k, n * k, n};
     if ((rc = mt_gemm::finite_check(c.flags, ptrs, counts, 3))) return rc;
-    mt_gemm::desc g;
-    g.c = dout;
-    g.ldc = n;
-    g.a = {da, k, mt_gemm::MT_KMAJOR};
-    g.b = {dw, k, mt_gemm::MT_KMAJOR};
+    mt_gemm::desc g = mt_gemm::make_desc(dout, n, {da, k, mt_gemm::MT_KMAJOR}, {dw, k, mt_gemm::MT_KMAJOR}, m, n, k,
+                                         c.flags);
     g.bias = db;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.refused = c.flags;
     if ((rc = mt_gemm::gemm(g))) return rc;
     static const char *const names[] = {"a", "weight", "bias", nullptr};
     return c.finish(names);
@@ -112,11 +112,8 @@ int mt_linear_forward(float *out, const float *a, const float *weight, const flo
 
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a,
                        const float *weight, int64_t m, int64_t n, int64_t k) {
-    int rc;
-    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(dc, m * n, "dc")) ||
-        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
-        (rc = mt_gpu_ready()))
-        return rc;
+    int rc = linear_checks(dc, "dc", a, weight, m, n, k);
+    if (rc) return rc;
     dense_call c;
     const float *ddc = nullptr, *dA = nullptr, *dW = nullptr;
     float *o_da = nullptr, *o_dw = nullptr, *o_db = nullptr;
@@ -128,27 +125,13 @@ int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc,
     const int64_t counts[3] = {m * n, m * k, n * k};
     if ((rc = mt_gemm::finite_check(c.flags, ptrs, counts, 3))) return rc;
     if (o_da) {   /* da(m, k) = dc(m, n) . weight(n, k): chains over n */
-        mt_gemm::desc g;
-        g.c = o_da;
-        g.ldc = k;
-        g.a = {ddc, n, mt_gemm::MT_KMAJOR};
-        g.b = {dW, k, mt_gemm::MT_RMAJOR};
-        g.m = m;
-        g.n = k;
-        g.k = n;
-        g.refused = c.flags;
+        mt_gemm::desc g = mt_gemm::make_desc(o_da, k, {ddc, n, mt_gemm::MT_KMAJOR}, {dW, k, mt_gemm::MT_RMAJOR}, m, k,
+                                             n, c.flags);
         if ((rc = mt_gemm::gemm(g))) return rc;
     }
     if (o_dw) {   /* dweight(n, k) = token rule over the m rows of dc(i, j) * a(i, p) */
-        mt_gemm::desc g;
-        g.c = o_dw;
-        g.ldc = k;
-        g.a = {ddc, n, mt_gemm::MT_RMAJOR};
-        g.b = {dA, k, mt_gemm::MT_RMAJOR};
-        g.m = n;
-        g.n = k;
-        g.k = m;
-        g.refused = c.flags;
+        mt_gemm::desc g = mt_gemm::make_desc(o_dw, k, {ddc, n, mt_gemm::MT_RMAJOR}, {dA, k, mt_gemm::MT_RMAJOR}, n, k,
+                                             m, c.flags);
         if ((rc = mt_gemm::gemm_tokens(g, &c.arena))) return rc;
     }
     if (o_db && (rc = mt_gemm::token_col_sums(o_db, ddc, m, n, &c.arena, c.flags))) return rc;

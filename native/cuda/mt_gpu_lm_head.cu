@@ -89,15 +89,6 @@ struct token_stack {
     }
 };
 
-struct lm_call {
-    float *loss_out, *row_loss, *d_hidden, *d_weight, *d_bias;
-    const float *hidden, *weight, *bias;
-    const void *targets;
-    int32_t target_bytes, reduction;
-    int64_t rows, vocab, width, ignore_index, num_items, chunk;
-    float label_smoothing;
-};
-
 struct lm_device {               /* device twins of every buffer, and what to download */
     const float *hidden = nullptr, *weight = nullptr, *bias = nullptr;
     const void *targets = nullptr;
@@ -105,7 +96,7 @@ struct lm_device {               /* device twins of every buffer, and what to do
     int32_t *flags = nullptr;
 };
 
-int to_device(lm_device *dv, mt_arena *arena, const lm_call &c) {
+int to_device(lm_device *dv, mt_arena *arena, const mt_lm_args &c) {
     bool st;
     int rc;
     int64_t w = c.width, v = c.vocab, r = c.rows;
@@ -124,7 +115,7 @@ int to_device(lm_device *dv, mt_arena *arena, const lm_call &c) {
 }
 
 /* Targets (read on the host: rows * 8 bytes at most), then finite inputs (one pre-pass). */
-int check_inputs(int64_t *kept, const lm_call &c, const lm_device &dv) {
+int check_inputs(int64_t *kept, const mt_lm_args &c, const lm_device &dv) {
     std::vector<char> host((size_t)(c.rows * c.target_bytes));
     int rc;
     if (c.rows) {
@@ -147,7 +138,7 @@ int check_inputs(int64_t *kept, const lm_call &c, const lm_device &dv) {
 }
 
 /* Weight and bias gradients of chunk rows [r0, r0 + n), leaf by leaf. */
-int chunk_gradients(token_stack *dw, token_stack *db, float **dw_leaf, float **db_leaf, const lm_call &c,
+int chunk_gradients(token_stack *dw, token_stack *db, float **dw_leaf, float **db_leaf, const mt_lm_args &c,
                     const lm_device &dv, int64_t r0, int64_t n) {
     int64_t v = c.vocab, w = c.width;
     int rc;
@@ -157,11 +148,10 @@ int chunk_gradients(token_stack *dw, token_stack *db, float **dw_leaf, float **d
         const float *dl = dv.logits + (r - r0) * v;
         if (dv.d_weight) {
             if (fresh && (rc = dw->next(dw_leaf))) return rc;
-            mt_gemm::desc d;
-            d.c = *dw_leaf; d.ldc = w;
-            d.a = {dl, v, mt_gemm::MT_RMAJOR};                  /* A(i = class, p = row) */
-            d.b = {dv.hidden + r * w, w, mt_gemm::MT_RMAJOR};   /* B(j = feature, p = row) */
-            d.m = v; d.n = w; d.k = end - r; d.accumulate = !fresh;
+            /* A(i = class, p = row), B(j = feature, p = row) */
+            mt_gemm::desc d = mt_gemm::make_desc(*dw_leaf, w, {dl, v, mt_gemm::MT_RMAJOR},
+                                                 {dv.hidden + r * w, w, mt_gemm::MT_RMAJOR}, v, w, end - r);
+            d.accumulate = !fresh;
             if ((rc = mt_gemm::gemm(d)) || (done && (rc = dw->push()))) return rc;
         }
         if (dv.d_bias) {
@@ -224,11 +214,8 @@ struct lm_join {
 
 /* d_hidden rows of a chunk = dlogits . weight, on the side stream when there is one. */
 int chunk_d_hidden(lm_join *join, const lm_device &dv, int64_t r0, int64_t n, int64_t v, int64_t w) {
-    mt_gemm::desc h;
-    h.c = dv.d_hidden + r0 * w; h.ldc = w;
-    h.a = {dv.logits, v, mt_gemm::MT_KMAJOR};
-    h.b = {dv.weight, w, mt_gemm::MT_RMAJOR};
-    h.m = n; h.n = w; h.k = v;
+    mt_gemm::desc h = mt_gemm::make_desc(dv.d_hidden + r0 * w, w, {dv.logits, v, mt_gemm::MT_KMAJOR},
+                                         {dv.weight, w, mt_gemm::MT_RMAJOR}, n, w, v);
     if (!join->side) return mt_gemm::gemm(h);
     MT_GPU_CHECK(gpuEventRecord(join->side->ready, MT_STREAM), "LM head fork");
     MT_GPU_CHECK(gpuStreamWaitEvent(join->side->stream, join->side->ready, 0), "LM head fork");
@@ -239,7 +226,7 @@ int chunk_d_hidden(lm_join *join, const lm_device &dv, int64_t r0, int64_t n, in
     return rc;
 }
 
-int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t kept) {
+int run_chunks(const mt_lm_args &c, const lm_device &dv, mt_arena *arena, int64_t kept) {
     int64_t v = c.vocab, w = c.width;
     bool grad = dv.d_hidden || dv.d_weight || dv.d_bias;
     token_stack dw, db;
@@ -251,11 +238,9 @@ int run_chunks(const lm_call &c, const lm_device &dv, mt_arena *arena, int64_t k
     if (dv.d_hidden && (rc = lm_side_get(&join.side))) return rc;
     for (int64_t r0 = 0; r0 < c.rows; r0 += c.chunk) {
         int64_t n = c.rows - r0 < c.chunk ? c.rows - r0 : c.chunk;
-        mt_gemm::desc f;
-        f.c = dv.logits; f.ldc = v;
-        f.a = {dv.hidden + r0 * w, w, mt_gemm::MT_KMAJOR};
-        f.b = {dv.weight, w, mt_gemm::MT_KMAJOR};
-        f.bias = dv.bias; f.m = n; f.n = v; f.k = w;
+        mt_gemm::desc f = mt_gemm::make_desc(dv.logits, v, {dv.hidden + r0 * w, w, mt_gemm::MT_KMAJOR},
+                                             {dv.weight, w, mt_gemm::MT_KMAJOR}, n, v, w);
+        f.bias = dv.bias;
         if ((rc = mt_gemm::gemm(f))) return rc;
         float ignored;
         mt_logits_of_lm_head(r0, dv.bias != nullptr);   /* a non-finite logit: hidden @ weight.T overflowed */
@@ -281,7 +266,7 @@ MT_NOINLINE float host_loss(const float *losses, int64_t rows, int32_t reduction
 }
 
 /* Losses to the caller: the per-row values, or the token rule's total (mean: / D). */
-int finish(const lm_call &c, const lm_device &dv, int64_t kept) {
+int finish(const mt_lm_args &c, const lm_device &dv, int64_t kept) {
     std::vector<float> losses((size_t)(c.rows > 0 ? c.rows : 1)), partials((size_t)(mt_token_leaves(c.rows) + 1));
     if (c.rows) MT_GPU_CHECK(gpuMemcpyAsync(losses.data(), dv.losses, c.rows * 4, gpuMemcpyDefault, MT_STREAM), "losses");
     int rc;
@@ -324,7 +309,7 @@ extern "C" int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden
                                    target_bytes, rows, vocab, width, reduction, label_smoothing, num_items,
                                    chunk_rows);
     if (rc || (rc = mt_gpu_ready())) return rc;
-    lm_call c = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
+    mt_lm_args c = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
                  reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
     if (!c.chunk) c.chunk = LM_DEFAULT_CHUNK;
     if (c.chunk > rows) c.chunk = rows > 0 ? rows : 1;

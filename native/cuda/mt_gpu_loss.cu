@@ -148,20 +148,17 @@ __device__ __forceinline__ void ce_exp_row(float *x, int64_t n, float m) {
     }
 }
 
-/* Step of label smoothing's sum of the logits, and of the sum of kept e_j (MT_STEP_SUM). */
-template <bool VEC>
-struct ce_sum {
-    typedef float4 V;
-    const float *x;
-    __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
-    __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t) const {
-        const float v[4] = {q.x, q.y, q.z, q.w};
-        const float *x = v;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) MT_STEP_SUM(a[0][k], k);
+/* Step of label smoothing's sum of the logits, and of the sum of kept e_j: the C fold's
+ * MT_STEP_SUM, acc + x. */
+struct ce_step_sum {
+    static __device__ __forceinline__ float step(float acc, float v) {
+        const float *x = &v;
+        MT_STEP_SUM(acc, 0);
+        return acc;
     }
-    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const { MT_STEP_SUM(a[0][q], i); }
 };
+template <bool VEC>
+using ce_sum = mt_fold_one<VEC, ce_step_sum>;
 
 /* e / s, correctly rounded, for 0 <= e <= 1 <= s < 2^24 with y = 1 / s (correctly rounded,
  * once per row): q = e * y is within an ulp of e / s, the remainder e - q s is exact under
@@ -430,7 +427,7 @@ __global__ void __launch_bounds__(CE_ONE_BLOCK) k_ce_finish(const float *losses,
             if ((threadIdx.x & 31) == 0) leaves[l] = acc;
         }
         __syncthreads();
-        float total = mt_block_tree_fold(leaves, leaves + nl, nl);
+        float total = mt_block_tree_fold(leaves, nl, leaves + nl, leaves);
         float loss = reduction == MT_REDUCTION_MEAN ? ce_mean(total, dev->divisor) : total;
         if (threadIdx.x == 0) {
             st->loss = loss;

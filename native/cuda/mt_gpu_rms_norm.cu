@@ -359,20 +359,13 @@ MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const f
 extern "C" {
 
 int mt_rms_norm_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
-    mt_fp_env env;   /* eps's check compares floats: IEEE defaults, as the oracle */
-    mt_fp_begin(&env);
-    int rc = rms_forward(y, x, weight, eps, rows, dim);
-    mt_fp_end(&env);
-    return rc;
+    /* eps's check compares floats: IEEE defaults, as the oracle */
+    MT_RETURN_IN_FP_ENV(rms_forward(y, x, weight, eps, rows, dim));
 }
 
 int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
                          int64_t rows, int64_t dim) {
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    int rc = rms_backward(dx, dweight, dy, x, weight, eps, rows, dim);
-    mt_fp_end(&env);
-    return rc;
+    MT_RETURN_IN_FP_ENV(rms_backward(dx, dweight, dy, x, weight, eps, rows, dim));
 }
 
 }  /* extern "C" */

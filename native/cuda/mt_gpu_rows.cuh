@@ -177,6 +177,25 @@ struct mt_rows_see_nothing {
     __device__ __forceinline__ void operator()(float) const {}
 };
 
+/* The copy loop of mt_rows_stage over n elements of T (float4 or float), from index i in
+ * strides of step, B loads per thread in flight before their stores; returns where it stopped
+ * (B = 1 finishes the rest). */
+template <int B, class T, class See>
+__device__ __forceinline__ int64_t mt_rows_copy(T *dst, const T *src, int64_t n, int64_t i, int64_t step,
+                                                See see) {
+    for (; i + (B - 1) * step < n; i += B * step) {
+        T v[B];
+#pragma unroll
+        for (int u = 0; u < B; ++u) v[u] = MT_LDCS(src + i + u * step);
+#pragma unroll
+        for (int u = 0; u < B; ++u) {
+            dst[i + u * step] = v[u];
+            see(v[u]);
+        }
+    }
+    return i;
+}
+
 template <bool VEC, class See = mt_rows_see_nothing>
 __device__ __forceinline__ void mt_rows_stage(float *dst, const float *src, int64_t n, See see = See()) {
     const int64_t step = blockDim.x;
@@ -185,39 +204,13 @@ __device__ __forceinline__ void mt_rows_stage(float *dst, const float *src, int6
         const int64_t n4 = n / 4;
         const float4 *s4 = (const float4 *)src;
         float4 *d4 = (float4 *)dst;
-        for (; i + (MT_STAGE_BATCH - 1) * step < n4; i += MT_STAGE_BATCH * step) {
-            float4 v[MT_STAGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < MT_STAGE_BATCH; ++u) v[u] = MT_LDCS(s4 + i + u * step);
-#pragma unroll
-            for (int u = 0; u < MT_STAGE_BATCH; ++u) {
-                d4[i + u * step] = v[u];
-                see(v[u]);
-            }
-        }
-        for (; i < n4; i += step) {
-            float4 v = MT_LDCS(s4 + i);
-            d4[i] = v;
-            see(v);
-        }
+        i = mt_rows_copy<MT_STAGE_BATCH>(d4, s4, n4, i, step, see);
+        mt_rows_copy<1>(d4, s4, n4, i, step, see);
         i = 4 * n4 + threadIdx.x;
     } else {
-        for (; i + (4 * MT_STAGE_BATCH - 1) * step < n; i += 4 * MT_STAGE_BATCH * step) {
-            float v[4 * MT_STAGE_BATCH];
-#pragma unroll
-            for (int u = 0; u < 4 * MT_STAGE_BATCH; ++u) v[u] = MT_LDCS(src + i + u * step);
-#pragma unroll
-            for (int u = 0; u < 4 * MT_STAGE_BATCH; ++u) {
-                dst[i + u * step] = v[u];
-                see(v[u]);
-            }
-        }
+        i = mt_rows_copy<4 * MT_STAGE_BATCH>(dst, src, n, i, step, see);
     }
-    for (; i < n; i += step) {
-        float v = MT_LDCS(src + i);
-        dst[i] = v;
-        see(v);
-    }
+    mt_rows_copy<1>(dst, src, n, i, step, see);
 }
 
 /* Ask L2 for the n floats at p (one request per 128-byte line, spread over the block), so
@@ -250,7 +243,7 @@ __device__ __forceinline__ void mt_rows_fold(float (&root)[K], int64_t n, Make m
     }
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < K; ++k) root[k] = mt_block_tree_fold(part + k * chunks, part2, chunks);
+    for (int k = 0; k < K; ++k) root[k] = mt_block_tree_fold(part + k * chunks, chunks, part2, part + k * chunks);
 }
 
 /* Shared floats mt_rows_fold needs for K quantities over a row of n. */

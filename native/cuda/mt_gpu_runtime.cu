@@ -149,6 +149,18 @@ mt_arena::~mt_arena() {
     if (want > t_scratch.grow_to) t_scratch.grow_to = want;
 }
 
+/* A device block of b bytes of the arena's own, for what its scratch half cannot hold (freed
+ * with the arena, counted by mt_mem_count). */
+static int own_block(mt_arena *arena, void **out, size_t b) {
+    void *p = nullptr;
+    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
+    arena->owned.push_back(p);
+    arena->owned_bytes += (int64_t)b;
+    mt_mem_count((int64_t)b);
+    *out = p;
+    return MT_OK;
+}
+
 /* The scratch's first half holds staged uploads (mirrored in pinned memory), its second half
  * plain allocations, so a flush never overwrites memory a kernel or copy has written. */
 int mt_arena::alloc(void **out, int64_t bytes) {
@@ -159,13 +171,7 @@ int mt_arena::alloc(void **out, int64_t bytes) {
         used += b;
         return MT_OK;
     }
-    void *p = nullptr;
-    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
-    owned.push_back(p);
-    owned_bytes += (int64_t)b;
-    mt_mem_count((int64_t)b);
-    *out = p;
-    return MT_OK;
+    return own_block(this, out, b);
 }
 
 int mt_arena::stage(void **out, const void *host, int64_t bytes) {
@@ -177,13 +183,9 @@ int mt_arena::stage(void **out, const void *host, int64_t bytes) {
         staged += b;
         return MT_OK;
     }
-    void *p = nullptr;
-    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
-    owned.push_back(p);
-    owned_bytes += (int64_t)b;
-    mt_mem_count((int64_t)b);
-    *out = p;
-    MT_GPU_CHECK(gpuMemcpyAsync(p, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+    int rc = own_block(this, out, b);
+    if (rc) return rc;
+    MT_GPU_CHECK(gpuMemcpyAsync(*out, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
     mt_gpu_count_h2d(bytes);
     return MT_OK;
 }
@@ -340,6 +342,16 @@ int mt_buf_to_host(void *host, const void *dev, int64_t bytes) {
 }
 
 /* ---- the device half of the ABI ---- */
+/* out[0], out[1] = the two counters a and b (for the exports that read a pair back). */
+template <class T, class C>
+static int read_pair(T *out, const C &a, const C &b) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    out[0] = a.load();
+    out[1] = b.load();
+    return MT_OK;
+}
+
 extern "C" {
 
 int mt_device_count(int32_t *out) {
@@ -411,13 +423,7 @@ int mt_is_device_pointer(int32_t *out, const void *ptr) {
     return MT_OK;
 }
 
-int mt_transfer_bytes(int64_t *out) {
-    int rc = mt_check_ptr(out, "out");
-    if (rc) return rc;
-    out[0] = g_h2d.load();
-    out[1] = g_d2h.load();
-    return MT_OK;
-}
+int mt_transfer_bytes(int64_t *out) { return read_pair(out, g_h2d, g_d2h); }
 
 int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks) {
     if (threads_per_block < 32 || threads_per_block > MT_MAX_THREADS || threads_per_block % 32)
@@ -429,13 +435,7 @@ int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks) {
     return MT_OK;
 }
 
-int mt_launch_geometry(int32_t *out) {
-    int rc = mt_check_ptr(out, "out");
-    if (rc) return rc;
-    out[0] = g_last_threads.load();
-    out[1] = g_last_blocks.load();
-    return MT_OK;
-}
+int mt_launch_geometry(int32_t *out) { return read_pair(out, g_last_threads, g_last_blocks); }
 
 int mt_num_threads(void) { return g_threads.load(); }
 

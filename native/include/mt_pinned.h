@@ -179,18 +179,25 @@ __device__ __forceinline__ void mt_warp_chunk_fold(float (&out)[K], const F &f, 
     }
 }
 
-/* The clip step: acc = fma(x, x, acc). */
-template <bool VEC>
-struct mt_fold_sumsq {
+/* The step functor of one input x and one quantity: acc = OP::step(acc, element). */
+template <bool VEC, class OP>
+struct mt_fold_one {
     typedef float4 V;
     const float *x;
     __device__ __forceinline__ V load(int64_t i) const { return mt_load4<VEC>(x + i); }
     __device__ __forceinline__ void step(float (&a)[1][4], const V &q, int64_t) const {
-        a[0][0] = fmaf(q.x, q.x, a[0][0]); a[0][1] = fmaf(q.y, q.y, a[0][1]);
-        a[0][2] = fmaf(q.z, q.z, a[0][2]); a[0][3] = fmaf(q.w, q.w, a[0][3]);
+        a[0][0] = OP::step(a[0][0], q.x); a[0][1] = OP::step(a[0][1], q.y);
+        a[0][2] = OP::step(a[0][2], q.z); a[0][3] = OP::step(a[0][3], q.w);
     }
-    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const { a[0][q] = fmaf(x[i], x[i], a[0][q]); }
+    __device__ __forceinline__ void one(float (&a)[1][4], int q, int64_t i) const { a[0][q] = OP::step(a[0][q], x[i]); }
 };
+
+/* The clip step: acc = fma(x, x, acc). */
+struct mt_step_sumsq {
+    static __device__ __forceinline__ float step(float acc, float x) { return fmaf(x, x, acc); }
+};
+template <bool VEC>
+using mt_fold_sumsq = mt_fold_one<VEC, mt_step_sumsq>;
 
 /* Sum of squares of one chunk (n <= MT_CHUNK floats at x); the result is valid in thread 0. */
 __device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, int t) {
@@ -215,26 +222,30 @@ __device__ __forceinline__ float mt_warp_fold32(float x, int t, int n_valid) {
     return x;
 }
 
-/* mt_tree_fold of m partials at a on a whole block (every thread calls it, after a barrier
- * that published a): aligned groups of 32 are complete subtrees of five levels, folded by
- * mt_warp_fold32, so each round leaves ceil(m / 32) partials, written alternately to b
- * (room for ceil(m / 32) floats) and back to a. Returns the root (0 for m == 0) in every
- * thread; a and b may be shared or global memory. */
-__device__ __forceinline__ float mt_block_tree_fold(float *a, float *b, int64_t m) {
+/* mt_tree_fold of m partials at src on a whole block (every thread calls it, after a barrier
+ * that published src): aligned groups of 32 are complete subtrees of five levels, folded by
+ * mt_warp_fold32, so each round leaves ceil(m / 32) partials, written alternately to a and b
+ * (each with room for ceil(m / 32) floats; b may be src itself, which is then overwritten from
+ * the second round on, else src is only read). The one block tree of every GPU kernel: the
+ * clip norms (a, b: two halves of shared memory), the row folds and the token leaves (b = src).
+ * Returns the root (0 for m == 0) in every thread; memory may be shared or global. */
+__device__ __forceinline__ float mt_block_tree_fold(const float *src, int64_t m, float *a, float *b) {
     const int t = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
-    float *cur = a, *nxt = b;
+    const float *cur = src;
+    float *out = a, *spare = b;
     while (m > 1) {
         int64_t groups = (m + 31) / 32;
         for (int64_t g = w; g < groups; g += nw) {
             int64_t at = g * 32 + t;
             int valid = (int)(m - g * 32 < 32 ? m - g * 32 : 32);
             float r = mt_warp_fold32(at < m ? cur[at] : 0.0f, t, valid);
-            if (t == 0) nxt[g] = r;
+            if (t == 0) out[g] = r;
         }
         __syncthreads();
-        float *swap = cur;
-        cur = nxt;
-        nxt = swap;
+        float *done = out;
+        cur = done;
+        out = spare;
+        spare = done;
         m = groups;
     }
     float root = m == 1 ? cur[0] : 0.0f;
@@ -634,9 +645,17 @@ MT_HD float mt_log1pf(float x) {
         return mt_lane_tree(acc);                                                           \
     }
 
-/* sum of e^(x_i - m): the softmax denominator of one chunk of a row */
-#define MT_STEP_SUM_EXP(acc, i) (acc) = (acc) + mt_expf(x[i] - m)
-MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_exp, MT_SAB_LOSS, MT_STEP_SUM_EXP, const float *x, float m)
+/* sum of e^(x_i - m): the softmax denominator of one chunk of a row. Each term also goes to
+ * e[i] unless e is NULL; mid (every x_i - m in mt_expf_mid's range) takes mt_expf_mid, the
+ * same bits. Call it with e and mid known (a constant, or under a test of them) so that the
+ * compiler folds both out of the loop: each case then vectorizes on its own. */
+MT_HD float mt_exp_term(float v, float *e, int64_t i, int mid) {
+    float t = mid ? mt_expf_mid(v) : mt_expf(v);
+    if (e) e[i] = t;
+    return t;
+}
+#define MT_STEP_SUM_EXP(acc, i) (acc) = (acc) + mt_exp_term(x[i] - m, e, i, mid)
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_exp, MT_SAB_LOSS, MT_STEP_SUM_EXP, const float *x, float m, float *e, int mid)
 /* sum of x_i (label smoothing's mean logit) */
 #define MT_STEP_SUM(acc, i) (acc) = (acc) + x[i]
 MT_DEFINE_CHUNK_FOLD(mt_chunk_sum, MT_SAB_LOSS, MT_STEP_SUM, const float *x)
