@@ -144,7 +144,7 @@ def _write_out(mode, op, x, out):
     if op == "add":
         _need(mode, "elementwise")
         return mt.add(x, x, out=out, numeric_mode=mode.numeric_mode)
-    _need(mode, "dropout")
+    _need(mode, "random")
     return mt.Generator(5, numeric_mode=mode.numeric_mode).dropout(x, 0.5, out=out)[0]
 
 
