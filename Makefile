@@ -21,7 +21,8 @@ define host_objs
 	for f in $(SHARED_HOST_SRC); do $(CC) $(BASE_CFLAGS) $(1) -c $$f -o $(2)/$$(basename $$f .c).o || exit 1; done
 endef
 host_o = $(patsubst native/common/%.c,$(1)/%.o,$(SHARED_HOST_SRC))
-HDRS := $(wildcard native/include/*.h native/common/*.h native/cpu_oracle/*.h)
+HDRS := $(wildcard native/include/*.h native/common/*.h)
+CPU_HDRS := $(HDRS) $(wildcard native/cpu_oracle/*.h)
 INCLUDES := -Inative/include -Inative/common
 BASE_CFLAGS := -std=c11 -O3 -fPIC -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -fno-fast-math -fno-math-errno -fvisibility=hidden $(INCLUDES) -D_GNU_SOURCE
 LDLIBS := -lm -pthread
@@ -70,10 +71,10 @@ define cpu_lib
 	$(CC) $(BASE_CFLAGS) $(1) -DMT_VENDOR_NAME='"cpu"' -shared $(SONAME) -o $@$(TMP) $(CPU_SRC) $(LDLIBS) && $(call seal,$@)
 endef
 
-$(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(HDRS)
+$(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
 	$(call cpu_lib,$(MODE_FLAGS_$*))
 
-$(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(HDRS)
+$(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 	$(call cpu_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG))
 
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------

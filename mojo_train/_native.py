@@ -1,7 +1,7 @@
 """Finding, loading and checking the native library (cffi in ABI mode, no compiler needed).
 
 The cdef is read from the C header's marked block, never pasted. A library is named
-``libmojo_train_<vendor>_<numeric mode>.so`` and searched, in order, in ``$MOJO_TRAIN_LIBRARY_PATH``,
+``libmojo_train_<vendor>_<numeric_mode>.so`` and searched, in order, in ``$MOJO_TRAIN_LIBRARY_PATH``,
 the package's own ``lib/`` folder, and ``native/build/`` of a source checkout. After dlopen
 the library's own ``mt_vendor()``, ``mt_numeric_mode()`` and ``mt_abi_version()`` are read
 back; a library that disagrees with what was asked is refused, naming the file and the
@@ -46,7 +46,6 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SOURCE_ROOT = os.path.dirname(_PACKAGE_DIR)
 _SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
 
-# Error codes of mojo_train.h and the built-in exception a torch user would catch.
 
 
 class BackendError(ImportError):
@@ -136,7 +135,7 @@ _last_choice = {}     # what the most recent default load chose, and why
 
 
 class Backend:
-    """One loaded library: ``lib`` (the cffi handle), ``vendor``, ``numeric mode``, ``path``."""
+    """One loaded library: ``lib`` (the cffi handle), ``vendor``, ``numeric_mode``, ``path``."""
 
     def __init__(self, lib, vendor, numeric_mode, path):
         self.lib, self.vendor, self.numeric_mode, self.path = lib, vendor, numeric_mode, path

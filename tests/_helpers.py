@@ -272,3 +272,8 @@ def python_path(*first):
     may hold what the package needs (cffi lives in a --target folder on the GPU machine)."""
     rest = os.environ.get("PYTHONPATH", "")
     return os.pathsep.join([str(p) for p in first] + ([rest] if rest else []))
+
+
+# The header's status codes (mojo_train.h enum mt_error_code), for tests that call C directly.
+from mojo_train._native import STATUS as _STATUS  # noqa: E402
+EINVAL, ENONFINITE = _STATUS["einval"], _STATUS["enonfinite"]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck
 from mojo_train import Array, DeviceArray
 from mojo_train._native import ffi
 
-from _helpers import _tree_fold, bits, f32_array, wide_array
+from _helpers import EINVAL, _tree_fold, bits, f32_array, wide_array
 
 LEAF = 1024          # MT_TOKEN_LEAF: rows of a leaf of the token rule
 SENTINEL = 1234.5    # what a C output holds until something writes it
@@ -83,12 +83,12 @@ def assert_c_refusals_write_nothing(lib, cases):
         outs = [ffi.new("float[]", [SENTINEL] * 24) for _ in range(3)]
         rc = call(outs)
         msg = ffi.string(lib.mt_last_error()).decode()
-        assert rc == 1 and text in msg, (text, rc, msg)
+        assert rc == EINVAL and text in msg, (text, rc, msg)
         assert all(o[i] == SENTINEL for o in outs for i in range(24)), text
 
 
 def assert_nonfinite_refused(op, arg, call, numeric_mode, inputs, bad):
-    """``call(numeric mode, inputs)`` with ``bad`` planted in inputs[arg] raises ValueError naming the
+    """``call(numeric_mode, inputs)`` with ``bad`` planted in inputs[arg] raises ValueError naming the
     argument (``w`` is the caller's ``weight``) and the entry point ``op``, and leaves every
     input's bytes as they were."""
     poisoned = inputs[arg].reshape(-1)
@@ -136,7 +136,7 @@ def assert_within_bound(outputs, what):
 
 def print_family_figures(family, draw_case, vs_torch, n_cases):
     """print_bound_figures over ``n_cases`` cases, each ``draw_case(rng)`` (rng: random.Random(0)),
-    compared by ``vs_torch(case, numeric mode, dtype)``; outputs named "<family> <output>"."""
+    compared by ``vs_torch(case, numeric_mode, dtype)``; outputs named "<family> <output>"."""
     import random
     rng = random.Random(0)
     cases = [draw_case(rng) for _ in range(n_cases)]
@@ -145,7 +145,7 @@ def print_family_figures(family, draw_case, vs_torch, n_cases):
 
 
 def print_bound_figures(cases, compare):
-    """For each case: ``compare(case, numeric mode, dtype)`` gives {output: (ours, ref, unit)}; prints the
+    """For each case: ``compare(case, numeric_mode, dtype)`` gives {output: (ours, ref, unit)}; prints the
     worst share of tolerances.py's bound used, per output, by ours (identical, fast) and by
     torch in float32."""
     import torch

@@ -17,7 +17,6 @@ from mojo_train import _native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "native", "build")
-HEADER = os.path.join(ROOT, "native", "include", "mojo_train.h")
 # Capabilities of a vendor or numeric mode, not ops: they may differ between the oracle and a GPU.
 CAPABILITIES = ("HOST_BUFFERS", "DEVICE_BUFFERS", "THREADS", "PINNED_MATH", "CONTRACTION", "APPROXIMATE")
 
@@ -63,7 +62,7 @@ def test_a_gpu_library_declares_every_op_feature_of_the_cpu_oracle(path):
     numeric_mode = re.match(r"libmojo_train_\w+?_(identical|deterministic|fast)\.", os.path.basename(path)).group(1)
     oracle = os.path.join(BUILD, _native.library_name("cpu", numeric_mode))
     if not os.path.isfile(oracle):
-        pytest.skip("the cpu oracle's identical numeric mode is not built (make)")
+        pytest.skip("the cpu oracle's %s numeric mode is not built (make)" % numeric_mode)
     try:
         gpu = features_of(path)
     except OSError as e:

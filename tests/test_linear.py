@@ -26,7 +26,7 @@ from mojo_train import Array, nn
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import REPO, bits, f32, fma32
+from _helpers import ENONFINITE, REPO, bits, f32, fma32
 from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values
@@ -128,7 +128,7 @@ def test_the_c_entries_refuse_a_nonfinite_input_before_writing_any_output(linear
     wr = w.reshape(-1)
     wr[11] = float("inf")
     outs = [ffi.new("float[]", [SENTINEL] * n) for n in (24, 12, 3)]
-    assert lib.mt_linear_backward(outs[0], outs[1], outs[2], c_in(dc), c_in(a), c_in(wr), 6, 3, 4) == 2
+    assert lib.mt_linear_backward(outs[0], outs[1], outs[2], c_in(dc), c_in(a), c_in(wr), 6, 3, 4) == ENONFINITE
     assert "weight holds NaN or inf" in ffi.string(lib.mt_last_error()).decode()
     assert all(o[i] == SENTINEL for o, n in zip(outs, (24, 12, 3)) for i in range(n))
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 import tolerances as tol
-from _helpers import f32
+from _helpers import EINVAL, ENONFINITE, f32
 from mojo_train._native import ffi
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -206,7 +206,7 @@ def test_the_c_entry_refuses_a_bad_argument_by_name_and_writes_nothing(mode, ove
     if name == "targets[0] = 1":                       # a target out of range of a 1-class batch
         over.update(vocab=1, n_rows=2, ignore_index=5)
     rc, outs, x = _native_call(lib, **over)
-    assert rc == 1 and name in ffi.string(lib.mt_last_error()).decode()
+    assert rc == EINVAL and name in ffi.string(lib.mt_last_error()).decode()
     assert outs == {"loss_out": [7.0], "row_loss": [7.0, 7.0], "dlogits": [7.0] * 6}
 
 
@@ -215,7 +215,7 @@ def test_the_c_entry_refuses_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
     lib = mode.backend.lib
     x = ffi.new("float[6]", [0.0, 1.0, 2.0, 3.0, float("inf"), 5.0])
     rc, outs, _ = _native_call(lib, logits=x)
-    assert rc == 2 and "logits row 1" in ffi.string(lib.mt_last_error()).decode()
+    assert rc == ENONFINITE and "logits row 1" in ffi.string(lib.mt_last_error()).decode()
     assert outs["loss_out"] == [7.0]                  # dlogits/row_loss: undefined (mojo_train.h)
     assert list(x)[4] == float("inf")
 
@@ -232,7 +232,7 @@ def test_the_c_entry_with_no_ignore_index_refuses_a_target_of_int64_min(mode):
     lib = mode.backend.lib
     t = ffi.new("int64_t[2]", [1, -2 ** 63])
     rc, outs, _ = _native_call(lib, targets=t, ignore_index=-2 ** 63)
-    assert rc == 1 and "targets[1] = -9223372036854775808 is outside [0, 3) (there is no ignore index)" in \
+    assert rc == EINVAL and "targets[1] = -9223372036854775808 is outside [0, 3) (there is no ignore index)" in \
         ffi.string(lib.mt_last_error()).decode()
     assert outs == {"loss_out": [7.0], "row_loss": [7.0, 7.0], "dlogits": [7.0] * 6}
 
@@ -473,8 +473,8 @@ def run_torch(x, t, dtype, ignore_index=-100, reduction="mean", label_smoothing=
     return out
 
 
-def run_ours(mode_numeric_mode, x, t, return_grad=False, **kw):
-    got = mt.cross_entropy(x, t, numeric_mode=mode_numeric_mode, return_grad=return_grad, **kw)
+def run_ours(numeric_mode, x, t, return_grad=False, **kw):
+    got = mt.cross_entropy(x, t, numeric_mode=numeric_mode, return_grad=return_grad, **kw)
     loss, d = got if return_grad else (got, None)
     out = {"loss": np.asarray(loss, dtype=np.float64)}
     if return_grad:
@@ -515,11 +515,11 @@ def bound_used_of(got, ref, x, t, options):
     return {name: tol.bound_used(got[name], ref[name], units[name])[0] for name in ref}
 
 
-def check_against_torch(mode_numeric_mode, x, t, label, **options):
-    """Ours (mode_numeric_mode) or torch float32 (mode_numeric_mode None) against torch float64."""
+def check_against_torch(numeric_mode, x, t, label, **options):
+    """Ours (numeric_mode) or torch float32 (numeric_mode None) against torch float64."""
     torch = pytest.importorskip("torch")
     ref = run_torch(x, t, torch.float64, **options)
-    got = run_torch(x, t, torch.float32, **options) if mode_numeric_mode is None else run_ours(mode_numeric_mode, x, t, **options)
+    got = run_torch(x, t, torch.float32, **options) if numeric_mode is None else run_ours(numeric_mode, x, t, **options)
     for name, used in bound_used_of(got, ref, x, t, options).items():
         assert used <= 1.0, "%s %s: %.3g of the bound (options %r)" % (label, name, used, options)
 

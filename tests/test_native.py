@@ -22,7 +22,7 @@ import mojo_train
 from mojo_train import _native
 from mojo_train._native import ffi
 
-from _helpers import REPO, bits, f32_array, from_bits
+from _helpers import ENONFINITE, REPO, bits, f32_array, from_bits
 
 HEADER = os.path.join(REPO, "native", "include", "mojo_train.h")
 HOST_C = os.path.join(REPO, "tests", "c", "adamw_host.c")
@@ -528,7 +528,7 @@ def test_c_host_passes_its_own_checks(host_output):
 def test_c_host_refusal_reports_enonfinite_and_a_message(host_output):
     _, lines = host_output
     code, _, message = lines["REFUSED"].partition(" ")
-    assert int(code) == 2
+    assert int(code) == ENONFINITE
     assert "grads[1]" in message
 
 

@@ -29,7 +29,7 @@ import mojo_train as mt
 from mojo_train import ConstantLR, WarmupCosineLR, WarmupLinearLR
 from mojo_train._native import ffi, load
 
-from _helpers import REPO, bits, f32, from_bits
+from _helpers import EINVAL, REPO, bits, f32, from_bits
 
 mpmath = pytest.importorskip("mpmath")
 iv = mpmath.iv
@@ -581,7 +581,7 @@ def test_mt_lr_values_refuses_bad_arguments_and_writes_nothing(args, match):
     backend = load()
     out = ffi.new("float[2]", [7.0, 7.0])
     rc = backend.lib.mt_lr_values(out, *args)
-    assert rc == 1 and match in ffi.string(backend.lib.mt_last_error()).decode()
+    assert rc == EINVAL and match in ffi.string(backend.lib.mt_last_error()).decode()
     assert list(out) == [7.0, 7.0]
 
 

@@ -87,6 +87,8 @@ float mt_host_round(double x);
 /* The vendor's feature bits beyond the numeric mode's (defined by each vendor), and those of each op
  * family, defined beside the family's code (0 until it is built on that vendor). */
 uint64_t mt_vendor_features(void);
+uint64_t mt_optim_features(void);
+uint64_t mt_clip_features(void);
 uint64_t mt_loss_features(void);
 uint64_t mt_linear_features(void);
 uint64_t mt_rms_norm_features(void);

@@ -10,6 +10,8 @@
 #include "mt_host.h"
 #include "mt_pinned.h"
 
+uint64_t mt_clip_features(void) { return MT_FEATURE_CLIP; }
+
 typedef struct { float *const *table; float coef; } scale_job;
 
 MT_SIMD static void scale_run(float *restrict x, int64_t n, float coef) {

@@ -11,6 +11,8 @@
 #include "mt_host.h"
 #include "mt_pinned.h"
 
+uint64_t mt_optim_features(void) { return MT_FEATURE_OPTIM; }
+
 typedef struct {
     float *const *params, *const *grads;
     float *m, *v;

@@ -11,6 +11,8 @@
 #include <mutex>
 #include "mt_gpu_optim.cuh"
 
+uint64_t mt_clip_features(void) { return MT_FEATURE_CLIP; }
+
 /* ---- kernels ---- */
 /* One warp per chunk: partials[c] = the chunk's sum of squares (clip.md). */
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_chunk_sumsq(float *const *tab, const int32_t *offs, const int64_t *cstart, int32_t n,

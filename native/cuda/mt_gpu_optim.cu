@@ -10,6 +10,8 @@
  */
 #include "mt_gpu_optim.cuh"
 
+uint64_t mt_optim_features(void) { return MT_FEATURE_OPTIM; }
+
 #define MT_SMALL_TILES 8   /* up to 8 tiles (32K elements at 256 threads): one block, one launch */
 
 /* ---- kernels ---- */

@@ -604,7 +604,8 @@ MT_HD float mt_log1pf(float x) {
  * the chunk tree above (along a row) and the token rule below (across rows). */
 
 /* Sabotage switches of these ops (make SABOTAGE=loss|linear|rms_norm|lm_head): 1 reverses
- * an order or contracts where the contract forbids it, in that op alone. */
+ * an order or contracts where the contract forbids it; a switch in a shared step (e.g. the dot
+ * step of linear) reaches every op that uses that step (RMSNorm's dweight, the LM head). */
 #ifdef MT_SABOTAGE_LOSS
 #define MT_SAB_LOSS 1
 #else

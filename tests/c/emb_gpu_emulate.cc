@@ -10,6 +10,8 @@
 extern "C" {
 /* The other op families' feature bits, which mt_host.c's mt_features asks for. */
 uint64_t mt_vendor_features(void) { return 0; }
+uint64_t mt_optim_features(void) { return 0; }
+uint64_t mt_clip_features(void) { return 0; }
 uint64_t mt_loss_features(void) { return 0; }
 uint64_t mt_linear_features(void) { return 0; }
 uint64_t mt_rms_norm_features(void) { return 0; }
