@@ -31,7 +31,7 @@ REVIEWED = (
     ("library", r"^this numeric mode does not contract$"),
     ("library", r"^host memory is counted here; the GPU's is measured in bench/$"),
     ("library", r"^no identical library for \w+$"),
-    ("library", r"^the cpu oracle's identical numeric mode is not built( \(make\)$|: )"),
+    ("library", r"^the cpu oracle's \w+ numeric mode is not built( \(make\)$|: )"),
     ("library", r"^the C host links the CPU oracle, which is not built$"),
     ("library", r"^the example links the cpu oracle's identical library, which is not built$"),
     # reference: what the reference or the environment lacks
