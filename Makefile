@@ -77,6 +77,25 @@ $(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 	$(call cpu_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG))
 
+# ---- sanitizers (make asan): the CPU libraries with AddressSanitizer + UndefinedBehaviorSanitizer
+# Built into native/build/asan/ from the same recipe; use them with the sanitizer runtimes
+# preloaded into Python (`make asan-test` shows how). Not part of `all`.
+SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+ASAN_LIBS := $(foreach m,$(NUMERIC_MODES),$(BUILD)/asan/libmojo_train_cpu_$(m).$(SO))
+ASAN_PRELOAD = $(shell $(CC) -print-file-name=libasan.so):$(shell $(CC) -print-file-name=libubsan.so)
+ASAN_TESTS ?= tests
+
+$(BUILD)/asan/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
+	$(call cpu_lib,$(MODE_FLAGS_$*) $(SANITIZE_FLAGS))
+
+asan: $(call with_manifests,$(ASAN_LIBS))
+
+asan-test: asan
+	LD_PRELOAD=$(ASAN_PRELOAD) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	MOJO_TRAIN_LIBRARY_PATH=$(BUILD)/asan MOJO_TRAIN_VENDOR=cpu $(PYTHON) -m pytest -q -p no:cacheprovider $(ASAN_TESTS)
+
+.PHONY: asan asan-test
+
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------
 NVCC ?= nvcc
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90

@@ -45,6 +45,8 @@ REVIEWED = (
     ("reference", r"^make or cc is missing: cannot build the sabotage library$"),
     ("reference", r"^no make on PATH: the example target cannot run$"),
     ("reference", r"^no sha256sum here$"),
+    ("reference", r"^the sanitizer build is not made here \(make asan\)$"),
+    ("reference", r"^no C compiler to find the sanitizer runtimes$"),
     ("reference", r"^a GPU runtime initialised in the parent cannot be used in a forked child"),
     ("reference", r"^the compiler does not take -march=native$"),
     ("reference", r"^this CPU cannot flush denormals$"),
