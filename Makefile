@@ -90,9 +90,12 @@ $(BUILD)/asan/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
 
 asan: $(call with_manifests,$(ASAN_LIBS))
 
+# The preload reaches every child process; nvcc itself crashes under it, so the one test that runs
+# nvcc is left out (it checks nvcc's bits against the host compiler's, not the library).
 asan-test: asan
 	LD_PRELOAD=$(ASAN_PRELOAD) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-	MOJO_TRAIN_LIBRARY_PATH=$(BUILD)/asan MOJO_TRAIN_VENDOR=cpu $(PYTHON) -m pytest -q -p no:cacheprovider $(ASAN_TESTS)
+	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/asan MOJO_TRAIN_VENDOR=cpu $(PYTHON) -m pytest -q -p no:cacheprovider \
+	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match $(ASAN_TESTS)
 
 .PHONY: asan asan-test
 
