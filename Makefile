@@ -97,7 +97,29 @@ asan-test: asan
 	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/asan MOJO_TRAIN_VENDOR=cpu $(PYTHON) -m pytest -q -p no:cacheprovider \
 	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match $(ASAN_TESTS)
 
-.PHONY: asan asan-test
+# ThreadSanitizer over the tests that run the thread pool or call from several threads. Left
+# out: the fork test (TSan cannot follow fork), the nvcc test, and the C host's threads test
+# (that host program is not built with TSan and loses its output under the preload). Not part
+# of `all`.
+TSAN_LIBS := $(foreach m,$(NUMERIC_MODES),$(BUILD)/tsan/libmojo_train_cpu_$(m).$(SO))
+TSAN_TESTS ?= tests -k "thread or concurren"
+# The interpreter itself, not a wrapper script (a shell wrapper such as pyenv's shim crashes
+# with the TSan runtime preloaded).
+PYTHON_EXE = $(shell $(PYTHON) -c "import sys; print(sys.executable)")
+
+$(BUILD)/tsan/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
+	$(call cpu_lib,$(MODE_FLAGS_$*) -O1 -g -fsanitize=thread)
+
+tsan: $(call with_manifests,$(TSAN_LIBS))
+
+tsan-test: tsan
+	LD_PRELOAD=$(shell $(CC) -print-file-name=libtsan.so) TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/tsan MOJO_TRAIN_VENDOR=cpu $(PYTHON_EXE) -m pytest -q -p no:cacheprovider \
+	--deselect tests/test_fp_environment.py::test_a_forked_child_can_step_after_the_parent_used_the_thread_pool \
+	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match \
+	--deselect tests/test_native.py::test_c_host_threads_reproduce_the_serial_bits $(TSAN_TESTS)
+
+.PHONY: asan asan-test tsan tsan-test
 
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------
 NVCC ?= nvcc
