@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from _helpers import python_path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "(run by tests/test_readme.py)"
 
@@ -28,7 +30,7 @@ def examples():
 def run_example(code, tmp_path):
     script = tmp_path / "example.py"
     script.write_text(code)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=python_path(ROOT))
     p = subprocess.run([sys.executable, str(script)], cwd=str(tmp_path), env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
