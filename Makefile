@@ -99,7 +99,8 @@ asan-test: asan
 
 # ThreadSanitizer over the tests that run the thread pool or call from several threads. Left
 # out: the fork test (TSan cannot follow fork), the nvcc test, and the C host's threads test
-# (that host program is not built with TSan and loses its output under the preload). Not part
+# (that host program is not built with TSan and loses its output under the preload), and
+# tests/test_sanitizers.py (its liveness checks start their own sanitized children). Not part
 # of `all`.
 TSAN_LIBS := $(foreach m,$(NUMERIC_MODES),$(BUILD)/tsan/libmojo_train_cpu_$(m).$(SO))
 TSAN_TESTS ?= tests -k "thread or concurren"
@@ -117,7 +118,7 @@ tsan-test: tsan
 	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/tsan MOJO_TRAIN_VENDOR=cpu $(PYTHON_EXE) -m pytest -q -p no:cacheprovider \
 	--deselect tests/test_fp_environment.py::test_a_forked_child_can_step_after_the_parent_used_the_thread_pool \
 	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match \
-	--deselect tests/test_native.py::test_c_host_threads_reproduce_the_serial_bits $(TSAN_TESTS)
+	--deselect tests/test_native.py::test_c_host_threads_reproduce_the_serial_bits --ignore=tests/test_sanitizers.py $(TSAN_TESTS)
 
 .PHONY: asan asan-test tsan tsan-test
 
@@ -229,3 +230,42 @@ example: $(BUILD)/train_xor
 	cd "$${TMPDIR:-/tmp}" && $(abspath $(BUILD))/train_xor
 
 .PHONY: example
+
+# ---- portability (make portability): the CPU oracle's cards from other compilers and CPUs -----
+# Every card, identical numeric mode, from three more builds of the very same sources: clang on
+# this host, and gcc and clang for aarch64; the aarch64 libraries are run by Python for aarch64
+# under qemu-aarch64 (user mode), with Debian's interpreter fetched into $(AARCH64_PY) by
+# tests/cross/aarch64_python.sh. The one card reader (python -m mojo_train selfcheck) checks each
+# build; any differing line fails the target. Needs clang, gcc-aarch64-linux-gnu and qemu-user
+# (Debian's packages; .ci/run installs them). Not part of `all`: about a minute and a half here.
+CLANG ?= clang
+AARCH64_GCC ?= aarch64-linux-gnu-gcc
+AARCH64_CLANG ?= $(CLANG) --target=aarch64-linux-gnu
+AARCH64_PY ?= $(BUILD)/aarch64-python
+PORTABLE_BUILDS := clang aarch64-gcc aarch64-clang
+# $(call run_cards,<build folder>,<python command>): every card against that folder's libraries.
+# It first makes sure that the library loaded is that build's (the loader would fall back to another).
+run_cards = export MOJO_TRAIN_VENDOR=cpu MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/$(1) PYTHONPATH=$(CURDIR) && \
+	$(2) -c "import mojo_train, platform, sys; p = mojo_train.backend_info()['path']; \
+	print('cards against', p, 'on', platform.machine()); \
+	sys.exit(None if p.startswith('$(abspath $(BUILD))/$(1)/') else 'that is not the $(1) build')" && \
+	$(2) -m mojo_train selfcheck
+
+portability:
+	$(MAKE) --no-print-directory CC="$(CLANG)" BUILD=$(BUILD)/clang
+	$(MAKE) --no-print-directory CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
+	$(MAKE) --no-print-directory CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang
+	sh tests/cross/aarch64_python.sh $(AARCH64_PY)
+	$(call run_cards,clang,$(PYTHON))
+	$(call run_cards,aarch64-gcc,qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11)
+	$(call run_cards,aarch64-clang,qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11)
+
+.PHONY: portability
+
+# ---- GPU sanitizers (make sanitize-cuda): compute-sanitizer's memcheck, racecheck, initcheck and
+# synccheck over every card on host and device buffers, each tool first shown live on a planted
+# defect (bench/sanitizer_canaries.cu). Needs a GPU; record: bench/results/sanitize-cuda.md.
+sanitize-cuda:
+	$(PYTHON) bench/sanitize_cuda.py
+
+.PHONY: sanitize-cuda

@@ -38,7 +38,7 @@ REVIEWED = (
     ("reference", r"^could not import '(torch|numpy|mpmath|tolerances|expecttest)'"),
     ("reference", r"^torch \S+ has no F\.\w+ \(added in [\d.]+\)$"),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
-    ("reference", r"^(nvcc|hipcc|nm) is not installed"),
+    ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^\S+ is not built \(make hip\)$"),   # hipcc here, `make hip` not run (.ci/run runs it)
     ("reference", r"^nvcc compiled the kernel but cannot link a host program here"),
     ("reference", r"^no C(/C\+\+)? compiler"),

@@ -9,6 +9,12 @@
 #ifndef MT_PINNED_H
 #define MT_PINNED_H
 
+/* Byte order: the cards, saved states, Philox counters and the Python layer read every buffer as
+ * little-endian bytes, so a big-endian host is refused here rather than left to give other bits. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_BIG_ENDIAN__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#error "mojo_train: big-endian hosts are not supported (cards, saved states and the Python layer read little-endian bytes); build on a little-endian host"
+#endif
+
 #include <stdint.h>
 #include <math.h>
 

@@ -1,0 +1,123 @@
+"""`make sanitize-cuda`: compute-sanitizer's four tools over every card, on a GPU machine.
+
+For each tool (memcheck, racecheck, initcheck, synccheck) it first runs a planted defect
+(bench/sanitizer_canaries.cu) and requires the tool to report it, and the same kernels without
+the defect to be clean -- so a zero below means the tool looked. Then it runs
+``python -m mojo_train selfcheck --card <card>`` under the tool for every card with
+MOJO_TRAIN_VENDOR=cuda: each card's cases on host buffers and on device buffers, the CUDA
+identical library. The tool x card runs go in parallel (the sanitizers are bound by the host CPU).
+Every run must end with compute-sanitizer's ``ERROR SUMMARY: 0 errors`` and the card passing.
+The record (GPU, commit, per tool x card: errors and seconds) is appended to
+bench/results/sanitize-cuda.md (and copied to $OUT when set).
+
+    python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N]
+"""
+import argparse
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from check_cuda import ROOT, commit, gpu_name  # noqa: E402  (one record header for the GPU records)
+
+TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
+CARDS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "fixtures")) if f.endswith(".card")))
+# Options per tool: memcheck also reports leaks of device memory and the padding it would miss.
+TOOL_OPTIONS = {"memcheck": ["--leak-check", "full"], "racecheck": ["--racecheck-report", "all"],
+                "initcheck": [], "synccheck": []}
+CANARY = os.path.join(ROOT, "native", "build", "sanitizer_canaries")
+SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+
+
+def sanitized(tool, cmd, timeout):
+    """(errors reported or None when no summary came, seconds, exit status, output) of ``cmd``
+    under compute-sanitizer's ``tool``."""
+    full = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"] + TOOL_OPTIONS[tool] + cmd
+    t0 = time.time()
+    try:
+        p = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, MOJO_TRAIN_VENDOR="cuda", PYTHONUNBUFFERED="1"))
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) \
+            + "\n[timed out after %d s]" % timeout, 124
+    found = SUMMARY.findall(out)
+    return (int(found[-1]) if found else None), time.time() - t0, rc, out
+
+
+def build(canary_only=False):
+    """The CUDA identical library (make) and the canary program (nvcc)."""
+    os.makedirs(os.path.dirname(CANARY), exist_ok=True)
+    steps = [["nvcc", "-O1", "-gencode", "arch=compute_90,code=sm_90", "-o", CANARY, "bench/sanitizer_canaries.cu"]]
+    if not canary_only:
+        steps.append(["make", "--no-print-directory", "native/build/libmojo_train_cuda_identical.so"])
+    with concurrent.futures.ThreadPoolExecutor(len(steps)) as pool:
+        done = list(pool.map(lambda c: subprocess.run(c, cwd=ROOT, capture_output=True, text=True), steps))
+    for cmd, p in zip(steps, done):
+        if p.returncode:
+            sys.exit("build failed: %s\n%s" % (" ".join(cmd), (p.stdout + p.stderr)[-3000:]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--cards", default=",".join(CARDS))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--timeout", type=int, default=540, help="seconds per sanitized run")
+    ap.add_argument("--no-build", action="store_true", help="use the libraries and canary already built")
+    args = ap.parse_args()
+    tools = [t for t in args.tools.split(",") if t]
+    cards = [c for c in args.cards.split(",") if c]
+    unknown = sorted(set(tools) - set(TOOLS)) + sorted(set(cards) - set(CARDS))
+    if unknown:
+        ap.error("unknown tool(s) or card(s): %s" % ", ".join(unknown))
+    if not shutil.which("compute-sanitizer"):
+        sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
+    t_start = time.time()
+    if not args.no_build:
+        build()
+    jobs = [("canary", t, [CANARY, t]) for t in tools] + [("canary clean", t, [CANARY, "clean"]) for t in tools]
+    jobs += [(c, t, [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c]) for t in tools for c in cards]
+    # The slowest cards first, so that the pool ends together.
+    jobs.sort(key=lambda j: (not j[0].startswith("canary"), j[0] not in ("lm_head", "loss", "linear")))
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(lambda j: (j[0], j[1]) + sanitized(j[1], j[2], args.timeout), jobs))
+    rows, ok = [], True
+    for what, tool, errors, seconds, rc, out in results:
+        if what == "canary":          # the planted defect must be reported
+            good = errors is not None and errors > 0
+        elif what == "canary clean":
+            good = errors == 0 and rc == 0
+        else:                         # a card: no finding, every case passed, no FAIL line
+            good = errors == 0 and rc == 0 and "FAIL " not in out
+        ok &= good
+        rows.append((tool, what, errors, seconds, good, out))
+        print("%-9s %-13s errors=%-5s %6.0f s %s" % (tool, what, errors, seconds, "ok" if good else "FAILED"), flush=True)
+        if not good:
+            print("\n".join(out.strip().splitlines()[-40:]) + "\n", flush=True)
+    table = ["| tool | run | errors reported | seconds | outcome |", "| --- | --- | --- | --- | --- |"]
+    table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else "FAILED")
+              for t, w, e, s, g, _ in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
+    record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
+              "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
+              "errors (the tool is live); a clean canary and every card must report 0."
+              % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),
+                 len(jobs), args.jobs, time.time() - t_start), ""] + table
+    path = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
+    if not os.path.exists(path):
+        record = ["# compute-sanitizer over the cards (make sanitize-cuda)", "",
+                  "Appended by bench/sanitize_cuda.py, one section per run."] + record
+    with open(path, "a") as f:
+        f.write("\n".join(record) + "\n")
+    if os.environ.get("OUT"):
+        shutil.copy(path, os.environ["OUT"])
+    print("\n".join(table))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
