@@ -14,11 +14,13 @@ bench/results/sanitize-cuda.md (and copied to $OUT when set).
 """
 import argparse
 import concurrent.futures
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,17 +28,23 @@ from check_cuda import ROOT, commit, gpu_name  # noqa: E402  (one record header 
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 CARDS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "fixtures")) if f.endswith(".card")))
-# Options per tool: memcheck also reports leaks of device memory and the padding it would miss.
-TOOL_OPTIONS = {"memcheck": ["--leak-check", "full"], "racecheck": ["--racecheck-report", "all"],
+# Options per tool: memcheck pads every allocation (a run past the end cannot land in the next one)
+# and reports device memory still allocated at exit; racecheck reports hazards and analysis.
+TOOL_OPTIONS = {"memcheck": ["--leak-check", "full", "--padding", "64"], "racecheck": ["--racecheck-report", "all"],
                 "initcheck": [], "synccheck": []}
 CANARY = os.path.join(ROOT, "native", "build", "sanitizer_canaries")
-SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+# The count of findings each tool prints last (racecheck its own summary: errors and warnings).
+SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 
 
 def sanitized(tool, cmd, timeout):
     """(errors reported or None when no summary came, seconds, exit status, output) of ``cmd``
     under compute-sanitizer's ``tool``."""
-    full = ["compute-sanitizer", "--tool", tool, "--print-limit", "20"] + TOOL_OPTIONS[tool] + cmd
+    # Device backtraces only: a host backtrace captures the Python stack at every allocation and
+    # launch, and keeps those frames -- with every array they hold -- alive until exit, so each
+    # DeviceArray would read as a leak (and the cards with thousands of tensors crawl).
+    full = ["compute-sanitizer", "--tool", tool, "--print-limit", "20", "--show-backtrace", "device"] \
+        + TOOL_OPTIONS[tool] + cmd
     t0 = time.time()
     try:
         p = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -46,7 +54,7 @@ def sanitized(tool, cmd, timeout):
         out, rc = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) \
             + "\n[timed out after %d s]" % timeout, 124
     found = SUMMARY.findall(out)
-    return (int(found[-1]) if found else None), time.time() - t0, rc, out
+    return (sum(int(x or 0) for x in found[-1]) if found else None), time.time() - t0, rc, out
 
 
 def build(canary_only=False):
@@ -113,8 +121,14 @@ def main():
                   "Appended by bench/sanitize_cuda.py, one section per run."] + record
     with open(path, "a") as f:
         f.write("\n".join(record) + "\n")
-    if os.environ.get("OUT"):
+    if os.environ.get("OUT"):          # the record, and every run's output in one archive
         shutil.copy(path, os.environ["OUT"])
+        with tarfile.open(os.path.join(os.environ["OUT"], "sanitize_cuda_logs.tar.gz"), "w:gz") as tar:
+            for tool, what, _, _, _, out in rows:
+                data = out.encode()
+                info = tarfile.TarInfo("logs/%s-%s.log" % (tool, what.replace(" ", "_")))
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
     print("\n".join(table))
     sys.exit(0 if ok else 1)
 
