@@ -18,6 +18,7 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -33,26 +34,33 @@ CARDS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(ROOT, "f
 TOOL_OPTIONS = {"memcheck": ["--leak-check", "full", "--padding", "64"], "racecheck": ["--racecheck-report", "all"],
                 "initcheck": [], "synccheck": []}
 CANARY = os.path.join(ROOT, "native", "build", "sanitizer_canaries")
+# The cards that take minutes under a sanitizer are split into shards (selfcheck --shard K/N) that
+# run side by side; a first full run at 017eeb6 (host backtraces on) took 4-8 minutes for these.
+SHARDS = {"clip": 8, "lm_head": 6, "accumulate": 4, "optim": 4, "linear": 2, "loss": 2}
 # The count of findings each tool prints last (racecheck its own summary: errors and warnings).
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 
 
 def sanitized(tool, cmd, timeout):
     """(errors reported or None when no summary came, seconds, exit status, output) of ``cmd``
-    under compute-sanitizer's ``tool``."""
+    under compute-sanitizer's ``tool``; a run still going after ``timeout`` seconds is killed."""
     # Device backtraces only: a host backtrace captures the Python stack at every allocation and
     # launch, and keeps those frames -- with every array they hold -- alive until exit, so each
     # DeviceArray would read as a leak (and the cards with thousands of tensors crawl).
     full = ["compute-sanitizer", "--tool", tool, "--print-limit", "20", "--show-backtrace", "device"] \
         + TOOL_OPTIONS[tool] + cmd
     t0 = time.time()
+    if timeout <= 0:
+        return None, 0.0, None, "[not started: the deadline had passed]"
+    p = subprocess.Popen(full, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, MOJO_TRAIN_VENDOR="cuda", PYTHONUNBUFFERED="1"), start_new_session=True)
     try:
-        p = subprocess.run(full, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, MOJO_TRAIN_VENDOR="cuda", PYTHONUNBUFFERED="1"))
-        out, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        out, rc = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) \
-            + "\n[timed out after %d s]" % timeout, 124
+        out, _ = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        out, rc = (out or "") + "\n[killed after %.0f s]" % timeout, 124
     found = SUMMARY.findall(out)
     return (sum(int(x or 0) for x in found[-1]) if found else None), time.time() - t0, rc, out
 
@@ -76,6 +84,9 @@ def main():
     ap.add_argument("--cards", default=",".join(CARDS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     ap.add_argument("--timeout", type=int, default=540, help="seconds per sanitized run")
+    ap.add_argument("--deadline", type=int, default=560,
+                    help="seconds for the whole command: runs still going then are killed and recorded "
+                         "as unfinished, so the record is written inside one 10-minute GPU call")
     ap.add_argument("--no-build", action="store_true", help="use the libraries and canary already built")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
@@ -89,11 +100,23 @@ def main():
     if not args.no_build:
         build()
     jobs = [("canary", t, [CANARY, t]) for t in tools] + [("canary clean", t, [CANARY, "clean"]) for t in tools]
-    jobs += [(c, t, [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c]) for t in tools for c in cards]
-    # The slowest cards first, so that the pool ends together.
-    jobs.sort(key=lambda j: (not j[0].startswith("canary"), j[0] not in ("lm_head", "loss", "linear")))
+    for t in tools:
+        for c in cards:
+            n = SHARDS.get(c, 1)
+            jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
+                      [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)])
+                     for k in range(n)]
+    # The canaries first (is each tool live?), then the shards of the slow cards, then the rest.
+    jobs.sort(key=lambda j: (not j[0].startswith("canary"), j[0].split()[0] not in SHARDS))
+    deadline = t_start + args.deadline
+    results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        results = list(pool.map(lambda j: (j[0], j[1]) + sanitized(j[1], j[2], args.timeout), jobs))
+        futures = [pool.submit(lambda j: (j[0], j[1]) + sanitized(j[1], j[2], min(args.timeout, deadline - time.time())), j)
+                   for j in jobs]
+        for f in concurrent.futures.as_completed(futures):   # each line as it ends
+            what, tool, errors, seconds, rc, out = f.result()
+            results.append(f.result())
+            print("%-9s %-16s errors=%-5s %5.0f s rc=%s" % (tool, what, errors, seconds, rc), flush=True)
     rows, ok = [], True
     for what, tool, errors, seconds, rc, out in results:
         if what == "canary":          # the planted defect must be reported
@@ -104,12 +127,12 @@ def main():
             good = errors == 0 and rc == 0 and "FAIL " not in out
         ok &= good
         rows.append((tool, what, errors, seconds, good, out))
-        print("%-9s %-13s errors=%-5s %6.0f s %s" % (tool, what, errors, seconds, "ok" if good else "FAILED"), flush=True)
         if not good:
-            print("\n".join(out.strip().splitlines()[-40:]) + "\n", flush=True)
+            print("FAILED %s %s:\n%s\n" % (tool, what, "\n".join(out.strip().splitlines()[-30:])), flush=True)
     table = ["| tool | run | errors reported | seconds | outcome |", "| --- | --- | --- | --- | --- |"]
-    table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else "FAILED")
-              for t, w, e, s, g, _ in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
+    table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else
+                                                 ("not finished" if "[killed" in o or "[not started" in o else "FAILED"))
+              for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
     record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
               "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
               "errors (the tool is live); a clean canary and every card must report 0."

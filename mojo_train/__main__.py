@@ -1,7 +1,8 @@
 """``python -m mojo_train <command>``: the cross-vendor self-check and backend information.
 
-    selfcheck [--write] [--card NAME]
-                         check every fixtures/*.card (or one) on every loadable vendor's
+    selfcheck [--write] [--card NAME] [--shard K/N]
+                         check every fixtures/*.card (or one; or every N-th line from the K-th,
+                         counting from 0, so that N runs split a card) on every loadable vendor's
                          identical numeric mode -- only MOJO_TRAIN_VENDOR's when it names one -- and
                          exit 1 on any mismatch; --write first appends the cases defined in
                          code but missing from the cards, computed on the CPU oracle
@@ -102,7 +103,19 @@ def _check_card_name(card):
         raise _Mistake("--card %r names no card; the cards are: %s" % (card, ", ".join(known)))
 
 
-def selfcheck(write=False, card=None):
+def _shard(text):
+    """--shard K/N as (k, n): 0 <= k < n."""
+    k, sep, n = (text or "").partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        k = n = None
+    if not sep or n is None or not 0 <= k < n:
+        raise argparse.ArgumentTypeError("%r is not K/N with 0 <= K < N (e.g. 0/4)" % text)
+    return k, n
+
+
+def selfcheck(write=False, card=None, shard=(0, 1)):
     _check_card_name(card)
     paths = _write(_cards.card_paths()) if write else _cards.card_paths()
     if card is not None:
@@ -118,7 +131,7 @@ def selfcheck(write=False, card=None):
     for path in paths:
         for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v)]:
             start = time.perf_counter()
-            results = _cards.check_card(path, vendor, device)
+            results = _cards.check_card(path, vendor, device, shard)
             seconds = time.perf_counter() - start
             passed = sum(r.ok for r in results)
             where = vendor + (" (device buffers)" if device else "")
@@ -174,6 +187,8 @@ def _parser():
     check = sub.add_parser("selfcheck", help="check every card on every loadable identical vendor")
     check.add_argument("--write", action="store_true", help="first append missing cases (cpu oracle)")
     check.add_argument("--card", help="check this card only (e.g. optim)")
+    check.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                       help="only every N-th case line from the K-th (0-based): N runs split the cards")
     i = sub.add_parser("info", help="print backend_info()")
     i.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
     i.add_argument("--numeric-mode", choices=_native.NUMERIC_MODES, default=None)
@@ -190,7 +205,7 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     try:
         if args.command == "selfcheck":
-            return selfcheck(args.write, args.card)
+            return selfcheck(args.write, args.card, args.shard)
         if args.command == "demo":
             return demo(args.vendor, args.steps, args.svg, args.print_every)
         return info(args.vendor, args.numeric_mode)

@@ -47,6 +47,9 @@ MISTAKES = [    # (arguments, environment, what the error line must name)
     (["demo", "--svg", "{tmp}"], {}, "is a folder"),
     (["info", "--numeric-mode", "exact"], {}, "--numeric-mode"),
     (["selfcheck", "--card", "nosuch"], {}, "--card 'nosuch'"),
+    (["selfcheck", "--shard", "4/4"], {}, "--shard"),
+    (["selfcheck", "--shard", "1"], {}, "--shard"),
+    (["selfcheck", "--shard", "-1/2"], {}, "--shard"),
     (["frobnicate"], {}, "frobnicate"),
     ([], {}, "command"),
 ]
@@ -65,6 +68,18 @@ def test_a_command_line_mistake_is_one_line_on_stderr_with_exit_status_2(tmp_pat
     run = _cli(*[a.format(tmp=tmp_path) for a in args], **env)
     _assert_one_line_error(run, names)
     assert sorted(os.listdir(tmp_path)) == []            # nothing written
+
+
+def test_the_shards_of_a_card_check_every_line_once():
+    """--shard K/N for K = 0..N-1 together check what the whole card checks, each line once."""
+    def counted(*extra):
+        run = _cli("selfcheck", "--card", "schedule", *extra, MOJO_TRAIN_VENDOR="cpu")
+        assert run.returncode == 0, run.stdout + run.stderr
+        row = next(l for l in run.stdout.splitlines() if l.startswith("schedule"))
+        return int(row.split()[2].split("/")[0])
+    whole = counted()
+    assert whole > 3
+    assert [counted("--shard", "%d/3" % k) for k in range(3)] == [len(range(k, whole, 3)) for k in range(3)]
 
 
 @pytest.mark.parametrize("command", ["demo", "info"])
