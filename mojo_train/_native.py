@@ -12,9 +12,11 @@ the process (a truncated ``.so`` otherwise dies of SIGBUS inside dlopen):
 
 * ELF (Linux): the header must be a 64-bit shared object of this host's byte order and machine,
   and its program headers, its section headers and every section and loaded segment must lie
-  within the file. Mach-O (macOS) is not parsed here: dyld itself refuses a file whose segments
-  extend past its end, and dlopen's failure is reported like any other.
-* Digest: ``make`` writes ``<library>.sha256`` (``sha256sum -c`` format) beside every library it
+  within the file. A library of another machine, class or byte order is refused as that, naming
+  its machine and this host's, not as damage. Mach-O (macOS) is not parsed here: dyld itself
+  refuses a file whose segments extend past its end, and dlopen's failure is reported like any other.
+* Digest (checked first, so that a damaged header is never reported as a foreign library):
+  ``make`` writes ``<library>.sha256`` (``sha256sum -c`` format) beside every library it
   builds, before moving the library into place, and ``pip install`` copies it into ``lib/``. A
   library whose manifest does not match is refused. A library in the package's ``lib/`` or in
   ``native/build/`` without a manifest is refused too (our builds always write one). A library
@@ -180,34 +182,62 @@ def _search_dirs():
 # ---- the library file, before dlopen --------------------------------------------------------------
 
 # ELF e_machine of the hosts we know (os.uname().machine); another host skips the machine check.
-_ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21, "riscv64": 243}
+_ELF_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "ppc64le": 21, "ppc64": 21,
+                 "s390x": 22, "riscv64": 243, "loongarch64": 258}
+# what a refusal calls an e_machine (the number alone for any other)
+_ELF_MACHINE_NAMES = {3: "32-bit x86", 40: "32-bit arm", 62: "x86-64", 183: "aarch64", 21: "ppc64",
+                      22: "s390x", 243: "riscv", 258: "loongarch"}
+_ELF_TYPES = {1: "a relocatable object (.o)", 2: "an executable", 4: "a core dump"}
 _ELF_HEADER, _ELF_PHDR, _ELF_SHDR = 64, 56, 64
 _PT_LOAD, _PT_DYNAMIC, _SHT_NOBITS, _ET_DYN = 1, 2, 8, 3
+_DAMAGED = "is damaged or truncated: "
+_REBUILD_HERE = "; it must be rebuilt on this machine"
+
+
+def _machine_name(number):
+    name = _ELF_MACHINE_NAMES.get(number)
+    return "ELF machine %d" % number if name is None else "%s (ELF machine %d)" % (name, number)
 
 
 def _elf_problem(f, size):
     """Why the open file ``f`` of ``size`` bytes is not a whole ELF shared library for this
-    host, or None: header, program and section header tables, segments and sections must all
-    lie within the file (dlopen maps them unchecked, and touching a page past the end is SIGBUS)."""
+    host, as "<is/was> ...", or None: a library of another machine, class, byte order or type
+    says so; otherwise header, program and section header tables, segments and sections must
+    all lie within the file (dlopen maps them unchecked, and touching a page past the end is
+    SIGBUS), and anything else is damage."""
     head = f.read(_ELF_HEADER)
-    if len(head) < _ELF_HEADER or head[:4] != b"\x7fELF":
-        return "not an ELF file (%d bytes)" % size
-    if head[4] != 2:
-        return "not a 64-bit ELF file (class %d)" % head[4]
-    if head[5] != (1 if sys.byteorder == "little" else 2):
-        return "ELF data encoding %d is not this host's byte order" % head[5]
+    if head[:4] != b"\x7fELF":
+        if b"\x7fELF".startswith(head):
+            return _DAMAGED + "%d bytes, less than an ELF header" % size
+        return "is not an ELF file (it begins %r; %d bytes): it is damaged, truncated or not a library" % (
+            head[:8], size)
+    if len(head) < _ELF_HEADER:
+        return _DAMAGED + "%d bytes, less than an ELF header (%d)" % (size, _ELF_HEADER)
+    if head[4] not in (1, 2) or head[5] not in (1, 2):
+        return _DAMAGED + "ELF class %d, data encoding %d (1 or 2 each)" % (head[4], head[5])
     e = "<" if head[5] == 1 else ">"
-    (e_type, machine, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize,
-     shnum, _) = struct.unpack_from(e + "HHIQQQIHHHHHH", head, 16)
-    want = _ELF_MACHINES.get(os.uname().machine.lower())
-    if e_type != _ET_DYN:
-        return "ELF type %d is not a shared object" % e_type
+    e_type, machine = struct.unpack_from(e + "HH", head, 16)     # at the same place in both classes
+    host = os.uname().machine
+    want = _ELF_MACHINES.get(host.lower())
     if want is not None and machine != want:
-        return "built for ELF machine %d, but this %s host is %d" % (machine, os.uname().machine, want)
+        foreign = machine in _ELF_MACHINE_NAMES
+        return "was built for %s, but this host is %s (ELF machine %d)%s%s" % (
+            _machine_name(machine), host, want, "" if foreign else ", or is damaged", _REBUILD_HERE)
+    if head[4] != 2:
+        return "is a 32-bit library (ELF class 1), but this host loads 64-bit ones" + _REBUILD_HERE
+    if head[5] != (1 if sys.byteorder == "little" else 2):
+        return "is a %s-endian library, but this host is %s-endian%s" % (
+            "big" if head[5] == 2 else "little", sys.byteorder, _REBUILD_HERE)
+    if e_type != _ET_DYN:
+        if e_type in _ELF_TYPES:
+            return "is %s (ELF type %d), not a shared library" % (_ELF_TYPES[e_type], e_type)
+        return _DAMAGED + "ELF type %d is not a shared object" % e_type
+    (phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = struct.unpack_from(e + "QQIHHHHHH", head, 32)
     if phentsize != _ELF_PHDR or phnum == 0 or (shnum and shentsize != _ELF_SHDR):
-        return "ELF header tables have unexpected entry sizes"
-    return (_elf_table_problem(f, size, e, "segment", phoff, phnum)
-            or _elf_table_problem(f, size, e, "section", shoff, shnum))
+        return _DAMAGED + "ELF header tables have unexpected entry sizes"
+    problem = (_elf_table_problem(f, size, e, "segment", phoff, phnum)
+               or _elf_table_problem(f, size, e, "section", shoff, shnum))
+    return problem and _DAMAGED + problem
 
 
 # item: (table, entry size, entry layout, indices of type / file offset / file size, checked?)
@@ -268,13 +298,12 @@ def _digest_problem(path, ours):
 def _file_problem(path, ours):
     """(why ``path`` must not be dlopened, as "<is/has> ...", or None; a note for backend_info)."""
     try:
-        if _SUFFIX == ".so":
+        problem, note = _digest_problem(path, ours)    # first: a file unlike its manifest is damaged,
+        if problem is None and _SUFFIX == ".so":        # whatever machine its damaged header names
             size = os.path.getsize(path)
             with open(path, "rb") as f:
                 problem = _elf_problem(f, size)
-            if problem:
-                return "is damaged or truncated: " + problem, ""
-        return _digest_problem(path, ours)
+        return problem, note
     except OSError as e:            # unreadable (permissions, a folder of that name, ...)
         return "cannot be read: %s" % (e.strerror or e), ""
 

@@ -47,6 +47,15 @@ class NpzError(ValueError):
         self.text, self.where = text, where
 
 
+def file_name(path, where):
+    """``path`` as ``os.fspath`` gives it; anything else (a file object, None) is a TypeError."""
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(where_msg(where, "path must be a file name (str, bytes or os.PathLike), got %s "
+                                         "(for a file object, pass its name)" % type(path).__name__)) from None
+
+
 # ---- writing ---------------------------------------------------------------------------------
 def _npy_header(descr, shape):
     text = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, tuple(shape))
@@ -75,7 +84,7 @@ def _member(value, name):
 
 def write(path, arrays):
     """Write ``arrays`` ({name: buffer or str}, names without '/') to ``path`` as .npz."""
-    path = os.fspath(path)
+    path = file_name(path, "npz.write")
     members = []
     for name, value in arrays.items():
         if not isinstance(name, str) or not name or "/" in name:
@@ -205,7 +214,7 @@ def _read_member(zf, info, path, file_bytes):
 def read(path):
     """{name: Array or str} of the .npz at ``path``; NpzError (a ValueError) when damaged or
     malformed. A file that cannot be opened keeps open's OSError (FileNotFoundError...)."""
-    path = os.fspath(path)
+    path = file_name(path, "npz.read")
     out = {}
     with open(path, "rb") as fp:
         try:

@@ -383,6 +383,7 @@ class Embedding:
 
     def save(self, path):
         """Write the table and settings to ``path`` as an ``.npz`` (numpy.load reads it)."""
+        path = _npz.file_name(path, "Embedding.save")
         table = self._weight.to_host() if isinstance(self._weight, DeviceArray) else self._weight
         meta = [self.num_embeddings, self.embedding_dim, -1 if self.padding_idx is None else self.padding_idx,
                 int(self.freeze)]
@@ -400,6 +401,7 @@ class Embedding:
         file cannot hold is refused before anything is allocated); a missing file is
         FileNotFoundError, as ``open`` raises it.
         """
+        path = _npz.file_name(path, "Embedding.load")
         try:
             return cls._from_arrays(_npz.read(path), path)
         except _npz.NpzError as exc:

@@ -276,9 +276,9 @@ class _Optimizer:
         Every key of the format is required and no other is taken: ``kind`` (this class's
         name), ``n_total`` (this optimizer's), ``t`` (an int >= 0, not a bool), ``lr``,
         ``lr_schedule`` (None, or a schedule config agreeing with this optimizer's schedule),
-        ``accumulation_steps`` (this optimizer's) and the state arrays: C-contiguous float32
-        (``buf_initialized``: int32) buffers of the right size, never cast (a list of floats is
-        refused), finite, with ``exp_avg_sq >= 0`` and every ``buf_initialized`` flag 0 or 1;
+        ``accumulation_steps`` (this optimizer's) and the state arrays: flat C-contiguous float32
+        (``buf_initialized``: int32) buffers of the right length, never cast or reshaped (a list
+        of floats is refused), finite, with ``exp_avg_sq >= 0`` and every ``buf_initialized`` flag 0 or 1;
         ``exp_avg`` is None exactly where this optimizer keeps none (SGD with momentum=0).
 
         The step count agrees with the state: moments exist only after a step, so at ``t == 0``
@@ -312,13 +312,13 @@ class _Optimizer:
             raise TypeError(where_msg(where, "state must be a dict, got %s" % type(state).__name__))
         kind = state.get("kind", self._WHERE)
         if not isinstance(kind, str) or kind != self._WHERE:
-            raise ValueError(where_msg(where, "state is from %r, not %s" % (kind, self._WHERE)))
+            raise ValueError(where_msg(where, "state is from %r (its kind), not %s" % (kind, self._WHERE)))
         keys = _KEYS + self._STATE
         missing = [k for k in keys if k not in state]
         if missing:
             raise ValueError(where_msg(where, "state lacks %s; %s.state_dict() holds %s"
                                        % (", ".join(missing), self._WHERE, ", ".join(keys))))
-        unknown = [k for k in state if k not in keys]
+        unknown = [k for k in state if not (isinstance(k, str) and k in keys)]     # no other key's == is run
         if unknown:
             raise ValueError(where_msg(where, "state has unknown key%s %s; %s.state_dict() holds only %s"
                                        % ("s" if len(unknown) > 1 else "", ", ".join(map(repr, unknown)),
@@ -367,14 +367,18 @@ class _Optimizer:
                                        "momentum=0 has no momentum buffer)" % name if absent
                                        else "%s must not be None" % name))
         if isinstance(value, (list, tuple)):
-            raise TypeError(where_msg(where, "%s is a %s; pass a %s buffer (state is never cast)"
+            raise TypeError(where_msg(where, "%s is a %s; pass a buffer of %s (state is never cast)"
                                              % (name, type(value).__name__, dtype)))
         pb = _buffer.probe(value, name, where)
-        if pb.dtype != dtype or not pb.c_contiguous:
+        if pb.dtype != dtype:
             raise TypeError(where_msg(where, "%s must be a C-contiguous %s buffer, got %s"
                                              % (name, dtype, pb.dtype)))
+        _buffer._check_layout(pb, name, where, allow_empty=True)      # strided: a ValueError, as everywhere
         if pb.nelems != want:
             raise ValueError(where_msg(where, "%s has %d elements, expected %d" % (name, pb.nelems, want)))
+        if len(pb.shape) != 1:
+            raise ValueError(where_msg(where, "%s has shape %r; the state is flat, shape (%d,) as state_dict() "
+                                       "gives it" % (name, tuple(pb.shape), want)))
         if pb.view is None or not isinstance(pb.view, memoryview):   # device or DLPack memory
             out = Array((want,), dtype)
             self._backend.check(self._backend.lib.mt_memcpy(ffi.cast("void *", out.address),

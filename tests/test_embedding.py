@@ -11,6 +11,7 @@ import array
 import io
 import itertools
 import os
+import pathlib
 import pickle
 import re
 import shutil
@@ -553,13 +554,26 @@ def test_load_refuses_a_file_of_something_else(tmp_path):
         Embedding.load(path)
 
 
-def _saved_layer(tmp_path):
-    """(path, bytes, fields) of a small saved layer with every setting away from its default."""
-    table = array.array("f", [0.5 * k - 1.0 for k in range(6)])
-    emb = Embedding(3, 2, padding_idx=1, weight=memoryview(table).cast("B").cast("f", (3, 2)), plan="sort",
-                    numeric_mode="identical")
-    emb.freeze = True
-    path = str(tmp_path / "emb.npz")
+# Layers whose files the damage tests take apart: every stored setting away from its default, all
+# at their defaults, and a table of signed zeros, subnormals and extremes.
+SAVED_LAYERS = {
+    "settings": dict(shape=(3, 2), values=[0.5 * k - 1.0 for k in range(6)], padding_idx=1, plan="sort",
+                     numeric_mode="identical", freeze=True),
+    "defaults": dict(shape=(1, 1), values=[0.25]),
+    "extremes": dict(shape=(4, 3), values=[-0.0, 0.0, 1e-45, -1e-45, 3.4028235e38, -3.4028235e38, 1.1754944e-38,
+                                           -1.0, 2.0 ** -20, 7.0, -0.0, 1.5],
+                     padding_idx=-1, plan="scan", numeric_mode="fast"),
+}
+
+
+def _saved_layer(tmp_path, which="settings"):
+    """(path, bytes, fields) of a small saved layer (SAVED_LAYERS[which])."""
+    spec = dict(SAVED_LAYERS[which])
+    (v, d), table = spec.pop("shape"), array.array("f", spec.pop("values"))
+    freeze = spec.pop("freeze", False)
+    emb = Embedding(v, d, weight=memoryview(table).cast("B").cast("f", (v, d)), **spec)
+    emb.freeze = freeze
+    path = str(tmp_path / ("%s.npz" % which))
     emb.save(path)
     return path, open(path, "rb").read(), _fields(emb)
 
@@ -569,50 +583,76 @@ def _fields(emb):
             emb.numeric_mode, emb.freeze)
 
 
-def _loads_the_original_or_refuses(path, blob, fields):
-    """None when ``blob`` loads as ``fields`` or is refused with a ValueError; else what went wrong."""
-    with open(path, "wb") as f:
-        f.write(blob)
+def _load_outcome(path, fields):
+    """'original' when ``path`` loads as ``fields``, 'refused: <message>' for a ValueError of
+    Embedding.load naming the file, else what went wrong."""
     try:
         got = _fields(Embedding.load(path))
     except ValueError as exc:
-        return None if str(exc).startswith("mojo_train.Embedding.load: ") else "unprefixed: %s" % exc
-    except BaseException as exc:            # MemoryError, OSError, RuntimeError... are failures here
+        text = str(exc)
+        ok = text.startswith("mojo_train.Embedding.load: ") and path in text
+        return ("refused: " if ok else "a badly worded refusal: ") + text
+    except BaseException as exc:            # MemoryError, OSError, KeyError, struct.error... are defects
         return "%s: %s" % (type(exc).__name__, exc)
-    return None if got == fields else "a different layer loaded: %r" % (got,)
+    return "original" if got == fields else "a different layer loaded: %r" % (got,)
 
 
-def test_load_of_every_truncation_of_a_saved_file_refuses_with_value_error(tmp_path):
-    path, blob, fields = _saved_layer(tmp_path)
-    damaged = str(tmp_path / "damaged.npz")
-    problems = {n: _loads_the_original_or_refuses(damaged, blob[:n], fields) for n in range(len(blob))}
-    assert {n: p for n, p in problems.items() if p} == {}
-    assert _fields(Embedding.load(path)) == fields
-
-
-def _flips(blob):
-    """Single-bit flips: one bit (rotating with the position) of every byte, and every bit of the
-    central directory and end records, whose sizes, offsets and counts drive what is read."""
+def _payloads(blob):
+    """[(first, end)] byte ranges of the members' stored data: what the zip's CRC-32s cover."""
+    ranges = []
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-        directory = zf.start_dir
-    for i in range(len(blob)):
-        for bit in range(8) if i >= directory else (i % 8,):
-            yield i, bit
+        for info in zf.infolist():
+            name_len, extra_len = struct.unpack_from("<HH", blob, info.header_offset + 26)
+            first = info.header_offset + 30 + name_len + extra_len
+            ranges.append((first, first + info.compress_size))
+    return ranges
 
 
-def test_load_of_single_bit_flips_gives_the_original_layer_or_value_error(tmp_path):
-    _, blob, fields = _saved_layer(tmp_path)
+@pytest.mark.parametrize("which", list(SAVED_LAYERS))
+def test_every_truncation_of_a_saved_file_is_refused_naming_it(tmp_path, which):
+    _, blob, fields = _saved_layer(tmp_path, which)
     damaged = str(tmp_path / "damaged.npz")
-    problems, tried = {}, 0
-    for i, bit in _flips(blob):
-        flipped = bytearray(blob)
-        flipped[i] ^= 1 << bit
-        tried += 1
-        problem = _loads_the_original_or_refuses(damaged, bytes(flipped), fields)
-        if problem:
-            problems[(i, bit)] = problem
+    with open(damaged, "wb") as f:
+        f.write(blob)
+    outcomes = {}
+    for n in range(len(blob) - 1, -1, -1):      # each a prefix of the one before: cut it in place
+        os.truncate(damaged, n)
+        outcomes[n] = _load_outcome(damaged, fields)
+    assert {n: o for n, o in outcomes.items() if not o.startswith("refused: ")} == {}
+    assert len(outcomes) == len(blob)
+
+
+@pytest.mark.parametrize("which", list(SAVED_LAYERS))
+def test_every_single_bit_flip_of_a_saved_file_loads_the_original_or_is_refused(tmp_path, which):
+    """len * 8 files. A flip in a member's data is refused by the zip's CRC-32; a flip elsewhere
+    is refused by a structure check or lies in a field the reader ignores (times, attributes,
+    the local headers' copies of the directory's fields), and then the layer is the original."""
+    _, blob, fields = _saved_layer(tmp_path, which)
+    payload = {i for first, end in _payloads(blob) for i in range(first, end)}
+    damaged = str(tmp_path / "damaged.npz")
+    with open(damaged, "wb") as f:
+        f.write(blob)
+    problems, loaded, refused = {}, 0, 0
+    fd = os.open(damaged, os.O_WRONLY)
+    try:
+        for i in range(len(blob)):
+            for bit in range(8):
+                os.pwrite(fd, bytes([blob[i] ^ (1 << bit)]), i)
+                outcome = _load_outcome(damaged, fields)
+                os.pwrite(fd, blob[i:i + 1], i)
+                if i in payload and "Bad CRC-32" not in outcome:
+                    problems[(i, bit)] = "a payload flip not refused by the CRC: " + outcome
+                elif outcome == "original":
+                    loaded += 1
+                elif outcome.startswith("refused: "):
+                    refused += 1
+                else:
+                    problems[(i, bit)] = outcome
+    finally:
+        os.close(fd)
     assert problems == {}
-    assert tried > 2 * len(blob)          # the directory's bytes were flipped bit by bit
+    assert loaded + refused == 8 * len(blob) and refused > 8 * len(payload)     # headers were refused too
+    assert _load_outcome(damaged, fields) == "original"                          # the file was put back
 
 
 def _crafted(tmp_path, how):
@@ -683,6 +723,20 @@ def test_load_takes_every_numeric_mode_save_writes(tmp_path):
     for mode in ("", "identical", "deterministic", "fast"):
         back = Embedding.load(_rewritten(tmp_path, numeric_mode=mode))
         assert back.numeric_mode == (mode or None)
+
+
+def test_save_and_load_take_a_file_name_and_refuse_a_file_object_by_name(tmp_path):
+    path, _, fields = _saved_layer(tmp_path)
+    layer = Embedding.load(pathlib.Path(path))
+    assert _fields(layer) == fields and _fields(Embedding.load(os.fsencode(path))) == fields
+    for where, call in (("load", lambda f: Embedding.load(f)), ("save", layer.save)):
+        with open(path, "r+b") as f:
+            with pytest.raises(TypeError, match=r"^mojo_train\.Embedding\.%s: path must be a file name \(str, bytes "
+                                                r"or os\.PathLike\), got BufferedRandom" % where):
+                call(f)
+    with pytest.raises(TypeError, match=r"^mojo_train\.Embedding\.load: path must be a file name.*got NoneType"):
+        Embedding.load(None)
+    assert _fields(Embedding.load(path)) == fields          # the refused save wrote nothing
 
 
 def test_load_of_a_missing_file_is_file_not_found_not_damage(tmp_path):

@@ -828,6 +828,40 @@ def _poked(buffer, typecode, i, value):
     return out
 
 
+class _Uncomparable:
+    """A dict key whose == raises: load_state_dict must not compare it with its own keys."""
+
+    def __eq__(self, other):
+        raise RuntimeError("compared")
+
+    __hash__ = object.__hash__
+
+
+def _bad_arrays(good, name):
+    """name -> (a state with ``good[name]`` damaged, exception, pattern): the structural damages
+    every state array is refused for, whatever it holds."""
+    value = good[name]
+    code = "i" if name == "buf_initialized" else "f"
+    n = len(raw(value)) // 4
+    flat = array.array(code, [0] * n)
+    dtype = "int32" if code == "i" else "float32"
+    return {
+        "2-D " + name: (dict(good, **{name: memoryview(flat).cast("B").cast(code, (1, n))}), ValueError,
+                        r"%s has shape \(1, %d\); the state is flat, shape \(%d,\)" % (name, n, n)),
+        "strided " + name: (dict(good, **{name: memoryview(array.array(code, [0] * 2 * n))[::2]}), ValueError,
+                            r"%s must be C-contiguous \(got a strided view of shape \(%d,\)\)" % (name, n)),
+        "str " + name: (dict(good, **{name: "0" * n}), TypeError, "%s must be a buffer-protocol object" % name),
+        "dict " + name: (dict(good, **{name: {"data": flat}}), TypeError, "%s must be a buffer-protocol object" % name),
+        "bytes " + name: (dict(good, **{name: bytes(4 * n)}), TypeError,
+                          "%s must be a C-contiguous %s buffer, got uint8" % (name, dtype)),
+        "nested lists " + name: (dict(good, **{name: [[0] * n]}), TypeError, "%s is a list" % name),
+        "int64 " + name: (dict(good, **{name: array.array("q", [0] * n)}), TypeError,
+                          "%s must be a C-contiguous %s buffer, got int64" % (name, dtype)),
+        "empty " + name: (dict(good, **{name: array.array(code)}), ValueError,
+                          "%s has 0 elements, expected %d" % (name, n)),
+    }
+
+
 def _bad_states(good, opt):
     """name -> (a bad state for ``opt`` made from ``good``, exception, message pattern)."""
     n, j, nan, inf = opt.n_total, len(opt.params), float("nan"), float("inf")
@@ -839,7 +873,7 @@ def _bad_states(good, opt):
         "float t": (dict(good, t=3.0), TypeError, r"t must be an int \(the steps taken\), got 3\.0"),
         "bool t": (dict(good, t=True), TypeError, "t must be an int"),
         "string t": (dict(good, t="3"), TypeError, "t must be an int"),
-        "other kind": (dict(good, kind="Adagrad"), ValueError, "state is from 'Adagrad', not"),
+        "other kind": (dict(good, kind="Adagrad"), ValueError, r"state is from 'Adagrad' \(its kind\), not"),
         "unknown key": (dict(good, momentum_buffer=None), ValueError, "unknown key 'momentum_buffer'"),
         "other n_total": (dict(good, n_total=n + 1), ValueError, "the state is for %d parameter elements" % (n + 1)),
         "bool n_total": (dict(good, n_total=True), TypeError, "n_total must be an int"),
@@ -847,9 +881,38 @@ def _bad_states(good, opt):
         "not a schedule config": (dict(good, lr_schedule={"kind": "Nope"}), ValueError,
                                   "lr_schedule in the state is not a schedule config"),
         "other accumulation_steps": (dict(good, accumulation_steps=2), ValueError, "saved with accumulation_steps=2"),
+        "None state": (None, TypeError, "state must be a dict, got NoneType"),
+        "kind not a str": (dict(good, kind=5), ValueError, r"state is from 5 \(its kind\)"),
+        "a key not a str": ({**good, 3: 4}, ValueError, "unknown key 3;"),
+        "a key whose == raises": ({**good, _Uncomparable(): 1}, ValueError, "unknown key <"),
+        "None t": (dict(good, t=None), TypeError, "t must be an int .*got None"),
+        "nan t": (dict(good, t=nan), TypeError, "t must be an int .*got nan"),
+        "t of 2**64": (dict(good, t=2 ** 64), ValueError, r"t must be in \[0, 2\*\*62\), got 18446744073709551616"),
+        "float n_total": (dict(good, n_total=float(n)), TypeError, "n_total must be an int"),
+        "negative n_total": (dict(good, n_total=-n), ValueError, "the state is for -%d parameter elements" % n),
+        "string lr": (dict(good, lr="0.1"), TypeError, "lr must be a real number, got '0.1'"),
+        "None lr": (dict(good, lr=None), TypeError, "lr must be a real number"),
+        "bool lr": (dict(good, lr=True), TypeError, "lr must be a real number"),
+        "inf lr": (dict(good, lr=inf), ValueError, "lr must be finite"),
+        "negative lr": (dict(good, lr=-0.5), ValueError, r"lr must be finite and in >= 0\.0, got -0\.5"),
+        "zero accumulation_steps": (dict(good, accumulation_steps=0), ValueError,
+                                    r"accumulation_steps must be in \[1,"),
+        "bool accumulation_steps": (dict(good, accumulation_steps=True), TypeError,
+                                    "accumulation_steps must be an int"),
+        "float accumulation_steps": (dict(good, accumulation_steps=1.0), TypeError,
+                                     "accumulation_steps must be an int"),
+        "string lr_schedule": (dict(good, lr_schedule="constant"), ValueError,
+                               "lr_schedule in the state is not a schedule config: .*got str"),
+        "list lr_schedule": (dict(good, lr_schedule=[("kind", "constant")]), ValueError,
+                             "lr_schedule in the state is not a schedule config"),
+        "lr_schedule with an unknown key": (dict(good, lr_schedule={"kind": "constant", "peak_lr": 0.1, "gamma": 2}),
+                                            ValueError, r"lr_schedule in the state .*unknown keys \['gamma'\]"),
     }
     for key in ("kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps", "exp_avg"):
         bad["missing " + key] = (drop(key), ValueError, "state lacks %s;" % key)
+    for name in ("exp_avg", "exp_avg_sq", "buf_initialized"):
+        if good.get(name) is not None:
+            bad.update(_bad_arrays(good, name))
     if good["exp_avg"] is not None:
         f32_msg = "exp_avg must be a C-contiguous float32 buffer"
         bad.update({
@@ -878,6 +941,16 @@ def _bad_states(good, opt):
                                r"exp_avg_sq\[3\] is nan"),
             "negative exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", 3, -0.5)), ValueError,
                                     r"exp_avg_sq\[3\] is -0\.5; a second moment is >= 0"),
+            "inf exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", 0, inf)), ValueError,
+                               r"exp_avg_sq\[0\] is inf; the state must be finite"),
+            "-inf exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", n - 1, -inf)), ValueError,
+                                r"exp_avg_sq\[%d\] is -inf" % (n - 1)),
+            "negative subnormal exp_avg_sq": (dict(good, exp_avg_sq=_poked(good["exp_avg_sq"], "f", 9, -1e-45)),
+                                              ValueError, r"exp_avg_sq\[9\] is -1\.4\d*e-45; a second moment is >= 0"),
+            "list exp_avg_sq": (dict(good, exp_avg_sq=[0.0] * n), TypeError, "exp_avg_sq is a list"),
+            "int32 exp_avg_sq": (dict(good, exp_avg_sq=array.array("i", [0] * n)), TypeError, "exp_avg_sq must be"),
+            "short exp_avg_sq": (dict(good, exp_avg_sq=array.array("f", [0.0] * (n - 1))), ValueError,
+                                 "exp_avg_sq has %d elements, expected %d" % (n - 1, n)),
             "moments at t=0": (dict(good, t=0), ValueError, "exp_avg is non-zero at t=0"),
             "exp_avg_sq alone at t=0": (dict(good, t=0, exp_avg=zeros), ValueError, "exp_avg_sq is non-zero at t=0"),
         })
@@ -893,6 +966,10 @@ def _bad_states(good, opt):
                        r"buf_initialized\[1\] is 7; each flag is 0 or 1"),
             "flag -1": (dict(good, buf_initialized=_poked(flags, "i", 2, -1)), ValueError,
                         r"buf_initialized\[2\] is -1"),
+            "None buf_initialized": (dict(good, buf_initialized=None), ValueError, "buf_initialized must not be None"),
+            "missing buf_initialized": (drop("buf_initialized"), ValueError, "state lacks buf_initialized;"),
+            "long buf_initialized": (dict(good, buf_initialized=array.array("i", [1] * (j + 1))), ValueError,
+                                     "buf_initialized has %d elements, expected %d" % (j + 1, j)),
         })
         if good["exp_avg"] is not None:
             bad["flags at t=0"] = (dict(good, t=0), ValueError, r"buf_initialized\[0\] is 1, but t is 0")
@@ -905,20 +982,36 @@ def _bad_states(good, opt):
     return bad
 
 
-COMMON_BAD_STATES = ["not a dict", "negative t", "t of 2**62", "float t", "bool t", "string t", "other kind",
-                     "unknown key", "other n_total", "bool n_total", "nan lr", "not a schedule config",
-                     "other accumulation_steps"] + ["missing " + k for k in (
+COMMON_BAD_STATES = ["not a dict", "None state", "negative t", "t of 2**62", "t of 2**64", "float t", "bool t",
+                     "string t", "None t", "nan t", "other kind", "kind not a str", "unknown key", "a key not a str",
+                     "a key whose == raises", "other n_total", "bool n_total", "float n_total", "negative n_total",
+                     "nan lr", "inf lr", "negative lr", "string lr", "None lr", "bool lr", "not a schedule config",
+                     "string lr_schedule", "list lr_schedule", "lr_schedule with an unknown key",
+                     "other accumulation_steps", "zero accumulation_steps", "bool accumulation_steps",
+                     "float accumulation_steps"] + ["missing " + k for k in (
                          "kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps", "exp_avg")]
+ARRAY_DAMAGES = ["2-D", "strided", "str", "dict", "bytes", "nested lists", "int64", "empty"]
 EXP_AVG_BAD_STATES = ["lists of floats", "tuple", "float64 exp_avg", "int32 exp_avg", "short exp_avg",
-                      "long exp_avg", "None exp_avg", "nan exp_avg", "inf exp_avg", "-inf exp_avg"]
-FLAG_BAD_STATES = ["float32 buf_initialized", "short buf_initialized", "list buf_initialized", "flag 7", "flag -1"]
+                      "long exp_avg", "None exp_avg", "nan exp_avg", "inf exp_avg", "-inf exp_avg"] + [
+                          d + " exp_avg" for d in ARRAY_DAMAGES]
+EXP_AVG_SQ_BAD_STATES = ["float64 exp_avg_sq", "missing exp_avg_sq", "None exp_avg_sq", "nan exp_avg_sq",
+                         "inf exp_avg_sq", "-inf exp_avg_sq", "negative exp_avg_sq", "negative subnormal exp_avg_sq",
+                         "list exp_avg_sq", "int32 exp_avg_sq", "short exp_avg_sq", "moments at t=0",
+                         "exp_avg_sq alone at t=0"] + [d + " exp_avg_sq" for d in ARRAY_DAMAGES]
+FLAG_BAD_STATES = ["float32 buf_initialized", "short buf_initialized", "long buf_initialized", "list buf_initialized",
+                   "None buf_initialized", "missing buf_initialized", "flag 7", "flag -1"] + [
+                       d + " buf_initialized" for d in ARRAY_DAMAGES]
+# the table: every optimizer kind x every damage its state can have (SGD's momentum buffer is exp_avg)
 BAD_STATES = ([("sgd", b) for b in COMMON_BAD_STATES + FLAG_BAD_STATES + [
                   "exp_avg without momentum", "flags without momentum"]]
-              + [("sgd_momentum", b) for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + FLAG_BAD_STATES + [
-                  "flags at t=0"]]
-              + [(k, b) for k in ("adam", "adamw") for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + [
-                  "float64 exp_avg_sq", "missing exp_avg_sq", "None exp_avg_sq", "nan exp_avg_sq",
-                  "negative exp_avg_sq", "moments at t=0", "exp_avg_sq alone at t=0"]])
+              + [(k, b) for k in ("sgd_momentum", "sgd_nesterov")
+                 for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + FLAG_BAD_STATES + ["flags at t=0"]]
+              + [(k, b) for k in ("adam", "adam_maximize", "adamw")
+                 for b in COMMON_BAD_STATES + EXP_AVG_BAD_STATES + EXP_AVG_SQ_BAD_STATES])
+
+
+def test_the_table_of_bad_states_covers_every_optimizer_kind():
+    assert sorted({k for k, _ in BAD_STATES}) == ALL_KINDS
 
 
 @pytest.mark.parametrize("kind, bad", BAD_STATES)
@@ -964,6 +1057,23 @@ def test_load_state_dict_takes_a_fresh_state_and_zero_moments_after_steps(mode, 
     opt.step(grads_for_step(SIZES, 6))
     fresh.step(grads_for_step(SIZES, 6))
     assert digest(opt) == digest(fresh) and opt.t == 6
+
+
+@pytest.mark.parametrize("kind", ["sgd_momentum", "sgd_nesterov", "adam", "adamw"])
+def test_load_state_dict_keeps_signed_zeros_and_subnormal_moments_bit_for_bit(mode, kind):
+    """-0.0 is >= 0 (a second moment may hold it) and subnormals are finite: taken, never canonicalized."""
+    opt = make_optimizer(kind, params_for(SIZES), mode.numeric_mode)
+    opt.step(grads_for_step(SIZES, 1))
+    state = opt.state_dict()
+    edges = {"exp_avg": [-0.0, -1e-45, 1e-45, 0.0]}
+    if "exp_avg_sq" in state:
+        edges["exp_avg_sq"] = [-0.0, 1e-45, 0.0, -0.0]
+    for name, values in edges.items():
+        for i, value in enumerate(values):
+            state[name] = _poked(state[name], "f", 7 * i, value)
+    opt.load_state_dict(state)
+    for name in edges:
+        assert raw(getattr(opt, name)) == raw(state[name]), name
 
 
 @pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "adam"])
