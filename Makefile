@@ -122,6 +122,15 @@ tsan-test: tsan
 
 .PHONY: asan asan-test tsan tsan-test
 
+# ---- fuzz (make fuzz): the long run of the hostile-argument suite (tests/test_fuzz.py runs a small,
+# derandomized budget of it in `make test`): FUZZ_EXAMPLES examples over every public entry point,
+# a random seed, every finding counted; appends its record to bench/results/fuzz.md. Not part of `all`.
+FUZZ_EXAMPLES ?= 100000
+fuzz: all
+	$(PYTHON) bench/fuzz.py --examples $(FUZZ_EXAMPLES)
+
+.PHONY: fuzz
+
 # ---- CUDA (make cuda): the same ABI from native/cuda, one library per numeric mode -------------------
 NVCC ?= nvcc
 CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90

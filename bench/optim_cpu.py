@@ -6,7 +6,9 @@ Figures: median wall-clock of --repeat steps after warm-up. Bytes per step are c
 ours including the finiteness pre-pass (params and grads read once more before the update):
 36 bytes per parameter (pre-pass 8, update: read p g m v 16, write p m v 12); torch's fused
 AdamW moves 28. Targets (issue 2): 10M parameters at most 1.3x torch's fused time; a
-1,000-element step, Python call to result, at most 20 us.
+1,000-element step, Python call to result, at most 20 us. Param groups (issue 13): the same 10M
+as 40 tensors in 4 groups (each its own lr and weight decay, the last with amsgrad: 8 bytes more a
+parameter of that group), one native call, beside torch's fused AdamW on the same groups.
 """
 import os
 import sys
@@ -42,6 +44,30 @@ def bench_large(n, repeat, mode):
             "ours_GBps": 36 * n / ours / 1e9, "torch_GBps": 28 * n / theirs / 1e9}
 
 
+def _groups(tensors, n_groups):
+    """n_groups param groups over tensors, each its own lr and weight decay, the last with amsgrad."""
+    k = len(tensors) // n_groups
+    return [{"params": tensors[i * k:(i + 1) * k], "lr": 1e-3 * (i + 1), "weight_decay": 0.01 * i,
+             "amsgrad": i == n_groups - 1} for i in range(n_groups)]
+
+
+def bench_groups(n, repeat, mode, n_tensors=40, n_groups=4):
+    import torch
+    backend = load(mode)
+    size = n // n_tensors
+    p = [filled(size, 3, j, backend) for j in range(n_tensors)]
+    g = [filled(size, 4, j, backend) for j in range(n_tensors)]
+    opt = mt.AdamW(_groups(p, n_groups), numeric_mode=mode)
+    ours = median_seconds(lambda: opt.step(g), repeat)
+    tp = [torch.frombuffer(bytearray(x.tobytes()), dtype=torch.float32) for x in p]
+    for t, x in zip(tp, g):
+        t.grad = torch.frombuffer(bytearray(x.tobytes()), dtype=torch.float32)
+    topt = torch.optim.AdamW(_groups(tp, n_groups), fused=True)
+    theirs = median_seconds(topt.step, repeat)
+    return {"n": size * n_tensors, "tensors": n_tensors, "groups": n_groups, "ours_ms": ours * 1e3,
+            "torch_fused_ms": theirs * 1e3, "ratio": ours / theirs}
+
+
 def bench_small(mode, repeat=2001):
     import torch
     backend = load(mode)
@@ -60,12 +86,16 @@ def main():
     torch, _ = cpu_torch(args.mode)
     large = bench_large(args.n, args.repeat, args.mode)
     small = bench_small(args.mode)
+    groups = bench_groups(args.n, args.repeat, args.mode)
     print("AdamW %d params: ours %.2f ms (%.1f GB/s), torch fused %.2f ms (%.1f GB/s), ratio %.2f (target <= 1.3)"
           % (large["n"], large["ours_ms"], large["ours_GBps"], large["torch_fused_ms"],
              large["torch_GBps"], large["ratio"]))
     print("AdamW 1000 params, Python to result: ours %.1f us (target <= 20), torch %.1f us"
           % (small["ours_us"], small["torch_default_us"]))
-    cpu_record(args, "optim_cpu", {"large": large, "small": small}, torch)
+    print("AdamW %d params, %d tensors in %d groups (one amsgrad): ours %.2f ms, torch fused %.2f ms, ratio %.2f"
+          % (groups["n"], groups["tensors"], groups["groups"], groups["ours_ms"], groups["torch_fused_ms"],
+             groups["ratio"]))
+    cpu_record(args, "optim_cpu", {"large": large, "small": small, "groups": groups}, torch)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ reads p, g: 8; update reads p g m v: 16, writes p m v: 12); torch's fused AdamW 
 clipping, the norm pass replaces the gradient half of the pre-pass. clip_grad_norm_ on its own:
 bench/clip_cuda.py.
 Targets (issue 3): AdamW 100M in one tensor <= 1.1x torch fused; 100M as 200 tensors <= 0.6x
-torch fused; 1,000-element AdamW step <= 20 us.
+torch fused; 1,000-element AdamW step <= 20 us. Param groups (issue 13): 100M as 200 tensors in 4
+groups (each its own lr and weight decay, one with amsgrad, which moves 8 bytes more a parameter
+of its group) is still one launch; torch's fused AdamW runs per group there.
 """
 import os
 import sys
@@ -24,17 +26,25 @@ from _timing import bench_args  # noqa: E402
 import mojo_train as mt  # noqa: E402
 
 
-def bench_adamw(torch, sizes, repeat, bw, clip=None):
+def _groups(tensors, n_groups):
+    """n_groups param groups over tensors, each its own lr and weight decay, the last with amsgrad."""
+    k = len(tensors) // n_groups
+    return [{"params": tensors[i * k:(i + 1) * k if i < n_groups - 1 else None], "lr": 1e-3 * (i + 1),
+             "weight_decay": 0.01 * i, "amsgrad": i == n_groups - 1} for i in range(n_groups)]
+
+
+def bench_adamw(torch, sizes, repeat, bw, clip=None, n_groups=0):
     tp, p = device_tensors(torch, sizes, 1)
     tg, g = device_tensors(torch, sizes, 2)
-    opt = mt.AdamW(p, lr=1e-3)
+    opt = mt.AdamW(_groups(p, n_groups) if n_groups else p, lr=1e-3)
     ours = timed(lambda: opt.step(g, max_norm=clip), repeat)
     for a, b in zip(tp, tg):
         a.grad = b
-    topt = torch.optim.AdamW(tp, lr=1e-3, fused=True)
+    topt = torch.optim.AdamW(_groups(tp, n_groups) if n_groups else tp, lr=1e-3, fused=True)
     theirs = timed(topt.step, repeat, sync=torch.cuda.synchronize)
     n = sum(sizes)
-    return {"params": n, "tensors": len(sizes), "clip": clip, "ours_ms": ours * 1e3, "torch_fused_ms": theirs * 1e3,
+    return {"params": n, "tensors": len(sizes), "groups": max(n_groups, 1), "clip": clip, "ours_ms": ours * 1e3,
+            "torch_fused_ms": theirs * 1e3,
             "ratio": ours / theirs, "ours_bytes": 36 * n, "torch_bytes": 28 * n,
             "ours_of_copy_bw": 36 * n / ours / bw, "torch_of_copy_bw": 28 * n / theirs / bw}
 
@@ -49,10 +59,12 @@ def bench_overheads(torch, repeat=200):
     tp, p = device_tensors(torch, [500_000] * 200, 6)
     tg, g = device_tensors(torch, [500_000] * 200, 7)
     opt = mt.AdamW(p)
+    opt.step(g)                       # fills the optimizer's native group table
     table = ffi.new("float *[]", [ffi.cast("float *", a.ptr) for a in g])
-    raw = timed(lambda: lib.mt_adamw_step(opt._params.table, table, opt._sptr["exp_avg"], opt._sptr["exp_avg_sq"],
-                                          opt._norm_ptr, opt._params.c_offsets, 1e-3, 0.9, 0.999, 1e-8, 0.01, 0, 0,
-                                          0.0, 1, 200), 20)
+    s, gr = opt._stab, opt._native
+    raw = timed(lambda: lib.mt_adam_step_groups(opt._params.table, table, s["exp_avg"], s["exp_avg_sq"],
+                                                s["max_exp_avg_sq"], opt._steps, opt._norm_ptr, opt._params.c_offsets,
+                                                gr.table, gr.tensor_group, 0, 0.0, 1, 200), 20)
     api = timed(lambda: opt.step(g), 20)
     return {"classify_us": cls * 1e6, "raw_c_200_ms": raw * 1e3, "api_200_ms": api * 1e3}
 
@@ -75,12 +87,15 @@ def main():
     rows = {"copy_TBps": bw / 1e12,
             "adamw_100M_1": bench_adamw(torch, [100_000_000], args.repeat, bw),
             "adamw_100M_200": bench_adamw(torch, [500_000] * 200, args.repeat, bw),
+            "adamw_100M_200_4groups": bench_adamw(torch, [500_000] * 200, args.repeat, bw, n_groups=4),
             "small": bench_small(torch), "overheads": bench_overheads(torch)}
     print("copy bandwidth %.2f TB/s (read + write)" % rows["copy_TBps"])
-    for key in ("adamw_100M_1", "adamw_100M_200"):
+    for key in ("adamw_100M_1", "adamw_100M_200", "adamw_100M_200_4groups"):
         r = rows[key]
-        print("AdamW %dM in %d tensor(s): ours %.3f ms (%.0f%% of copy bw), torch fused %.3f ms (%.0f%%), ratio %.2f"
-              % (r["params"] // 10**6, r["tensors"], r["ours_ms"], 100 * r["ours_of_copy_bw"], r["torch_fused_ms"],
+        print("AdamW %dM in %d tensor(s), %d group(s): ours %.3f ms (%.0f%% of copy bw), torch fused %.3f ms "
+              "(%.0f%%), ratio %.2f"
+              % (r["params"] // 10**6, r["tensors"], r["groups"], r["ours_ms"], 100 * r["ours_of_copy_bw"],
+                 r["torch_fused_ms"],
                  100 * r["torch_of_copy_bw"], r["ratio"]))
     s = rows["small"]
     print("AdamW 1000 params on device, Python to result: ours %.1f us, torch fused %.1f us"

@@ -10,8 +10,10 @@ protocol (``__buffer__``) and ``__array_interface__`` (zero-copy for
 numpy), and they pickle as bytes + shape + dtype.
 """
 
+import math
 import operator
 import struct
+import sys
 
 from ._dtypes import ARRAY_DTYPES, DTYPES, FLOAT_DTYPES
 from ._errors import where_msg
@@ -67,23 +69,81 @@ def _nest(flat, shape):
             for i in range(shape[0])]
 
 
-def _pack_one(fmt, dtype, value, where):
-    """Pack one Python scalar as ``dtype``; TypeError/ValueError if unfit."""
+def _nbytes(shape, dtype, where):
+    """The bytes of an Array of ``shape`` and ``dtype``; MemoryError when no buffer can be that large."""
+    nbytes = _prod(shape) * _DTYPES[dtype][2]
+    if nbytes > sys.maxsize:
+        raise MemoryError(where_msg(where, "shape %r of %s needs %d bytes, more than this machine can "
+                                    "address" % (shape, dtype, nbytes)))
+    return nbytes
+
+
+def _pack_one(fmt, dtype, value, where, name="value"):
+    """Pack one Python scalar as ``dtype``; TypeError/ValueError naming ``name`` if unfit."""
+    what = "%s = %r" % (name, value)
     if dtype in FLOAT_DTYPES:
-        if isinstance(value, (str, bytes, bytearray)):
-            raise TypeError(where_msg(where, "%r is not a number" % (value,)))
-        value = float(value)
+        try:
+            if isinstance(value, (str, bytes, bytearray)):
+                raise TypeError
+            value = float(value)
+        except TypeError:           # a string, None, a list, ...
+            raise TypeError(where_msg(where, "%s is not a number" % what)) from None
+        except OverflowError:       # an int beyond a double
+            raise ValueError(where_msg(where, "%s does not fit in dtype %s" % (what, dtype))) from None
     else:
         try:
             value = operator.index(value)
         except TypeError:
-            raise TypeError(where_msg(where, "%r is not an integer; dtype %s "
-                                      "takes integers only" % (value, dtype))) from None
+            raise TypeError(where_msg(where, "%s is not an integer; dtype %s "
+                                      "takes integers only" % (what, dtype))) from None
     try:
         return struct.pack("<" + fmt, value)
     except (struct.error, OverflowError):
-        raise ValueError(where_msg(where, "%r does not fit in dtype %s"
-                                   % (value, dtype))) from None
+        raise ValueError(where_msg(where, "%s does not fit in dtype %s"
+                                   % (what, dtype))) from None
+
+
+def float32_at(address, index=0):
+    """The float32 at ``address`` (an int) + 4 * ``index`` as a Python float, decoded from its bits
+    with integer arithmetic: a float32 -> double conversion in C obeys the caller's
+    denormals-are-zero mode (``torch.set_flush_denormal(True)`` sets it for the process), which would
+    read a subnormal result (an infinity norm of tiny gradients, a tiny loss) as 0. NaN comes back
+    as Python's NaN (its payload is not kept)."""
+    u = int(_FFI.cast("uint32_t *", address)[index])
+    exponent, mantissa = (u >> 23) & 0xFF, u & 0x7FFFFF
+    if exponent == 0xFF:
+        value = float("nan") if mantissa else float("inf")
+    elif exponent == 0:
+        value = math.ldexp(mantissa, -149)
+    else:
+        value = math.ldexp(mantissa | 0x800000, exponent - 150)
+    return -value if u >> 31 else value
+
+
+def float32_bits(x):
+    """The bits of the float32 nearest the Python float ``x`` (ties to even; NaN as 0x7fc00000),
+    computed with integer arithmetic: a double -> float32 conversion in C obeys the caller's
+    flush-to-zero mode and would turn a subnormal float32 into 0 (the inverse of float32_at)."""
+    if x != x:
+        return 0x7FC00000
+    sign = 0x80000000 if math.copysign(1.0, x) < 0 else 0
+    a = abs(x)
+    if a == 0.0:
+        return sign
+    if a == float("inf"):
+        return sign | 0x7F800000
+    m, e = math.frexp(a)                      # a = m * 2**e, 0.5 <= m < 1, exactly
+    mi = int(math.ldexp(m, 53))               # a = mi * 2**(e - 53)
+    q = max(e - 24, -149)                     # the float32 quantum's exponent
+    shift = q - (e - 53)
+    n, rem, half = mi >> shift, mi & ((1 << shift) - 1), 1 << (shift - 1)
+    if rem > half or (rem == half and n & 1):
+        n += 1
+    if n >> 24:                               # the rounding carried into a new binade
+        n, q = n >> 1, q + 1
+    if q + 150 >= 255:
+        return sign | 0x7F800000
+    return sign | (n if q == -149 else ((q + 150) << 23) | (n & 0x7FFFFF))
 
 
 class Array:
@@ -95,7 +155,7 @@ class Array:
         """Make a zero-filled array of ``shape`` (int or tuple) and ``dtype``."""
         dtype = _check_dtype(dtype)
         shape = _check_shape(shape)
-        self._init(bytearray(_prod(shape) * _DTYPES[dtype][2]), shape, dtype)
+        self._init(bytearray(_nbytes(shape, dtype, "Array")), shape, dtype)
 
     def _init(self, buf, shape, dtype):
         self._buf = buf
@@ -122,7 +182,7 @@ class Array:
         (outputs a native call overwrites completely need no memset)."""
         dtype = _check_dtype(dtype)
         shape = _check_shape(shape)
-        nbytes = _prod(shape) * _DTYPES[dtype][2]
+        nbytes = _nbytes(shape, dtype, "Array.empty")
         if nbytes < _NO_CLEAR_FROM:
             return cls(shape, dtype)
         return cls._wrap(_FFI.buffer(_NO_CLEAR("char[]", nbytes)), shape, dtype)
@@ -138,8 +198,8 @@ class Array:
             raise TypeError(where_msg("Array.from_list", "values must be an "
                                       "iterable of numbers, got %s"
                                       % type(values).__name__)) from None
-        data = b"".join(_pack_one(fmt, dtype, v, "Array.from_list")
-                        for v in items)
+        data = b"".join(_pack_one(fmt, dtype, v, "Array.from_list", "values[%d]" % i)
+                        for i, v in enumerate(items))
         return cls._wrap(bytearray(data), (len(items),), dtype)
 
     @classmethod
@@ -147,6 +207,9 @@ class Array:
         """Return an Array of ``shape``/``dtype`` copied from raw bytes."""
         dtype = _check_dtype(dtype, "Array.from_bytes")
         shape = _check_shape(shape, "Array.from_bytes")
+        if isinstance(data, (int, str)):         # bytearray(4) would be 4 zero bytes, bytearray("x") a TypeError
+            raise TypeError(where_msg("Array.from_bytes", "data must be bytes-like (bytes, bytearray, a "
+                                      "buffer), got %s" % type(data).__name__))
         buf = bytearray(data)
         need = _prod(shape) * _DTYPES[dtype][2]
         if len(buf) != need:
@@ -265,7 +328,7 @@ class Array:
             shape = shape[0]
         shape = list(shape)
         if shape.count(-1) > 1:
-            raise ValueError(where_msg(where, "only one dimension may be -1"))
+            raise ValueError(where_msg(where, "only one dimension of the shape may be -1, got %r" % (tuple(shape),)))
         if -1 in shape:
             i = shape.index(-1)
             rest = _check_shape(shape[:i] + shape[i + 1:], where)

@@ -134,20 +134,23 @@ def _is_buffer(x):
         memoryview(x).release()
     except TypeError:
         return False
+    except ValueError:          # a released memoryview: a buffer, refused by name where it is read
+        return True
     return True
 
 
-def tensor_list(x, name, where, *, inplace):
+def tensor_list(x, name, where, *, inplace, allow_empty=False):
     """Return float32 Probes (a ProbeList) for one buffer or an iterable of buffers.
 
     Each item is checked with ``float32_tensor`` under the name
-    ``name[i]``; an empty iterable is refused (ValueError). ``inplace``:
+    ``name[i]``; an empty iterable is refused (ValueError), and so is an
+    empty tensor, unless ``allow_empty``. ``inplace``:
     the tensors are updated in place as torch's optimizers update
     parameters and gradients (``float32_tensor``'s ``inplace="update"``).
     """
     inplace = "update" if inplace else False        # params and gradients, as torch's optimizers
     if _is_buffer(x):
-        return ProbeList([float32_tensor(x, name, where, inplace=inplace)])
+        return ProbeList([float32_tensor(x, name, where, inplace=inplace, allow_empty=allow_empty)])
     if isinstance(x, str):
         items = None
     else:
@@ -158,9 +161,9 @@ def tensor_list(x, name, where, *, inplace):
     if items is None:
         raise TypeError(where_msg(where, "%s must be a float32 buffer or a list "
                                   "of them, got %s" % (name, type(x).__name__)))
-    if not items:
+    if not items and not allow_empty:
         raise ValueError(where_msg(where, "%s is an empty list" % name))
-    return ProbeList([float32_tensor(item, "%s[%d]" % (name, i), where, inplace=inplace)
+    return ProbeList([float32_tensor(item, "%s[%d]" % (name, i), where, inplace=inplace, allow_empty=allow_empty)
                       for i, item in enumerate(items)])
 
 

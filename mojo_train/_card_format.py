@@ -28,7 +28,7 @@ import struct
 import zlib
 
 from . import _native
-from ._array import Array
+from ._array import Array, float32_bits
 from .device import DeviceArray
 
 CARD_SUFFIX = ".card"
@@ -79,15 +79,24 @@ def _pair(text):
     return (_number(parts[0]), _number(parts[1]))
 
 
-def _sizes(text):
-    """``1,3,1023`` or with repeats ``999x67,1000x66`` (67 tensors of 999 elements, ...)."""
+def _sizes_or_empty(text):
+    """``1,3,1023`` or with repeats ``999x67,1000x66`` (67 tensors of 999 elements, ...); a size
+    may be 0 (an empty tensor: the clip's lists)."""
     sizes = []
     for item in text.split(","):
         size, _, repeat = item.partition("x")
         sizes.extend([_count(size)] * (_count(repeat) if repeat else 1))
-    if not sizes or 0 in sizes:
-        raise ValueError("%r needs at least one tensor and no empty tensor" % text)
+    if not sizes:
+        raise ValueError("%r needs at least one tensor" % text)
     return tuple(sizes)
+
+
+def _sizes(text):
+    """``sizes=`` as _sizes_or_empty, without empty tensors."""
+    sizes = _sizes_or_empty(text)
+    if 0 in sizes:
+        raise ValueError("%r needs at least one tensor and no empty tensor" % text)
+    return sizes
 
 
 _INPUT_KEYS = {"seed": _count, "sizes": _sizes, "g": _pair}   # a tensor list drawn as the module docstring says
@@ -263,7 +272,9 @@ def _sha(arrays=(), raw=b""):
 
 
 def _f32(*values):
-    return struct.pack("<%df" % len(values), *values)
+    """The float32 bytes of ``values``, packed without the FPU (see _array.float32_bits): a caller's
+    flush-to-zero mode must not change a card's digest."""
+    return struct.pack("<%dI" % len(values), *[float32_bits(v) for v in values])
 
 
 def run_case(case, backend):

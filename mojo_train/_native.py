@@ -451,7 +451,14 @@ def load(numeric_mode=None, vendor=None):
 
 def backend_info(numeric_mode=None, vendor=None):
     """What loads for (vendor, numeric_mode), and every path tried on the way."""
-    b = load(numeric_mode, vendor)
+    if numeric_mode is not None:            # refused as backend_info's own arguments, before load() reads them
+        numeric_mode = _normalize(numeric_mode, NUMERIC_MODES, "numeric_mode", "numeric_mode=", "backend_info")
+    if vendor is not None:
+        vendor = _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=", "backend_info")
+    try:
+        b = load(numeric_mode, vendor)
+    except BackendError as exc:             # the loader's message, from this entry point
+        raise BackendError(where_msg("backend_info", str(exc).split("mojo_train: ", 1)[-1])) from None
     tried = []
     asked = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
     for v in (AUTO_ORDER if asked == "auto" else (asked,)):

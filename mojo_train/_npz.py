@@ -90,7 +90,7 @@ def write(path, arrays):
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(where_msg("npz.write", "bad entry name %r" % (name,)))
         members.append((name + ".npy",) + _member(value, name))
-    tmp = "%s.%d.tmp" % (path, os.getpid())
+    tmp = "%s.%d.tmp" % (os.fsdecode(path), os.getpid())     # a bytes path too (not "b'...'")
     try:
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for member, header, data in members:

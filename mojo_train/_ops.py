@@ -99,10 +99,15 @@ def check(backend, rc, where, names=None):
     except Exception as exc:
         if not names or not isinstance(exc, (ValueError, TypeError)):
             raise
-        text = str(exc).split(": ", 1)[1]
-        pattern = "|".join((_ARGUMENT if len(c) == 1 else r"\b(%s)\b") % re.escape(c) for c in names)
-        text = re.sub(pattern, lambda m: names[next(g for g in m.groups() if g)], text)   # one pass
-        raise type(exc)(where_msg(where, text)) from None
+        raise type(exc)(where_msg(where, rename_arguments(str(exc).split(": ", 1)[1], names))) from None
+
+
+def rename_arguments(text, names):
+    """``text`` (a message without its ``mojo_train.<where>:`` prefix) with every C argument name
+    of ``names`` (a whole word; one letter only where it stands as a name) replaced, in one
+    pass, by the caller's name it maps to."""
+    pattern = "|".join((_ARGUMENT if len(c) == 1 else r"\b(%s)\b") % re.escape(c) for c in names)
+    return re.sub(pattern, lambda m: names[next(g for g in m.groups() if g)], text)
 
 
 def placement(where, numeric_mode, **probes):

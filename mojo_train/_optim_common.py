@@ -14,10 +14,10 @@ from ._native import ffi
 
 
 # torch's switches: name -> (the values taken, the exception for another bool, why). The values
-# taken ask for nothing this library lacks and change nothing (optim.py's docstring).
+# taken ask for nothing this library lacks (amsgrad, taken both ways, is a group's hyper-parameter;
+# the others change nothing: optim.py's docstring).
 _SWITCHES = {
-    "amsgrad": ((False,), NotImplementedError,
-                "amsgrad's max(v_max, v) is not implemented (it is outside the pinned contract)"),
+    "amsgrad": ((False, True), None, None),
     "foreach": ((None, False, True), None, None),
     "fused": ((None, False, True), None, None),
     "capturable": ((False,), NotImplementedError,
@@ -26,9 +26,7 @@ _SWITCHES = {
                        "there is no autograd in mojo_train (step takes the gradients)"),
     "decoupled_weight_decay": ((False,), ValueError,
                                "this Adam's weight decay is coupled; the decoupled update is mojo_train.AdamW"),
-    "error_if_nonfinite": ((True,), NotImplementedError,
-                           "a non-finite total norm is always refused before anything is written "
-                           "(torch's default is False: pass error_if_nonfinite=True)"),
+    "error_if_nonfinite": ((False, True), None, None),
 }
 
 
@@ -52,7 +50,10 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
     """A finite real in [low, high] (or [low, high)); bools are refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(where_msg(where, "%s must be a real number, got %r" % (name, value)))
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:                       # an int beyond a double: infinite, refused below
+        v = float("inf") if value > 0 else float("-inf")
     v32 = float(ffi.cast("float", v))           # the value the native call will see
     bad = not (v32 == v32) or v32 in (float("inf"), float("-inf")) or (low is not None and v < low)
     if high is not None:
@@ -64,10 +65,12 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
 
 
 class _Registry:
-    """A list of float32 tensors as the native layer sees it: a pointer table and offsets."""
+    """A list of float32 tensors as the native layer sees it: a pointer table and offsets.
+    ``probes``: the tensors' Probes, already checked (``tensors`` is then not read)."""
 
-    def __init__(self, tensors, name, where, inplace, backend, like=None):
-        self.probes = _buffer.tensor_list(tensors, name, where, inplace=inplace)
+    def __init__(self, tensors, name, where, inplace, backend, like=None, allow_empty=False, probes=None):
+        self.probes = probes if probes is not None else _buffer.tensor_list(tensors, name, where, inplace=inplace,
+                                                                            allow_empty=allow_empty)
         for j, pb in enumerate(self.probes):
             if pb.device and not backend.has("device_buffers"):
                 raise TypeError(where_msg(where, "%s[%d] is device memory, but the loaded vendor (%s) takes "

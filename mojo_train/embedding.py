@@ -276,6 +276,8 @@ class Embedding:
         refuses (torch would give it no gradient); pass ``freeze=False`` to train it.
         """
         p = _ops.f32_in(embeddings, "embeddings", "Embedding.from_pretrained", ndim=2)
+        if p.nelems == 0:
+            raise ValueError(where_msg("Embedding.from_pretrained", "embeddings is empty (shape %r)" % (tuple(p.shape),)))
         # weight=p: the table's Probe, so that embeddings is probed once
         layer = cls(p.shape[0], p.shape[1], padding_idx, weight=p, plan=plan, numeric_mode=numeric_mode,
                     max_norm=max_norm, norm_type=norm_type, scale_grad_by_freq=scale_grad_by_freq, sparse=sparse)
@@ -317,6 +319,9 @@ class Embedding:
         table = self._weight
         if not isinstance(device, bool):
             raise TypeError(where_msg(where, "device must be a bool, got %r" % (device,)))
+        if device and not _native.load(self.numeric_mode).has("device_buffers"):
+            raise ValueError(where_msg(where, "device=True but the loaded vendor takes no device buffers; set "
+                                       "MOJO_TRAIN_VENDOR=cuda"))
         if device or isinstance(table, DeviceArray):
             pi, id_bytes, shape = _ids(ids, where)
             if not pi.device:       # our own upload of the checked ids, probed as such

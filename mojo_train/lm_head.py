@@ -9,6 +9,7 @@ speed, never a bit. Scratch memory is the library's own (``mojo_train.memory_sta
 ``mojo_train.loss`` re-exports both functions (their public home before this module).
 """
 from . import _ops
+from ._array import float32_at
 from ._errors import refuse_keywords, where_msg
 from ._loss_options import MAX_VOCAB, NO_IGNORE, loss_options
 from ._native import ffi
@@ -28,7 +29,8 @@ _NOT_IN_CHUNKED = ("is not taken by chunked_lm_head_loss (the mean over every ro
 _REFUSED_CHUNKED = {k: _NOT_IN_CHUNKED for k in ("ignore_index", "reduction", "label_smoothing",
                                                    "num_items", "bias", "linear_bias")}
 _REFUSED_LCE = {
-    "weight": "per-class loss weights are not supported: a weighted mean needs its own contract",
+    "weight": "per-class loss weights are not supported by the fused LM head (cross_entropy takes "
+              "weight= on materialized logits)",
     "options": "torch's chunking options are not supported; chunk_rows= sets the chunk size, which "
                "never changes a bit",
 }
@@ -84,7 +86,7 @@ def _lm_head_call(where, hidden, weight, bias, targets, opts, numeric_mode):
         _ops.fptr(d_b), _ops.fptr(h), _ops.fptr(w), _ops.fptr(b), _ops.vptr(t), tbytes, rows, vocab,
         width, opts.ignore_index, red, opts.label_smoothing, opts.num_items, opts.chunk_rows)
     _ops.check(backend, rc, where, names)
-    value = row_loss if red == 0 else float(loss[0])
+    value = row_loss if red == 0 else float32_at(loss.address)
     return value, d_h, d_w, d_b
 
 

@@ -46,7 +46,10 @@ def _uint64(value, name, where):
 def _real(value, name, where):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(where_msg(where, "%s must be a real number, got %s" % (name, type(value).__name__)))
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:                       # an int beyond a double: not finite
+        value = float("inf")
     if not math.isfinite(value):
         raise ValueError(where_msg(where, "%s must be finite, got %r" % (name, value)))
     return value
@@ -249,6 +252,8 @@ class Generator:
         if not isinstance(key, DropoutKey):
             raise TypeError(where_msg(where, "key must be the DropoutKey dropout returned, got %s"
                                       % type(key).__name__))
+        for field in ("seed", "stream", "offset"):       # a key built by hand reaches C unchecked otherwise
+            _uint64(getattr(key, field), "key." + field, where)
         pdy = _ops.f32_in(dy, "dy", where)
         if key.shape is not None and tuple(pdy.shape) != tuple(key.shape):
             raise ValueError(where_msg(where, "dy has shape %r, the forward's x had shape %r; dy must have x's "

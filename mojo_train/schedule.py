@@ -64,7 +64,10 @@ def _real_arg(value, name, where):
                                       "(%s): this %s is not torch's scheduler but a step -> lr function; "
                                       "pass it to the optimizer as lr_schedule=" % (type(value).__name__, where)))
         raise TypeError(where_msg(where, "%s must be a real number, got %r" % (name, value)))
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:                       # an int beyond a double: not finite
+        v = float("inf")
     if not (v == v) or v in (float("inf"), float("-inf")):
         raise ValueError(where_msg(where, "%s must be finite, got %r" % (name, value)))
     return v

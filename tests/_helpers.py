@@ -60,7 +60,12 @@ def ulps_apart(a, b):
 
 
 def fma32(a, b, c):
-    return round_f32(Fraction(a) * Fraction(b) + Fraction(c))
+    if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)):
+        return f32(a * b + c)                # IEEE's NaN and inf rules: nothing left to round
+    q = Fraction(a) * Fraction(b) + Fraction(c)
+    if abs(q) >= 2 ** 128 - 2 ** 103:        # at or past the halfway point to 2**128: inf
+        return math.copysign(math.inf, q)
+    return round_f32(q)
 
 
 # ---- data -----------------------------------------------------------------------------------
@@ -98,16 +103,20 @@ def raw(x):
 
 def snapshot(opt, *buffers):
     """Every byte a refused call could have touched: the given buffers (params, grads, ...)
-    and the optimizer's params, exp_avg, exp_avg_sq, buf_initialized, t, per-step reports,
-    lr, and (by identity) lr_schedule and accumulation_steps, which load_state_dict sets."""
+    and the optimizer's params, exp_avg, exp_avg_sq, max_exp_avg_sq, buf_initialized, t, the
+    per-tensor steps, per-step reports, every group's hyper-parameters (lr_schedule by
+    identity), defaults and accumulation_steps, which load_state_dict sets."""
     state = {"buffers": [raw(b) for b in buffers]}
     if opt is not None:
         state["params"] = [raw(p) for p in opt.params]
-        for name in ("exp_avg", "exp_avg_sq", "buf_initialized"):
+        for name in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "buf_initialized"):
             state[name] = raw(getattr(opt, name, None))
-        for name in ("t", "lr_", "total_norm_", "clip_coef_", "lr"):
+        for name in ("t", "lr_", "total_norm_", "clip_coef_"):
             state[name] = getattr(opt, name)
-        state["lr_schedule"] = id(opt.lr_schedule), opt.lr_schedule
+        state["steps"] = getattr(opt, "steps", None)
+        state["groups"] = [{k: (id(v), v) for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        state["group_params"] = [[id(p) for p in g["params"]] for g in opt.param_groups]
+        state["defaults"] = {k: (id(v), v) for k, v in opt.defaults.items()}
         state["accumulation_steps"] = opt.accumulation_steps
     return state
 
@@ -117,12 +126,25 @@ def snapshot(opt, *buffers):
 LANES, CHUNK = 128, 4096
 
 
+def add32(a, b):
+    """a + b in float32, a sum past FLT_MAX rounding to +-inf as IEEE does (f32 alone refuses)."""
+    s = a + b
+    if math.isfinite(s) and abs(s) >= 2.0 ** 128 - 2.0 ** 103:     # at or past the halfway point to 2**128
+        return math.copysign(math.inf, s)
+    return f32(s)
+
+
+def canonical(x):
+    """x, or the canonical NaN (0x7fc00000 packed) when x is a NaN: the contracts' NaN bits."""
+    return float("nan") if x != x else x
+
+
 def _lane_tree(acc):
     acc = list(acc)
     h = LANES // 2
     while h >= 1:
         for lane in range(h):
-            acc[lane] = f32(acc[lane] + acc[lane + h])
+            acc[lane] = add32(acc[lane], acc[lane + h])
         h //= 2
     return acc[0]
 
@@ -139,7 +161,7 @@ def _tree_fold(s):
     if not s:
         return 0.0
     while len(s) > 1:
-        nxt = [f32(s[2 * k] + s[2 * k + 1]) for k in range(len(s) // 2)]
+        nxt = [add32(s[2 * k], s[2 * k + 1]) for k in range(len(s) // 2)]
         if len(s) % 2:
             nxt.append(s[-1])
         s = nxt
@@ -150,26 +172,53 @@ def _sumsq(x):
     return _tree_fold([_chunk_sumsq(x[c:c + CHUNK]) for c in range(0, len(x), CHUNK)])
 
 
-def ref_norms(tensors):
-    """(per-tensor L2 norms, total) by the length-only tree of mt_pinned.h."""
-    norms = [f32(math.sqrt(_sumsq(list(t)))) for t in tensors]
-    return norms, f32(math.sqrt(_sumsq(norms)))
+def _chunk_sumabs(x):
+    acc = [0.0] * LANES
+    for i, v in enumerate(x):
+        acc[i % LANES] = add32(acc[i % LANES], abs(v))
+    return _lane_tree(acc)
 
 
-def ref_clip(grads, max_norm):
-    """(total, coef, clipped grads as lists) for the contract's clip."""
-    _, total = ref_norms(grads)
+def _sumabs(x):
+    return _tree_fold([_chunk_sumabs(x[c:c + CHUNK]) for c in range(0, len(x), CHUNK)])
+
+
+def _maxabs(x):
+    m = 0.0
+    for v in x:
+        if abs(v) > m or v != v:        # a NaN stays, as clip.md's mt_max_abs
+            m = abs(v)
+    return m
+
+
+def ref_norms(tensors, norm_type=2.0):
+    """(per-tensor norms, total) by the length-only tree of mt_pinned.h (clip.md): the 2-norm
+    (finite gradients whose squares stay in range), the 1-norm or the max norm (any gradients)."""
+    if norm_type == 2.0:
+        norms = [f32(math.sqrt(_sumsq(list(t)))) for t in tensors]
+        return norms, f32(math.sqrt(_sumsq(norms)))
+    fold = _sumabs if norm_type == 1.0 else _maxabs
+    norms = [canonical(fold(list(t))) for t in tensors]
+    return norms, canonical(fold(norms))
+
+
+def ref_clip(grads, max_norm, norm_type=2.0):
+    """(total, coef, clipped grads as lists) for the contract's clip (error_if_nonfinite off:
+    a non-finite total scales too)."""
+    _, total = ref_norms(grads, norm_type)
     coef = f32(f32(max_norm) / f32(total + f32(1e-6)))
-    coef = min(coef, 1.0)
-    if coef < 1.0:
-        grads = [[f32(g * coef) for g in t] for t in grads]
+    coef = 1.0 if coef >= 1.0 else canonical(coef)
+    if coef != 1.0:
+        grads = [[canonical(f32(g * coef)) for g in t] for t in grads]
     else:
         grads = [list(t) for t in grads]
     return total, coef, grads
 
 
-def ref_adam(p, g, m, v, lr, beta1, beta2, eps, wd, maximize, decoupled, bc1, bc2):
-    """One step over flat lists; bc1/bc2 are the float32 bias corrections 1 - beta**t."""
+def ref_adam(p, g, m, v, lr, beta1, beta2, eps, wd, maximize, decoupled, bc1, bc2, vmax=None):
+    """One step over flat lists; bc1/bc2 are the float32 bias corrections 1 - beta**t. With
+    ``vmax`` (max_exp_avg_sq, a list), AMSGrad: vmax = max(vmax, v') (vmax on a tie) and the
+    denominator from it."""
     lr, beta1, beta2, eps, wd = (f32(x) for x in (lr, beta1, beta2, eps, wd))
     omb1, omb2 = f32(1.0 - beta1), f32(1.0 - beta2)
     step_size = f32(lr / bc1)
@@ -186,7 +235,9 @@ def ref_adam(p, g, m, v, lr, beta1, beta2, eps, wd, maximize, decoupled, bc1, bc
                 gi = f32(f32(wd * pv) + gi)
         mv = f32(f32(omb1 * f32(gi - m[i])) + m[i])
         vv = f32(f32(omb2 * f32(gi * gi)) + f32(v[i] * beta2))
-        denom = f32(f32(f32(math.sqrt(vv)) / sqrt_bias2) + eps)
+        if vmax is not None:
+            vmax[i] = vv if vv > vmax[i] else vmax[i]
+        denom = f32(f32(f32(math.sqrt(vv if vmax is None else vmax[i])) / sqrt_bias2) + eps)
         p[i] = f32(pv - f32(step_size * f32(mv / denom)))
         m[i], v[i] = mv, vv
 

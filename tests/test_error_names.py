@@ -88,7 +88,9 @@ RELU, RELUB = nn.relu_forward, nn.relu_backward
 CASES = [  # (entry point, what is bad, call on the tensors, the caller's name the message must hold)
     ("cross_entropy", "float64 logits", _ce(x=lambda d: d["x"].astype(np.float64)), "logits"),
     ("cross_entropy", "strided logits", _ce(x=lambda d: _strided(d["x"])), "logits"),
-    ("cross_entropy", "1-D logits", _ce(x=lambda d: d["x"].reshape(-1)), "logits"),
+    ("cross_entropy", "0-D logits", _ce(x=lambda d: d["x"].reshape(-1)[:1].reshape(())), "logits"),
+    # 1-D logits are torch's unbatched (C,) input: a target list of N is then the mistake
+    ("cross_entropy", "1-D logits with N targets", _ce(x=lambda d: d["x"].reshape(-1)), "targets"),
     ("cross_entropy", "NaN logits", _ce(x=lambda d: _nan(d["x"], 7)), "logits row 1"),
     ("cross_entropy", "2**24 classes", _ce(x=lambda d: mt.Array.empty((1, 2 ** 24), "float32"),
                                            t=lambda d: [0]), "logits"),

@@ -5,7 +5,9 @@ layers (_errors, _dtypes -> _probe -> _array -> device -> _buffer -> _ops -> the
 the graph of their module-level imports, read from the source with ``ast``, has no cycle; nor
 does it gain one when the imports inside functions are added, so a late import never hides a
 circle (the late imports left only defer a cost: ctypes for DLPack, the optimizers' schedule).
-And ``import mojo_train`` loads neither numpy nor torch (they are never dependencies).
+And ``import mojo_train`` loads neither numpy nor torch (they are never dependencies), nor the
+torch adapter ``mojo_train.torch``, which no module of the package imports; the adapter's own
+modules import one another without a circle too.
 """
 import ast
 import os
@@ -114,8 +116,52 @@ def test_the_import_graph_of_mojo_train_has_no_cycle(late):
 
 
 def test_import_mojo_train_imports_neither_numpy_nor_torch():
-    code = "import sys, mojo_train\nprint(sorted(m for m in ('numpy', 'torch') if m in sys.modules))"
+    code = ("import sys, mojo_train\n"
+            "print(sorted(m for m in ('numpy', 'torch', 'mojo_train.torch') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+ADAPTER = os.path.join(PACKAGE, "torch")
+
+
+def _adapter_modules():
+    return sorted(name[:-3] for name in os.listdir(ADAPTER) if name.endswith(".py"))
+
+
+def _imports_the_adapter(node):
+    """True when an import statement of a top-level module names mojo_train.torch."""
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if node.level == 1:
+            return module.split(".")[0] == "torch" or (not module and any(a.name == "torch" for a in node.names))
+        return node.level == 0 and (module == "mojo_train.torch" or module.startswith("mojo_train.torch.")
+                                    or (module == "mojo_train" and any(a.name == "torch" for a in node.names)))
+    return isinstance(node, ast.Import) and any(a.name.startswith("mojo_train.torch") for a in node.names)
+
+
+def test_no_module_of_mojo_train_imports_the_torch_adapter():
+    offenders = []
+    for name in MODULES:
+        with open(os.path.join(PACKAGE, name + ".py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        offenders += [name for node in ast.walk(tree) if _imports_the_adapter(node)]
+    assert offenders == []
+
+
+def test_the_torch_adapter_imports_its_own_modules_without_a_circle():
+    graph = {}
+    for name in _adapter_modules():
+        with open(os.path.join(ADAPTER, name + ".py"), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        edges = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                edges.update([node.module.split(".")[0]] if node.module else [a.name for a in node.names])
+        graph[name] = {m for m in edges if m != name and m in _adapter_modules()}
+    assert {"__init__", "_functions", "functional", "modules", "nn"} <= set(graph)
+    assert "_functions" in graph["functional"] and "functional" in graph["modules"]
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)

@@ -1,13 +1,18 @@
-"""cross_entropy: torch's F.cross_entropy over class indices, with the gradient from the same call.
+"""cross_entropy: torch's F.cross_entropy, with the gradient from the same call.
 
 Contract under test: native/contracts/loss.md (rows, the chunk tree, the token rule over rows,
-the gradient) and cross_entropy's docstring (arguments, refusals, outputs). Every refusal
-names its argument and leaves the caller's buffers as they were; the bits do not depend on
-the thread count; rows are independent; 'sum' is the token rule over the per-row losses (an
-independent float32 replay here); 'mean' is one division; the gradient of ignored rows is
-+0.0. Against torch in float64 the results stay within tests/tolerances.py's bound, which
-torch's own float32 cross_entropy also keeps. The cross-vendor proof is fixtures/loss.card.
-``PYTHONPATH=. python tests/test_loss.py N`` prints the figures quoted in tolerances.py.
+the gradient; the full form's class weights, probability targets and positions) and
+cross_entropy's docstring (arguments, refusals, outputs). Every refusal names its argument and
+leaves the caller's buffers as they were; the bits do not depend on the thread count; rows are
+independent; 'sum' is the token rule over the per-row losses (an independent float32 replay
+here); 'mean' is one division; the gradient of ignored rows is +0.0. The full form: positions
+give the bits of the rows gathered by position, a weight of ones the unweighted bits, one-hot
+probabilities the class-index bits; a weighted row's loss, divisor and gradient and a
+probability row's gradient are replayed from the contract's steps; every NaN is canonical.
+Against torch in float64 the results stay within tests/tolerances.py's bound (units scaled by
+the weights or probabilities, see bound_used_of), which torch's own float32 cross_entropy also
+keeps. The cross-vendor proof is fixtures/loss.card. ``PYTHONPATH=. python tests/test_loss.py
+N`` prints the figures quoted in tolerances.py (lines marked "full": the full form).
 """
 import math
 import struct
@@ -19,7 +24,7 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 import tolerances as tol
-from _helpers import EINVAL, ENONFINITE, f32
+from _helpers import CHUNK, EINVAL, ENONFINITE, LANES, _lane_tree, _tree_fold, f32, fma32
 from mojo_train._native import ffi
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -106,13 +111,32 @@ def test_the_library_scratch_is_returned_after_each_call(mode):
 REFUSALS = [
     # (what, call arguments, exception, words the message must hold)
     ("float64 logits", dict(logits=np.zeros((2, 3))), TypeError, "logits has dtype float64"),
-    ("1-D logits", dict(logits=np.zeros(3, np.float32), targets=[1]), ValueError, "logits must be 2-D"),
+    ("0-d logits", dict(logits=np.zeros((), np.float32)), ValueError, "logits must have a class dimension"),
+    ("1-D logits with a list of targets", dict(logits=np.zeros(3, np.float32), targets=[1]), ValueError,
+     "targets must have shape (), got (1,)"),
     ("no classes", dict(logits=np.zeros((2, 0), np.float32)), ValueError, "V >= 1"),
     ("strided logits", dict(logits=np.zeros((2, 6), np.float32)[:, ::2]), ValueError, "C-contiguous"),
     ("targets of another length", dict(targets=[0, 1, 2]), ValueError, "targets has 3 elements, 2 expected"),
-    ("float targets", dict(targets=np.zeros(2, np.float32)), TypeError, "soft"),
-    ("2-D targets", dict(targets=np.zeros((2, 3), np.int64)), ValueError, "soft"),
-    ("nested list targets", dict(targets=[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]]), ValueError, "soft"),
+    ("float targets of the rows' shape", dict(targets=np.zeros(2, np.float32)), ValueError,
+     "class probabilities must have the logits' shape (2, 3)"),
+    ("float64 probabilities", dict(targets=np.zeros((2, 3))), TypeError, "targets has dtype float64"),
+    ("float16 probabilities", dict(targets=np.zeros((2, 3), np.float16)), TypeError, "targets has dtype float16"),
+    ("strided probabilities", dict(targets=np.zeros((2, 6), np.float32)[:, ::2]), ValueError, "C-contiguous"),
+    ("a NaN probability", dict(targets=np.array([[0, 1, 0], [0.5, np.nan, 0]], np.float32)), ValueError,
+     "targets row 1 holds NaN or inf"),
+    ("2-D integer targets", dict(targets=np.zeros((2, 3), np.int64)), ValueError, "targets has 6 elements, 2 expected"),
+    ("nested list targets", dict(targets=[[0.5, 0.5, 0.0], [0.0, 1.0, 0.0]]), ValueError, "nested list"),
+    ("targets of other positions", dict(logits=np.zeros((2, 3, 4), np.float32), targets=np.zeros((2, 5), np.int64)),
+     ValueError, "targets has 10 elements, 8 expected"),
+    ("probabilities of other positions", dict(logits=np.zeros((2, 3, 4), np.float32),
+                                              targets=np.zeros((2, 3, 5), np.float32)), ValueError,
+     "the logits' shape (2, 3, 4)"),
+    ("a NaN probability at a position", dict(logits=np.zeros((2, 3, 4), np.float32),
+                                             targets=np.where(np.arange(24).reshape(2, 3, 4) == 13, np.nan, 0.25)
+                                             .astype(np.float32)), ValueError, "targets[1, :, 1] holds NaN or inf"),
+    ("an inf logit at a position", dict(logits=np.where(np.arange(24).reshape(2, 3, 4) == 6, np.inf, 0.0)
+                                        .astype(np.float32), targets=np.zeros((2, 4), np.int64)), ValueError,
+     "logits[0, :, 2] holds NaN or inf"),
     ("bool targets", dict(targets=np.array([True, False])), TypeError, "targets has dtype bool"),
     ("a list of bools", dict(targets=[True, False]), TypeError, "targets must hold integers"),
     ("a list of floats", dict(targets=[0.0, 1.0]), TypeError, "targets must hold integers"),
@@ -120,7 +144,14 @@ REFUSALS = [
     ("reduction none with a gradient", dict(reduction="none", return_grad=True), NotImplementedError,
      "reduction='none'"),
     ("return_grad", dict(return_grad=1), TypeError, "return_grad must be a bool"),
-    ("weight", dict(weight=np.ones(3, np.float32)), TypeError, "weight= is not supported"),
+    ("float64 weight", dict(weight=np.ones(3)), TypeError, "weight has dtype float64"),
+    ("a weight per row", dict(weight=np.ones(2, np.float32)), ValueError, "weight must have shape (3,)"),
+    ("2-D weight", dict(weight=np.ones((1, 3), np.float32)), ValueError, "weight must have shape (3,)"),
+    ("a NaN weight", dict(weight=np.array([1, np.nan, 1], np.float32)), ValueError, "weight[1] is NaN or inf"),
+    ("an inf weight of an unused class", dict(weight=np.array([1, np.inf, 1], np.float32)), ValueError,
+     "weight[1] is NaN or inf"),
+    ("a target out of range with a weight", dict(targets=[0, 3], weight=np.ones(3, np.float32)), ValueError,
+     "targets[1] = 3 is outside [0, 3)"),
     ("size_average", dict(size_average=True), TypeError, "size_average= is not supported"),
     ("reduce", dict(reduce=False), TypeError, "reduce= is not supported"),
     ("an unknown keyword", dict(colour="red"), TypeError, "unexpected keyword argument 'colour'"),
@@ -154,11 +185,12 @@ def test_a_refused_call_names_its_argument_and_writes_nothing(mode, what, kwargs
     kwargs = dict(kwargs)
     x = kwargs.pop("logits", np.arange(6, dtype=np.float32).reshape(2, 3))
     t = kwargs.pop("targets", np.array([2, 0], np.int64))
-    before = (x.tobytes(), np.asarray(t).tobytes())
+    w = kwargs.get("weight")
+    before = (x.tobytes(), np.asarray(t).tobytes(), np.asarray(w).tobytes())
     with pytest.raises(exc) as info:
         ce(mode, x, t, **kwargs)
     assert words in str(info.value) and "mojo_train.cross_entropy" in str(info.value)
-    assert (x.tobytes(), np.asarray(t).tobytes()) == before
+    assert (x.tobytes(), np.asarray(t).tobytes(), np.asarray(w).tobytes()) == before
 
 
 def test_a_target_of_a_large_vocabulary_is_refused_naming_its_row(mode):
@@ -331,22 +363,27 @@ def _all_outputs(mode, x, t, **kw):
     return [raw(total), raw(d), raw(mean), raw(dm), raw(ce(mode, x, t, reduction="none", **kw))]
 
 
-@pytest.mark.parametrize("smoothing", [0.0, 0.1])
-def test_the_bits_do_not_depend_on_the_thread_count(mode, smoothing):
-    _need(mode)
+def same_at_every_thread_count(mode, x, t, **kw):
+    """Whether every output (_all_outputs) has the same bits with 1, 2, 3 and 7 threads."""
     if not mode.has("threads"):
         pytest.skip("the vendor has no thread pool")
     lib = mode.backend.lib
-    x, t = logits_of(1500, 600, seed=3), targets_of(1500, 600, seed=3, ignore=0.1)
     keep = lib.mt_num_threads()
     try:
         seen = []
         for n in (1, 2, 3, 7):
             assert lib.mt_set_num_threads(n) == 0
-            seen.append(_all_outputs(mode, x, t, label_smoothing=smoothing))
+            seen.append(_all_outputs(mode, x, t, **kw))
     finally:
         lib.mt_set_num_threads(keep)
-    assert all(s == seen[0] for s in seen[1:])
+    return all(s == seen[0] for s in seen[1:])
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_the_bits_do_not_depend_on_the_thread_count(mode, smoothing):
+    _need(mode)
+    x, t = logits_of(1500, 600, seed=3), targets_of(1500, 600, seed=3, ignore=0.1)
+    assert same_at_every_thread_count(mode, x, t, label_smoothing=smoothing)
 
 
 def test_the_same_call_twice_gives_the_same_bits(mode):
@@ -454,15 +491,316 @@ def test_label_smoothing_zero_is_no_smoothing_and_any_other_value_moves_the_bits
     assert _all_outputs(mode, x, t, label_smoothing=2.0 ** -20) != _all_outputs(mode, x, t)
 
 
+# ---- the full form: class weights, probability targets, positions (mt_cross_entropy_nd) --------
+
+def weights_of(vocab, seed=0, low=0.0, high=2.0, zeros=0.0):
+    rng = np.random.Generator(np.random.PCG64(seed + 2))
+    w = rng.uniform(low, high, vocab).astype(np.float32)
+    w[rng.uniform(0.0, 1.0, vocab) < zeros] = 0.0
+    return w
+
+
+def probs_of(shape, seed=0, low=0.0, high=1.0):
+    rng = np.random.Generator(np.random.PCG64(seed + 3))
+    return rng.uniform(low, high, shape).astype(np.float32)
+
+
+def chunk_tree(values, step=lambda acc, v: f32(acc + v)):
+    """The chunk tree of clip.md replayed in float32: lane l of each 4096-chunk folds elements
+    l, l + 128, ... with ``step`` from +0.0, the lane tree, the pairwise tree of the chunks."""
+    parts = []
+    for c in range(0, len(values), CHUNK):
+        acc = [0.0] * LANES
+        for i, v in enumerate(values[c:c + CHUNK]):
+            acc[i % LANES] = step(acc[i % LANES], v)
+        parts.append(_lane_tree(acc))
+    return _tree_fold(parts)
+
+
+def canonical_bits(x):
+    """raw(x), with any NaN as the contract's canonical 0x7fc00000."""
+    return struct.pack("<I", 0x7FC00000) if x != x else raw(x)
+
+
+FULL = [dict(), dict(label_smoothing=0.1), dict(num_items=9)]
+SHAPES = [(3, 7, 1), (2, 300, 17), (2, 5, 3, 4), (1, 4100, 2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+@pytest.mark.parametrize("kind", ["indices", "weight", "probabilities"])
+def test_positions_give_the_bits_of_the_rows_gathered_by_position(mode, shape, kind):
+    """(N, C, d1, ...) is (N * d1 * ..., C) after moving the class dimension last: every output."""
+    _need(mode)
+    x = logits_of(shape[0], int(np.prod(shape[1:])), seed=20).reshape(shape)
+    n, vocab, rest = shape[0], shape[1], shape[2:]
+    moved = np.ascontiguousarray(np.moveaxis(x, 1, -1)).reshape(-1, vocab)
+    w = weights_of(vocab, seed=20) if kind == "weight" else None
+    if kind == "probabilities":
+        t = probs_of(shape, seed=20)
+        t2 = np.ascontiguousarray(np.moveaxis(t, 1, -1)).reshape(-1, vocab)
+    else:
+        t = targets_of(n * int(np.prod(rest)), vocab, seed=20, ignore=0.2).reshape((n,) + rest)
+        t2 = t.ravel()
+    for kw in FULL:
+        rows = ce(mode, x, t, weight=w, reduction="none", label_smoothing=kw.get("label_smoothing", 0.0))
+        assert rows.shape == (n,) + rest
+        assert raw(rows) == raw(ce(mode, moved, t2, weight=w, reduction="none",
+                                   label_smoothing=kw.get("label_smoothing", 0.0)))
+        for red in ("sum", "mean"):
+            if red == "sum" and "num_items" in kw:
+                continue
+            got, d = ce(mode, x, t, weight=w, reduction=red, return_grad=True, **kw)
+            want, d2 = ce(mode, moved, t2, weight=w, reduction=red, return_grad=True, **kw)
+            assert canonical_bits(got) == canonical_bits(want) and d.shape == shape
+            back = np.moveaxis(np.asarray(d2).reshape((n,) + rest + (vocab,)), -1, 1)
+            assert np.asarray(d).tobytes() == np.ascontiguousarray(back).tobytes()
+
+
+def test_unbatched_logits_are_one_row(mode):
+    _need(mode)
+    x, w = logits_of(1, 50, seed=21), weights_of(50, seed=21)
+    y = probs_of((1, 50), seed=21)
+    for t, t1 in ((np.array(7), np.array([7])), (y[0], y)):
+        for kw in (dict(), dict(weight=w, label_smoothing=0.2)):
+            row = ce(mode, x[0], t, reduction="none", **kw)
+            assert row.shape == () and raw(row) == raw(ce(mode, x, t1, reduction="none", **kw))
+            loss, d = ce(mode, x[0], t, return_grad=True, **kw)
+            want, d1 = ce(mode, x, t1, return_grad=True, **kw)
+            assert raw(loss) == raw(want) and d.shape == (50,) and raw(d) == raw(d1)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 2.0 ** -30, 0.1, 0.3, 0.5, 0.75, 0.9999])
+def test_a_weight_of_all_ones_gives_the_unweighted_bits(mode, smoothing):
+    _need(mode)
+    x, t = logits_of(300, 4100, seed=22), targets_of(300, 4100, seed=22, ignore=0.2)
+    ones = np.ones(4100, np.float32)
+    assert _all_outputs(mode, x, t, weight=ones, label_smoothing=smoothing) == \
+        _all_outputs(mode, x, t, label_smoothing=smoothing)
+    x3, t3 = x.reshape(30, 10, 4100).transpose(0, 2, 1).copy(), t.reshape(30, 10)
+    assert _all_outputs(mode, x3, t3, weight=ones, label_smoothing=smoothing) == \
+        _all_outputs(mode, x3, t3, label_smoothing=smoothing)
+
+
+def test_keep_plus_eps_is_exactly_one_for_every_float32_eps():
+    """loss.md's argument why a weight of ones gives the unweighted bits: A = keep + eps = 1."""
+    rng = np.random.Generator(np.random.PCG64(23))
+    eps = np.concatenate([rng.uniform(0, 1, 20000), 2.0 ** -rng.uniform(0, 40, 20000)]).astype(np.float32)
+    eps = np.concatenate([eps, np.nextafter(np.float32(0.5), np.float32([0, 1])), [np.float32(2.0 ** -24)]])
+    keep = np.float32(1) - eps
+    assert ((keep + eps) == np.float32(1)).all()
+
+
+def test_one_hot_probabilities_give_the_class_index_bits(mode):
+    _need(mode)
+    x, t = logits_of(200, 1000, seed=24), targets_of(200, 1000, seed=24)
+    y = np.zeros((200, 1000), np.float32)
+    y[np.arange(200), t] = 1.0
+    assert _all_outputs(mode, x, y) == _all_outputs(mode, x, t)
+
+
+def test_a_weighted_row_loses_its_target_weight_times_the_unweighted_loss(mode):
+    _need(mode)
+    x, t, w = logits_of(500, 300, seed=25), targets_of(500, 300, seed=25, ignore=0.2), weights_of(300, seed=25)
+    plain = ce(mode, x, t, reduction="none").tolist()
+    got = ce(mode, x, t, weight=w, reduction="none").tolist()
+    want = [0.0 if ti == -100 else f32(float(w[ti]) * v) for ti, v in zip(t, plain)]
+    assert raw(mt.Array.from_list(got, "float32")) == raw(mt.Array.from_list(want, "float32"))
+
+
+@pytest.mark.parametrize("rows", [1, 1025, 3000])
+def test_a_weighted_sum_and_mean_are_the_token_rule_over_rows_and_target_weights(mode, rows):
+    _need(mode)
+    x, t = logits_of(rows, 40, seed=rows), targets_of(rows, 40, seed=rows, ignore=0.1)
+    w = weights_of(40, seed=rows, zeros=0.2)
+    per_row = ce(mode, x, t, weight=w, reduction="none", label_smoothing=0.1).tolist()
+    total = ce(mode, x, t, weight=w, reduction="sum", label_smoothing=0.1)
+    assert raw(total) == raw(token_rule_sum(per_row))
+    divisor = token_rule_sum([0.0 if ti == -100 else float(w[ti]) for ti in t])
+    assert canonical_bits(ce(mode, x, t, weight=w, label_smoothing=0.1)) == canonical_bits(f32(total / divisor))
+    assert raw(ce(mode, x, t, weight=w, num_items=rows + 1, label_smoothing=0.1)) == raw(f32(total / f32(rows + 1)))
+    y = probs_of((rows, 40), seed=rows)
+    total = ce(mode, x, y, weight=w, reduction="sum")
+    assert raw(total) == raw(token_rule_sum(ce(mode, x, y, weight=w, reduction="none").tolist()))
+    assert raw(ce(mode, x, y, weight=w)) == raw(f32(total / f32(rows)))         # torch: / N, not the weights
+
+
+def _softmax_of(mode, x):
+    """p_j of every row as the library forms it: the 'sum' gradient of a non-target class is
+    e_j / s rounded once; two targets per row give every class."""
+    t0 = np.zeros(len(x), np.int64)
+    _, d0 = ce(mode, x, t0, reduction="sum", return_grad=True)
+    _, d1 = ce(mode, x, t0 + 1, reduction="sum", return_grad=True)
+    p = np.asarray(d0).copy()
+    p[:, 0] = np.asarray(d1)[:, 0]
+    return p
+
+
+def test_a_weighted_gradient_is_p_times_a_minus_y_times_g(identical):
+    mode = identical          # the contract's arithmetic, replayed
+    _need(mode)
+    x, t, w = logits_of(40, 30, seed=26), targets_of(40, 30, seed=26, ignore=0.2), weights_of(30, seed=26)
+    p = _softmax_of(mode, x)
+    for eps in (0.0, 0.2):
+        keep, off = f32(1.0 - f32(eps)), f32(f32(eps) / 30.0)
+        wm = f32(chunk_tree([float(v) for v in w]) / 30.0) if eps else 0.0
+        _, d = ce(mode, x, t, weight=w, reduction="sum", return_grad=True, label_smoothing=eps)
+        want = np.zeros_like(p)
+        for i, ti in enumerate(t):
+            if ti == -100:
+                continue
+            kt = f32(keep * float(w[ti]))
+            a = f32(kt + f32(eps * wm))
+            for j in range(30):
+                y = f32(off * float(w[j]))
+                if j == ti:
+                    y = f32(kt + y)
+                want[i, j] = fma32(float(p[i, j]), a, -y)
+        assert np.asarray(d).tobytes() == want.tobytes(), eps
+        divisor = token_rule_sum([0.0 if ti == -100 else float(w[ti]) for ti in t])
+        _, dm = ce(mode, x, t, weight=w, return_grad=True, label_smoothing=eps)
+        assert np.asarray(dm).tobytes() == (np.asarray(d) * np.float32(f32(1.0 / divisor))).astype(np.float32).tobytes()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("eps", [0.0, 0.3])
+def test_a_probability_gradient_is_p_times_the_coefficient_sum_minus_the_coefficient(identical, weighted, eps):
+    mode = identical          # the contract's arithmetic, replayed
+    _need(mode)
+    x, y = logits_of(30, 300, seed=27), probs_of((30, 300), seed=27, low=-0.5)
+    w = weights_of(300, seed=27, zeros=0.1) if weighted else None
+    keep, off = f32(1.0 - f32(eps)), f32(f32(eps) / 300.0)
+    p = _softmax_of(mode, x)
+    _, d = ce(mode, x, y, weight=w, reduction="sum", return_grad=True, label_smoothing=eps)
+    want = np.zeros_like(p)
+    for i in range(30):
+        c = [f32(f32(keep * float(v)) + off) if eps else float(v) for v in y[i]]
+        c = [f32(float(w[j]) * c[j]) for j in range(300)] if weighted else c
+        csum = chunk_tree(c)
+        want[i] = [fma32(float(p[i, j]), csum, -c[j]) for j in range(300)]
+    assert np.asarray(d).tobytes() == want.tobytes()
+
+
+def test_the_mean_of_nothing_is_the_canonical_nan(mode):
+    _need(mode)
+    x, w = logits_of(10, 30), weights_of(30)
+    nan = struct.pack("<I", 0x7FC00000)
+    ignored = np.full(10, -100, np.int64)
+    mean, d = ce(mode, x, ignored, weight=w, return_grad=True)
+    assert canonical_bits(mean) == raw(mean) == nan and not np.asarray(d).view(np.uint32).any()
+    t = targets_of(10, 30)
+    for eps in (0.0, 0.1):                          # target weights all zero: 0 / 0, and g = inf
+        mean, d = ce(mode, x, t, weight=np.zeros(30, np.float32), return_grad=True, label_smoothing=eps)
+        assert raw(mean) == nan and (np.asarray(d).view(np.uint32) == 0x7FC00000).all()
+    for kw in (dict(weight=w), dict(), dict(label_smoothing=0.5)):
+        x0, y0 = np.zeros((0, 30, 3), np.float32), np.zeros((0, 30, 3), np.float32)
+        assert raw(ce(mode, x0, y0, **kw)) == nan and raw(ce(mode, x0, y0, reduction="sum", **kw)) == raw(0.0)
+        assert raw(ce(mode, x0, np.zeros((0, 3), np.int64), **kw)) == nan
+        assert ce(mode, x0, y0, reduction="none", **kw).shape == (0, 3)
+
+
+def test_weights_summing_to_zero_give_an_infinite_mean_as_torch(mode):
+    _need(mode)
+    x, t = logits_of(2, 4, seed=28), np.array([0, 1])
+    w = np.array([1.0, -1.0, 0.5, 0.5], np.float32)
+    assert math.isinf(ce(mode, x, t, weight=w))
+
+
+@pytest.mark.parametrize("kind", ["weight", "probabilities", "positions"])
+def test_the_full_form_does_not_depend_on_the_thread_count(mode, kind):
+    _need(mode)
+    x, t = logits_of(600, 500, seed=29), targets_of(600, 500, seed=29, ignore=0.1)
+    kw = {"weight": dict(weight=weights_of(500, seed=29)), "probabilities": {}, "positions": {}}[kind]
+    if kind == "probabilities":
+        t = probs_of((600, 500), seed=29)
+    if kind == "positions":
+        x, t = x.reshape(20, 500, 30), t.reshape(20, 30)
+    assert same_at_every_thread_count(mode, x, t, label_smoothing=0.1, **kw)
+
+
+def test_the_lm_head_losses_still_refuse_a_weight_and_probabilities_by_name(identical):
+    _need(identical)
+    if not identical.has("lm_head"):
+        pytest.skip("this library has no lm_head (mt_features)")
+    h, lw = np.ones((3, 4), np.float32), np.ones((5, 4), np.float32)
+    t, probs = np.zeros(3, np.int64), np.full((3, 5), 0.2, np.float32)
+    with pytest.raises(TypeError, match=r"^mojo_train.linear_cross_entropy: weight= is not supported"):
+        mt.linear_cross_entropy(h, lw, t, weight=np.ones(5, np.float32), numeric_mode="identical")
+    with pytest.raises(TypeError, match=r"^mojo_train.linear_cross_entropy: target has dtype float32"):
+        mt.linear_cross_entropy(h, lw, probs, numeric_mode="identical")
+    with pytest.raises(TypeError, match=r"^mojo_train.chunked_lm_head_loss: targets has dtype float32"):
+        mt.chunked_lm_head_loss(h, lw, probs, numeric_mode="identical")
+
+
+def _nd_call(lib, **over):
+    """mt_cross_entropy_nd on (2, 3, 2) logits with sentinel-filled outputs: (rc, outputs)."""
+    x = ffi.new("float[12]", [0.5 * i for i in range(12)])
+    outs = {"loss_out": ffi.new("float[1]", [7.0]), "row_loss": ffi.new("float[4]", [7.0] * 4),
+            "dlogits": ffi.new("float[12]", [7.0] * 12)}
+    args = dict(loss_out=outs["loss_out"], row_loss=outs["row_loss"], dlogits=outs["dlogits"], logits=x,
+                targets=ffi.new("int64_t[4]", [1, 2, 0, -100]), target_probs=ffi.NULL,
+                weight=ffi.new("float[3]", [1.0, 2.0, 0.5]), target_bytes=8, n_batch=2, vocab=3, inner=2,
+                ignore_index=-100, reduction=1, label_smoothing=0.0, num_items=0)
+    args.update(over)
+    rc = lib.mt_cross_entropy_nd(*[args[k] for k in ("loss_out", "row_loss", "dlogits", "logits", "targets",
+                                                     "target_probs", "weight", "target_bytes", "n_batch", "vocab",
+                                                     "inner", "ignore_index", "reduction", "label_smoothing",
+                                                     "num_items")])
+    return rc, {k: list(v) for k, v in outs.items()}
+
+
+ND_PROBS = ffi.new("float[12]", [0.25] * 12)
+ND_REFUSALS = [
+    (dict(target_bytes=2), EINVAL, "target_bytes must be 4 or 8"),
+    (dict(target_probs=ND_PROBS), EINVAL, "target_probs must be NULL with class indices"),
+    (dict(target_bytes=0), EINVAL, "targets must be NULL with target_bytes 0"),
+    (dict(target_bytes=0, targets=ffi.NULL), EINVAL, "target_probs is NULL"),
+    (dict(inner=0), EINVAL, "inner must be >= 1"), (dict(n_batch=-1), EINVAL, "n_batch must be >= 0"),
+    (dict(n_batch=2 ** 40, inner=2 ** 30), EINVAL, "n_batch * inner overflows"),
+    (dict(vocab=0), EINVAL, "vocab"), (dict(reduction=0), EINVAL, "dlogits must be NULL"),
+    (dict(weight=ffi.new("float[3]", [1.0, float("nan"), 1.0])), ENONFINITE, "weight[1] is NaN or inf"),
+    (dict(targets=ffi.new("int64_t[4]", [1, 2, 3, 0])), EINVAL, "targets[2] = 3 is outside [0, 3)"),
+]
+
+
+@pytest.mark.parametrize("over, code, words", ND_REFUSALS, ids=[w for _, _, w in ND_REFUSALS])
+def test_the_full_c_entry_refuses_a_bad_argument_by_name_and_writes_nothing(mode, over, code, words):
+    _need(mode)
+    lib = mode.backend.lib
+    rc, outs = _nd_call(lib, **over)
+    assert rc == code and words in ffi.string(lib.mt_last_error()).decode()
+    assert outs == {"loss_out": [7.0], "row_loss": [7.0] * 4, "dlogits": [7.0] * 12}
+
+
+def test_the_full_c_entry_refuses_a_gradient_over_its_inputs(mode):
+    _need(mode)
+    lib = mode.backend.lib
+    x = ffi.new("float[12]", [0.5 * i for i in range(12)])
+    rc, _ = _nd_call(lib, logits=x, dlogits=x + 2)
+    assert rc == EINVAL and "dlogits overlaps logits" in ffi.string(lib.mt_last_error()).decode()
+    assert list(x) == [0.5 * i for i in range(12)]
+
+
+def test_the_full_c_entry_names_the_position_of_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
+    _need(mode)
+    lib = mode.backend.lib
+    x = ffi.new("float[12]", [0.5 * i for i in range(12)])
+    x[9] = float("inf")                                   # batch 1, class 1, position 1
+    rc, outs = _nd_call(lib, logits=x)
+    assert rc == ENONFINITE and "logits[1, :, 1] holds NaN or inf" in ffi.string(lib.mt_last_error()).decode()
+    assert outs["loss_out"] == [7.0]
+
+
 # ---- against torch in float64 ---------------------------------------------------------------------
 
 def run_torch(x, t, dtype, ignore_index=-100, reduction="mean", label_smoothing=0.0, num_items=None,
-              return_grad=False):
+              return_grad=False, weight=None):
     torch = pytest.importorskip("torch")
     tx = torch.tensor(x, dtype=dtype, requires_grad=True)
-    tt = torch.tensor(np.asarray(t, dtype=np.int64))
+    t = np.asarray(t)
+    tt = torch.tensor(t, dtype=dtype) if t.dtype.kind == "f" else torch.tensor(t.astype(np.int64))
     red = "sum" if num_items is not None else reduction
-    loss = torch.nn.functional.cross_entropy(tx, tt, ignore_index=ignore_index, reduction=red,
+    loss = torch.nn.functional.cross_entropy(tx, tt, weight=None if weight is None else torch.tensor(weight, dtype=dtype),
+                                             ignore_index=ignore_index, reduction=red,
                                              label_smoothing=label_smoothing)
     if num_items is not None:
         loss = loss / num_items
@@ -501,18 +839,47 @@ def case_data(case):
     return x, targets_of(case["rows"], case["vocab"], case["seed"], ignore=case["ignore"])
 
 
+def _rows_of(x, t):
+    """The logits as (rows, C) and the targets as (rows,) indices or (rows, C) probabilities."""
+    x, t = np.asarray(x), np.asarray(t)
+    if x.ndim == 1:
+        x, t = x[None], t[None]
+    vocab = x.shape[1]
+    return (np.moveaxis(x, 1, -1).reshape(-1, vocab),
+            np.moveaxis(t, 1, -1).reshape(-1, vocab) if t.dtype.kind == "f" else t.reshape(-1))
+
+
+def _scale_and_divisor(t2, vocab, options):
+    """(S, K, D): the units' factor S (1 for class indices without weight; the largest |weight|;
+    with probabilities the largest sum_j |c_j| of a row, c_j = w_j (y_j (1 - eps) + eps / C)),
+    the rows counted K and the mean's divisor D without num_items (float64)."""
+    w, eps = options.get("weight"), options.get("label_smoothing", 0.0)
+    w64 = np.ones(vocab) if w is None else np.asarray(w, np.float64)
+    if t2.dtype.kind == "f":
+        c = w64 * (t2.astype(np.float64) * (1.0 - eps) + eps / vocab)
+        return (float(np.abs(c).sum(axis=1).max()) if len(c) else 1.0), len(t2), float(len(t2))
+    kept = t2 != -100
+    return (1.0 if w is None else float(np.abs(w64).max())), int(kept.sum()), float(w64[t2[kept]].sum())
+
+
 def bound_used_of(got, ref, x, t, options):
-    """{quantity: worst bound used} of one case. The mean of no rows is checked apart: NaN on
-    both sides, and our gradient +0.0 (torch's is NaN there)."""
-    kept = int((np.asarray(t) != -100).sum())
-    divisor = options.get("num_items") or kept
+    """{quantity: worst bound used} of one case: tolerances.py's units (ce_units) times S (see
+    _scale_and_divisor: a weight or probabilities scale every quantity). A mean divided by zero is
+    checked apart: NaN on both sides (or the same infinity); with no row counted our gradient is
+    +0.0 (torch's is NaN there); rows of zero weight have NaN gradients on both sides."""
+    x2, t2 = _rows_of(x, t)
+    scale, kept, counted = _scale_and_divisor(t2, x2.shape[1], options)
+    divisor = options.get("num_items") or counted
     reduction = options.get("reduction", "mean")
     if reduction == "mean" and not divisor:
-        assert np.isnan(got["loss"]).all() and np.isnan(ref["loss"]).all(), (got["loss"], ref["loss"])
-        assert "dlogits" not in got or not got["dlogits"].any()
+        if np.isinf(ref["loss"]).all():
+            assert (got["loss"] == ref["loss"]).all(), (got["loss"], ref["loss"])
+        else:
+            assert np.isnan(got["loss"]).all() and np.isnan(ref["loss"]).all(), (got["loss"], ref["loss"])
+        assert "dlogits" not in got or kept or not got["dlogits"].any()
         return {}
     units = tol.ce_units(np.abs(x).max() if x.size else 0.0, kept, divisor, reduction)
-    return {name: tol.bound_used(got[name], ref[name], units[name])[0] for name in ref}
+    return {name: tol.bound_used(got[name], ref[name], units[name] * scale)[0] for name in ref}
 
 
 def check_against_torch(numeric_mode, x, t, label, **options):
@@ -540,7 +907,68 @@ def test_torch_float32_stays_within_the_same_bound(case):
     check_against_torch(None, x, t, "torch float32", **case["options"])
 
 
+@st.composite
+def full_cases(draw):
+    """Cases of the full form: a weight (zeros among its values), probabilities, positions."""
+    kind = draw(st.sampled_from(("weight", "probabilities", "positions")))
+    case = draw(ce_cases())
+    case["vocab"] = min(case["vocab"], 1000)
+    case["dims"] = draw(st.sampled_from(((1,), (3,), (7,), (2, 3)))) if kind == "positions" else ()
+    case["soft"] = kind == "probabilities" or (kind == "positions" and draw(st.booleans()))
+    case["soft_low"] = draw(st.sampled_from((0.0, -0.5)))
+    case["weighted"] = kind == "weight" or draw(st.booleans())
+    case["wzero"] = draw(st.sampled_from((0.0, 0.3)))
+    return case
+
+
+def full_case_data(case):
+    """(logits, targets, options) of a full-form case."""
+    rows, vocab, dims, seed = case["rows"], case["vocab"], case["dims"], case["seed"]
+    positions = int(np.prod(dims))
+    x = logits_of(rows, vocab * positions, seed, scale=2.0 ** case["exp"]).reshape((rows, vocab) + dims)
+    if case["soft"]:
+        t = probs_of(x.shape, seed, low=case["soft_low"])
+    else:
+        t = targets_of(rows * positions, vocab, seed, ignore=case["ignore"]).reshape((rows,) + dims)
+    w = weights_of(vocab, seed, zeros=case["wzero"]) if case["weighted"] else None
+    return x, t, dict(case["options"], weight=w)
+
+
+@settings(max_examples=60, **_SETTINGS)
+@given(case=full_cases())
+def test_the_full_form_stays_within_the_bound_of_torch_float64(mode, case):
+    _need(mode)
+    x, t, options = full_case_data(case)
+    check_against_torch(mode.numeric_mode, x, t, "%r" % (mode,), **options)
+
+
+@settings(max_examples=30, **_SETTINGS)
+@given(case=full_cases())
+def test_torch_float32_stays_within_the_same_bound_in_the_full_form(case):
+    x, t, options = full_case_data(case)
+    check_against_torch(None, x, t, "torch float32", **options)
+
+
 MAGNITUDES = [("subnormal", 2.0 ** -140), ("tiny", 2.0 ** -100), ("large", 1e4), ("huge", 1e30)]
+
+
+@pytest.mark.parametrize("name, scale", MAGNITUDES, ids=[m[0] for m in MAGNITUDES])
+@pytest.mark.parametrize("kind", ["weight", "probabilities"])
+def test_extreme_magnitudes_stay_within_the_bound_of_torch_float64_in_the_full_form(mode, name, scale, kind):
+    _need(mode)
+    x, w = logits_of(37, 1000, seed=30, scale=scale), weights_of(1000, seed=30, zeros=0.1)
+    t = targets_of(37, 1000, seed=30, ignore=0.1) if kind == "weight" else probs_of((37, 1000), seed=30, low=-0.5)
+    for reduction in ("none", "sum", "mean"):
+        check_against_torch(mode.numeric_mode, x, t, "%r %s %s" % (mode, name, kind), reduction=reduction,
+                            weight=w, label_smoothing=0.2, return_grad=reduction != "none")
+
+
+def test_negative_weights_stay_within_the_bound_of_torch_float64(mode):
+    _need(mode)
+    x, t, w = logits_of(50, 300, seed=31), targets_of(50, 300, seed=31), weights_of(300, seed=31, low=-1.0, high=3.0)
+    for reduction in ("none", "sum", "mean"):
+        check_against_torch(mode.numeric_mode, x, t, "%r" % (mode,), reduction=reduction, weight=w,
+                            label_smoothing=0.1, return_grad=reduction != "none")
 
 
 @pytest.mark.parametrize("name, scale", MAGNITUDES, ids=[m[0] for m in MAGNITUDES])
@@ -579,6 +1007,54 @@ def test_device_buffers_give_the_host_bits_and_the_results_stay_on_the_device(id
         ce(mode, dx, t)
 
 
+FULL_ON_DEVICE = [  # (what, logits shape, targets: "indices" or "probabilities", weighted)
+    ("weight", (300, 5000), "indices", True), ("probabilities", (300, 4100), "probabilities", False),
+    ("weighted probabilities", (64, 50304), "probabilities", True), ("positions", (20, 700, 7), "indices", False),
+    ("positions with a weight", (20, 700, 3, 5), "indices", True),
+    ("positions with probabilities", (10, 4099, 3), "probabilities", True),
+]
+
+
+@pytest.mark.parametrize("what, shape, kind, weighted", FULL_ON_DEVICE, ids=[f[0] for f in FULL_ON_DEVICE])
+def test_the_full_form_on_device_buffers_gives_the_host_bits(identical, what, shape, kind, weighted):
+    mode = identical
+    _need(mode)
+    if not mode.has("device_buffers"):
+        pytest.skip("the vendor takes no device buffers")
+    n, vocab, rest = shape[0], shape[1], shape[2:]
+    x = logits_of(n, int(np.prod(shape[1:])), seed=32).reshape(shape)
+    t = probs_of(shape, seed=32) if kind == "probabilities" else \
+        targets_of(n * int(np.prod(rest)), vocab, seed=32, ignore=0.1).reshape((n,) + rest)
+    w = weights_of(vocab, seed=32, zeros=0.1) if weighted else None
+    dev = [mt.to_device(a, numeric_mode=mode.numeric_mode) if a is not None else None for a in (x, t, w)]
+    for kw in (dict(reduction="sum", return_grad=True), dict(return_grad=True, label_smoothing=0.1),
+               dict(reduction="none"), dict(num_items=1000, return_grad=True)):
+        host, on = ce(mode, x, t, weight=w, **kw), ce(mode, dev[0], dev[1], weight=dev[2], **kw)
+        host, on = (host if isinstance(host, tuple) else (host,)), (on if isinstance(on, tuple) else (on,))
+        assert [raw(h) for h in host] == [raw(d) for d in on], kw
+        assert all(isinstance(d, (float, mt.DeviceArray)) for d in on)
+
+
+def test_the_full_form_on_the_device_refuses_a_nan_weight_and_a_weight_on_the_host(identical):
+    mode = identical
+    _need(mode)
+    if not mode.has("device_buffers"):
+        pytest.skip("the vendor takes no device buffers")
+    x, t = logits_of(5, 7), targets_of(5, 7)
+    w = np.ones(7, np.float32)
+    w[4] = np.nan
+    dx, dt, dw = (mt.to_device(a, numeric_mode=mode.numeric_mode) for a in (x, t, w))
+    with pytest.raises(ValueError, match=r"weight\[4\] is NaN or inf"):
+        ce(mode, dx, dt, weight=dw, return_grad=True)
+    with pytest.raises(ValueError, match="on the device but weight on the host"):
+        ce(mode, dx, dt, weight=np.ones(7, np.float32))
+    y = probs_of((5, 7, 2))
+    y[3, 2, 1] = np.inf
+    with pytest.raises(ValueError, match=r"targets\[3, :, 1\] holds NaN or inf"):
+        ce(mode, mt.to_device(logits_of(5, 14).reshape(5, 7, 2), numeric_mode=mode.numeric_mode),
+           mt.to_device(y, numeric_mode=mode.numeric_mode), return_grad=True)
+
+
 # ---- the Python layer alone ------------------------------------------------------------------------
 
 def test_cross_entropy_never_imports_numpy_in_a_fresh_process(mode):
@@ -593,9 +1069,12 @@ def test_cross_entropy_never_imports_numpy_in_a_fresh_process(mode):
         x = memoryview(bytearray(array.array('f', [0.5, -1.0, 2.0] * 4).tobytes())).cast('f', (4, 3))
         loss, d = mt.cross_entropy(x, array.array('b', [0, 1, 2, -100]), return_grad=True, numeric_mode=%r)
         rows = mt.cross_entropy(x, [0, 1, 2, 0], reduction='none', label_smoothing=0.1, numeric_mode=%r)
-        assert loss > 0 and len(rows) == 4 and d.shape == (4, 3)
+        w = memoryview(bytearray(array.array('f', [1.0, 2.0, 0.5]).tobytes())).cast('f')
+        p = memoryview(bytearray(array.array('f', [0.25, 0.5, 0.25] * 4).tobytes())).cast('f', (4, 3))
+        soft, dp = mt.cross_entropy(x, p, weight=w, return_grad=True, numeric_mode=%r)
+        assert loss > 0 and len(rows) == 4 and d.shape == (4, 3) and soft > 0 and dp.shape == (4, 3)
         print('numpy' in sys.modules)
-    """ % (mode.numeric_mode, mode.numeric_mode))
+    """ % (mode.numeric_mode, mode.numeric_mode, mode.numeric_mode))
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "False"
@@ -612,17 +1091,17 @@ def measure(n, numeric_modes=("identical", "deterministic", "fast")):
     worst = {}
 
     @settings(max_examples=n, database=None, phases=[Phase.generate], **_SETTINGS)
-    @given(case=ce_cases())
+    @given(case=st.one_of(ce_cases(), full_cases()))
     def sample(case):
-        x, t = case_data(case)
-        o = case["options"]
+        x, t, o = full_case_data(case) if "dims" in case else case_data(case) + (case["options"],)
         ref = run_torch(x, t, torch.float64, **o)
         runs = {"torch float32": run_torch(x, t, torch.float32, **o)}
         runs.update({"ours " + numeric_mode: run_ours(numeric_mode, x, t, **o) for numeric_mode in numeric_modes})
         for who, got in runs.items():
             for name, used in bound_used_of(got, ref, x, t, o).items():
-                key = (who, "row losses" if name == "loss" and o["reduction"] == "none" else
-                       "sum / mean" if name == "loss" else name)
+                key = (who, ("full " if "dims" in case else "") +
+                       ("row losses" if name == "loss" and o["reduction"] == "none" else
+                        "sum / mean" if name == "loss" else name))
                 worst[key] = max(worst.get(key, 0.0), used)
 
     sample()

@@ -164,17 +164,35 @@ int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok
                    in_name, in_place_ok ? "the very same buffer (in place) or a separate one" : "a separate buffer");
 }
 
-int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
-                      const char *name) {
+static int check_list(float *const *table, const int32_t *offsets, int32_t n_tensors, const char *name,
+                      int allow_empty) {
     if (n_tensors < 1) return mt_fail(MT_EINVAL, "n_tensors must be >= 1 (got %d) for %s", (int)n_tensors, name);
     if (!table) return mt_fail(MT_EINVAL, "%s is NULL", name);
     if (!offsets) return mt_fail(MT_EINVAL, "offsets of %s is NULL", name);
     if (offsets[0] != 0) return mt_fail(MT_EINVAL, "offsets[0] of %s must be 0, got %d", name, (int)offsets[0]);
     for (int32_t j = 0; j < n_tensors; ++j) {
-        if (offsets[j + 1] <= offsets[j])
+        if (offsets[j + 1] < offsets[j] || (offsets[j + 1] == offsets[j] && !allow_empty))
             return mt_fail(MT_EINVAL, "offsets of %s must rise strictly (tensor %d is empty or negative)", name, (int)j);
-        if (!table[j]) return mt_fail(MT_EINVAL, "%s[%d] is NULL", name, (int)j);
+        if (!table[j] && offsets[j + 1] > offsets[j]) return mt_fail(MT_EINVAL, "%s[%d] is NULL", name, (int)j);
     }
+    return MT_OK;
+}
+
+int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
+                      const char *name) {
+    return check_list(table, offsets, n_tensors, name, 0);
+}
+
+int mt_check_registry_empty_ok(float *const *table, const int32_t *offsets, int32_t n_tensors,
+                               const char *name) {
+    return check_list(table, offsets, n_tensors, name, 1);
+}
+
+int mt_check_norm_type(float norm_type, int *kind) {
+    if (norm_type == 2.0f) *kind = MT_NORM_KIND_L2;
+    else if (norm_type == 1.0f) *kind = MT_NORM_KIND_L1;
+    else if (norm_type == INFINITY) *kind = MT_NORM_KIND_INF;
+    else return mt_fail(MT_EINVAL, "norm_type must be 2, 1 or inf (torch's norm_type), got %g", (double)norm_type);
     return MT_OK;
 }
 

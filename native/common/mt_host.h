@@ -24,6 +24,13 @@ void mt_clear_error(void);
 /* Checks: return MT_OK or the code mt_fail returned. `name` is the argument's name. */
 int mt_check_registry(float *const *table, const int32_t *offsets, int32_t n_tensors,
                       const char *name);
+/* The same, but a tensor may be empty (offsets[j+1] == offsets[j]; its pointer may then be
+ * NULL): the clip's lists (clip.md, "0-element tensors"). */
+int mt_check_registry_empty_ok(float *const *table, const int32_t *offsets, int32_t n_tensors,
+                               const char *name);
+/* The norms of clip.md: torch's norm_type 2, 1 or inf as a kind, else a refusal. */
+enum { MT_NORM_KIND_L2 = 0, MT_NORM_KIND_L1 = 1, MT_NORM_KIND_INF = 2 };
+int mt_check_norm_type(float norm_type, int *kind);
 int mt_check_ptr(const void *p, const char *name);
 /* A count (rows, n): v >= 0. A tensor of `elems` elements: a pointer when it holds any. */
 int mt_check_count(int64_t v, const char *name);

@@ -39,11 +39,17 @@ int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t 
  * Returns MT_OK or MT_ENOMEM. norms may be NULL. */
 int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t *offsets,
                  int32_t n_tensors);
+/* The same for the norm `kind` (MT_NORM_KIND_* of mt_host.h: 2, 1 or inf, clip.md); a tensor
+ * may be empty (norm 0, never read); a NaN norm or total is written as 0x7fc00000. */
+int mt_cpu_norms_of(int kind, float *norms, float *total, float *const *table, const int32_t *offsets,
+                    int32_t n_tensors);
 
 /* The total norm of grads (mt_cpu_norms) into *total; a non-finite total is refused
  * (MT_ENONFINITE, naming the first tensor holding NaN or inf, else the overflow). */
 int mt_cpu_clip_total(float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors);
+int mt_cpu_clip_total_of(int kind, float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors);
 
-/* The clip coefficient of the contract: max_norm / (total + 1e-6), clamped to 1. */
+/* The clip coefficient of the contract: max_norm / (total + 1e-6), clamped to 1 (NaN stays NaN,
+ * written as 0x7fc00000). */
 float mt_clip_coefficient(float max_norm, float total);
 #endif

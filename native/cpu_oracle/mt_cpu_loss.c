@@ -210,3 +210,227 @@ int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const flo
     MT_RETURN_IN_FP_ENV(ce_body(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, ignore_index,
                                 reduction, label_smoothing, num_items));
 }
+
+/* ==== mt_cross_entropy_nd (loss.md, "Weights, probability targets and positions") ============
+ * Before any row: the arguments, the weight's finiteness, the targets, the divisor D (with a
+ * weight: the token rule over the target weights) and Wm = W / V. Then the rows in parallel:
+ * with inner > 1, tiles of ND_TILE positions of one batch entry, whose logits (and
+ * probabilities) are gathered into contiguous scratch (one cache line serves the tile's 16
+ * positions of a class) and whose gradient is scattered back: values move, the arithmetic does
+ * not. Each row: its max and finiteness, then as mt_cross_entropy (e_j kept in the gradient
+ * row), the sums of its kind, its loss, its gradient in place. A row holding NaN or inf is
+ * flagged and skipped; the first one is refused after the pass (dlogits and row_loss are then
+ * undefined, loss_out untouched). Then the token rule over the row losses. Index targets
+ * without a weight and inner 1 are mt_cross_entropy itself. */
+#include "mt_loss_args.h"
+
+#define ND_TILE 16
+
+enum { ND_PLAIN, ND_WEIGHTED, ND_PROBS };            /* index targets, the same with a weight, probabilities */
+enum { FOLD_X, FOLD_WX, FOLD_COEF, FOLD_COEF_X };    /* the sums of a row: x_j, w_j x_j, c_j, c_j x_j */
+
+typedef struct {
+    const float *logits, *probs, *weight;
+    const void *targets;
+    int32_t target_bytes, kind;
+    int64_t vocab, inner, ignore_index;
+    float wm;              /* W / V with a weight and smoothing, else +0.0 */
+    mt_ce_scalars c;
+    float *row_loss, *dlogits;
+    uint8_t *flags;        /* (rows): 1 the logits, 2 the probabilities hold NaN or inf */
+    int nomem;             /* a worker could not allocate its tile */
+} nd_job;
+
+CE_FLAT MT_SIMD static float nd_chunk(int fold, const float *x, const float *y, const float *w, const mt_ce_scalars *c,
+                                      int64_t n) {
+    switch (fold) {
+    case FOLD_X: return mt_chunk_sum(n, x);
+    case FOLD_WX: return mt_chunk_sum_wx(n, x, w);
+    case FOLD_COEF: return w ? mt_chunk_sum_coef(n, y, w, c) : mt_chunk_sum_coef(n, y, 0, c);
+    default: return w ? mt_chunk_sum_coef_x(n, x, y, w, c) : mt_chunk_sum_coef_x(n, x, y, 0, c);
+    }
+}
+
+/* The chunk tree (clip.md) of one of a row's sums over its v classes (x, y, w: NULL if unused). */
+static float nd_tree(int fold, const float *x, const float *y, const float *w, const mt_ce_scalars *c, int64_t v) {
+    float part[CE_MAX_CHUNKS];
+    int64_t chunks = mt_chunk_count(v);
+    for (int64_t k = 0; k < chunks; ++k) {
+        int64_t o = k * MT_CHUNK, len = v - o < MT_CHUNK ? v - o : MT_CHUNK;
+        part[k] = nd_chunk(fold, x ? x + o : 0, y ? y + o : 0, w ? w + o : 0, c, len);
+    }
+    return mt_tree_fold(part, chunks);
+}
+
+/* e_j (kept in d) becomes fma(e_j / s, a, -y_j) * g: y_j = off * w_j (weighted), or c_j (probabilities). */
+CE_FLAT MT_SIMD static void grad_weighted(float *d, int64_t n, float s, float a, const float *w, const mt_ce_scalars *cp) {
+    mt_ce_scalars c = *cp;
+    for (int64_t j = 0; j < n; ++j) d[j] = mt_ce_grad_nd(d[j], s, a, c.off * w[j], c.g);
+}
+CE_FLAT MT_SIMD static void grad_probs(float *d, int64_t n, float s, float csum, const float *y, const float *w,
+                                       const mt_ce_scalars *cp) {
+    mt_ce_scalars c = *cp;
+    for (int64_t j = 0; j < n; ++j) d[j] = mt_ce_grad_nd(d[j], s, csum, mt_ce_coef(y, w, j, &c), c.g);
+}
+
+/* Loss and gradient of a row not ignored, given m and s (e_j kept in d when d is given). */
+static float nd_row_tail(const nd_job *job, const float *x, const float *y, float *d, int64_t t, float m, float s) {
+    const mt_ce_scalars *c = &job->c;
+    const float *w = job->weight;
+    int64_t v = job->vocab;
+    if (job->kind == ND_PROBS) {
+        float csum = nd_tree(FOLD_COEF, 0, y, w, c, v), cx = nd_tree(FOLD_COEF_X, x, y, w, c, v);
+        if (d) grad_probs(d, v, s, csum, y, w, c);
+        return mt_ce_row_loss_p(m, s, csum, cx);
+    }
+    float et = d ? d[t] : 0.0f;
+    if (job->kind == ND_PLAIN) {
+        float sx = c->eps != 0.0f ? nd_tree(FOLD_X, x, 0, 0, c, v) : 0.0f;
+        if (d) {
+            grad_from_kept(d, v, s, c);
+            d[t] = mt_ce_grad(et, s, 1, c);
+        }
+        return mt_ce_row_loss(m, s, x[t], sx, c);
+    }
+    float wt = w[t], kt = c->keep * wt, a = mt_ce_factor_w(kt, job->wm, c);
+    float sw = c->eps != 0.0f ? nd_tree(FOLD_WX, x, 0, w, c, v) : 0.0f;
+    if (d) {
+        grad_weighted(d, v, s, a, w, c);
+        d[t] = mt_ce_grad_nd(et, s, a, mt_ce_target_w(kt, wt, c), c->g);
+    }
+    return mt_ce_row_loss_w(m, s, x[t], wt, sw, job->wm, c);
+}
+
+/* Row r: x, y (probabilities or NULL) and d (gradient or NULL) are contiguous rows of vocab. */
+static void nd_row(nd_job *job, int64_t r, const float *x, const float *y, float *d) {
+    int64_t v = job->vocab, t = 0;
+    float mn, m = row_max(x, v, &mn);
+    if (!mt_is_finite(m) || (y && mt_cpu_any_nonfinite(y, v))) {
+        job->flags[r] = mt_is_finite(m) ? 2 : 1;
+        return;
+    }
+    if (job->kind != ND_PROBS && (t = mt_index_at(job->targets, job->target_bytes, r)) == job->ignore_index) {
+        job->row_loss[r] = 0.0f;
+        if (d) memset(d, 0, sizeof(float) * (size_t)v);     /* +0.0 is all zero bits */
+        return;
+    }
+    /* x_j - m >= min - m (rounding is monotonic): one test for the whole row */
+    float s = row_tree(x, v, &m, d, x + v, mn - m >= MT_EXPF_MID_LO);
+    job->row_loss[r] = nd_row_tail(job, x, y, d, t, m, s);
+}
+
+/* dst[k * v + j] = src[j * inner + k] for k < len (a tile of positions), and back. */
+static void nd_gather(float *dst, const float *src, int64_t v, int64_t inner, int64_t len) {
+    for (int64_t j = 0; j < v; ++j)
+        for (int64_t k = 0; k < len; ++k) dst[k * v + j] = src[j * inner + k];
+}
+static void nd_scatter(float *dst, const float *src, int64_t v, int64_t inner, int64_t len) {
+    for (int64_t j = 0; j < v; ++j)
+        for (int64_t k = 0; k < len; ++k) dst[j * inner + k] = src[k * v + j];
+}
+
+/* Items [b, e): rows when inner is 1, else tiles (ND_TILE positions of one batch entry). */
+static void nd_rows(void *ctx, int64_t b, int64_t e) {
+    nd_job *job = (nd_job *)ctx;
+    int64_t v = job->vocab, p = job->inner;
+    if (p == 1) {
+        for (int64_t r = b; r < e; ++r)
+            nd_row(job, r, job->logits + r * v, job->probs ? job->probs + r * v : 0,
+                   job->dlogits ? job->dlogits + r * v : 0);
+        return;
+    }
+    int64_t per = (p + ND_TILE - 1) / ND_TILE, tile = ND_TILE * v;
+    int64_t bufs = 1 + (job->probs != 0) + (job->dlogits != 0), bytes = (int64_t)sizeof(float) * tile * bufs;
+    float *x = (float *)mt_scratch_alloc(bytes, "cross_entropy tile");
+    if (!x) {
+        __atomic_store_n(&job->nomem, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    float *y = job->probs ? x + tile : 0, *d = job->dlogits ? x + (bufs - 1) * tile : 0;
+    for (int64_t k = b; k < e; ++k) {
+        int64_t n = k / per, i0 = (k % per) * ND_TILE, len = p - i0 < ND_TILE ? p - i0 : ND_TILE;
+        int64_t base = n * v * p + i0;
+        nd_gather(x, job->logits + base, v, p, len);
+        if (y) nd_gather(y, job->probs + base, v, p, len);
+        for (int64_t q = 0; q < len; ++q) nd_row(job, n * p + i0 + q, x + q * v, y ? y + q * v : 0, d ? d + q * v : 0);
+        if (d) nd_scatter(job->dlogits + base, d, v, p, len);
+    }
+    mt_scratch_free(x, bytes);
+}
+
+/* D without num_items: the count (index targets), the token rule over the target weights
+ * (into `v`, rows floats of scratch; partials: its leaves), or the row count (probabilities). */
+static float nd_divisor(const nd_job *job, int64_t rows, int64_t kept, float *v, float *partials) {
+    if (job->kind == ND_PLAIN) return (float)kept;      /* rounded to nearest */
+    if (job->kind == ND_PROBS) return (float)rows;
+    for (int64_t r = 0; r < rows; ++r) {
+        int64_t t = mt_index_at(job->targets, job->target_bytes, r);
+        v[r] = t == job->ignore_index ? 0.0f : job->weight[t];
+    }
+    return mt_token_sum(v, rows, partials);
+}
+
+/* The first refused row after the pass: logits first, then probabilities. */
+static int nd_refusal(const nd_job *job, int64_t rows) {
+    if (job->nomem) return mt_fail(MT_ENOMEM, "cannot allocate the tiles of cross_entropy (%lld floats each)",
+                                   (long long)(ND_TILE * job->vocab));
+    for (int flag = 1; flag <= 2; ++flag)
+        for (int64_t r = 0; r < rows; ++r)
+            if (job->flags[r] == flag) return mt_fail_nonfinite_nd(flag == 2, r, job->inner);
+    return MT_OK;
+}
+
+/* The sum or mean of the row losses (loss.md: NaN canonical with a weight or probabilities). */
+static float nd_reduce(const nd_job *job, int64_t rows, int32_t reduction, float divisor, float *partials) {
+    float total = mt_token_sum(job->row_loss, rows, partials);
+    if (job->kind == ND_PLAIN)
+        return reduction != MT_REDUCTION_MEAN ? total : divisor != 0.0f ? total / divisor : mt_bits_f32(MT_MATH_QNAN);
+    return mt_canonical_nan(reduction == MT_REDUCTION_MEAN ? total / divisor : total);
+}
+
+MT_NOINLINE static int ce_nd_body(float *loss_out, float *row_loss, float *dlogits, const float *logits,
+                                  const void *targets, const float *probs, const float *weight, int32_t target_bytes,
+                                  int64_t n_batch, int64_t vocab, int64_t inner, int64_t ignore_index,
+                                  int32_t reduction, float label_smoothing, int64_t num_items) {
+    int rc;
+    int64_t rows = 0, kept = 0, bad;
+    if ((rc = mt_check_ce_nd_args(&rows, loss_out, row_loss, dlogits, logits, targets, probs, weight, target_bytes,
+                                  n_batch, vocab, inner, reduction, label_smoothing, num_items)))
+        return rc;
+    if (rows > 0 && weight && (bad = mt_first_nonfinite_float(weight, vocab)) >= 0) return mt_fail_nonfinite_weight(bad);
+    if (target_bytes && !weight && inner == 1)
+        return ce_body(loss_out, row_loss, dlogits, logits, targets, target_bytes, rows, vocab, ignore_index, reduction,
+                       label_smoothing, num_items);
+    if (target_bytes && (rc = mt_check_targets(&kept, targets, target_bytes, rows, vocab, ignore_index))) return rc;
+    if (rows == 0) {       /* 'sum' 0; 'mean' 0 / D: the canonical NaN without num_items */
+        if (reduction != MT_REDUCTION_NONE)
+            *loss_out = reduction == MT_REDUCTION_SUM ? 0.0f : mt_canonical_nan(0.0f / (float)num_items);
+        return MT_OK;
+    }
+    nd_job job = {logits, probs, weight, targets, target_bytes, !target_bytes ? ND_PROBS : weight ? ND_WEIGHTED : ND_PLAIN,
+                  vocab, inner, ignore_index, 0.0f, {0}, row_loss, dlogits, 0, 0};
+    int64_t leaves = mt_token_leaves(rows), floats = (row_loss ? 0 : rows) + (job.kind == ND_WEIGHTED ? rows : 0) + leaves;
+    int64_t bytes = (int64_t)sizeof(float) * floats + rows;
+    float *scratch = (float *)mt_scratch_alloc(bytes, "cross_entropy row scratch"), *partials = scratch + floats - leaves;
+    if (bytes > 0 && !scratch) return MT_ENOMEM;
+    job.flags = (uint8_t *)(scratch + floats);
+    memset(job.flags, 0, (size_t)rows);
+    if (!row_loss) job.row_loss = scratch;
+    float divisor = num_items ? (float)num_items : nd_divisor(&job, rows, kept, scratch + (row_loss ? 0 : rows), partials);
+    job.c = mt_ce_scalars_for(label_smoothing, vocab, reduction == MT_REDUCTION_MEAN, divisor);
+    if (job.kind == ND_WEIGHTED && label_smoothing != 0.0f) job.wm = nd_tree(FOLD_X, weight, 0, 0, 0, vocab) / job.c.vocab;
+    int64_t items = inner == 1 ? rows : n_batch * ((inner + ND_TILE - 1) / ND_TILE);
+    mt_parallel_for_work(items, 1, rows * vocab, nd_rows, &job);
+    if (!(rc = nd_refusal(&job, rows)) && reduction != MT_REDUCTION_NONE)
+        *loss_out = nd_reduce(&job, rows, reduction, divisor, partials);
+    mt_scratch_free(scratch, bytes);
+    return rc;
+}
+
+int mt_cross_entropy_nd(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
+                        const float *target_probs, const float *weight, int32_t target_bytes, int64_t n_batch,
+                        int64_t vocab, int64_t inner, int64_t ignore_index, int32_t reduction, float label_smoothing,
+                        int64_t num_items) {
+    MT_RETURN_IN_FP_ENV(ce_nd_body(loss_out, row_loss, dlogits, logits, targets, target_probs, weight, target_bytes,
+                                   n_batch, vocab, inner, ignore_index, reduction, label_smoothing, num_items));
+}

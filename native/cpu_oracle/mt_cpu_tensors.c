@@ -95,10 +95,25 @@ int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t 
 
 /* ---- norms by the pinned tree ---- */
 typedef struct {
-    float *const *table; const int32_t *offsets; const int64_t *chunk_start; int32_t n; float *partials;
+    float *const *table; const int32_t *offsets; const int64_t *chunk_start; int32_t n; float *partials; int kind;
 } norm_job;
 
 MT_SIMD static float chunk_sumsq(const float *x, int64_t n) { return mt_chunk_sumsq(x, n); }
+MT_SIMD static float chunk_sumabs(const float *x, int64_t n) { return mt_chunk_sumabs(n, x); }
+MT_SIMD static float maxabs(const float *x, int64_t n) { return mt_maxabs(x, n); }
+
+/* One chunk's partial of clip.md for the norm `kind` (MT_NORM_KIND_*). */
+static float chunk_partial(int kind, const float *x, int64_t n) {
+    return kind == MT_NORM_KIND_L2 ? chunk_sumsq(x, n) : kind == MT_NORM_KIND_L1 ? chunk_sumabs(x, n) : maxabs(x, n);
+}
+
+/* The norm of a vector from its m chunk partials s (consumed): the pairwise tree (and sqrt for
+ * the 2-norm), or the max. */
+static float finish_norm(int kind, float *s, int64_t m) {
+    if (kind == MT_NORM_KIND_INF) return maxabs(s, m);
+    float sum = mt_tree_fold(s, m);
+    return kind == MT_NORM_KIND_L2 ? sqrtf(sum) : sum;
+}
 
 static void norm_range(void *p, int64_t b, int64_t e) {
     norm_job *job = (norm_job *)p;
@@ -108,12 +123,17 @@ static void norm_range(void *p, int64_t b, int64_t e) {
         while (job->chunk_start[j + 1] <= k) ++j;
         int64_t c = k - job->chunk_start[j];
         int64_t len = job->offsets[j + 1] - job->offsets[j] - c * MT_CHUNK;
-        job->partials[k] = chunk_sumsq(job->table[j] + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
+        job->partials[k] = chunk_partial(job->kind, job->table[j] + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
     }
 }
 
 int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t *offsets,
                  int32_t n_tensors) {
+    return mt_cpu_norms_of(MT_NORM_KIND_L2, norms, total, table, offsets, n_tensors);
+}
+
+int mt_cpu_norms_of(int kind, float *norms, float *total, float *const *table, const int32_t *offsets,
+                    int32_t n_tensors) {
     int64_t *chunk_start = (int64_t *)malloc(sizeof(int64_t) * (size_t)(n_tensors + 1));
     float *own = (float *)malloc(sizeof(float) * (size_t)n_tensors * 2);
     int64_t chunks = 0;
@@ -123,33 +143,34 @@ int mt_cpu_norms(float *norms, float *total, float *const *table, const int32_t 
         chunks += mt_chunk_count(offsets[j + 1] - offsets[j]);
     }
     chunk_start[n_tensors] = chunks;
-    float *partials = (float *)malloc(sizeof(float) * (size_t)chunks);
+    float *partials = (float *)malloc(sizeof(float) * (size_t)(chunks ? chunks : 1));   /* empty tensors only: 0 */
     if (!partials) { free(chunk_start); free(own); return MT_ENOMEM; }
-    norm_job job = {table, offsets, chunk_start, n_tensors, partials};
+    norm_job job = {table, offsets, chunk_start, n_tensors, partials, kind};
     mt_parallel_for_work(chunks, 1, chunks * MT_CHUNK, norm_range, &job);   /* inline only when small */
     for (int32_t j = 0; j < n_tensors; ++j)
-        own[j] = sqrtf(mt_tree_fold(partials + chunk_start[j], chunk_start[j + 1] - chunk_start[j]));
+        own[j] = finish_norm(kind, partials + chunk_start[j], chunk_start[j + 1] - chunk_start[j]);
     for (int64_t c = 0; c < mt_chunk_count(n_tensors); ++c) {   /* the norms are one more vector */
         int64_t len = n_tensors - c * MT_CHUNK;
-        own[n_tensors + c] = chunk_sumsq(own + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
+        own[n_tensors + c] = chunk_partial(kind, own + c * MT_CHUNK, len < MT_CHUNK ? len : MT_CHUNK);
     }
-    float sq = mt_tree_fold(own + n_tensors, mt_chunk_count(n_tensors));
-    *total = sqrtf(sq);
-    if (norms) for (int32_t j = 0; j < n_tensors; ++j) norms[j] = own[j];
+    *total = mt_canonical_nan(finish_norm(kind, own + n_tensors, mt_chunk_count(n_tensors)));
+    if (norms) for (int32_t j = 0; j < n_tensors; ++j) norms[j] = mt_canonical_nan(own[j]);
     free(partials); free(chunk_start); free(own);
     return MT_OK;
 }
 
 /* The total norm, or the refusal of a non-finite one (naming the first bad gradient). */
 int mt_cpu_clip_total(float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors) {
-    if (mt_cpu_norms(0, total, grads, offsets, n_tensors)) return mt_fail(MT_ENOMEM, "out of memory for norm partials");
+    return mt_cpu_clip_total_of(MT_NORM_KIND_L2, total, grads, offsets, n_tensors);
+}
+
+int mt_cpu_clip_total_of(int kind, float *total, float *const *grads, const int32_t *offsets, int32_t n_tensors) {
+    if (mt_cpu_norms_of(kind, 0, total, grads, offsets, n_tensors))
+        return mt_fail(MT_ENOMEM, "out of memory for norm partials");
     if (mt_is_finite(*total)) return MT_OK;
     int32_t j = mt_first_nonfinite(grads, offsets, n_tensors);
     if (j >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)j);
     return mt_fail(MT_ENONFINITE, "the total gradient norm overflows float32 (inf); nothing was written");
 }
 
-float mt_clip_coefficient(float max_norm, float total) {
-    float coef = max_norm / (total + 1e-6f);
-    return coef < 1.0f ? coef : 1.0f;
-}
+float mt_clip_coefficient(float max_norm, float total) { return mt_clip_applied(max_norm, total); }

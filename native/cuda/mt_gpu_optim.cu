@@ -1,6 +1,10 @@
-/* mt_gpu_optim.cu -- SGD, Adam and AdamW steps (contract: native/contracts/optim.md) and
- * zero_grad's fill on a GPU: the kernels and their host glue.
+/* mt_gpu_optim.cu -- SGD, Adam and AdamW steps, flat and grouped (contract:
+ * native/contracts/optim.md), and zero_grad's fill on a GPU: the kernels and their host glue.
  *
+ * Every step is a grouped one (the flat calls, native/common/mt_optim_groups.c, are one group):
+ * one update launch covers every tensor of every group, each tile reading its tensor's host
+ * scalars from a small device table (per (group, step) run for Adam, per group for SGD) staged
+ * with the step's other uploads, the state tables and tensor map in one cached upload.
  * A step is: stage (host buffers are uploaded; device buffers are used in place), norms when
  * clipping (mt_gpu_norms, mt_gpu_clip.cu), the finiteness pre-pass, the update kernel (which
  * does nothing if the device status says refused), one synchronizing download of the status,
@@ -8,7 +12,9 @@
  * host before any of it. The tile walk and the staging/finishing glue are shared with
  * clip_grad_norm_ through mt_gpu_optim.cuh.
  */
+#include <string.h>
 #include "mt_gpu_optim.cuh"
+#include "mt_optim_groups.h"
 
 uint64_t mt_optim_features(void) { return MT_FEATURE_OPTIM; }
 
@@ -52,78 +58,112 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_nonfinite(float *const *p
     if (bg) *flag_g = 1;
 }
 
-/* Adam over this block's tiles: whole aligned tiles with float4 loads issued first. */
-template <int COUPLED>
-__device__ __forceinline__ void mt_tiles_adam(float *const *ptab, float *const *gtab, const int32_t *offs,
-                                              const int64_t *tstart, int32_t n, float *m, float *v,
-                                              const mt_adam_scalars &s, float coef, bool scale) {
-    MT_FOR_TILES(offs, tstart, n, tl, {
-        float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local, *mm = m + tl.flat, *vv = v + tl.flat;
-        if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g) && mt_aligned16(mm) && mt_aligned16(vv)) {
-            float4 qp[MT_UNROLL], qg[MT_UNROLL], qm[MT_UNROLL], qv[MT_UNROLL];
-            MT_PRAGMA_UNROLL
-            for (int u = 0; u < MT_UNROLL; ++u) {
-                int64_t e = MT_VEC_INDEX(u);
-                qp[u] = *(float4 *)(p + e); qg[u] = *(float4 *)(g + e);
-                qm[u] = *(float4 *)(mm + e); qv[u] = *(float4 *)(vv + e);
-            }
-            MT_PRAGMA_UNROLL
-            for (int u = 0; u < MT_UNROLL; ++u) {
-                int64_t e = MT_VEC_INDEX(u);
-                float4 gs = make_float4(qg[u].x * coef, qg[u].y * coef, qg[u].z * coef, qg[u].w * coef);
-                mt_adam_elem(&qp[u].x, &qm[u].x, &qv[u].x, gs.x, &s, COUPLED);
-                mt_adam_elem(&qp[u].y, &qm[u].y, &qv[u].y, gs.y, &s, COUPLED);
-                mt_adam_elem(&qp[u].z, &qm[u].z, &qv[u].z, gs.z, &s, COUPLED);
-                mt_adam_elem(&qp[u].w, &qm[u].w, &qv[u].w, gs.w, &s, COUPLED);
-                *(float4 *)(p + e) = qp[u]; *(float4 *)(mm + e) = qm[u]; *(float4 *)(vv + e) = qv[u];
-                if (scale) *(float4 *)(g + e) = gs;
-            }
-        } else {
-            for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
-                float gi = g[e] * coef;
-                if (scale) g[e] = gi;
-                mt_adam_elem(&p[e], &mm[e], &vv[e], gi, &s, COUPLED);
-            }
+/* What an update kernel reads besides the status: the device tables of a grouped step. The
+ * state tables hold NULL where a tensor does not use that state; var[var_of[j]] is tensor j's
+ * host scalars (Adam: per (group, step) run; SGD: per group, var_of = tensor_group). */
+struct mt_step_tabs {
+    float *const *p, *const *g, *const *m, *const *v, *const *w;
+    const int32_t *offs, *var_of, *init;
+    const int64_t *tstart;
+    const void *var;
+    int32_t n;
+};
+
+/* One Adam tile: a whole aligned tile with float4 loads issued first, else element by element. */
+template <int COUPLED, int AMS>
+__device__ __forceinline__ void mt_tile_adam(const mt_tile &tl, const mt_step_tabs &a, const mt_adam_scalars &s,
+                                             float coef, bool scale) {
+    float *p = a.p[tl.j] + tl.local, *g = a.g[tl.j] + tl.local, *mm = a.m[tl.j] + tl.local;
+    float *vv = a.v[tl.j] + tl.local, *ww = AMS ? a.w[tl.j] + tl.local : nullptr;
+    if (MT_WHOLE(tl) && mt_aligned16(p) && mt_aligned16(g) && mt_aligned16(mm) && mt_aligned16(vv) &&
+        (!AMS || mt_aligned16(ww))) {
+        float4 qp[MT_UNROLL], qg[MT_UNROLL], qm[MT_UNROLL], qv[MT_UNROLL], qw[MT_UNROLL];
+        MT_PRAGMA_UNROLL
+        for (int u = 0; u < MT_UNROLL; ++u) {
+            int64_t e = MT_VEC_INDEX(u);
+            qp[u] = *(float4 *)(p + e); qg[u] = *(float4 *)(g + e);
+            qm[u] = *(float4 *)(mm + e); qv[u] = *(float4 *)(vv + e);
+            if (AMS) qw[u] = *(float4 *)(ww + e);
+        }
+        MT_PRAGMA_UNROLL
+        for (int u = 0; u < MT_UNROLL; ++u) {
+            int64_t e = MT_VEC_INDEX(u);
+            float4 gs = make_float4(qg[u].x * coef, qg[u].y * coef, qg[u].z * coef, qg[u].w * coef);
+            mt_adam_elem(&qp[u].x, &qm[u].x, &qv[u].x, &qw[u].x, gs.x, &s, COUPLED, AMS);
+            mt_adam_elem(&qp[u].y, &qm[u].y, &qv[u].y, &qw[u].y, gs.y, &s, COUPLED, AMS);
+            mt_adam_elem(&qp[u].z, &qm[u].z, &qv[u].z, &qw[u].z, gs.z, &s, COUPLED, AMS);
+            mt_adam_elem(&qp[u].w, &qm[u].w, &qv[u].w, &qw[u].w, gs.w, &s, COUPLED, AMS);
+            *(float4 *)(p + e) = qp[u]; *(float4 *)(mm + e) = qm[u]; *(float4 *)(vv + e) = qv[u];
+            if (AMS) *(float4 *)(ww + e) = qw[u];
+            if (scale) *(float4 *)(g + e) = gs;
+        }
+    } else {
+        for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
+            float gi = g[e] * coef;
+            if (scale) g[e] = gi;
+            mt_adam_elem(&p[e], &mm[e], &vv[e], AMS ? &ww[e] : nullptr, gi, &s, COUPLED, AMS);
+        }
+    }
+}
+
+/* Adam over this block's tiles; each tile reads its tensor's scalars (the same for every
+ * thread of the block, so the branch on its flags never diverges). */
+__device__ __forceinline__ void mt_tiles_adam(const mt_step_tabs &a, float coef, bool scale) {
+    const mt_adam_scalars *var = (const mt_adam_scalars *)a.var;
+    MT_FOR_TILES(a.offs, a.tstart, a.n, tl, {
+        const mt_adam_scalars s = var[a.var_of[tl.j]];
+        switch ((s.coupled ? 2 : 0) | (s.amsgrad ? 1 : 0)) {
+        case 0: mt_tile_adam<0, 0>(tl, a, s, coef, scale); break;
+        case 1: mt_tile_adam<0, 1>(tl, a, s, coef, scale); break;
+        case 2: mt_tile_adam<1, 0>(tl, a, s, coef, scale); break;
+        default: mt_tile_adam<1, 1>(tl, a, s, coef, scale); break;
         }
     })
 }
 
-template <int COUPLED>
-__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
-                          int32_t n, float *m, float *v, mt_adam_scalars s, const mt_status *st) {
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam(mt_step_tabs a, const mt_status *st) {
     if (mt_refused(st)) return;
-    mt_tiles_adam<COUPLED>(ptab, gtab, offs, tstart, n, m, v, s, st->scale ? st->coef : 1.0f, st->scale != 0);
+    mt_tiles_adam(a, st->scale ? st->coef : 1.0f, st->scale != 0);
 }
 
 /* Small steps without clipping, in one launch of one block: the pre-pass over every tile,
  * a block-wide vote, then the update (or nothing). */
-template <int COUPLED>
-__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam_small(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
-                                int32_t n, float *m, float *v, mt_adam_scalars s, mt_status *st) {
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam_small(mt_step_tabs a, mt_status *st) {
     bool bp = false, bg = false;
-    mt_tiles_nonfinite(ptab, gtab, offs, tstart, n, bp, bg);
+    mt_tiles_nonfinite(a.p, a.g, a.offs, a.tstart, a.n, bp, bg);
     int any_p = __syncthreads_or(bp), any_g = __syncthreads_or(bg);
     if (any_p | any_g) {
         if (threadIdx.x == 0) { st->bad_params = any_p != 0; st->bad_grads = any_g != 0; }
         return;
     }
-    mt_tiles_adam<COUPLED>(ptab, gtab, offs, tstart, n, m, v, s, 1.0f, false);
+    mt_tiles_adam(a, 1.0f, false);
 }
 
 template <int COUPLED, int HAS_BUF>
-__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_sgd(float *const *ptab, float *const *gtab, const int32_t *offs, const int64_t *tstart,
-                         int32_t n, float *buf, const int32_t *initialized, mt_sgd_scalars s, const mt_status *st) {
+__device__ __forceinline__ void mt_tile_sgd(const mt_tile &tl, const mt_step_tabs &a, const mt_sgd_scalars &s,
+                                            float coef, bool scale) {
+    float *p = a.p[tl.j] + tl.local, *g = a.g[tl.j] + tl.local;
+    float *b = HAS_BUF ? a.m[tl.j] + tl.local : p;
+    int init = HAS_BUF ? a.init[tl.j] : 0;
+    for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
+        float gi = g[e] * coef;
+        if (scale) g[e] = gi;
+        mt_sgd_elem(&p[e], &b[e], gi, &s, COUPLED, HAS_BUF, init);
+    }
+}
+
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_sgd(mt_step_tabs a, const mt_status *st) {
     if (mt_refused(st)) return;
     const float coef = st->scale ? st->coef : 1.0f;
     const bool scale = st->scale;
-    MT_FOR_TILES(offs, tstart, n, tl, {
-        float *p = ptab[tl.j] + tl.local, *g = gtab[tl.j] + tl.local;
-        float *b = HAS_BUF ? buf + tl.flat : p;
-        int init = HAS_BUF ? initialized[tl.j] : 0;
-        for (int64_t e = threadIdx.x; e < tl.len; e += blockDim.x) {
-            float gi = g[e] * coef;
-            if (scale) g[e] = gi;
-            mt_sgd_elem(&p[e], &b[e], gi, &s, COUPLED, HAS_BUF, init);
+    const mt_sgd_scalars *var = (const mt_sgd_scalars *)a.var;
+    MT_FOR_TILES(a.offs, a.tstart, a.n, tl, {
+        const mt_sgd_scalars s = var[a.var_of[tl.j]];
+        switch ((s.coupled ? 2 : 0) | (s.momentum != 0.0f ? 1 : 0)) {
+        case 0: mt_tile_sgd<0, 0>(tl, a, s, coef, scale); break;
+        case 1: mt_tile_sgd<0, 1>(tl, a, s, coef, scale); break;
+        case 2: mt_tile_sgd<1, 0>(tl, a, s, coef, scale); break;
+        default: mt_tile_sgd<1, 1>(tl, a, s, coef, scale); break;
         }
     })
 }
@@ -137,77 +177,208 @@ __global__ void mt_k_zero(float *const *tab, const int32_t *offs, const int64_t 
 
 namespace {
 
-/* Out of line, so that nothing of it moves across the floating-point environment switch. */
-MT_NOINLINE mt_adam_scalars host_adam_scalars(float lr, float beta1, float beta2, float eps, float wd,
-                                              int32_t maximize, int32_t decoupled, int64_t step) {
-    return mt_adam_scalars_for(lr, beta1, beta2, eps, wd, maximize, decoupled, step);
+/* A grouped step's staging: params and grads (the context shared with clip_grad_norm_) and
+ * the state lists; every device table but the params' and grads' travels in one cached upload. */
+struct mt_group_step {
+    mt_step_ctx c;
+    mt_dev_list m, v, w;
+    const void *dev[5] = {};   /* device copies: state tables, then int32 tables, in upload order */
+};
+
+/* Whether every entry of `used` points into one device allocation of ours at the registry's
+ * offsets (the flat, resident state of mojo_train's own optimizers): then one lookup classifies
+ * them all, where a table of separate tensors costs one lookup per tensor. */
+bool device_flat(mt_dev_list *out, const std::vector<float *> &used, const int32_t *offsets, int32_t n) {
+    uintptr_t base = 0;
+    const float *first = nullptr;
+    int32_t last = -1;
+    for (int32_t j = 0; j < n; ++j) {
+        if (!used[j]) continue;
+        uintptr_t b = (uintptr_t)used[j] - (uintptr_t)offsets[j] * 4;
+        if (first && b != base) return false;
+        if (!first) { base = b; first = used[j]; }
+        last = j;
+    }
+    if (!first || !mt_gpu_own_range(first, (int64_t)((uintptr_t)(used[last] + (offsets[last + 1] - offsets[last])) -
+                                                    (uintptr_t)first)))
+        return false;
+    out->n = n;
+    out->total = offsets[n];
+    out->host_ptr = used;
+    out->dev_ptr = used;
+    out->staged.assign(n, 0);
+    return true;
 }
 
-MT_NOINLINE mt_sgd_scalars host_sgd_scalars(float lr, float momentum, float dampening, float wd,
-                                            int32_t nesterov, int32_t maximize) {
-    return mt_sgd_scalars_for(lr, momentum, dampening, wd, nesterov, maximize);
+/* Stage the state `table` of the tensors with uses[j] (entries of the others, and a NULL table,
+ * stay NULL: never read, never staged). */
+int stage_state(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets, int32_t n,
+                const std::vector<char> &uses) {
+    std::vector<float *> used(n, nullptr);
+    for (int32_t j = 0; j < n; ++j)
+        if (table && uses[j]) used[j] = table[j];
+    if (device_flat(out, used, offsets, n)) return MT_OK;
+    return mt_list_stage(out, arena, used.data(), offsets, n, true);
 }
 
-/* Stage lists and status, run the norms (clip) and the finiteness pre-pass. Staged uploads
- * travel in one copy (flush) before the first kernel. */
-int prepare(mt_step_ctx *c, float *const *params, float *const *grads, const int32_t *offsets, int32_t n,
-            int32_t clip, float max_norm, bool fused_check = false) {
+/* One cached upload of the device state tables (n pointers each) and of int32 tables (n each). */
+int upload_tables(mt_group_step *s, std::initializer_list<const mt_dev_list *> lists,
+                  std::initializer_list<const int32_t *> ints, int32_t n) {
+    std::vector<char> blob((lists.size() * 8 + ints.size() * 4) * (size_t)n);
+    std::vector<size_t> at;
+    size_t pos = 0;
+    for (const mt_dev_list *l : lists) {
+        memcpy(blob.data() + pos, l->dev_ptr.data(), (size_t)n * 8);
+        at.push_back(pos);
+        pos += (size_t)n * 8;
+    }
+    for (const int32_t *x : ints) {
+        memcpy(blob.data() + pos, x, (size_t)n * 4);
+        at.push_back(pos);
+        pos += (size_t)n * 4;
+    }
+    const char *dev = nullptr;
+    int rc = mt_cached_upload((const void **)&dev, blob.data(), (int64_t)blob.size());
+    if (rc) return rc;
+    for (size_t k = 0; k < at.size(); ++k) s->dev[k] = dev + at[k];
+    return MT_OK;
+}
+
+/* Stage params and grads (one device registry; its tiles and offsets serve every list). */
+int stage_lists(mt_step_ctx *c, float *const *params, float *const *grads, const int32_t *offsets, int32_t n) {
     int rc;
     if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
-        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)) ||
-        (!fused_check && (rc = mt_stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4)))
+        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)))
         return rc;
+    return MT_OK;
+}
+
+/* The status (unless the small kernel votes itself: `fused`), the norms when clipping, the one
+ * flush of everything staged, then the finiteness pre-pass (unless fused). */
+int run_checks(mt_step_ctx *c, const int32_t *offsets, int32_t n, int32_t clip, float max_norm, bool fused) {
+    int rc;
+    if ((!fused && (rc = mt_stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4))) return rc;
     if (clip && (rc = mt_gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
-    if (fused_check) return MT_OK;     /* the update kernel runs the pre-pass itself */
+    if (fused) return MT_OK;
     int threads = c->p.threads, blocks = mt_elem_blocks(c->p);
     mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, clip ? nullptr : c->g.table, c->p.offsets,
                                                       c->p.tstart, n, &c->st->bad_params, &c->st->bad_grads);
     return mt_launch_check("finiteness pre-pass");
 }
 
-int adam_common(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
-                const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
-                int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n, int32_t decoupled) {
+/* After the update kernel: the status (refusal: nothing written back), then the staged state
+ * lists to the host; one synchronization covers every download. */
+int finish(mt_group_step *s, const int32_t *offsets, int32_t clip, float *norm_out, const char *what) {
     int rc;
-    if ((rc = mt_check_registry(params, offsets, n, "params")) || (rc = mt_check_registry(grads, offsets, n, "grads")) ||
-        (rc = mt_check_ptr(exp_avg, "exp_avg")) || (rc = mt_check_ptr(exp_avg_sq, "exp_avg_sq")) ||
-        (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
-        (rc = mt_check_adam_args(lr, beta1, beta2, eps, weight_decay, clip, max_norm, step)))
+    if ((rc = mt_launch_check(what)) || (rc = mt_step_finish(&s->c, offsets, clip, norm_out, true)) ||
+        (rc = mt_list_to_host(&s->m, offsets)) || (rc = mt_list_to_host(&s->v, offsets)) ||
+        (rc = mt_list_to_host(&s->w, offsets)))
         return rc;
-    mt_step_ctx c;
-    int64_t tile = mt_tile_elems(), tiles = 0;
-    for (int32_t j = 0; j < n; ++j) tiles += (offsets[j + 1] - offsets[j] + tile - 1) / tile;
-    mt_status *mapped = mt_mapped_status();
-    bool small = !clip && tiles <= MT_SMALL_TILES && mapped;
-    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm, small))) return rc;
-    int64_t bytes = (int64_t)offsets[n] * 4;
-    float *m = nullptr, *v = nullptr;
-    bool sm = false, sv = false;
-    if ((rc = mt_buf_to_device((void **)&m, &sm, &c.arena, exp_avg, bytes, true)) ||
-        (rc = mt_buf_to_device((void **)&v, &sv, &c.arena, exp_avg_sq, bytes, true)))
-        return rc;
-    mt_fp_env env;                  /* host scalars in IEEE defaults, whatever the caller set */
+    if (s->c.p.any_staged() || s->c.g.any_staged() || s->m.any_staged() || s->v.any_staged() || s->w.any_staged())
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    return MT_OK;
+}
+
+std::vector<char> tensors_that(int (*uses)(const void *, const int32_t *, const int32_t *, int32_t),
+                               const void *groups, const int32_t *tensor_group, const int32_t *offsets, int32_t n) {
+    std::vector<char> out(n);
+    for (int32_t j = 0; j < n; ++j)
+        out[j] = uses ? uses(groups, tensor_group, offsets, j) : offsets[j + 1] > offsets[j];
+    return out;
+}
+
+int uses_max(const void *g, const int32_t *tg, const int32_t *offsets, int32_t j) {
+    return mt_adam_uses_max((const mt_adam_group *)g, tg, offsets, j);
+}
+
+int uses_buf(const void *g, const int32_t *tg, const int32_t *offsets, int32_t j) {
+    return mt_sgd_uses_buf((const mt_sgd_group *)g, tg, offsets, j);
+}
+
+/* The host scalars of every (group, step) run, in IEEE defaults whatever the caller set. */
+int32_t adam_plan(std::vector<mt_adam_scalars> *var, std::vector<int32_t> *var_of, const mt_adam_group *groups,
+                  const int32_t *tensor_group, const int64_t *steps, int32_t n) {
+    var->resize(n);
+    var_of->resize(n);
+    mt_fp_env env;
     mt_fp_begin(&env);
-    mt_adam_scalars s = host_adam_scalars(lr, beta1, beta2, eps, weight_decay, maximize != 0, decoupled, step);
+    int32_t k = mt_adam_plan(var->data(), var_of->data(), groups, tensor_group, steps, n);
     mt_fp_end(&env);
-    int threads = c.p.threads, blocks = mt_elem_blocks(c.p);
+    return k;
+}
+
+int adam_groups(float *const *params, float *const *grads, float *const *exp_avg, float *const *exp_avg_sq,
+                float *const *max_exp_avg_sq, int64_t *steps, float *norm_out, const int32_t *offsets,
+                const mt_adam_group *groups, const int32_t *tensor_group, int32_t clip, float max_norm,
+                int32_t n_groups, int32_t n) {
+    int rc;
+    if ((rc = mt_check_adam_groups(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, norm_out, offsets, groups,
+                                   tensor_group, clip, max_norm, n_groups, n)) ||
+        (rc = mt_gpu_ready()))
+        return rc;
+    mt_group_step s;
+    mt_step_ctx &c = s.c;
+    std::vector<char> all = tensors_that(nullptr, groups, tensor_group, offsets, n);
+    std::vector<mt_adam_scalars> var;
+    std::vector<int32_t> var_of;
+    int32_t k = adam_plan(&var, &var_of, groups, tensor_group, steps, n);
+    void *dvar = nullptr;
+    if ((rc = stage_lists(&c, params, grads, offsets, n)) ||
+        (rc = stage_state(&s.m, &c.arena, exp_avg, offsets, n, all)) ||
+        (rc = stage_state(&s.v, &c.arena, exp_avg_sq, offsets, n, all)) ||
+        (rc = stage_state(&s.w, &c.arena, max_exp_avg_sq, offsets, n,
+                          tensors_that(uses_max, groups, tensor_group, offsets, n))) ||
+        (rc = upload_tables(&s, {&s.m, &s.v, &s.w}, {var_of.data()}, n)) ||
+        (rc = c.arena.stage(&dvar, var.data(), (int64_t)k * (int64_t)sizeof(mt_adam_scalars))))
+        return rc;
+    mt_status *mapped = mt_mapped_status();
+    bool small = !clip && c.p.tiles <= MT_SMALL_TILES && mapped;
+    if ((rc = run_checks(&c, offsets, n, clip, max_norm, small))) return rc;
+    mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], (float *const *)s.dev[1],
+                      (float *const *)s.dev[2], c.p.offsets, (const int32_t *)s.dev[3], nullptr, c.p.tstart, dvar, n};
+    int threads = c.p.threads;
     if (small) {
         mt_gpu_record_launch(threads, 1);
         *mapped = mt_status{0, 0, 0, 0, 0.0f, 0.0f};
-        if (s.coupled)
-            mt_k_adam_small<1><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, mapped);
-        else
-            mt_k_adam_small<0><<<1, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, mapped);
+        mt_k_adam_small<<<1, threads, 0, MT_STREAM>>>(a, mapped);
         c.st = mapped;
-    } else if (s.coupled)
-        mt_k_adam<1><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
-    else
-        mt_k_adam<0><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, m, v, s, c.st);
-    if ((rc = mt_launch_check("adam update")) || (rc = mt_step_finish(&c, offsets, clip, norm_out, true))) return rc;
-    if ((sm && (rc = mt_buf_to_host(exp_avg, m, bytes))) || (sv && (rc = mt_buf_to_host(exp_avg_sq, v, bytes))))
+    } else {
+        mt_k_adam<<<mt_elem_blocks(c.p), threads, 0, MT_STREAM>>>(a, c.st);
+    }
+    if ((rc = finish(&s, offsets, clip, norm_out, "adam update"))) return rc;
+    mt_adam_advance(steps, n);
+    return MT_OK;
+}
+
+int sgd_groups(float *const *params, float *const *grads, float *const *momentum_buffer, int32_t *buf_initialized,
+               float *norm_out, const int32_t *offsets, const mt_sgd_group *groups, const int32_t *tensor_group,
+               int32_t clip, float max_norm, int32_t n_groups, int32_t n) {
+    int rc;
+    if ((rc = mt_check_sgd_groups(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, groups,
+                                  tensor_group, clip, max_norm, n_groups, n)) ||
+        (rc = mt_gpu_ready()))
         return rc;
-    if (sm || sv || c.p.any_staged() || c.g.any_staged()) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
+    mt_group_step s;
+    mt_step_ctx &c = s.c;
+    std::vector<mt_sgd_scalars> var(n_groups);
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    mt_sgd_plan(var.data(), groups, n_groups);
+    mt_fp_end(&env);
+    void *dvar = nullptr;
+    if ((rc = stage_lists(&c, params, grads, offsets, n)) ||
+        (rc = stage_state(&s.m, &c.arena, momentum_buffer, offsets, n,
+                          tensors_that(uses_buf, groups, tensor_group, offsets, n))) ||
+        (rc = upload_tables(&s, {&s.m}, {tensor_group, buf_initialized}, n)) ||
+        (rc = c.arena.stage(&dvar, var.data(), (int64_t)n_groups * (int64_t)sizeof(mt_sgd_scalars))) ||
+        (rc = run_checks(&c, offsets, n, clip, max_norm, false)))
+        return rc;
+    mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], nullptr, nullptr, c.p.offsets,
+                      (const int32_t *)s.dev[1], (const int32_t *)s.dev[2], c.p.tstart, dvar, n};
+    mt_k_sgd<<<mt_elem_blocks(c.p), c.p.threads, 0, MT_STREAM>>>(a, c.st);
+    if ((rc = finish(&s, offsets, clip, norm_out, "sgd update"))) return rc;
+    mt_sgd_mark(buf_initialized, groups, tensor_group, n);
     return MT_OK;
 }
 
@@ -264,65 +435,25 @@ int mt_step_finish(mt_step_ctx *c, const int32_t *offsets, int32_t clip, float *
 
 extern "C" {
 
-int mt_adam_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
-                 const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
-                 int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n_tensors) {
-    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps, weight_decay,
-                       maximize, clip, max_norm, step, n_tensors, 0);
+int mt_adam_step_groups(float *const *params, float *const *grads, float *const *exp_avg, float *const *exp_avg_sq,
+                        float *const *max_exp_avg_sq, int64_t *steps, float *norm_out, const int32_t *offsets,
+                        const mt_adam_group *groups, const int32_t *tensor_group, int32_t clip, float max_norm,
+                        int32_t n_groups, int32_t n_tensors) {
+    return adam_groups(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, steps, norm_out, offsets, groups,
+                       tensor_group, clip, max_norm, n_groups, n_tensors);
 }
 
-int mt_adamw_step(float *const *params, float *const *grads, float *exp_avg, float *exp_avg_sq, float *norm_out,
-                  const int32_t *offsets, float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int32_t maximize, int32_t clip, float max_norm, int64_t step, int32_t n_tensors) {
-    return adam_common(params, grads, exp_avg, exp_avg_sq, norm_out, offsets, lr, beta1, beta2, eps, weight_decay,
-                       maximize, clip, max_norm, step, n_tensors, 1);
-}
-
-int mt_sgd_step(float *const *params, float *const *grads, float *momentum_buffer, int32_t *buf_initialized,
-                float *norm_out, const int32_t *offsets, float lr, float momentum, float dampening,
-                float weight_decay, int32_t nesterov, int32_t maximize, int32_t clip, float max_norm,
-                int32_t n_tensors) {
-    int rc;
-    int32_t n = n_tensors;
-    if ((rc = mt_check_registry(params, offsets, n, "params")) || (rc = mt_check_registry(grads, offsets, n, "grads")) ||
-        (momentum != 0.0f && (rc = mt_check_ptr(momentum_buffer, "momentum_buffer"))) ||
-        (rc = mt_check_ptr(buf_initialized, "buf_initialized")) || (clip && (rc = mt_check_ptr(norm_out, "norm_out"))) ||
-        (rc = mt_check_sgd_args(lr, momentum, dampening, weight_decay, nesterov, clip, max_norm)))
-        return rc;
-    mt_step_ctx c;
-    if ((rc = prepare(&c, params, grads, offsets, n, clip, max_norm))) return rc;
-    int64_t bytes = (int64_t)offsets[n] * 4;
-    float *buf = nullptr;
-    bool sb = false;
-    int32_t *init = nullptr;
-    bool has_buf = momentum != 0.0f;
-    if (has_buf && ((rc = mt_buf_to_device((void **)&buf, &sb, &c.arena, momentum_buffer, bytes, true)) ||
-                    (rc = c.arena.upload((void **)&init, buf_initialized, (int64_t)n * 4))))
-        return rc;
-    mt_fp_env env;
-    mt_fp_begin(&env);
-    mt_sgd_scalars s = host_sgd_scalars(lr, momentum, dampening, weight_decay, nesterov != 0, maximize != 0);
-    mt_fp_end(&env);
-    int threads = c.p.threads, blocks = mt_elem_blocks(c.p);
-#define MT_SGD_LAUNCH(C, B)                                                                                    \
-    mt_k_sgd<C, B><<<blocks, threads, 0, MT_STREAM>>>(c.p.table, c.g.table, c.p.offsets, c.p.tstart, n, buf, init, s, \
-                                                      c.st)
-    if (s.coupled && has_buf) MT_SGD_LAUNCH(1, 1);
-    else if (s.coupled) MT_SGD_LAUNCH(1, 0);
-    else if (has_buf) MT_SGD_LAUNCH(0, 1);
-    else MT_SGD_LAUNCH(0, 0);
-#undef MT_SGD_LAUNCH
-    if ((rc = mt_launch_check("sgd update")) || (rc = mt_step_finish(&c, offsets, clip, norm_out, true))) return rc;
-    if (sb && (rc = mt_buf_to_host(momentum_buffer, buf, bytes))) return rc;
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
-    if (has_buf)
-        for (int32_t j = 0; j < n; ++j) buf_initialized[j] = 1;
-    return MT_OK;
+int mt_sgd_step_groups(float *const *params, float *const *grads, float *const *momentum_buffer,
+                       int32_t *buf_initialized, float *norm_out, const int32_t *offsets, const mt_sgd_group *groups,
+                       const int32_t *tensor_group, int32_t clip, float max_norm, int32_t n_groups,
+                       int32_t n_tensors) {
+    return sgd_groups(params, grads, momentum_buffer, buf_initialized, norm_out, offsets, groups, tensor_group, clip,
+                      max_norm, n_groups, n_tensors);
 }
 
 int mt_fill_zero(float *const *tensors, const int32_t *offsets, int32_t n_tensors) {
     int rc;
-    if ((rc = mt_check_registry(tensors, offsets, n_tensors, "tensors")) || (rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_check_group_registry(tensors, offsets, n_tensors, "tensors")) || (rc = mt_gpu_ready())) return rc;
     mt_arena arena;
     mt_dev_list t;
     if ((rc = mt_list_to_device(&t, &arena, tensors, offsets, n_tensors, false, nullptr)) || (rc = arena.flush()))

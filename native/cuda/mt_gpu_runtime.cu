@@ -57,14 +57,16 @@ int mt_gpu_ready(void) {
 static std::mutex g_own_lock;
 static std::map<uintptr_t, size_t> g_own;
 
-static bool mt_own_allocation(const void *p) {
+bool mt_gpu_own_range(const void *p, int64_t bytes) {
     uintptr_t a = (uintptr_t)p;
     std::lock_guard<std::mutex> hold(g_own_lock);
     auto it = g_own.upper_bound(a);
     if (it == g_own.begin()) return false;
     --it;
-    return a < it->first + it->second;
+    return a + (uintptr_t)bytes <= it->first + it->second;
 }
+
+static bool mt_own_allocation(const void *p) { return mt_gpu_own_range(p, 1); }
 
 bool mt_gpu_is_device(const void *p) {
     if (mt_own_allocation(p)) return true;
@@ -258,8 +260,8 @@ mt_status *mt_mapped_status(void) {
 
 int64_t mt_tile_elems(void) { return (int64_t)g_threads.load() * 16; }   /* MT_TILE_OF: 4 x 4 per thread */
 
-int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
-                      int32_t n, bool upload, const mt_dev_list *like) {
+int mt_list_stage(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets, int32_t n,
+                  bool upload) {
     out->n = n;
     out->total = offsets[n];
     out->host_ptr.assign(table, table + n);
@@ -267,7 +269,9 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
     out->staged.assign(n, 0);
     int64_t host_floats = 0;
     for (int32_t j = 0; j < n; ++j) {
-        out->staged[j] = !mt_gpu_is_device(table[j]);
+        /* NULL: absent, stays NULL; an empty tensor is never staged nor copied (its pointer, host
+         * or not, is never dereferenced), so a list of empty host tensors needs no region. */
+        out->staged[j] = offsets[j + 1] > offsets[j] && table[j] && !mt_gpu_is_device(table[j]);
         if (out->staged[j]) host_floats += offsets[j + 1] - offsets[j];
     }
     float *region = nullptr;
@@ -283,6 +287,13 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
         }
         region += len;
     }
+    return MT_OK;
+}
+
+int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
+                      int32_t n, bool upload, const mt_dev_list *like) {
+    int rc = mt_list_stage(out, arena, table, offsets, n, upload);
+    if (rc) return rc;
     /* one upload: pointers (8n), then tiles (8(n+1)) and offsets (4(n+1)) unless shared */
     std::vector<char> blob((size_t)n * 8 + (like ? 0 : (size_t)(n + 1) * 12));
     memcpy(blob.data(), out->dev_ptr.data(), (size_t)n * 8);

@@ -28,6 +28,7 @@ int mt_gpu_error(gpuError_t err, const char *what);
 
 int mt_gpu_ready(void);            /* MT_OK once a device is usable, else a clear refusal */
 bool mt_gpu_is_device(const void *p);
+bool mt_gpu_own_range(const void *p, int64_t bytes);   /* [p, p + bytes) inside one allocation of ours */
 void mt_gpu_count_h2d(int64_t bytes);
 void mt_gpu_count_d2h(int64_t bytes);
 int mt_gpu_blocks(int64_t work_items, int64_t items_per_block);
@@ -80,6 +81,10 @@ struct mt_dev_list {
     }
 };
 
+/* The staging half of mt_list_to_device: host tensors copied into one device region (when
+ * `upload`), out->dev_ptr filled; NULL entries stay NULL (absent). No table is uploaded. */
+int mt_list_stage(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets, int32_t n,
+                  bool upload);
 /* Stage a list; with `like`, its offsets and tiles are shared (same registry). One upload
  * carries the pointer table (and, without `like`, the tiles and offsets). */
 int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,

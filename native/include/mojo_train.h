@@ -9,7 +9,8 @@
  * A tensor list is a pointer table plus an int32 offsets registry: tensor j holds
  * offsets[j+1] - offsets[j] floats at table[j]; offsets[0] == 0, strictly ascending,
  * offsets[n_tensors] <= 2^31 - 1. Per-element optimizer state (exp_avg, ...) is one flat
- * buffer indexed by the same offsets.
+ * buffer indexed by the same offsets in the flat optimizer calls, a pointer table like the
+ * params' in the grouped ones (mt_sgd_step_groups, mt_adam_step_groups).
  *
  * The block between MT_CDEF_BEGIN and MT_CDEF_END is plain declarations only: the Python
  * layer hands it to cffi verbatim (mojo_train/_native.py), so keep it free of macros.
@@ -25,8 +26,12 @@ extern "C" {
 
 /* The ABI's version, for the preprocessor of C hosts; mt_abi_version() reports the library's.
  * 3: feature bits named by family (LINEAR, RMS_NORM; RANDOM covers fills and dropout, bit 12
- * retired), MT_NO_IGNORE_INDEX, mt_find_bad_state. */
-#define MT_ABI_VERSION 3
+ * retired), MT_NO_IGNORE_INDEX, mt_find_bad_state.
+ * 4: param groups and AMSGrad (mt_sgd_step_groups, mt_adam_step_groups, mt_optim_flag and the
+ * group structs; the flat steps are one group of them), clip norm types and torch's
+ * error_if_nonfinite (mt_clip_grad_norm, mt_grad_norms gain arguments), mt_cross_entropy_nd
+ * (class weights, probability targets, (N, C, d1, ...) inputs); empty tensors in tensor lists. */
+#define MT_ABI_VERSION 4
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -116,14 +121,67 @@ int mt_adamw_step(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j
                   int32_t maximize, int32_t clip, float max_norm, int64_t step,
                   int32_t n_tensors);
 
+/* Param groups (contract: native/contracts/optim.md, "Param groups"): one call steps every
+ * tensor of every group (one launch on a GPU). Tensor j takes the hyper-parameters of
+ * groups[tensor_group[j]]; its state is a pointer per tensor (exp_avg[j] holds as many floats
+ * as params[j]: a tensor per parameter as torch keeps it, or pointers into one flat buffer).
+ * Tensors may be empty (offsets[j+1] == offsets[j]; their pointers may then be NULL).
+ * groups, tensor_group, steps and buf_initialized are host memory on every vendor; the float
+ * tensors are host or, on a GPU vendor, device memory. On success Adam adds 1 to every
+ * steps[j] and SGD sets buf_initialized[j] = 1 where tensor j's group has momentum != 0; a
+ * refused call writes nothing (neither those nor any tensor). The flat calls above are the
+ * case of one group whose tensors all stand at step `step`, bit for bit. */
+enum mt_optim_flag {      /* mt_sgd_group.flags, mt_adam_group.flags */
+    MT_OPTIM_MAXIMIZE = 1 << 0,   /* ascend: the gradient's sign is flipped */
+    MT_OPTIM_NESTEROV = 1 << 1,   /* SGD: Nesterov momentum (needs momentum > 0, dampening 0) */
+    MT_OPTIM_AMSGRAD = 1 << 2,    /* Adam: the denominator from max_exp_avg_sq */
+    MT_OPTIM_DECOUPLED = 1 << 3   /* Adam: decoupled weight decay p * (1 - lr * wd), i.e. AdamW */
+};
+
+typedef struct {
+    float lr, momentum, dampening, weight_decay;
+    int32_t flags;
+} mt_sgd_group;
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    int32_t flags;
+} mt_adam_group;
+
+int mt_sgd_step_groups(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                       float *const *grads /* like params; scaled in place when clip != 0 */,
+                       float *const *momentum_buffer /* like params; read where the group has momentum; may be NULL if none */,
+                       int32_t *buf_initialized /* (n_tensors), host: 0 or 1 */,
+                       float *norm_out /* (2); may be NULL when clip == 0 */,
+                       const int32_t *offsets /* (n_tensors + 1), non-decreasing */,
+                       const mt_sgd_group *groups /* (n_groups), host */,
+                       const int32_t *tensor_group /* (n_tensors), host: each in [0, n_groups) */,
+                       int32_t clip, float max_norm, int32_t n_groups, int32_t n_tensors);
+
+int mt_adam_step_groups(float *const *params /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
+                        float *const *grads /* like params; scaled in place when clip != 0 */,
+                        float *const *exp_avg /* like params */,
+                        float *const *exp_avg_sq /* like params */,
+                        float *const *max_exp_avg_sq /* like params; read for MT_OPTIM_AMSGRAD groups; may be NULL if none */,
+                        int64_t *steps /* (n_tensors), host: steps each tensor has taken, >= 0 */,
+                        float *norm_out /* (2); may be NULL when clip == 0 */,
+                        const int32_t *offsets /* (n_tensors + 1), non-decreasing */,
+                        const mt_adam_group *groups /* (n_groups), host */,
+                        const int32_t *tensor_group /* (n_tensors), host: each in [0, n_groups) */,
+                        int32_t clip, float max_norm, int32_t n_groups, int32_t n_tensors);
+
+/* Clip (contract: native/contracts/clip.md). norm_type is torch's: 2, 1 or INFINITY. Here a
+ * tensor of the list may be empty (offsets[j+1] == offsets[j], its pointer then may be NULL):
+ * its norm is 0. error_if_nonfinite != 0 refuses a NaN/inf total (nothing written); 0 (torch's
+ * default) scales by the coefficient anyway, as torch; every NaN written is 0x7fc00000. */
 int mt_clip_grad_norm(float *const *grads /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
                       float *norm_out /* (2): total norm, applied coefficient */,
                       const int32_t *offsets /* (n_tensors + 1) */,
-                      float max_norm, int32_t n_tensors);
+                      float max_norm, float norm_type, int32_t error_if_nonfinite, int32_t n_tensors);
 
 int mt_grad_norms(float *tensor_norms /* (n_tensors) */, float *total_norm /* (1) */,
                   float *const *grads /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
-                  const int32_t *offsets /* (n_tensors + 1) */, int32_t n_tensors);
+                  const int32_t *offsets /* (n_tensors + 1) */, float norm_type, int32_t n_tensors);
 
 int mt_fill_zero(float *const *tensors /* (n_tensors) -> (offsets[j+1]-offsets[j]) */,
                  const int32_t *offsets /* (n_tensors + 1) */, int32_t n_tensors);
@@ -150,6 +208,24 @@ int mt_cross_entropy(float *loss_out /* (1); may be NULL when reduction is NONE 
                      const void *targets /* (n_rows) */, int32_t target_bytes,
                      int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction,
                      float label_smoothing, int64_t num_items /* mean's divisor; 0: non-ignored count */);
+
+/* Cross-entropy in full (loss.md, "Weights, probability targets and positions"): logits of
+ * (n_batch, vocab, inner), the class dimension strided by inner (torch's (N, C, d1, ...) with
+ * inner = d1 * ...; 1 for (N, C)); its rows are the n_batch * inner positions in row-major order.
+ * Targets are class indices (targets, target_bytes 4 or 8; target_probs NULL) or probabilities
+ * of the logits' shape (target_probs; targets NULL, target_bytes 0; ignore_index unused).
+ * weight: (vocab) class weights, or NULL. num_items: the mean's divisor; 0: the sum of the
+ * target weights (the non-ignored count without weight), or n_batch * inner for probabilities.
+ * Index targets, no weight and inner 1 give mt_cross_entropy's bits. */
+int mt_cross_entropy_nd(float *loss_out /* (1); may be NULL when reduction is NONE */,
+                        float *row_loss /* (n_batch*inner) or NULL; required when reduction is NONE */,
+                        float *dlogits /* (n_batch*vocab*inner) or NULL: no gradient */,
+                        const float *logits /* (n_batch*vocab*inner) */,
+                        const void *targets /* (n_batch*inner) or NULL */,
+                        const float *target_probs /* (n_batch*vocab*inner) or NULL */,
+                        const float *weight /* (vocab) or NULL */, int32_t target_bytes,
+                        int64_t n_batch, int64_t vocab, int64_t inner, int64_t ignore_index,
+                        int32_t reduction, float label_smoothing, int64_t num_items);
 
 int mt_linear_forward(float *out /* (m*n) */, const float *a /* (m*k) */,
                       const float *weight /* (n*k) */, const float *bias /* (n) or NULL */,

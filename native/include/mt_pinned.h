@@ -52,6 +52,12 @@
 #else
 #define MT_SAB_SCHEDULE 0
 #endif
+/* make SABOTAGE=clip: the clip's chunk folds (2-norm and 1-norm) walk their rows backwards. */
+#ifdef MT_SABOTAGE_CLIP
+#define MT_SAB_CLIP 1
+#else
+#define MT_SAB_CLIP 0
+#endif
 
 /* ---- bits ------------------------------------------------------------------------------ */
 
@@ -116,6 +122,36 @@ MT_HD float mt_tree_fold(float *s, int64_t m) {
 
 MT_HD int64_t mt_chunk_count(int64_t n) { return (n + MT_CHUNK - 1) / MT_CHUNK; }
 
+/* The max norm's step (clip.md): |x| replaces acc when larger or NaN. Exact, so any order of
+ * steps gives the same value; a NaN, once in, stays (as torch's max; fmaxf would drop it). */
+MT_HD float mt_max_abs(float acc, float x) {
+    float a = fabsf(x);
+    return (a > acc || a != a) ? a : acc;
+}
+
+/* The largest |x_i| of x[0..n) by mt_max_abs from +0.0 (+0.0 for n == 0); NaN if any x_i is. */
+MT_HD float mt_maxabs(const float *x, int64_t n) {
+    float acc[MT_LANES], m = 0.0f;
+    for (int l = 0; l < MT_LANES; ++l) acc[l] = 0.0f;
+    int64_t full = n / MT_LANES;
+    for (int64_t r = 0; r < full; ++r)
+        for (int l = 0; l < MT_LANES; ++l) acc[l] = mt_max_abs(acc[l], x[r * MT_LANES + l]);
+    for (int64_t l = 0; l < n - full * MT_LANES; ++l) acc[l] = mt_max_abs(acc[l], x[full * MT_LANES + l]);
+    for (int l = 0; l < MT_LANES; ++l) m = mt_max_abs(m, acc[l]);
+    return m;
+}
+
+/* x, or the canonical quiet NaN 0x7fc00000 when x is a NaN (vendors' NaNs differ in sign and
+ * payload; clip.md writes every NaN as this one). */
+MT_HD float mt_canonical_nan(float x) { return x != x ? mt_bits_f32(0x7fc00000u) : x; }
+
+/* The clip's applied coefficient (clip.md): c = max_norm / (total + 1e-6); 1 when c >= 1, else c
+ * (a NaN c, from a NaN total, stays NaN as in torch.clamp(c, max=1)). */
+MT_HD float mt_clip_applied(float max_norm, float total) {
+    float c = max_norm / (total + 1e-6f);
+    return c >= 1.0f ? 1.0f : mt_canonical_nan(c);
+}
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 /* The same tree on a 32-thread warp: thread t holds lanes 4t..4t+3, so a row of 128 lanes is
  * one float4 per thread and the lane tree's first five levels are shuffles. */
@@ -125,12 +161,6 @@ MT_HD int64_t mt_chunk_count(int64_t n) { return (n + MT_CHUNK - 1) / MT_CHUNK; 
 #else
 #define MT_WARP_DOWN(v, d) __shfl_down_sync(0xffffffffu, (v), (d), 32)
 #define MT_WARP_XOR(v, d) __shfl_xor_sync(0xffffffffu, (v), (d), 32)
-#endif
-
-#ifdef MT_SABOTAGE_CLIP
-#define MT_SAB_CLIP 1
-#else
-#define MT_SAB_CLIP 0
 #endif
 
 /* Four consecutive floats at p: one 16-byte load when VEC (p 16-byte aligned), else four. */
@@ -202,20 +232,33 @@ struct mt_fold_one {
 struct mt_step_sumsq {
     static __device__ __forceinline__ float step(float acc, float x) { return fmaf(x, x, acc); }
 };
-template <bool VEC>
-using mt_fold_sumsq = mt_fold_one<VEC, mt_step_sumsq>;
 
-/* Sum of squares of one chunk (n <= MT_CHUNK floats at x); the result is valid in thread 0. */
-__device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, int t) {
+/* The clip's 1-norm step: acc = acc + |x| (|x| exact). */
+struct mt_step_sumabs {
+    static __device__ __forceinline__ float step(float acc, float x) { return acc + fabsf(x); }
+};
+
+/* One chunk (n <= MT_CHUNK floats at x) folded by the clip step OP (16-byte loads when x is
+ * aligned); the result is valid in thread 0. */
+template <class OP>
+__device__ __forceinline__ float mt_warp_chunk_clip(const float *x, int64_t n, int t) {
     float out[1];
     if (((uintptr_t)x & 15u) == 0) {
-        mt_fold_sumsq<true> f = {x};
+        mt_fold_one<true, OP> f = {x};
         mt_warp_chunk_fold<1>(out, f, n, t, MT_SAB_CLIP);
     } else {
-        mt_fold_sumsq<false> f = {x};
+        mt_fold_one<false, OP> f = {x};
         mt_warp_chunk_fold<1>(out, f, n, t, MT_SAB_CLIP);
     }
     return out[0];
+}
+
+/* Sum of squares (mt_chunk_sumsq) and of absolute values (mt_chunk_sumabs) of one chunk. */
+__device__ __forceinline__ float mt_warp_chunk_sumsq(const float *x, int64_t n, int t) {
+    return mt_warp_chunk_clip<mt_step_sumsq>(x, n, t);
+}
+__device__ __forceinline__ float mt_warp_chunk_sumabs(const float *x, int64_t n, int t) {
+    return mt_warp_chunk_clip<mt_step_sumabs>(x, n, t);
 }
 
 /* One level-group of mt_tree_fold: 32 aligned partials (n_valid of them real) folded
@@ -295,6 +338,7 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float one_minus_beta1, one_minus_beta2, step_size, sqrt_bias2, decay, grad_sign;
     int32_t coupled;   /* Adam with weight_decay != 0: g + weight_decay * p */
+    int32_t amsgrad;   /* the denominator from max_exp_avg_sq (set by the caller; 0 here) */
 } mt_adam_scalars;
 
 typedef struct {
@@ -316,6 +360,7 @@ MT_HD mt_adam_scalars mt_adam_scalars_for(float lr, float beta1, float beta2, fl
     s.decay = decoupled ? 1.0f - lr * weight_decay : 1.0f;
     s.grad_sign = maximize ? -1.0f : 1.0f;
     s.coupled = !decoupled && weight_decay != 0.0f;
+    s.amsgrad = 0;
     return s;
 }
 
@@ -331,19 +376,29 @@ MT_HD mt_sgd_scalars mt_sgd_scalars_for(float lr, float momentum, float dampenin
 }
 
 /* One Adam / AdamW element; g is the gradient after clipping (g * coef, coef 1 when not
- * clipping: an exact identity). `coupled` is s->coupled, passed separately so that loops
- * can be specialised on it. */
-MT_HD void mt_adam_elem(float *p, float *m, float *v, float g, const mt_adam_scalars *s,
-                        int coupled) {
+ * clipping: an exact identity). `coupled` and `amsgrad` are s->coupled and s->amsgrad, passed
+ * separately so that loops can be specialised on them. With amsgrad, *w (max_exp_avg_sq)
+ * becomes max(w, v') -- w on a tie, as torch.maximum(w, v') -- and the denominator is taken
+ * from it; w is not touched (may be NULL) without. */
+MT_HD void mt_adam_elem(float *p, float *m, float *v, float *w, float g, const mt_adam_scalars *s,
+                        int coupled, int amsgrad) {
     float pv = *p * s->decay;
     g = g * s->grad_sign;
     if (coupled) g = MT_MADD(s->weight_decay, pv, g);
     float mv = MT_MADD(s->one_minus_beta1, g - *m, *m);
     float vv = MT_OPT_MADD(s->one_minus_beta2, g * g, *v * s->beta2);
-    float denom = sqrtf(vv) / s->sqrt_bias2 + s->eps;
-    *p = pv - s->step_size * (mv / denom);
-    *m = mv;
-    *v = vv;
+    float vd = vv;
+    if (amsgrad) {
+        float wv = *w;
+        vd = vv > wv ? vv : wv;
+        *w = vd;
+    }
+    float denom = sqrtf(vd) / s->sqrt_bias2 + s->eps;
+    /* A NaN can only come from what torch also allows (eps = 0 with a zero denominator: 0/0, or
+     * moments overflowed to inf); vendors' NaN bits differ, so each written NaN is 0x7fc00000. */
+    *p = mt_canonical_nan(pv - s->step_size * (mv / denom));
+    *m = mt_canonical_nan(mv);
+    *v = mt_canonical_nan(vv);
 }
 
 /* One SGD element. With momentum (has_buf), buf is read when initialized and always
@@ -355,10 +410,10 @@ MT_HD void mt_sgd_elem(float *p, float *buf, float g, const mt_sgd_scalars *s, i
     if (coupled) g = MT_MADD(s->weight_decay, pv, g);
     if (has_buf) {
         float b = initialized ? MT_MADD(s->one_minus_dampening, g, *buf * s->momentum) : g;
-        *buf = b;
+        *buf = mt_canonical_nan(b);
         g = s->nesterov ? MT_MADD(s->momentum, b, g) : b;
     }
-    *p = MT_OPT_MADD(-s->lr, g, pv);
+    *p = mt_canonical_nan(MT_OPT_MADD(-s->lr, g, pv));     /* lr = 0 times an overflowed g: 0 * inf */
 }
 
 /* ---- Philox4x32-10 (Salmon et al. 2011; Random123's constants) ------------------------ */
@@ -669,6 +724,9 @@ MT_DEFINE_CHUNK_FOLD(mt_chunk_sum, MT_SAB_LOSS, MT_STEP_SUM, const float *x)
 /* sum of x_i^2 (RMSNorm's mean square): fma(x, x, acc) as in the clip tree */
 #define MT_STEP_SUMSQ(acc, i) (acc) = fmaf(x[i], x[i], (acc))
 MT_DEFINE_CHUNK_FOLD(mt_chunk_sumsq_rms, MT_SAB_RMS_NORM, MT_STEP_SUMSQ, const float *x)
+/* sum of |x_i| (the clip's 1-norm, clip.md): the clip tree with acc + |x| */
+#define MT_STEP_SUMABS(acc, i) (acc) = (acc) + fabsf(x[i])
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sumabs, MT_SAB_CLIP, MT_STEP_SUMABS, const float *x)
 /* sum of (dy_i * w_i) * x_i (RMSNorm backward's row dot); w may be NULL (all ones) */
 #define MT_STEP_GDOT(acc, i) (acc) = fmaf(w ? dy[i] * w[i] : dy[i], x[i], (acc))
 MT_DEFINE_CHUNK_FOLD(mt_chunk_rms_dot, MT_SAB_RMS_NORM, MT_STEP_GDOT, const float *dy, const float *w,
@@ -740,6 +798,51 @@ MT_HD float mt_ce_row_loss(float m, float s, float xt, float sum_x, const mt_ce_
 MT_HD float mt_ce_grad(float e, float s, int is_target, const mt_ce_scalars *c) {
     float p = e / s;
     return (p - (is_target ? c->hit : c->off)) * c->g;
+}
+
+/* ---- cross-entropy with a class weight or probability targets (mt_cross_entropy_nd; loss.md,
+ * "Weights, probability targets and positions"). Every NaN these write is the canonical one
+ * (mt_canonical_nan). */
+
+/* c_i = w_i * y'_i of a probability target: y'_i = y_i, or keep * y_i + off with smoothing;
+ * w NULL: no weight (a product by 1 would be exact). */
+MT_HD float mt_ce_coef(const float *y, const float *w, int64_t i, const mt_ce_scalars *c) {
+    float v = c->eps != 0.0f ? c->keep * y[i] + c->off : y[i];
+    return w ? w[i] * v : v;
+}
+/* sum of w_i x_i, fma steps (weighted smoothing); sum of c_i; sum of c_i x_i, fma steps */
+#define MT_STEP_SUM_WX(acc, i) (acc) = fmaf(w[i], x[i], (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_wx, MT_SAB_LOSS, MT_STEP_SUM_WX, const float *x, const float *w)
+#define MT_STEP_SUM_COEF(acc, i) (acc) = (acc) + mt_ce_coef(y, w, (i), c)
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_coef, MT_SAB_LOSS, MT_STEP_SUM_COEF, const float *y, const float *w,
+                     const mt_ce_scalars *c)
+#define MT_STEP_SUM_COEF_X(acc, i) (acc) = fmaf(mt_ce_coef(y, w, (i), c), x[i], (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_coef_x, MT_SAB_LOSS, MT_STEP_SUM_COEF_X, const float *x, const float *y,
+                     const float *w, const mt_ce_scalars *c)
+
+/* A row's loss, index target t with weight: wt = w_t, sw = the fold of w_j x_j (smoothing
+ * only), wm = W / V (+0.0 without smoothing). */
+MT_HD float mt_ce_row_loss_w(float m, float s, float xt, float wt, float sw, float wm, const mt_ce_scalars *c) {
+    float lse = m + mt_logf(s);
+    float wnll = wt * (lse - xt);
+    if (c->eps == 0.0f) return mt_canonical_nan(wnll);
+    float smooth = fmaf(lse, wm, -(sw / c->vocab));
+    return mt_canonical_nan(c->keep * wnll + c->eps * smooth);
+}
+
+/* A row's loss, probability targets: fma(lse, C, -CX) with C, CX the folds of c_j, c_j x_j. */
+MT_HD float mt_ce_row_loss_p(float m, float s, float csum, float cx) {
+    return mt_canonical_nan(fmaf(m + mt_logf(s), csum, -cx));
+}
+
+/* The softmax factor A of a weighted index row and its target's y_t, from kt = keep * w_t. */
+MT_HD float mt_ce_factor_w(float kt, float wm, const mt_ce_scalars *c) { return kt + c->eps * wm; }
+MT_HD float mt_ce_target_w(float kt, float wt, const mt_ce_scalars *c) { return kt + c->off * wt; }
+
+/* d loss / d x_j: fma(e / s, a, -y) * g (weighted index: a = A, y = y_j; probabilities: a = C,
+ * y = c_j); e as in the denominator's fold. */
+MT_HD float mt_ce_grad_nd(float e, float s, float a, float y, float g) {
+    return mt_canonical_nan(fmaf(e / s, a, -y) * g);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------------------------ */

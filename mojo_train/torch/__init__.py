@@ -1,0 +1,29 @@
+"""mojo_train.torch: torch's autograd and nn.Modules over mojo_train's native arithmetic.
+
+Adopting it is a change of imports: ``from mojo_train.torch import nn`` and ``import
+mojo_train.torch.functional as F`` in place of torch's; the model, ``loss.backward()`` and the
+checkpoints stay torch's. Linear, RMSNorm, Embedding, SiLU, ReLU, Dropout, cross-entropy and the
+fused LM-head loss (linear_cross_entropy) run mojo_train's numeric mode ('identical' unless
+``numeric_mode=`` or ``MOJO_TRAIN_NUMERIC_MODE`` says otherwise) on CPU tensors and, with the
+CUDA vendor loaded, on CUDA tensors, in the tensors' own memory. Layout:
+
+    functional.py   torch.nn.functional's names: the checks, then one autograd Function each
+    modules.py      torch.nn's module classes, subclassed: forward calls functional
+    nn.py           the namespace ``nn``: those modules plus torch's containers
+    _functions.py   the torch.autograd.Functions: one native call per forward and backward
+    _tensors.py     dtype/autocast/device checks, CUDA stream handshake, zero-copy wrapping
+    _generator.py   the default dropout Generators and manual_seed
+    _names.py       the AttributeError for a torch name without mojo_train arithmetic
+
+The optimizers (``mojo_train.torch.optim``) come later. ``import mojo_train`` never imports this
+package (it imports torch); import it yourself.
+"""
+from . import functional, nn  # noqa: F401
+from ._generator import default_generator, manual_seed
+from ._tensors import AutocastError
+from .functional import cross_entropy, dropout, embedding, linear, linear_cross_entropy, relu, rms_norm, silu
+from .modules import CrossEntropyLoss, Dropout, Embedding, Linear, LinearCrossEntropyLoss, ReLU, RMSNorm, SiLU
+
+__all__ = ["nn", "functional", "manual_seed", "default_generator", "AutocastError",
+           "linear", "rms_norm", "embedding", "silu", "relu", "dropout", "cross_entropy", "linear_cross_entropy",
+           "Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss"]

@@ -1,0 +1,261 @@
+"""The adapter's torch.autograd.Functions: each forward and backward is one call of mojo_train's
+native API on the tensors' own memory, and nothing else computes.
+
+Contract: the arguments were checked by mojo_train/torch/functional.py (dtype, autocast, one
+device); ``where`` is the caller's entry point (``torch.nn.Linear``, ...), which the native
+API's refusals are worded for (its argument names become the user's: ``a`` -> ``input``, ``dc``
+-> ``grad_output``, ...; a backward's ``where`` ends in ``.backward``). Strided tensors are made
+contiguous here (``_tensors.dense``: a copy, as torch's own kernels make). Outputs are torch
+tensors: ``torch.empty`` passed as ``out=`` where the native call takes one (SiLU, dropout),
+otherwise the array the native call allocated, wrapped without a copy (``_tensors.as_torch``).
+Saved for backward: linear's input and weight, RMSNorm's input and weight, the embedding's ids,
+SiLU's input, ReLU's output, dropout's key (never its mask), and the losses' gradients, which
+the native losses return from the forward call. A loss's backward multiplies those by the
+incoming gradient with torch's ``mul`` (one float32 rounding an element; exact, so the native
+bits, when it is 1.0 as after ``loss.backward()``). Backwards are once-differentiable.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import elementwise as _elementwise
+from .. import embedding as _embedding
+from .. import linear as _linear
+from .. import lm_head as _lm_head
+from .. import loss as _loss
+from .. import rms_norm as _rms_norm
+from ._tensors import as_torch, dense, empty_like, native, wait_for_torch
+
+# the native API's argument names -> the user's, per op
+_LINEAR = {"a": "input", "dc": "grad_output"}
+_ROWS = {"x": "input", "dy": "grad_output"}
+_EMBEDDING = {"ids": "input", "dy": "grad_output"}
+_LOSS = {"logits": "input", "targets": "target"}
+
+
+def _incoming(dy):
+    """A backward's incoming gradient, made dense, once torch's stream has produced it."""
+    dy = dense(dy)
+    wait_for_torch(dy.device)
+    return dy
+
+
+def _backward(ctx, names, fn, *args, **kwargs):
+    """A backward's native call, its refusal worded for ``<where>.backward``."""
+    return native(ctx.where + ".backward", names, fn, *args, **kwargs)
+
+
+def _in_place(ctx, input, result):
+    """``input`` holding ``result`` (copied in unless the native call wrote it there), marked
+    dirty for autograd: the output of an ``inplace=True`` call."""
+    if result is not input:
+        input.copy_(result)
+    ctx.mark_dirty(input)
+    return input
+
+
+class LinearFunction(torch.autograd.Function):
+    """``input @ weight.T + bias``: mojo_train.linear_forward / linear_backward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, numeric_mode, where):
+        x, w, b = dense(input), dense(weight), dense(bias)
+        wait_for_torch(x.device)
+        y = native(where, _LINEAR, _linear.linear_forward, x, w, b, numeric_mode=numeric_mode)
+        ctx.save_for_backward(x, w)
+        ctx.numeric_mode, ctx.has_bias, ctx.where = numeric_mode, bias is not None, where
+        return as_torch(y, x.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dy = _incoming(dy)
+        grads = _backward(ctx, _LINEAR, _linear.linear_backward, dy, x, w, need_input_grad=need_x,
+                       need_weight_grad=need_w, need_bias_grad=bool(ctx.has_bias and need_b),
+                       numeric_mode=ctx.numeric_mode)
+        dx, dw, db = (tuple(grads) + (None,))[:3]
+        return as_torch(dx, dy.device), as_torch(dw, dy.device), as_torch(db, dy.device), None, None
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMS normalization over the last ``len(normalized_shape)`` dimensions, flattened into one
+    row of D elements (a view): mojo_train.rms_norm_forward / rms_norm_backward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape, eps, numeric_mode, where):
+        x = dense(input)
+        d = 1
+        for s in normalized_shape:
+            d *= s
+        rows = x.view(tuple(x.shape[:x.dim() - len(normalized_shape)]) + (d,))
+        w = None if weight is None else dense(weight).view(d)
+        wait_for_torch(x.device)
+        y = native(where, _ROWS, _rms_norm.rms_norm_forward, rows, w, eps, numeric_mode=numeric_mode)
+        ctx.save_for_backward(rows, w)
+        ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
+        ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
+        return as_torch(y, x.device).view(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        rows, w = ctx.saved_tensors
+        dy = _incoming(dy).view(rows.shape)
+        dx, dw = _backward(ctx, _ROWS, _rms_norm.rms_norm_backward, dy, rows, w, ctx.eps,
+                        numeric_mode=ctx.numeric_mode)
+        dw = None if dw is None else as_torch(dw, dy.device).view(ctx.normalized_shape)
+        return as_torch(dx, dy.device).view(ctx.shape), dw, None, None, None, None
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """Rows of ``weight`` at integer ``ids``: mojo_train.embedding_forward / embedding_backward
+    (the dense (num_embeddings, embedding_dim) gradient, the ``padding_idx`` row +0.0)."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx, numeric_mode, where):
+        i, w = dense(ids), dense(weight)
+        wait_for_torch(w.device)
+        y = native(where, _EMBEDDING, _embedding.embedding_forward, w, i, numeric_mode=numeric_mode)
+        ctx.save_for_backward(i)
+        ctx.vocab, ctx.padding_idx, ctx.numeric_mode, ctx.where = w.shape[0], padding_idx, numeric_mode, where
+        return as_torch(y, w.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (ids,) = ctx.saved_tensors
+        dy = _incoming(dy)
+        dw = _backward(ctx, _EMBEDDING, _embedding.embedding_backward, dy, ids, ctx.vocab,
+                    padding_idx=ctx.padding_idx, numeric_mode=ctx.numeric_mode)
+        return None, as_torch(dw, dy.device), None, None, None
+
+
+class SiLUFunction(torch.autograd.Function):
+    """``x * sigmoid(x)``: mojo_train.silu_forward / silu_backward into torch.empty outputs.
+    In place (``inplace=True``), the input is kept as a copy first: the backward needs it."""
+
+    @staticmethod
+    def forward(ctx, input, inplace, numeric_mode, where):
+        x = dense(input)
+        if inplace and x is input:
+            x = x.clone()                       # the input, kept for the backward
+        y = input if inplace and input.is_contiguous() else empty_like(x)
+        wait_for_torch(x.device)
+        native(where, _ROWS, _elementwise.silu_forward, x, out=y, numeric_mode=numeric_mode)
+        ctx.save_for_backward(x)
+        ctx.numeric_mode, ctx.where = numeric_mode, where
+        return _in_place(ctx, input, y) if inplace else y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dy = _incoming(dy)
+        dx = empty_like(dy)
+        _backward(ctx, _ROWS, _elementwise.silu_backward, dy, x, out=dx,
+               numeric_mode=ctx.numeric_mode)
+        return dx, None, None, None
+
+
+class ReLUFunction(torch.autograd.Function):
+    """``max(x, 0)``: mojo_train.relu_forward / relu_backward. The backward reads the output
+    (``y > 0`` exactly where ``x > 0``), so ``inplace=True`` needs no copy of the input; it
+    writes the result back into the input (one copy: relu_forward takes no ``out=``)."""
+
+    @staticmethod
+    def forward(ctx, input, inplace, numeric_mode, where):
+        x = dense(input)
+        wait_for_torch(x.device)
+        y = as_torch(native(where, _ROWS, _elementwise.relu_forward, x, numeric_mode=numeric_mode), x.device)
+        if inplace:
+            y = _in_place(ctx, input, y)
+        ctx.save_for_backward(y)
+        ctx.numeric_mode, ctx.where = numeric_mode, where
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dy = _incoming(dy)
+        dx = _backward(ctx, {"x": "the output", "dy": "grad_output"}, _elementwise.relu_backward,
+                    dy, dense(y), numeric_mode=ctx.numeric_mode)
+        return as_torch(dx, dy.device), None, None, None
+
+
+class DropoutFunction(torch.autograd.Function):
+    """Inverted dropout by a mojo_train.Generator: the forward keeps the DropoutKey, the backward
+    regenerates the mask from it (Generator.dropout / dropout_backward, into torch outputs)."""
+
+    @staticmethod
+    def forward(ctx, input, p, inplace, generator, where):
+        x = dense(input)
+        out = x if inplace and x is input else empty_like(x)
+        wait_for_torch(x.device)
+        _, ctx.key = native(where, _ROWS, generator.dropout, x, p, out=out)
+        ctx.generator, ctx.where = generator, where
+        return _in_place(ctx, input, out) if inplace else out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        dy = _incoming(dy)
+        dx = empty_like(dy)
+        _backward(ctx, _ROWS, ctx.generator.dropout_backward, dy, ctx.key, out=dx)
+        return dx, None, None, None, None
+
+
+def _scaled(grad, upstream):
+    """A loss's saved gradient times the incoming gradient of the loss (see the module docstring)."""
+    if grad is None:
+        return None
+    if upstream.device.type == "cpu" and upstream.dim() == 0 and upstream.item() == 1.0:
+        return grad
+    return grad * upstream
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    """mojo_train.cross_entropy(return_grad=True): the loss and d loss / d logits in one call;
+    ``options`` are its keywords, passed through as they are."""
+
+    @staticmethod
+    def forward(ctx, logits, target, want_grad, numeric_mode, options, where):
+        x, t = dense(logits), dense(target)
+        wait_for_torch(x.device)
+        result = native(where, _LOSS, _loss.cross_entropy, x, t, return_grad=want_grad, numeric_mode=numeric_mode,
+                        **options)
+        loss, dlogits = result if want_grad else (result, None)
+        ctx.save_for_backward(as_torch(dlogits, x.device))
+        return as_torch(loss, x.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, upstream):
+        (dlogits,) = ctx.saved_tensors
+        return _scaled(dlogits, upstream), None, None, None, None, None
+
+
+class LinearCrossEntropyFunction(torch.autograd.Function):
+    """mojo_train.linear_cross_entropy (the chunked LM head, no logits kept) with
+    ``return_grad=True``: loss, d_input, d_linear_weight and d_linear_bias in one call."""
+
+    @staticmethod
+    def forward(ctx, input, linear_weight, linear_bias, target, want_grad, numeric_mode, options, where):
+        h, w, b, t = dense(input), dense(linear_weight), dense(linear_bias), dense(target)
+        wait_for_torch(h.device)
+        result = native(where, {}, _lm_head.linear_cross_entropy, h, w, t, linear_bias=b, return_grad=want_grad,
+                        numeric_mode=numeric_mode, **options)
+        if not want_grad:
+            ctx.save_for_backward(None, None, None)
+            return as_torch(result, h.device)
+        grads = (tuple(result[1:]) + (None,))[:3]
+        ctx.save_for_backward(*(as_torch(g, h.device) for g in grads))
+        return as_torch(result[0], h.device)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, upstream):
+        d_input, d_weight, d_bias = ctx.saved_tensors
+        return (_scaled(d_input, upstream), _scaled(d_weight, upstream), _scaled(d_bias, upstream),
+                None, None, None, None, None)

@@ -1,0 +1,140 @@
+"""torch tensors and mojo_train buffers, for the adapter's autograd Functions.
+
+Contract: ``float32`` and ``indices`` refuse, by the user's argument name, a tensor of a dtype
+the native API would refuse (half and bfloat16 included: nothing is cast); ``refuse_autocast``
+refuses a call made under ``torch.autocast`` for the inputs' device type; ``device_of`` requires
+every tensor of a call on one device: the CPU, or cuda:0 (the GPU vendor's one device).
+``dense`` is the tensor itself when it is C-contiguous, else ``tensor.contiguous()`` -- a copy,
+what torch's own kernels make of a strided input. ``native`` makes a native call, its refusal
+worded for the adapter's caller (``where``, the user's argument names). ``as_torch`` wraps what
+a native call returned as a torch tensor without copying: a ``mojo_train.Array`` through
+``torch.frombuffer`` over its own memory, a ``DeviceArray`` through DLPack (the tensor keeps
+the array alive); a loss returned as a Python float becomes a 0-d tensor on the inputs' device
+(4 bytes copied there).
+
+Streams (CUDA). Every native CUDA entry point runs on the calling thread's per-thread default
+stream (``cudaStreamPerThread``) and synchronizes it before returning (it reads back its
+finiteness status), so its outputs are complete when it returns and torch may use them on any
+stream. The other way, work torch queued on its current stream -- which produced our inputs --
+is ordered before ours only when that stream is the legacy default stream (the per-thread
+stream waits for it implicitly), not when it is a stream of torch's pool (``torch.cuda.Stream()``
+creates non-blocking ones). So ``wait_for_torch`` synchronizes torch's current stream on the
+host before each native call: correct on every stream, no event, no copy. Its cost is one host
+wait per call while torch's queued work drains -- work the native call would have waited for on
+the default stream anyway; what is lost is the host queuing the native call's launches behind
+that work (a few microseconds a call). A ``DeviceArray`` output is freed through
+``mt_device_free``, which synchronizes the device first (so no stream still reads it).
+"""
+import torch
+
+from .._array import Array
+from .._errors import where_msg
+from .._ops import rename_arguments
+from ..device import DeviceArray
+
+_DEVICE_TYPES = ("cpu", "cuda")
+
+
+class AutocastError(RuntimeError, TypeError):
+    """A call under ``torch.autocast``: refused (a RuntimeError in torch's terms, a TypeError
+    -- the dtype autocast would choose -- in ours)."""
+
+
+def _tensor(t, name, where):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(where_msg(where, "%s must be a torch.Tensor, got %s" % (name, type(t).__name__)))
+    return t
+
+
+def float32(t, name, where):
+    """``t``, a float32 torch tensor; TypeError naming its dtype (half, bfloat16, float64, ...)
+    otherwise."""
+    _tensor(t, name, where)
+    if t.dtype != torch.float32:
+        raise TypeError(where_msg(where, "%s has dtype %s; mojo_train computes in float32 only and never "
+                                  "casts (convert with %s.float(), or a model with model.float())"
+                                  % (name, t.dtype, name)))
+    return t
+
+
+def indices(t, name, where):
+    """``t``, a torch tensor of an integer dtype (TypeError naming the dtype otherwise)."""
+    _tensor(t, name, where)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(where_msg(where, "%s has dtype %s; class or row indices must be integers "
+                                  "(convert with %s.long())" % (name, t.dtype, name)))
+    return t
+
+
+def refuse_autocast(where, device):
+    """AutocastError when ``torch.autocast`` is on for ``device``'s type."""
+    if torch.is_autocast_enabled(device.type):
+        raise AutocastError(where_msg(where, "called under torch.autocast(%r) (which would run it in %s); "
+                                      "mojo_train computes in float32 only and never casts: call it outside "
+                                      "autocast, e.g. inside torch.autocast(%r, enabled=False)"
+                                      % (device.type, torch.get_autocast_dtype(device.type), device.type)))
+
+
+def device_of(where, **tensors):
+    """The one device of the given tensors (None skipped): ValueError when they are on
+    different devices or on one that is neither the CPU nor CUDA."""
+    given = [(name, t.device) for name, t in tensors.items() if t is not None]
+    name0, dev = given[0]
+    for name, d in given[1:]:
+        if d != dev:
+            raise ValueError(where_msg(where, "%s is on %s but %s is on %s; put every tensor of the call on "
+                                       "one device" % (name0, dev, name, d)))
+    if dev.type not in _DEVICE_TYPES:
+        raise ValueError(where_msg(where, "%s is on %s; mojo_train runs on the CPU and on CUDA devices"
+                                   % (name0, dev)))
+    if dev.type == "cuda" and dev.index not in (None, 0):
+        raise ValueError(where_msg(where, "%s is on %s; mojo_train's GPU vendor uses one device, cuda:0 (its "
+                                   "DeviceArrays say so): make that GPU the first visible one "
+                                   "(CUDA_VISIBLE_DEVICES)" % (name0, dev)))
+    return dev
+
+
+def native(where, names, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (a mojo_train entry point); its refusal is raised again as from
+    ``where``, with its argument names replaced by the user's (``names``: native -> user)."""
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, TypeError, IndexError, NotImplementedError) as exc:
+        text = str(exc)
+        if not text.startswith("mojo_train."):
+            raise
+        text = text.split(": ", 1)[1]
+        raise type(exc)(where_msg(where, rename_arguments(text, names) if names else text)) from None
+
+
+def dense(t):
+    """``t`` when C-contiguous (no copy), else ``t.contiguous()`` (a copy); None stays None."""
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+def wait_for_torch(device):
+    """Before a native call on ``device``: on CUDA, wait until torch's current stream has
+    finished the work queued on it (see the module docstring); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def empty_like(t):
+    """A new C-contiguous tensor shaped like ``t`` on its device, for a native ``out=``."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def as_torch(result, device):
+    """A native result as a torch tensor on ``device``, sharing its memory (see the module
+    docstring); None stays None."""
+    if result is None:
+        return None
+    if isinstance(result, float):
+        return torch.tensor(result, dtype=torch.float32, device=device)
+    if isinstance(result, DeviceArray):
+        return torch.from_dlpack(result)
+    if isinstance(result, Array):
+        if result.nbytes == 0:
+            return torch.empty(result.shape, dtype=torch.float32)
+        return torch.frombuffer(result.memview().cast("B"), dtype=torch.float32).view(result.shape)
+    return result       # already a torch tensor (an out= the call wrote)

@@ -1,0 +1,234 @@
+"""mojo_train.torch.functional: torch.nn.functional's names and signatures, computed by
+mojo_train's native API, with autograd. ``import mojo_train.torch.functional as F`` in place of
+``import torch.nn.functional as F``.
+
+Contract: every function checks its tensors before anything runs -- float32 only (half, bfloat16
+and float64 refused naming the dtype: nothing is cast), not under ``torch.autocast``, every
+tensor on one CPU or CUDA device -- and refuses with ``mojo_train.torch.functional.<name>:``
+(through a module, ``mojo_train.torch.nn.<Module>:``). Then one torch.autograd.Function
+(_functions.py) calls the native forward, and its backward the native backward.
+``numeric_mode=`` picks the numeric mode (None: ``MOJO_TRAIN_NUMERIC_MODE``, 'identical' unless
+set). The native API's own refusals (shapes, NaN or infinity in an input, ids out of range, its
+keywords) come through with its words, under the caller's entry point and argument names
+(``a`` -> ``input``, ``dc`` -> ``grad_output``), and nothing the caller passed is written when a
+call is refused. A name of torch.nn.functional without mojo_train arithmetic is an AttributeError
+saying so (use torch's explicitly). The public functions are one-line calls of the private
+ones, which the modules call with their own names.
+"""
+import torch
+
+from .. import embedding as _embedding
+from .._buffer import RequiresGradError
+from .._errors import where_msg
+from .._native import numeric_mode_arg
+from ..random import Generator
+from . import _functions
+from ._generator import default_generator
+from ._names import not_here
+from ._tensors import device_of, float32, indices, refuse_autocast
+
+__all__ = ["linear", "rms_norm", "embedding", "silu", "relu", "dropout", "cross_entropy", "linear_cross_entropy"]
+
+_HERE = "torch.functional."
+
+
+# ---- the public functions ----------------------------------------------------------------------
+def linear(input, weight, bias=None, *, numeric_mode=None):
+    """``input @ weight.T + bias`` as ``torch.nn.functional.linear``: input ``(..., K)``, weight
+    ``(N, K)`` (torch's layout), bias ``(N,)`` or None; mojo_train.linear_forward, and
+    linear_backward for the gradients autograd asks for."""
+    return _linear(_HERE + "linear", input, weight, bias, numeric_mode)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, numeric_mode=None):
+    """RMS normalization over the last ``len(normalized_shape)`` dimensions, as
+    ``torch.nn.functional.rms_norm``: ``y = x / sqrt(mean(x**2) + eps) * weight``; eps None is
+    torch's ``finfo(float32).eps``. mojo_train.rms_norm_forward / rms_norm_backward over the
+    trailing dimensions flattened into one (a view)."""
+    return _rms_norm(_HERE + "rms_norm", input, normalized_shape, weight, eps, numeric_mode)
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False, *, numeric_mode=None):
+    """Rows of ``weight`` (num_embeddings, embedding_dim) at integer ids ``input`` (any shape), as
+    ``torch.nn.functional.embedding``; the gradient of ``weight`` is the dense table summed by
+    the token rule, its ``padding_idx`` row +0.0. ``max_norm``, ``scale_grad_by_freq=True`` and
+    ``sparse=True`` are refused (mojo_train.Embedding's reasons)."""
+    _embedding._refuse_torch_options(max_norm, norm_type, scale_grad_by_freq, sparse, {}, _HERE + "embedding")
+    return _embedding_call(_HERE + "embedding", input, weight, padding_idx, numeric_mode)
+
+
+def silu(input, inplace=False, *, numeric_mode=None):
+    """``x * sigmoid(x)`` as ``torch.nn.functional.silu`` (mojo_train.silu_forward /
+    silu_backward). ``inplace=True`` writes into ``input`` and keeps a copy of it for the
+    backward (as torch does)."""
+    return _silu(_HERE + "silu", input, inplace, numeric_mode)
+
+
+def relu(input, inplace=False, *, numeric_mode=None):
+    """``max(x, 0)`` as ``torch.nn.functional.relu`` (mojo_train.relu_forward / relu_backward;
+    +0.0 where x <= 0, and a gradient of +0.0 there)."""
+    return _relu(_HERE + "relu", input, inplace, numeric_mode)
+
+
+def dropout(input, p=0.5, training=True, inplace=False, *, generator=None, numeric_mode=None):
+    """Inverted dropout as ``torch.nn.functional.dropout``, drawn by a ``mojo_train.Generator``
+    (``generator``; None: ``mojo_train.torch.default_generator(numeric_mode)``, seeded by
+    ``mojo_train.torch.manual_seed``). Each call in training takes one stream id; the backward
+    regenerates the mask from the forward's key (never stored). ``training=False`` returns
+    ``input`` itself. p must lie in [0, 1) (p = 1 would drop everything: refused)."""
+    return _dropout(_HERE + "dropout", input, p, training, inplace, generator, numeric_mode)
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                  reduction="mean", label_smoothing=0.0, *, numeric_mode=None, **kwargs):
+    """Cross-entropy of logits ``input`` against ``target``, as
+    ``torch.nn.functional.cross_entropy``: one mojo_train.cross_entropy(return_grad=True) call
+    gives the loss and d loss / d input. Whatever that accepts is accepted here, unchanged:
+    class indices or probability targets, a per-class ``weight``, (N, C, d1, ...) inputs, and
+    further keywords (``num_items``, ...). No gradient flows to ``target`` or ``weight``. The
+    gradient needs reduction='mean' or 'sum' (reduction='none' is forward-only, as in the
+    native loss)."""
+    options = dict(kwargs, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing)
+    for name, value in (("weight", weight), ("size_average", size_average), ("reduce", reduce)):
+        if value is not None:       # passed only when given: the native loss refuses what it lacks, by name
+            options[name] = value
+    return _cross_entropy(_HERE + "cross_entropy", input, target, options, numeric_mode)
+
+
+def linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
+                         ignore_index=None, label_smoothing=0.0, options=None, numeric_mode=None, **kwargs):
+    """``cross_entropy(linear(input, linear_weight, linear_bias), target)`` without the logits,
+    as torch 2.13's ``torch.nn.functional.linear_cross_entropy``: one
+    mojo_train.linear_cross_entropy(return_grad=True) call (the chunked LM head) gives the loss
+    and the gradients of input, linear_weight and linear_bias. ``chunk_rows=`` and other
+    keywords of mojo_train.linear_cross_entropy pass through; ``weight`` and ``options`` are
+    passed on (the native head refuses them unless None)."""
+    passed = dict(kwargs, weight=weight, reduction=reduction, ignore_index=ignore_index,
+                  label_smoothing=label_smoothing, options=options)
+    return _linear_cross_entropy(_HERE + "linear_cross_entropy", input, linear_weight, linear_bias, target,
+                                 passed, numeric_mode)
+
+
+def __getattr__(name):
+    return not_here(__name__, torch.nn.functional, name)
+
+
+# ---- the checks ---------------------------------------------------------------------------------
+def _floats(where, numeric_mode, **tensors):
+    """Check float tensors (None skipped), their device and autocast, and the numeric mode;
+    return the numeric mode (None or its name)."""
+    for name, t in tensors.items():
+        if t is not None:
+            float32(t, name, where)
+    refuse_autocast(where, device_of(where, **tensors))
+    return numeric_mode_arg(numeric_mode, where)
+
+
+def _inplace_target(input, inplace, where):
+    """Refuse ``inplace=True`` on a leaf that requires grad in grad mode, before anything is
+    written (torch refuses it too)."""
+    if not isinstance(inplace, bool):
+        raise TypeError(where_msg(where, "inplace must be True or False, got %r" % (inplace,)))
+    if inplace and input.is_leaf and input.requires_grad and torch.is_grad_enabled():
+        raise RequiresGradError(where_msg(where, "inplace=True on input, a leaf tensor that requires grad: "
+                                          "autograd cannot differentiate a leaf written in place (torch "
+                                          "refuses it too); pass inplace=False"))
+
+
+def _normalized_shape(normalized_shape, input, where):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not shape or input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape):]) != shape:
+        raise ValueError(where_msg(where, "input of shape %r does not end with normalized_shape %r"
+                                   % (tuple(input.shape), shape)))
+    return shape
+
+
+def _generator(generator, mode, where):
+    """The Generator a dropout draws from: ``generator`` (whose numeric mode must be ``mode``
+    when both are given), or the default one of ``mode``."""
+    if generator is None:
+        return default_generator(mode)
+    if not isinstance(generator, Generator):
+        raise TypeError(where_msg(where, "generator must be a mojo_train.Generator, got %s (torch's "
+                                  "generators are not taken: their streams differ from device to device)"
+                                  % type(generator).__name__))
+    if mode is not None and generator.numeric_mode != mode:
+        raise ValueError(where_msg(where, "numeric_mode=%r but generator has numeric_mode %r; pass "
+                                   "generator=mojo_train.Generator(seed, numeric_mode=%r)"
+                                   % (mode, generator.numeric_mode, mode)))
+    return generator
+
+
+def _target(target, where):
+    """Refuse a float target that is not float32 or that requires grad (no gradient with respect
+    to probability targets is computed); integer targets go to the native loss as they are."""
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(where_msg(where, "target must be a torch.Tensor, got %s" % type(target).__name__))
+    if target.dtype.is_floating_point:
+        float32(target, "target", where)
+        if target.requires_grad and torch.is_grad_enabled():
+            raise ValueError(where_msg(where, "target requires grad, but no gradient with respect to "
+                                       "probability targets is computed: pass target.detach()"))
+
+
+def _want_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# ---- the calls (the modules call these with their own names) -------------------------------------
+def _linear(where, input, weight, bias, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input, weight=weight, bias=bias)
+    return _functions.LinearFunction.apply(input, weight, bias, mode, where)
+
+
+def _rms_norm(where, input, normalized_shape, weight, eps, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input, weight=weight)
+    shape = _normalized_shape(normalized_shape, input, where)
+    return _functions.RMSNormFunction.apply(input, weight, shape, eps, mode, where)
+
+
+def _embedding_call(where, input, weight, padding_idx, numeric_mode):
+    indices(input, "input", where)
+    mode = _floats(where, numeric_mode, weight=weight)
+    device_of(where, weight=weight, input=input)
+    if padding_idx is not None:
+        padding_idx = _embedding._padding(padding_idx, weight.shape[0], where)
+    return _functions.EmbeddingFunction.apply(input, weight, padding_idx, mode, where)
+
+
+def _silu(where, input, inplace, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input)
+    _inplace_target(input, inplace, where)
+    return _functions.SiLUFunction.apply(input, inplace, mode, where)
+
+
+def _relu(where, input, inplace, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input)
+    _inplace_target(input, inplace, where)
+    return _functions.ReLUFunction.apply(input, inplace, mode, where)
+
+
+def _dropout(where, input, p, training, inplace, generator, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input)
+    generator = _generator(generator, mode, where)
+    if not training:
+        return input
+    _inplace_target(input, inplace, where)
+    return _functions.DropoutFunction.apply(input, p, inplace, generator, where)
+
+
+def _cross_entropy(where, input, target, options, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input, weight=options.get("weight"))
+    _target(target, where)
+    device_of(where, input=input, target=target)
+    return _functions.CrossEntropyFunction.apply(input, target, _want_grad(input), mode, options, where)
+
+
+def _linear_cross_entropy(where, input, linear_weight, linear_bias, target, options, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input, linear_weight=linear_weight, linear_bias=linear_bias)
+    indices(target, "target", where)
+    device_of(where, input=input, target=target)
+    return _functions.LinearCrossEntropyFunction.apply(input, linear_weight, linear_bias, target,
+                                                       _want_grad(input, linear_weight, linear_bias), mode, options,
+                                                       where)

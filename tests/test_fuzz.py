@@ -1,0 +1,150 @@
+"""Hostile arguments to every public entry point (issue 12): each example is a clean refusal or
+the oracle's result, never a crash, a partial write or an unclear error.
+
+For each target of tests/_fuzz_targets.py (one per public callable; the exemptions are listed
+there with their reasons) hypothesis draws calls -- every buffer container the library takes,
+wrong dtypes and ranks, zero and huge shapes, NaN and infinities, read-only, released and strided
+buffers, aliases and partial overlaps, extreme indices, wrong types, torch tensors with and
+without grad -- and a worker process runs them (tests/_fuzz_worker.py: a crash is recorded and
+the worker restarted). An example fails this suite when the worker reports any finding: a crash,
+a partial write, an unclear error, a wrong outcome or a wrong result (the categories are
+tests/_fuzz_worker.py's) -- unless it is a library defect listed, with its reproducer, in
+tests/_fuzz_known.py, whose every entry is checked to still show until it is fixed.
+
+Budget: MT_FUZZ_EXAMPLES examples per target (default in tests/_fuzz_run.py), derandomized, so
+every run draws the same examples; the long run is ``make fuzz`` (bench/fuzz.py), recorded in
+bench/results/fuzz.md. Every loadable vendor's identical numeric mode takes part (its oracles
+are exact); device memory is drawn where the vendor takes it.
+"""
+import importlib
+import inspect
+
+import pytest
+
+from _fuzz_known import KNOWN, known
+from _fuzz_run import ci_examples, context, describe, explore
+from _fuzz_targets import EXEMPT, TARGETS
+from _fuzz_targets_misc import SABOTAGE
+from _fuzz_worker import Pool
+
+FUZZED = sorted(name for name in TARGETS if not name.startswith("harness."))
+
+# The modules whose public names must each have a target or an exemption. Issue 13's
+# mojo_train.torch joins the moment it exists: its names then need targets too.
+PUBLIC_MODULES = ("mojo_train", "mojo_train.nn", "mojo_train.torch")
+
+_POOLS = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_workers():
+    yield
+    while _POOLS:
+        _POOLS.popitem()[1].close()
+
+
+def pool_for(mode):
+    """The worker pool of a (vendor, numeric mode), started once per module."""
+    if mode.vendor not in _POOLS:
+        _POOLS[mode.vendor] = Pool(mode.vendor)
+    return _POOLS[mode.vendor]
+
+
+@pytest.mark.parametrize("name", FUZZED)
+def test_each_hostile_example_is_a_clean_refusal_or_the_oracles_result(identical, name):
+    target = TARGETS[name]
+    if target.device_only and not identical.has("device_buffers"):
+        pytest.skip("the loaded vendor takes no device buffers")
+
+    def record(desc, verdict):
+        assert verdict["finding"] is None or known(desc, verdict), describe(desc, verdict)
+
+    explore(pool_for(identical), target, context(identical.vendor, identical.numeric_mode, identical.backend),
+            ci_examples(target), record)
+
+
+@pytest.mark.parametrize("entry", KNOWN, ids=lambda e: e[1])
+def test_each_known_defect_still_shows_in_its_example_until_it_is_fixed(identical, entry):
+    """tests/_fuzz_known.py's ledger stays true: when a defect is fixed this fails, and its entry goes."""
+    what, target, category, pattern, desc = entry
+    verdict = pool_for(identical).run(desc)
+    assert verdict["finding"] and known(desc, verdict) is entry, "fixed? %s\n%r" % (what, verdict)
+
+
+# ---- the harness has teeth: sabotaged entry points are reported as what they are ----------------
+
+@pytest.mark.parametrize("sabotage", SABOTAGE, ids=lambda t: t.name)
+def test_the_harness_reports_a_sabotaged_entry_point_in_its_category(identical, sabotage):
+    pool = pool_for(identical)
+    ctx = context(identical.vendor, identical.numeric_mode, identical.backend)
+    seen = []
+    explore(pool, sabotage, ctx, 3, lambda desc, verdict: seen.append(verdict), shrink=False)
+    assert seen and all(v["finding"] and v["finding"][0] == sabotage.category for v in seen), seen
+
+
+def test_a_crashed_worker_is_replaced_and_the_next_example_runs(identical):
+    pool = Pool(identical.vendor)
+    ctx = context(identical.vendor, identical.numeric_mode, identical.backend)
+    try:
+        verdicts = []
+        for target in (TARGETS["harness.abort"], TARGETS["add"]):
+            explore(pool, target, ctx, 1, lambda desc, verdict: verdicts.append(verdict), shrink=False)
+        crash, after = verdicts
+        assert crash["outcome"] == "crash" and "SIGABRT" in crash["finding"][1]
+        assert after["finding"] is None and pool.crashes == 1 and len(set(pool.pids)) == 2
+    finally:
+        pool.close()
+
+
+# ---- every public callable has a target or a stated exemption ------------------------------------
+
+def _public_modules():
+    for name in PUBLIC_MODULES:
+        try:
+            yield name, importlib.import_module(name)
+        except ImportError:
+            continue
+
+
+def _class_attributes(cls):
+    """Public methods and properties a class defines (inherited ones from the library too, not
+    from builtins)."""
+    seen = {}
+    for klass in reversed(cls.__mro__):
+        if klass.__module__.startswith("mojo_train"):
+            for attr, value in vars(klass).items():
+                if not attr.startswith("_") and (callable(value) or isinstance(value, (property, classmethod,
+                                                                                       staticmethod))):
+                    seen[attr] = value
+    return sorted(seen)
+
+
+def public_callables():
+    """Every public callable, by its canonical name (mojo_train.<name> where the top level
+    exports the same object): functions, classes, and the classes' public methods and
+    properties."""
+    import mojo_train
+    names = set()
+    for module_name, module in _public_modules():
+        for attr in getattr(module, "__all__", ()):
+            obj = getattr(module, attr)
+            if not callable(obj):
+                continue
+            canonical = "mojo_train.%s" % attr if getattr(mojo_train, attr, None) is obj else "%s.%s" % (module_name, attr)
+            names.add(canonical)
+            if inspect.isclass(obj):
+                names.update("%s.%s" % (canonical, a) for a in _class_attributes(obj))
+    return names
+
+
+def test_every_public_callable_has_a_fuzz_target_or_a_stated_exemption():
+    covered = {c for t in TARGETS.values() for c in t.covers}
+    missing = sorted(public_callables() - covered - set(EXEMPT))
+    assert not missing, "public callables with neither a fuzz target nor an exemption: %s" % missing
+
+
+def test_the_targets_and_exemptions_name_public_callables_only():
+    public = public_callables() | {"mojo_train.Array.__getitem__", "mojo_train.Array.__setitem__"}
+    stale = sorted(c for t in TARGETS.values() for c in t.covers if c not in public)
+    assert not stale and set(EXEMPT) <= public, (stale, sorted(set(EXEMPT) - public))
+    assert all(reason.strip() for reason in EXEMPT.values())
