@@ -37,7 +37,21 @@ def _loadable(numeric_modes):
     return out
 
 
-ALL = _loadable(_native.NUMERIC_MODES)
+def _numeric_modes():
+    """The numeric modes the fixtures run: all, or those MOJO_TRAIN_TEST_NUMERIC_MODES lists (a
+    comma-separated subset; `make asan-test` in CI runs the identical mode only, to fit CI's time)."""
+    asked = os.environ.get("MOJO_TRAIN_TEST_NUMERIC_MODES", "").strip()
+    if not asked:
+        return _native.NUMERIC_MODES
+    modes = tuple(m.strip() for m in asked.split(",") if m.strip())
+    unknown = [m for m in modes if m not in _native.NUMERIC_MODES]
+    if unknown:
+        raise pytest.UsageError("MOJO_TRAIN_TEST_NUMERIC_MODES names %s; the numeric modes are %s"
+                                % (", ".join(unknown), ", ".join(_native.NUMERIC_MODES)))
+    return modes
+
+
+ALL = _loadable(_numeric_modes())
 IDENTICAL = [c for c in ALL if c[1] == "identical"]
 
 

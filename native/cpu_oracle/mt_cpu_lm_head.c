@@ -139,7 +139,7 @@ MT_NOINLINE static int lm_body(mt_lm_args *a) {
     if (a->d_weight) mt_token_acc_finish(&s.dw, a->d_weight);
     if (a->d_bias) mt_token_acc_finish(&s.db, a->d_bias);
     if (a->reduction == MT_REDUCTION_NONE) {
-        memcpy(a->row_loss, s.losses, (size_t)a->rows * sizeof(float));
+        if (a->rows) memcpy(a->row_loss, s.losses, (size_t)a->rows * sizeof(float));   /* 0 rows: no buffer */
     } else {
         float total = mt_token_sum(s.losses, a->rows, s.partials);
         float divisor = (float)(a->num_items ? a->num_items : kept);
