@@ -29,7 +29,8 @@ SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(R
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
 BENCHMARKS = ("bench/optim_cuda.py", "bench/clip_cuda.py", "bench/loss_cuda.py", "bench/rms_norm_cuda.py",
               "bench/linear_cuda.py --quick", "bench/random_cuda.py", "bench/elementwise_cuda.py",
-              "bench/embedding_cuda.py", "bench/lm_head_cuda.py", "bench/cross_device_cuda.py")
+              "bench/embedding_cuda.py", "bench/lm_head_cuda.py", "bench/cross_device_cuda.py",
+              "bench/torch_adapter_cuda.py")
 
 
 def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
@@ -50,7 +51,7 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
     lines = out.strip().splitlines()
     failed = [l for l in lines[:-12] if l.startswith(("FAILED ", "ERROR "))]   # every one, not only the tail's
     tail = "\n".join(failed + lines[-12:])
-    print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED", time.time() - t0, tail), flush=True)
+    print("=== %s (%s, %.0f s)\n%s\n" % (name, "ok" if ok else "FAILED rc=%d" % rc, time.time() - t0, tail), flush=True)
     return {"step": name, "ok": ok, "seconds": time.time() - t0, "tail": tail, "out": out.strip()}
 
 

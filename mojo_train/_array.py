@@ -58,6 +58,29 @@ def _prod(dims):
     return n
 
 
+def reshaped_dims(shape, size, where):
+    """The dimensions of a reshape of ``size`` elements to ``shape`` (the arguments of
+    ``reshape(2, 3)`` or ``reshape((2, 3))``; one -1 is inferred), refused by name when bad.
+    Array and DeviceArray share it."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = shape[0]
+    shape = list(shape)
+    if shape.count(-1) > 1:
+        raise ValueError(where_msg(where, "only one dimension of the shape may be -1, got %r" % (tuple(shape),)))
+    known = None
+    if -1 in shape:
+        i = shape.index(-1)
+        rest = _check_shape(shape[:i] + shape[i + 1:], where)
+        known = _prod(rest)
+        inferred = size // known if known else -1
+        dims = rest[:i] + (max(inferred, 0),) + rest[i:]
+    else:
+        dims = _check_shape(shape, where)
+    if _prod(dims) != size or known == 0:
+        raise ValueError(where_msg(where, "cannot reshape size %d into shape %r" % (size, tuple(shape))))
+    return dims
+
+
 def _nest(flat, shape):
     """Split the flat list ``flat`` into nested lists following ``shape``."""
     if not shape:
@@ -323,23 +346,7 @@ class Array:
 
         Accepts ``reshape(2, 3)`` or ``reshape((2, 3))``; one -1 is inferred.
         """
-        where = "Array.reshape"
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = shape[0]
-        shape = list(shape)
-        if shape.count(-1) > 1:
-            raise ValueError(where_msg(where, "only one dimension of the shape may be -1, got %r" % (tuple(shape),)))
-        if -1 in shape:
-            i = shape.index(-1)
-            rest = _check_shape(shape[:i] + shape[i + 1:], where)
-            known = _prod(rest)
-            inferred = self.size // known if known else -1
-            dims = rest[:i] + (max(inferred, 0),) + rest[i:]
-        else:
-            dims = _check_shape(shape, where)
-        if _prod(dims) != self.size or (-1 in shape and not known):
-            raise ValueError(where_msg(where, "cannot reshape size %d into %r"
-                                       % (self.size, tuple(shape))))
+        dims = reshaped_dims(shape, self.size, "Array.reshape")
         arr = Array._wrap(self._buf, dims, self._dtype)
         arr._address = self._address
         return arr

@@ -7,7 +7,7 @@ takes a host buffer; results stay on the device. ``to_host()`` copies back into 
 ``mojo_train.Array``. Foreign device tensors (torch CUDA tensors, CuPy arrays, anything with
 ``__cuda_array_interface__`` or DLPack) are accepted by the ops directly, in place.
 """
-from ._array import Array
+from ._array import Array, _check_shape, reshaped_dims
 from ._dtypes import ARRAY_DTYPES, DTYPES
 from ._errors import where_msg
 from ._native import ffi, load, numeric_mode_arg
@@ -50,11 +50,9 @@ def _checked_shape(shape, dtype):
     """(shape tuple, element count) of a DeviceArray of ``dtype``, refused by name when bad."""
     if dtype not in _TYPESTR:
         raise TypeError(where_msg("DeviceArray", "dtype %r is not supported (%s)" % (dtype, ", ".join(_TYPESTR))))
-    shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    shape = _check_shape(shape, "DeviceArray")
     n = 1
     for d in shape:
-        if d < 0:
-            raise ValueError(where_msg("DeviceArray", "negative dimension in shape %r" % (shape,)))
         n *= d
     return shape, n
 
@@ -139,20 +137,7 @@ class DeviceArray:
 
     def reshape(self, *shape):
         """A view with another shape (one -1 allowed); shares the memory."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        shape = list(shape)
-        if shape.count(-1) == 1:
-            known = 1
-            for d in shape:
-                known *= d if d != -1 else 1
-            shape[shape.index(-1)] = self.size // known if known else 0
-        n = 1
-        for d in shape:
-            n *= d
-        if n != self.size:
-            raise ValueError(where_msg("DeviceArray.reshape", "cannot view %d elements as %r"
-                                       % (self.size, tuple(shape))))
+        shape = reshaped_dims(shape, self.size, "DeviceArray.reshape")
         return DeviceArray(tuple(shape), self.dtype, _alloc=self._alloc, _offset=self._offset)
 
     @property

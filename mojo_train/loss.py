@@ -201,5 +201,6 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
     if red == 0:
         loss = rows
     else:
-        loss = float32_at((out.to_host() if on_device else out).address)
+        host = out.to_host() if on_device else out    # held: its buffer must outlive the read
+        loss = float32_at(host.address)
     return (loss, dlogits) if return_grad else loss

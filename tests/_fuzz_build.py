@@ -174,6 +174,8 @@ def _buffer(spec, numeric_mode):
     if kind in STRIDED_KINDS:
         return _strided(values, kind)
     if kind == "device":
+        if str(values.dtype) not in mt._array._DTYPES or values.dtype.byteorder not in "=|<":
+            return _foreign_device(values, numeric_mode)
         dev = mt.to_device(mt.Array.from_bytes(values.tobytes(), values.shape, str(values.dtype)),
                            numeric_mode=numeric_mode)
         return dev, dev
@@ -181,6 +183,19 @@ def _buffer(spec, numeric_mode):
         obj = torch.from_numpy(values).to(torch.bfloat16)
         return obj, obj
     return _wrap(values, kind, numeric_mode)
+
+
+def _foreign_device(values, numeric_mode):
+    """Device memory of a dtype mojo_train cannot hold (float16, bool, ...): a torch CUDA tensor
+    where torch has CUDA, else the bytes as a uint8 DeviceArray (one more dimension of the item
+    size), which is refused for its dtype all the same."""
+    if torch is not None and torch.cuda.is_available() and values.dtype.byteorder in "=|<" and \
+            values.dtype != np.uint16:
+        obj = torch.from_numpy(np.ascontiguousarray(values)).cuda()
+        return obj, obj
+    raw = np.frombuffer(values.tobytes(), np.uint8).reshape(values.shape + (values.dtype.itemsize,))
+    dev = mt.to_device(mt.Array.from_bytes(raw.tobytes(), raw.shape, "uint8"), numeric_mode=numeric_mode)
+    return dev, dev
 
 
 def _view(spec, built):

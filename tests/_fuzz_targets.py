@@ -442,7 +442,8 @@ class LossTarget(FnTarget):
 
 
 def _ce_options(c):
-    return {"reduction": c.lit("reduction", "mean"), "label_smoothing": float(c.lit("label_smoothing", 0.0)),
+    # the smoothing the native call computes with: rounded to float32 (2e-164 is 0 there)
+    return {"reduction": c.lit("reduction", "mean"), "label_smoothing": float(np.float32(c.lit("label_smoothing", 0.0))),
             "num_items": c.lit("num_items"), "return_grad": c.lit("return_grad", False)}
 
 
@@ -697,7 +698,7 @@ EXEMPT.update(("mojo_train.%s.steps" % c, "a read-only property (each tensor's s
 _TORCH_LATER = "issue 13: targets to come (mojo_train.torch: torch tensors, the dtype refusals, the native oracle)"
 EXEMPT.update(("mojo_train.torch.%s" % n, _TORCH_LATER) for n in (
     "dropout", "linear_cross_entropy",
-    "manual_seed", "default_generator"))
+    "manual_seed", "default_generator", "clip_grad_norm_"))
 EXEMPT["mojo_train.torch.AutocastError"] = "an exception class: raised by mojo_train.torch, never called with data"
 _MODULES = ("Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss")
 EXEMPT.update(("mojo_train.torch.%s.forward" % m, _TORCH_LATER) for m in _MODULES

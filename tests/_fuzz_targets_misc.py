@@ -293,6 +293,7 @@ class FromBuffer(FnTarget):
             ex.put("obj", with_field(spec, dtype=dtype, kind=kind, fill=("ids", 0, 9)))
             if ex.has("dtype") and ex.get("dtype")[1] is not None:
                 ex.fault(("dtype", "obj"), "dtype float32 for a %s buffer" % dtype)
+        spec = ex.get("obj")          # as it stands now
         if spec[3] == "torch_strided" or spec[0] == "buf" and spec[3] == "device":
             ex.fault("obj", "a strided torch tensor or device memory")
 

@@ -214,7 +214,8 @@ def _refusal_problem(desc, exc, target):
     extra = set(target.refusal_types).union(*(f[3] for f in desc["faults"]))
     bases = {c.__name__ for c in type(exc).__mro__}
     if not bases & (set(ALLOWED) | extra):
-        return "%s is not a refusal type here (allowed: %s)" % (kind, ", ".join(sorted(set(ALLOWED) | extra)))
+        return "%s is not a refusal type here (allowed: %s): %r" % (kind, ", ".join(sorted(set(ALLOWED) | extra)),
+                                                                     text[:300])
     if kind == "MemoryError" or isinstance(exc, MemoryError):
         return None
     if isinstance(exc, TypeError) and SIGNATURE.match(text):

@@ -36,7 +36,7 @@ REVIEWED = (
     ("library", r"^the example links the cpu oracle's identical library, which is not built$"),
     # reference: what the reference or the environment lacks
     ("reference", r"^could not import '(torch|numpy|mpmath|tolerances|expecttest)'"),
-    ("reference", r"^torch \S+ has no F\.\w+ \(added in [\d.]+\)$"),
+    ("reference", r"^torch \S+ has no (F|nn)\.\w+ \(added in [\d.]+\)$"),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)

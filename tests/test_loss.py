@@ -615,13 +615,15 @@ def test_a_weighted_sum_and_mean_are_the_token_rule_over_rows_and_target_weights
     per_row = ce(mode, x, t, weight=w, reduction="none", label_smoothing=0.1).tolist()
     total = ce(mode, x, t, weight=w, reduction="sum", label_smoothing=0.1)
     assert raw(total) == raw(token_rule_sum(per_row))
+    y = probs_of((rows, 40), seed=rows)
+    soft_total = ce(mode, x, y, weight=w, reduction="sum")
+    assert raw(soft_total) == raw(token_rule_sum(ce(mode, x, y, weight=w, reduction="none").tolist()))
+    if mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
     divisor = token_rule_sum([0.0 if ti == -100 else float(w[ti]) for ti in t])
     assert canonical_bits(ce(mode, x, t, weight=w, label_smoothing=0.1)) == canonical_bits(f32(total / divisor))
     assert raw(ce(mode, x, t, weight=w, num_items=rows + 1, label_smoothing=0.1)) == raw(f32(total / f32(rows + 1)))
-    y = probs_of((rows, 40), seed=rows)
-    total = ce(mode, x, y, weight=w, reduction="sum")
-    assert raw(total) == raw(token_rule_sum(ce(mode, x, y, weight=w, reduction="none").tolist()))
-    assert raw(ce(mode, x, y, weight=w)) == raw(f32(total / f32(rows)))         # torch: / N, not the weights
+    assert raw(ce(mode, x, y, weight=w)) == raw(f32(soft_total / f32(rows)))   # torch: / N, not the weights
 
 
 def _softmax_of(mode, x):

@@ -37,6 +37,7 @@ def test_every_literal_skip_reason_of_the_suite_is_reviewed(where, reason):
     ("this library has no linear (mt_features)", "library"),
     ("could not import 'torch': No module named 'torch'", "reference"),
     ("torch 2.11.0+cu130 has no F.linear_cross_entropy (added in 2.13)", "reference"),
+    ("torch 2.11.0+cu130 has no nn.LinearCrossEntropyLoss (added in 2.13)", "reference"),
     ("the allocator happened to place them end to end", "chance"),
     ("linear_backward is not built yet", None),
     ("skipped for now", None),

@@ -49,7 +49,8 @@ def _need(mode, device, *features):
 
 @pytest.fixture(params=["cpu", "cuda"])
 def device(request):
-    return torch.device(request.param)
+    """torch's device of the tensors: "cuda:0" (a tensor's .device carries its index)."""
+    return torch.device("cuda:0" if request.param == "cuda" else "cpu")
 
 
 def _rand(shape, seed, low=-1.0, high=1.0, device="cpu"):
@@ -212,6 +213,18 @@ def test_a_scaled_loss_multiplies_the_native_gradient_once_and_1_leaves_it_alone
 
 
 # ---- torch in float64, within tests/tolerances.py's bound --------------------------------------
+class _LinearThenCrossEntropy(torch.nn.Module):
+    """torch's documented equivalent of LinearCrossEntropyLoss (linear, then cross_entropy): the
+    reference on every torch, 2.11 (which lacks the class) included."""
+
+    def __init__(self, in_features, num_classes):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, num_classes)
+
+    def forward(self, input, target):
+        return torch.nn.functional.cross_entropy(self.linear(input), target)
+
+
 def _pair(ours, theirs, device="cpu"):
     """Our module and torch's float64 twin holding the same parameters."""
     theirs = theirs.double()
@@ -283,7 +296,7 @@ def test_the_losses_are_within_the_torch_float64_bound(mode):
     tol.assert_close_to_reference(_np64(got[1]), _np64(ref[1]), "cross_entropy dlogits", unit=units["dlogits"])
     hidden, target = _rand((40, 12), 31), _ids((40,), 23, 32)
     ours, theirs = _pair(nn.LinearCrossEntropyLoss(12, 23, bias=True, numeric_mode=mode.numeric_mode),
-                         torch.nn.LinearCrossEntropyLoss(12, 23, bias=True))
+                         _LinearThenCrossEntropy(12, 23))
     got, ref = _run(ours, [_leaf(hidden), target]), _run(theirs, [_leaf(hidden.double()), target])
     logits = hidden.double() @ ours.linear.weight.detach().double().T + ours.linear.bias.detach().double()
     dl = torch.autograd.functional.jacobian(lambda z: torch.nn.functional.cross_entropy(z, target), logits).abs()
@@ -301,6 +314,8 @@ _TWINS = [("Linear", (6, 4), {}), ("Linear", (6, 4), {"bias": False}), ("RMSNorm
 
 @pytest.mark.parametrize("name, args, kwargs", _TWINS)
 def test_a_module_is_its_torch_namesake_with_its_init_and_state_dict(name, args, kwargs):
+    if not hasattr(torch.nn, name):
+        pytest.skip("torch %s has no nn.%s (added in 2.13)" % (torch.__version__, name))
     torch.manual_seed(5)
     ours = getattr(nn, name)(*args, **kwargs)
     torch.manual_seed(5)
@@ -313,6 +328,28 @@ def test_a_module_is_its_torch_namesake_with_its_init_and_state_dict(name, args,
     ours.load_state_dict(other.state_dict())            # torch's checkpoint into ours ...
     theirs.load_state_dict(ours.state_dict())           # ... and ours into torch's
     assert [_bits(v) for v in theirs.state_dict().values()] == [_bits(v) for v in other.state_dict().values()]
+
+
+def test_the_stand_in_for_an_older_torch_builds_torch_2_13s_linear_cross_entropy_loss():
+    """With a torch that lacks nn.LinearCrossEntropyLoss (2.11 on the GPU machine) ours subclasses a
+    stand-in; where torch has the class, the stand-in must build the same module."""
+    if not hasattr(torch.nn, "LinearCrossEntropyLoss"):
+        pytest.skip("torch %s has no nn.LinearCrossEntropyLoss (added in 2.13)" % (torch.__version__,))
+    from mojo_train.torch.modules import _LinearCrossEntropyLoss
+    for kwargs in ({}, {"bias": True, "reduction": "sum", "ignore_index": 3, "label_smoothing": 0.25}):
+        torch.manual_seed(9)
+        ours = _LinearCrossEntropyLoss(5, 8, **kwargs)
+        torch.manual_seed(9)
+        theirs = torch.nn.LinearCrossEntropyLoss(5, 8, **kwargs)
+        public = lambda m: {k: v for k, v in vars(m).items() if not k.startswith("_")}  # noqa: E731
+        assert public(ours) == public(theirs)
+        assert list(ours.state_dict()) == list(theirs.state_dict())
+        assert [_bits(v) for v in ours.state_dict().values()] == [_bits(v) for v in theirs.state_dict().values()]
+    for bad in ({"weight": torch.ones(3)}, {"label_smoothing": 1.5}):
+        with pytest.raises(RuntimeError):
+            _LinearCrossEntropyLoss(5, 8, **bad)
+        with pytest.raises(RuntimeError):
+            torch.nn.LinearCrossEntropyLoss(5, 8, **bad)
 
 
 def test_modules_refuse_torch_options_they_do_not_implement_and_bad_numeric_modes():
@@ -581,7 +618,7 @@ def test_an_activation_fed_to_three_layers_accumulates_in_reverse_creation_order
 
 # ---- CUDA: the CPU oracle's bits, torch's streams ------------------------------------------------
 def test_cuda_tensors_give_the_cpu_oracles_gradient_bytes(identical, monkeypatch):
-    cuda = torch.device("cuda")
+    cuda = torch.device("cuda:0")
     _need(identical, cuda, "linear", "rms_norm", "elementwise", "embedding", "loss")
     on_gpu = _digest(identical, cuda, True)
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
@@ -603,7 +640,7 @@ class _CpuMode:
 
 
 def test_inputs_made_on_a_torch_side_stream_are_waited_for(identical):
-    cuda = torch.device("cuda")
+    cuda = torch.device("cuda:0")
     _need(identical, cuda, "linear")
     w = _rand((256, 512), 54, device=cuda)
     want = mt.linear_forward(_rand((4096, 512), 55), w.cpu(), numeric_mode="identical")
@@ -620,7 +657,7 @@ def test_inputs_made_on_a_torch_side_stream_are_waited_for(identical):
 
 
 def test_cuda_outputs_stay_on_the_device_without_crossing_the_bus(identical):
-    cuda = torch.device("cuda")
+    cuda = torch.device("cuda:0")
     _need(identical, cuda, "linear")
     layer = nn.Linear(64, 32, numeric_mode="identical").to(cuda)
     x = _leaf(_rand((128, 64), 56, device=cuda))

@@ -173,9 +173,10 @@ def assert_close_to_reference(ours, ref64, what, unit=1.0):
     if used > 1.0:
         ours = np.asarray(ours, dtype=np.float64).ravel()
         ref64 = np.asarray(ref64, dtype=np.float64).ravel()
+        unit_i = np.broadcast_to(np.asarray(unit, dtype=np.float64).ravel(), ours.shape)[i]   # one, or per element
         raise AssertionError(
             "%s: outside the torch bound (ATOL=%g * unit=%g, RTOL=%g) by %.3gx at [%d]: "
-            "ours=%r ref64=%r |diff|=%.3g" % (what, ATOL, unit, RTOL, used, i, ours[i], ref64[i],
+            "ours=%r ref64=%r |diff|=%.3g" % (what, ATOL, unit_i, RTOL, used, i, ours[i], ref64[i],
                                               abs(ours[i] - ref64[i])))
 
 

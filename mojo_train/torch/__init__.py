@@ -15,15 +15,18 @@ CUDA vendor loaded, on CUDA tensors, in the tensors' own memory. Layout:
     _generator.py   the default dropout Generators and manual_seed
     _names.py       the AttributeError for a torch name without mojo_train arithmetic
 
-The optimizers (``mojo_train.torch.optim``) come later. ``import mojo_train`` never imports this
-package (it imports torch); import it yourself.
+    optim.py        torch.optim's SGD, Adam and AdamW, stepped by the native grouped step
+    utils.py        torch.nn.utils.clip_grad_norm_ (also nn.utils)
+
+``import mojo_train`` never imports this package (it imports torch); import it yourself.
 """
-from . import functional, nn  # noqa: F401
+from . import functional, nn, optim, utils  # noqa: F401
 from ._generator import default_generator, manual_seed
 from ._tensors import AutocastError
 from .functional import cross_entropy, dropout, embedding, linear, linear_cross_entropy, relu, rms_norm, silu
 from .modules import CrossEntropyLoss, Dropout, Embedding, Linear, LinearCrossEntropyLoss, ReLU, RMSNorm, SiLU
+from .utils import clip_grad_norm_
 
-__all__ = ["nn", "functional", "manual_seed", "default_generator", "AutocastError",
+__all__ = ["nn", "functional", "optim", "utils", "clip_grad_norm_", "manual_seed", "default_generator", "AutocastError",
            "linear", "rms_norm", "embedding", "silu", "relu", "dropout", "cross_entropy", "linear_cross_entropy",
            "Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss"]

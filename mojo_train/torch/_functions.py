@@ -210,8 +210,8 @@ def _scaled(grad, upstream):
     """A loss's saved gradient times the incoming gradient of the loss (see the module docstring)."""
     if grad is None:
         return None
-    if upstream.device.type == "cpu" and upstream.dim() == 0 and upstream.item() == 1.0:
-        return grad
+    if upstream.dim() == 0 and upstream.item() == 1.0:     # loss.backward(): the saved bits, no multiply
+        return grad                                        # (on CUDA, item() costs a sync the call makes anyway)
     return grad * upstream
 
 

@@ -185,6 +185,9 @@ def _linear(where, input, weight, bias, numeric_mode):
 def _rms_norm(where, input, normalized_shape, weight, eps, numeric_mode):
     mode = _floats(where, numeric_mode, input=input, weight=weight)
     shape = _normalized_shape(normalized_shape, input, where)
+    if weight is not None and tuple(weight.shape) != shape:
+        raise ValueError(where_msg(where, "weight has shape %r; it must have the shape normalized_shape %r (as "
+                                   "torch requires)" % (tuple(weight.shape), shape)))
     return _functions.RMSNormFunction.apply(input, weight, shape, eps, mode, where)
 
 

@@ -9,6 +9,8 @@ default, 'identical' unless ``MOJO_TRAIN_NUMERIC_MODE`` says otherwise) and refu
 built, a ``dtype`` other than float32 and the torch options mojo_train does not implement.
 ``forward`` is the matching mojo_train.torch.functional call, whose errors name the module.
 """
+import math
+
 import torch
 
 from .. import embedding as _embedding
@@ -151,10 +153,34 @@ class CrossEntropyLoss(_Numeric, torch.nn.CrossEntropyLoss):
         return F._cross_entropy("torch.nn.CrossEntropyLoss", input, target, options, self.numeric_mode)
 
 
-class LinearCrossEntropyLoss(_Numeric, torch.nn.LinearCrossEntropyLoss):
+class _LinearCrossEntropyLoss(torch.nn.modules.loss._WeightedLoss):
+    """torch 2.13's ``torch.nn.LinearCrossEntropyLoss`` as a base for a torch that lacks it (torch
+    2.11, say): the same constructor checks, attributes, parameters (``linear.weight``,
+    ``linear.bias``, initialised by torch.nn.Linear) and ``state_dict`` keys, so a checkpoint moves
+    between torch versions unchanged."""
+
+    def __init__(self, in_features, num_classes, *, out_features=(), bias=False, device=None, dtype=None,
+                 reduction="mean", weight=None, ignore_index=None, label_smoothing=0.0, options=None):
+        if weight is not None and tuple(weight.shape) != (num_classes,):
+            raise RuntimeError("expected weight shape to be %r, got %r" % ((num_classes,), tuple(weight.shape)))
+        if label_smoothing < 0 or label_smoothing > 1.0:
+            raise RuntimeError("expected label_smoothing to be in range [0, 1], got %r" % (label_smoothing,))
+        super().__init__(weight=weight, size_average=None, reduce=None, reduction=reduction)
+        self.num_classes, self.out_features = num_classes, out_features
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.linear = torch.nn.Linear(in_features, math.prod(out_features, start=num_classes), bias=bias,
+                                      device=device, dtype=dtype)
+        self.options = options
+
+
+_TorchLinearCrossEntropyLoss = getattr(torch.nn, "LinearCrossEntropyLoss", _LinearCrossEntropyLoss)
+
+
+class LinearCrossEntropyLoss(_Numeric, _TorchLinearCrossEntropyLoss):
     """torch 2.13's ``torch.nn.LinearCrossEntropyLoss(in_features, num_classes, *, bias=False,
     reduction='mean', ignore_index=None, label_smoothing=0.0)`` by mojo_train.linear_cross_entropy
-    (the chunked LM head: no logits kept). Its parameters are ``linear.weight`` (num_classes,
+    (the chunked LM head: no logits kept); with a torch older than 2.13, which lacks the class, it
+    subclasses a stand-in with the same constructor and state_dict. Its parameters are ``linear.weight`` (num_classes,
     in_features) and ``linear.bias``; ``out_features`` other than () is refused, and per-class
     ``weight`` and ``options`` are refused by the native head unless None."""
 

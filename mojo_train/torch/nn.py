@@ -4,7 +4,7 @@ Contract: the layers and losses mojo_train computes are its own (mojo_train/torc
 Linear, RMSNorm, Embedding, SiLU, ReLU, Dropout, CrossEntropyLoss, LinearCrossEntropyLoss);
 torch's structure comes through unchanged -- Module, the containers, Parameter, Identity,
 Flatten, Unflatten, init -- since it computes nothing; ``nn.functional`` is
-mojo_train.torch.functional. Any other name of torch.nn (GELU, LayerNorm, Conv2d, ...) is an
+mojo_train.torch.functional and ``nn.utils`` mojo_train.torch.utils (clip_grad_norm_). Any other name of torch.nn (GELU, LayerNorm, Conv2d, ...) is an
 AttributeError saying mojo_train has no arithmetic for it: spell ``torch.nn.<Name>`` where
 torch's own will do, so no layer falls back to torch's arithmetic unseen.
 """
@@ -12,14 +12,14 @@ import torch
 from torch.nn import (Flatten, Identity, Module, ModuleDict, ModuleList, Parameter, ParameterDict,  # noqa: F401
                       ParameterList, Sequential, Unflatten, init)
 
-from . import functional  # noqa: F401
+from . import functional, utils  # noqa: F401
 from ._names import not_here
 from .modules import (CrossEntropyLoss, Dropout, Embedding, Linear, LinearCrossEntropyLoss, ReLU,  # noqa: F401
                       RMSNorm, SiLU)
 
 __all__ = ["Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss",
            "Module", "ModuleDict", "ModuleList", "Parameter", "ParameterDict", "ParameterList", "Sequential",
-           "Identity", "Flatten", "Unflatten", "init", "functional"]
+           "Identity", "Flatten", "Unflatten", "init", "functional", "utils"]
 
 
 def __getattr__(name):

@@ -20,6 +20,7 @@ typedef hipEvent_t gpuEvent_t;
 #define gpuEventRecord hipEventRecord
 #define gpuEventDestroy hipEventDestroy
 #define gpuSuccess hipSuccess
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
 #define gpuGetErrorString hipGetErrorString
 #define gpuGetLastError hipGetLastError
 #define gpuGetDeviceCount hipGetDeviceCount
@@ -68,6 +69,7 @@ typedef cudaEvent_t gpuEvent_t;
 #define gpuEventRecord cudaEventRecord
 #define gpuEventDestroy cudaEventDestroy
 #define gpuSuccess cudaSuccess
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define gpuGetErrorString cudaGetErrorString
 #define gpuGetLastError cudaGetLastError
 #define gpuGetDeviceCount cudaGetDeviceCount

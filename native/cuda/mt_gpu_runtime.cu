@@ -9,8 +9,14 @@ static std::atomic<int64_t> g_h2d{0}, g_d2h{0};
 static std::atomic<int> g_threads{256}, g_max_blocks{0}, g_last_threads{0}, g_last_blocks{0};
 static int g_sms = 0;
 
+/* A failed runtime call. Its error is also the thread's last error, which the next call's launch
+ * check (gpuGetLastError) would report as its own: cleared here (a sticky error, a broken
+ * context, stays and fails every later call, as it must). Out of device memory is MT_ENOMEM
+ * (MemoryError), like the host's. */
 int mt_gpu_error(gpuError_t err, const char *what) {
-    return mt_fail(MT_EDEVICE, "%s failed: %s", what, gpuGetErrorString(err));
+    gpuGetLastError();
+    return mt_fail(err == gpuErrorMemoryAllocation ? MT_ENOMEM : MT_EDEVICE, "%s failed: %s", what,
+                   gpuGetErrorString(err));
 }
 
 uint64_t mt_vendor_features(void) {
@@ -182,6 +188,7 @@ int mt_arena::stage(void **out, const void *host, int64_t bytes) {
     if (staged + b <= half) {
         memcpy(pinned + staged, host, (size_t)bytes);
         *out = dev + staged;
+        staged_end = staged + (size_t)(bytes > 0 ? bytes : 0);
         staged += b;
         return MT_OK;
     }
@@ -193,10 +200,12 @@ int mt_arena::stage(void **out, const void *host, int64_t bytes) {
 }
 
 int mt_arena::flush() {
-    if (staged > flushed) {
-        MT_GPU_CHECK(gpuMemcpyAsync(dev + flushed, pinned + flushed, staged - flushed, gpuMemcpyDefault, MT_STREAM),
-                     "upload");
-        mt_gpu_count_h2d((int64_t)(staged - flushed));
+    if (staged > flushed) {    /* the last piece's alignment padding stays behind */
+        size_t bytes = staged_end > flushed ? staged_end - flushed : 0;
+        if (bytes) {
+            MT_GPU_CHECK(gpuMemcpyAsync(dev + flushed, pinned + flushed, bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+            mt_gpu_count_h2d((int64_t)bytes);
+        }
         flushed = staged;
     }
     return MT_OK;

@@ -42,6 +42,7 @@ void mt_gpu_record_launch(int threads, int blocks);
 struct mt_arena {
     std::vector<void *> owned;
     size_t staged = 0, flushed = 0, used = 0, want = 0;   /* staged: first half; used: second */
+    size_t staged_end = 0;    /* the end of the last staged piece's bytes (staged: its aligned end) */
     int64_t owned_bytes = 0;                              /* counted by mt_mem_count */
     bool nested = false;      /* another arena of this thread holds the scratch: cap stays 0 */
     char *dev = nullptr, *pinned = nullptr;

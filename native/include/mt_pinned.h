@@ -146,9 +146,16 @@ MT_HD float mt_maxabs(const float *x, int64_t n) {
 MT_HD float mt_canonical_nan(float x) { return x != x ? mt_bits_f32(0x7fc00000u) : x; }
 
 /* The clip's applied coefficient (clip.md): c = max_norm / (total + 1e-6); 1 when c >= 1, else c
- * (a NaN c, from a NaN total, stays NaN as in torch.clamp(c, max=1)). */
+ * (a NaN c, from a NaN total, stays NaN as in torch.clamp(c, max=1)). The division is rounded to
+ * nearest in every numeric mode: nvcc's --use_fast_math (the fast mode) makes `/` an approximate
+ * division that returns 0 for a divisor above 2**126, which would zero every gradient of a finite
+ * total there (an inf-norm of 1e38); one division per call costs nothing. */
 MT_HD float mt_clip_applied(float max_norm, float total) {
+#if defined(__CUDA_ARCH__)
+    float c = __fdiv_rn(max_norm, total + 1e-6f);
+#else
     float c = max_norm / (total + 1e-6f);
+#endif
     return c >= 1.0f ? 1.0f : mt_canonical_nan(c);
 }
 

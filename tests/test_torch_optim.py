@@ -1,0 +1,334 @@
+"""mojo_train.torch.optim (issue 13 point 2) and mojo_train.torch.utils.clip_grad_norm_: torch's
+Optimizer classes stepped by the native grouped step. Bits: the same as mojo_train's own
+optimizers given the same gradients (test_optim.py pins those), on CPU and CUDA tensors; torch's
+format of state_dict, exchanged both ways with torch's optimizers; torch's LR schedulers; and
+every refusal changing nothing."""
+import copy
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import mojo_train as mt  # noqa: E402
+import mojo_train.torch as mtt  # noqa: E402
+from mojo_train.torch import optim  # noqa: E402
+
+SHAPES = [(5, 3), (3,), (4, 4), (7,)]
+
+
+def _params(seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter((torch.rand(s, generator=g) * 2 - 1).to(device)) for s in SHAPES]
+
+
+def _grads(step, device="cpu"):
+    g = torch.Generator().manual_seed(100 + step)
+    return [(torch.rand(s, generator=g) * 2 - 1).to(device) for s in SHAPES]
+
+
+def _step(opt, params, s):
+    """One step of ``opt`` with step ``s``'s gradients as ``p.grad``."""
+    for p, g in zip(params, _grads(s, params[0].device)):
+        p.grad = g
+    opt.step()
+
+
+def _groups(params, **second):
+    return [{"params": params[:2]}, dict({"params": params[2:]}, **second)]
+
+
+def _bits(tensors):
+    return b"".join(t.detach().cpu().numpy().tobytes() for t in tensors)
+
+
+def _arrays(params):
+    return [mt.Array.from_bytes(p.detach().numpy().tobytes(), tuple(p.shape), "float32") for p in params]
+
+
+# (torch class, mojo_train class, constructor keywords, the second group's own keywords)
+CONFIGS = [
+    ("SGD", dict(lr=0.1), dict(lr=0.05)),
+    ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01), dict(momentum=0.5, maximize=True)),
+    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True), dict(momentum=0.5, lr=0.2)),
+    ("Adam", dict(lr=0.01, weight_decay=0.1), dict(betas=(0.8, 0.99), eps=1e-6)),
+    ("Adam", dict(lr=0.01, amsgrad=True), dict(amsgrad=False, maximize=True)),
+    ("AdamW", dict(lr=0.01), dict(weight_decay=0.0, amsgrad=True)),
+]
+
+
+def _native_optimizer(name, arrays, kwargs, second, mode):
+    return getattr(mt, name)(_groups(arrays, **second), numeric_mode=mode.numeric_mode, **kwargs)
+
+
+def _need(mode):
+    if not mode.has("optim"):
+        pytest.skip("this library has no optim (mt_features)")
+
+
+@pytest.mark.parametrize("name, kwargs, second", CONFIGS)
+def test_a_step_is_mojo_trains_own_optimizer_step(mode, name, kwargs, second):
+    _need(mode)
+    params = _params()
+    arrays = _arrays(params)
+    ours = getattr(optim, name)(_groups(params, **second), numeric_mode=mode.numeric_mode, **kwargs)
+    native = _native_optimizer(name, arrays, kwargs, second, mode)
+    for s in range(4):
+        grads = _grads(s)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        ours.step()
+        native.step([mt.Array.from_bytes(g.numpy().tobytes(), tuple(g.shape), "float32") for g in grads])
+        assert _bits(params) == b"".join(a.tobytes() for a in arrays)
+    if name != "SGD":
+        assert _bits(ours.state[p]["exp_avg"] for p in params) == native.exp_avg.tobytes()
+        assert [float(ours.state[p]["step"]) for p in params] == [4.0] * len(params)
+    elif kwargs.get("momentum"):
+        kept = [p for p in params if ours.state[p].get("momentum_buffer") is not None]
+        assert kept, "a momentum group keeps buffers"
+
+
+def test_adam_with_decoupled_weight_decay_is_adamw(identical):
+    _need(identical)
+    a, b = _params(), _params()
+    opt_a = optim.Adam(a, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True, numeric_mode=identical.numeric_mode)
+    opt_b = optim.AdamW(b, lr=0.01, weight_decay=0.1, numeric_mode=identical.numeric_mode)
+    plain = optim.Adam(_params(), lr=0.01, weight_decay=0.1, numeric_mode=identical.numeric_mode)
+    for s in range(3):
+        for opt in (opt_a, opt_b, plain):
+            for p, g in zip(opt.param_groups[0]["params"], _grads(s)):
+                p.grad = g
+            opt.step()
+    assert _bits(a) == _bits(b) != _bits(plain.param_groups[0]["params"])
+
+
+def test_the_classes_are_torch_optimizers_with_torch_defaults():
+    for name in ("SGD", "Adam", "AdamW"):
+        ours, theirs = getattr(optim, name)(_params()), getattr(torch.optim, name)(_params())
+        assert isinstance(ours, torch.optim.Optimizer)
+        extra = {"lr_schedule": None, "steps_taken": 0}
+        assert ours.defaults == dict(theirs.defaults, **extra)
+
+
+@pytest.mark.parametrize("name, kwargs, second", CONFIGS)
+def test_state_dicts_move_between_torch_and_mojo_train_with_their_bytes(identical, name, kwargs, second):
+    _need(identical)
+    params = _params()
+    ours = getattr(optim, name)(_groups(params, **second), numeric_mode=identical.numeric_mode, **kwargs)
+    for s in range(3):
+        for p, g in zip(params, _grads(s)):
+            p.grad = g
+        ours.step()
+    saved = ours.state_dict()
+    theirs = getattr(torch.optim, name)(_groups(_params(), **second), **kwargs)
+    theirs.load_state_dict(copy.deepcopy(saved))
+    back = getattr(optim, name)(_groups(params, **second), numeric_mode=identical.numeric_mode, **kwargs)
+    back.load_state_dict(copy.deepcopy(theirs.state_dict()))     # a checkpoint, as torch.save/load makes it
+
+    def tensors(sd):
+        return [(i, k, v.dtype, tuple(v.shape), v.numpy().tobytes()) for i, st in sorted(sd["state"].items())
+                for k, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
+    assert tensors(theirs.state_dict()) == tensors(saved) == tensors(back.state_dict())
+    assert bool(tensors(saved)) == (name != "SGD" or bool(kwargs.get("momentum"))), "the steps made state"
+    # and the restored optimizer goes on exactly as the original
+    twin = [p.detach().clone().requires_grad_() for p in params]
+    again = getattr(optim, name)(_groups(twin, **second), numeric_mode=identical.numeric_mode, **kwargs)
+    again.load_state_dict(copy.deepcopy(ours.state_dict()))
+    for opt, ps in ((ours, params), (again, twin)):
+        _step(opt, ps, 9)
+    assert _bits(params) == _bits(twin)
+
+
+def test_a_torch_lr_scheduler_sets_the_lr_each_step_reads(identical):
+    _need(identical)
+    params = _params()
+    arrays = _arrays(params)
+    ours = optim.AdamW(params, lr=0.01, numeric_mode=identical.numeric_mode)
+    sched = torch.optim.lr_scheduler.StepLR(ours, step_size=2, gamma=0.5)
+    native = mt.AdamW(arrays, lr=0.01, numeric_mode=identical.numeric_mode)
+    for s in range(5):
+        for p, g in zip(params, _grads(s)):
+            p.grad = g
+        native.lr = ours.param_groups[0]["lr"]
+        ours.step()
+        native.step([mt.Array.from_bytes(g.numpy().tobytes(), tuple(g.shape), "float32") for g in _grads(s)])
+        sched.step()
+    assert ours.param_groups[0]["lr"] == 0.01 * 0.25
+    assert _bits(params) == b"".join(a.tobytes() for a in arrays)
+
+
+def test_lr_schedule_drives_a_group_and_a_torch_scheduler_beside_it_is_refused(identical):
+    _need(identical)
+    params = _params()
+    arrays = _arrays(params)
+    cosine = mt.WarmupCosineLR(0.01, warmup_steps=2, total_steps=6)
+    ours = optim.AdamW(_groups(params, lr_schedule=cosine), lr=0.003, numeric_mode=identical.numeric_mode)
+    native = mt.AdamW(_groups(arrays, lr_schedule=cosine), lr=0.003, numeric_mode=identical.numeric_mode)
+    for s in range(4):
+        for p, g in zip(params, _grads(s)):
+            p.grad = g
+        ours.step()
+        native.step([mt.Array.from_bytes(g.numpy().tobytes(), tuple(g.shape), "float32") for g in _grads(s)])
+    assert _bits(params) == b"".join(a.tobytes() for a in arrays)
+    assert [g["steps_taken"] for g in ours.param_groups] == [4, 4]
+    torch.optim.lr_scheduler.LambdaLR(ours, lambda epoch: 1.0)       # writes 'initial_lr' into every group
+    before = _bits(params)
+    with pytest.raises(ValueError, match=r"param_groups\[1\] has both a torch LR scheduler"):
+        ours.step()
+    assert _bits(params) == before
+
+
+def test_a_refused_step_writes_nothing_and_names_the_tensor(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.Adam(_groups(params), lr=0.01, numeric_mode=identical.numeric_mode)
+    for p, g in zip(params, _grads(0)):
+        p.grad = g
+    params[3].grad[2] = math.nan
+    before = _bits(params) + _bits(p.grad for p in params)
+    # the CPU oracle names the tensor; a GPU's one status word says "grads"
+    with pytest.raises(ValueError, match=r"^mojo_train\.torch\.optim\.Adam\.step: (param_groups\[1\]\['params'\]\[1\]"
+                                         r"\.grad holds|grads hold) NaN or inf; nothing was written"):
+        ours.step()
+    assert _bits(params) + _bits(p.grad for p in params) == before
+    assert all(len(ours.state[p]) == 0 for p in params)        # no state made by the refused step
+    params[3].grad[2] = 0.0
+    ours.step()
+    assert all(float(ours.state[p]["step"]) == 1.0 for p in params)
+
+
+def test_gradients_sharing_memory_are_refused_naming_both(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.SGD(params, lr=0.1, momentum=0.9, numeric_mode=identical.numeric_mode)
+    for p, g in zip(params, _grads(0)):
+        p.grad = g
+    shared = torch.zeros(10)
+    params[1].grad, params[3].grad = shared[:3], shared[2:9]
+    before = _bits(params)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\]\.grad and "
+                                         r"param_groups\[0\]\['params'\]\[3\]\.grad share memory"):
+        ours.step()
+    assert _bits(params) == before and not any(ours.state[p] for p in params)
+
+
+def test_parameters_without_a_gradient_are_skipped_as_torch_skips_them(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.AdamW(params, lr=0.01, numeric_mode=identical.numeric_mode)
+    for p, g in zip(params, _grads(0)):
+        p.grad = g
+    params[2].grad = None
+    before = params[2].detach().clone()
+    ours.step()
+    assert torch.equal(params[2], before) and len(ours.state[params[2]]) == 0
+    assert float(ours.state[params[0]]["step"]) == 1.0
+
+
+def test_closure_zero_grad_and_add_param_group_are_torchs(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.SGD(params[:2], lr=0.1, numeric_mode=identical.numeric_mode)
+    ours.add_param_group({"params": params[2:], "lr": 0.2, "name": "late"})
+    assert ours.param_groups[1]["name"] == "late" and ours.param_groups[1]["momentum"] == 0
+
+    def closure():
+        ours.zero_grad()
+        loss = sum((p * p).sum() for p in params)
+        loss.backward()
+        return loss
+    before = [p.detach().clone() for p in params]
+    loss = ours.step(closure)
+    assert isinstance(loss, torch.Tensor)
+    lrs = [0.1, 0.1, 0.2, 0.2]
+    for p, b, lr in zip(params, before, lrs):      # d(p*p)/dp = 2p: p - lr * 2p, one rounding each
+        assert torch.equal(p.detach(), b - torch.tensor(lr, dtype=torch.float32) * (2 * b))
+    ours.zero_grad()
+    assert all(p.grad is None for p in params)
+
+
+@pytest.mark.parametrize("make, exc, pattern", [
+    (lambda ps: optim.Adam(ps, capturable=True), NotImplementedError, r"capturable=True is not supported"),
+    (lambda ps: optim.SGD(ps, differentiable=True), NotImplementedError, r"differentiable=True is not supported"),
+    (lambda ps: optim.AdamW(ps, lr=-1.0), ValueError, r"lr must be finite and in >= 0"),
+    (lambda ps: optim.SGD(ps, momentum=0.0, nesterov=True), ValueError, r"nesterov=True needs momentum > 0"),
+    (lambda ps: optim.Adam([{"params": ps[:1]}, {"params": ps[1:], "betas": (1.5, 0.9)}]), ValueError,
+     r"param_groups\[1\]\['betas'\]\[0\] must be finite"),
+    (lambda ps: optim.AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))]), TypeError,
+     r"param_groups\[0\]\['params'\]\[0\] has dtype torch.float64"),
+    (lambda ps: optim.SGD(ps, numeric_mode="exact"), ValueError, r"numeric_mode"),
+])
+def test_options_mojo_train_lacks_are_refused_by_name(make, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        make(_params())
+
+
+def test_a_tensor_lr_is_read_as_its_value(identical):
+    _need(identical)
+    a, b = _params(), _params()
+    opt_a = optim.AdamW(a, lr=torch.tensor(0.01), numeric_mode=identical.numeric_mode)
+    opt_b = optim.AdamW(b, lr=0.01, numeric_mode=identical.numeric_mode)
+    for opt, ps in ((opt_a, a), (opt_b, b)):
+        _step(opt, ps, 0)
+    assert _bits(a) == _bits(b)
+
+
+def test_a_non_contiguous_parameter_is_refused_before_anything_is_written(identical):
+    _need(identical)
+    base = torch.nn.Parameter(torch.rand(4, 6))
+    view = torch.nn.Parameter(base.detach().t())         # a transposed leaf
+    ours = optim.SGD([view], lr=0.1, numeric_mode=identical.numeric_mode)
+    view.grad = torch.ones(6, 4)
+    before = view.detach().clone()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\] is not contiguous"):
+        ours.step()
+    assert torch.equal(view.detach(), before)
+
+
+def test_clip_grad_norm_scales_p_grad_as_mojo_trains_clip(identical):
+    _need(identical)
+    params = _params()
+    for p, g in zip(params, _grads(0)):
+        p.grad = g * 10
+    params[1].grad = None                       # skipped, as torch skips it
+    reference = [p.grad.clone() for p in params if p.grad is not None]
+    want = mt.clip_grad_norm_(reference, 1.0, numeric_mode=identical.numeric_mode)
+    total = mtt.nn.utils.clip_grad_norm_(params, 1.0, numeric_mode=identical.numeric_mode)
+    assert isinstance(total, torch.Tensor) and total.item() == want > 1.0
+    assert _bits(p.grad for p in params if p.grad is not None) == _bits(reference)
+    assert mtt.clip_grad_norm_ is mtt.utils.clip_grad_norm_ is mtt.nn.utils.clip_grad_norm_
+
+
+def test_clip_grad_norm_refuses_a_non_finite_total_as_torch_does_and_writes_nothing(identical):
+    _need(identical)
+    params = _params()
+    for p, g in zip(params, _grads(0)):
+        p.grad = g
+    params[2].grad[0, 1] = math.inf
+    before = _bits(p.grad for p in params)
+    with pytest.raises(RuntimeError, match=r"parameters\[2\]\.grad holds NaN or inf|the total gradient norm is not "
+                                           r"finite") as info:
+        mtt.clip_grad_norm_(params, 1.0, error_if_nonfinite=True, numeric_mode=identical.numeric_mode)
+    assert isinstance(info.value, ValueError)
+    assert _bits(p.grad for p in params) == before
+
+
+@pytest.mark.parametrize("name, kwargs, second", CONFIGS)
+def test_cuda_tensors_step_to_the_cpu_bytes(identical, name, kwargs, second):
+    _need(identical)
+    if not identical.has("device_buffers"):
+        pytest.skip("the vendor takes no device buffers")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    results = []
+    for device in ("cpu", "cuda:0"):
+        params = _params(device=device)
+        ours = getattr(optim, name)(_groups(params, **second), numeric_mode=identical.numeric_mode, **kwargs)
+        for s in range(4):
+            for p, g in zip(params, _grads(s, device)):
+                p.grad = g
+            mtt.clip_grad_norm_(params, 0.5, numeric_mode=identical.numeric_mode)
+            ours.step()
+        state = [v for p in params for k, v in sorted(ours.state[p].items()) if isinstance(v, torch.Tensor)]
+        results.append(_bits(params) + _bits(state))
+    assert results[0] == results[1]
