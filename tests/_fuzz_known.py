@@ -66,21 +66,6 @@ KNOWN = [
      example("torch.rms_norm", [("input", buf("float32", (1, 0), "torch", "unit", 1), False),
                                 ("normalized_shape", ("lit", (0,)), False), MODE],
              [((), "edge dimensions {'D': 0}", "soft", ())])),
-    ("torch/functional.py: rms_norm of a (0,) input with normalized_shape (0,) and a weight of shape (1,) escapes "
-     "as torch's RuntimeError \"shape '[0]' is invalid for input of size 1\" (the weight's shape is not checked "
-     "against normalized_shape first)", "torch.rms_norm", "unclear error", r"RuntimeError is not a refusal type",
-     example("torch.rms_norm", [("input", buf("float32", (0,), "torch", "unit", 0), False),
-                                ("normalized_shape", ("lit", (0,)), False),
-                                ("weight", buf("float32", (1,), "torch", "unit", 0), False), MODE],
-             [((), "edge dimensions {'*L': (), 'D': 0}", "soft", ()),
-              (("weight", "input"), "shape (0,) -> (1,)", "hard", ())])),
-    ("torch/functional.py: rms_norm takes a 0-d weight for normalized_shape (1,) (torch refuses: 'Expected weight "
-     "to be of same shape as normalized_shape'); the same unchecked weight shape as the entry above",
-     "torch.rms_norm", "wrong outcome", r"weight: shape",
-     example("torch.rms_norm", [("input", buf("float32", (1,), "torch", "unit", 0), False),
-                                ("normalized_shape", ("lit", (1,)), False),
-                                ("weight", buf("float32", (), "torch", "unit", 0), False), MODE],
-             [(("weight",), "shape (1,) -> ()", "hard", ())])),
 ]
 
 
