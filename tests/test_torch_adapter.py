@@ -656,6 +656,22 @@ def test_inputs_made_on_a_torch_side_stream_are_waited_for(identical):
     assert _bits(y2) == _bits(want)
 
 
+def test_inputs_made_on_torchs_default_stream_are_ordered_before_the_native_call(identical):
+    """No host wait on torch's default stream: the native call's per-thread stream waits for the
+    legacy default stream's queued work by CUDA's rule (mojo_train/torch/_tensors.py)."""
+    cuda = torch.device("cuda:0")
+    _need(identical, cuda, "linear")
+    assert torch.cuda.current_stream(cuda).cuda_stream == 0, "torch's default stream is the legacy one"
+    w = _rand((256, 512), 54, device=cuda)
+    want = mt.linear_forward(_rand((4096, 512), 55), w.cpu(), numeric_mode="identical")
+    big = torch.randn(4096, 4096, device=cuda)
+    for _ in range(20):                                 # queue work long enough to race against
+        big = big @ big * 1e-3
+    x = _rand((4096, 512), 55, device=cuda) + big[:, :512] * 0.0
+    y = F.linear(x, w, numeric_mode="identical")
+    assert _bits(y * 1.0) == _bits(want)
+
+
 def test_cuda_outputs_stay_on_the_device_without_crossing_the_bus(identical):
     cuda = torch.device("cuda:0")
     _need(identical, cuda, "linear")
@@ -688,7 +704,8 @@ def test_the_readme_torch_loop_differs_from_plain_torch_only_in_imports_and_trac
     from test_readme import examples, run_example
     code = examples()["torch adapter"]
     plain = code.replace("from mojo_train.torch import nn", "from torch import nn").replace(
-        "import mojo_train.torch.functional as F", "import torch.nn.functional as F")
+        "import mojo_train.torch.functional as F", "import torch.nn.functional as F").replace(
+        "from mojo_train.torch import optim", "from torch import optim")
     assert not re.search(r"^\s*(import|from) mojo_train", plain, re.M) and plain != code
     losses = [[float(v) for v in re.findall(r"loss (\d+\.\d+)", run_example(c, tmp_path))] for c in (code, plain)]
     assert len(losses[0]) == len(losses[1]) >= 3 and losses[0][-1] < losses[0][0] / 2

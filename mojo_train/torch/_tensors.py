@@ -17,12 +17,10 @@ stream (``cudaStreamPerThread``) and synchronizes it before returning (it reads 
 finiteness status), so its outputs are complete when it returns and torch may use them on any
 stream. The other way, work torch queued on its current stream -- which produced our inputs --
 is ordered before ours only when that stream is the legacy default stream (the per-thread
-stream waits for it implicitly), not when it is a stream of torch's pool (``torch.cuda.Stream()``
-creates non-blocking ones). So ``wait_for_torch`` synchronizes torch's current stream on the
-host before each native call: correct on every stream, no event, no copy. Its cost is one host
-wait per call while torch's queued work drains -- work the native call would have waited for on
-the default stream anyway; what is lost is the host queuing the native call's launches behind
-that work (a few microseconds a call). A ``DeviceArray`` output is freed through
+stream is a blocking stream: its work waits for the legacy stream's, by CUDA's rule), not when it
+is a stream of torch's pool (``torch.cuda.Stream()`` creates non-blocking ones). So
+``wait_for_torch`` does nothing on torch's default stream (handle 0) and, on any other stream,
+synchronizes it on the host before the native call: correct on every stream, no event, no copy. A ``DeviceArray`` output is freed through
 ``mt_device_free``, which synchronizes the device first (so no stream still reads it).
 """
 import torch
@@ -113,10 +111,14 @@ def dense(t):
 
 
 def wait_for_torch(device):
-    """Before a native call on ``device``: on CUDA, wait until torch's current stream has
-    finished the work queued on it (see the module docstring); nothing on the CPU."""
+    """Before a native call on ``device``: on CUDA, unless torch's current stream is the legacy
+    default stream (handle 0, torch's default), whose work the per-thread stream of the native
+    call waits for by CUDA's own rule, wait on the host until that stream has finished the work
+    queued on it (see the module docstring); nothing on the CPU."""
     if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()
+        stream = torch.cuda.current_stream(device)
+        if stream.cuda_stream != 0:
+            stream.synchronize()
 
 
 def empty_like(t):
