@@ -4,7 +4,9 @@ optimizers given the same gradients (test_optim.py pins those), on CPU and CUDA 
 format of state_dict, exchanged both ways with torch's optimizers; torch's LR schedulers; and
 every refusal changing nothing."""
 import copy
+import io
 import math
+import pickle
 
 import pytest
 
@@ -119,24 +121,108 @@ def test_state_dicts_move_between_torch_and_mojo_train_with_their_bytes(identica
         for p, g in zip(params, _grads(s)):
             p.grad = g
         ours.step()
-    saved = ours.state_dict()
+    saved = _through_a_file(ours.state_dict())
     theirs = getattr(torch.optim, name)(_groups(_params(), **second), **kwargs)
-    theirs.load_state_dict(copy.deepcopy(saved))
-    back = getattr(optim, name)(_groups(params, **second), numeric_mode=identical.numeric_mode, **kwargs)
-    back.load_state_dict(copy.deepcopy(theirs.state_dict()))     # a checkpoint, as torch.save/load makes it
+    theirs.load_state_dict(saved)
+    twin = [p.detach().clone().requires_grad_() for p in params]
+    back = getattr(optim, name)(_groups(twin, **second), numeric_mode=identical.numeric_mode, **kwargs)
+    back.load_state_dict(_through_a_file(theirs.state_dict()))
 
     def tensors(sd):
         return [(i, k, v.dtype, tuple(v.shape), v.numpy().tobytes()) for i, st in sorted(sd["state"].items())
                 for k, v in sorted(st.items()) if isinstance(v, torch.Tensor)]
     assert tensors(theirs.state_dict()) == tensors(saved) == tensors(back.state_dict())
     assert bool(tensors(saved)) == (name != "SGD" or bool(kwargs.get("momentum"))), "the steps made state"
-    # and the restored optimizer goes on exactly as the original
-    twin = [p.detach().clone().requires_grad_() for p in params]
-    again = getattr(optim, name)(_groups(twin, **second), numeric_mode=identical.numeric_mode, **kwargs)
-    again.load_state_dict(copy.deepcopy(ours.state_dict()))
-    for opt, ps in ((ours, params), (again, twin)):
+    # and the optimizer restored from torch's checkpoint goes on exactly as the original
+    for opt, ps in ((ours, params), (back, twin)):
         _step(opt, ps, 9)
     assert _bits(params) == _bits(twin)
+
+
+def _through_a_file(state_dict):
+    """A state_dict as torch.save writes it and torch.load (weights_only=True, its default) reads it."""
+    buf = io.BytesIO()
+    torch.save(state_dict, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def test_a_copied_or_pickled_optimizer_steps_as_the_original(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.AdamW(_groups(params, weight_decay=0.0), lr=0.01, numeric_mode=identical.numeric_mode)
+    _step(ours, params, 0)
+    model = {"params": params, "opt": ours}
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin["opt"].numeric_mode == identical.numeric_mode
+        _step(twin["opt"], twin["params"], 1)
+    _step(ours, params, 1)
+    assert _bits(twin["params"]) == _bits(params)
+
+
+def test_a_schedule_is_saved_as_its_config_and_comes_back(identical):
+    _need(identical)
+    params = _params()
+    cosine = mt.WarmupCosineLR(0.01, warmup_steps=2, total_steps=9)
+    ours = optim.AdamW(params, lr_schedule=cosine, numeric_mode=identical.numeric_mode)
+    _step(ours, params, 0)
+    saved = _through_a_file(ours.state_dict())        # weights_only=True reads it: plain data
+    assert saved["param_groups"][0]["lr_schedule"] == {"mojo_train_schedule": cosine.config()}
+    twin = [p.detach().clone().requires_grad_() for p in params]
+    back = optim.AdamW(twin, numeric_mode=identical.numeric_mode)
+    back.load_state_dict(saved)
+    assert back.param_groups[0]["lr_schedule"].config() == cosine.config()
+    assert back.param_groups[0]["steps_taken"] == 1
+    for opt, ps in ((ours, params), (back, twin)):
+        _step(opt, ps, 1)
+    assert _bits(params) == _bits(twin)
+
+
+def test_adamw_stays_decoupled_when_it_loads_an_adam_checkpoint(identical):
+    _need(identical)
+    a, b = _params(), _params()
+    adam = torch.optim.Adam(_params(), lr=0.01, weight_decay=0.1)
+    ours = optim.AdamW(a, lr=0.01, weight_decay=0.1, numeric_mode=identical.numeric_mode)
+    ours.load_state_dict(adam.state_dict())
+    plain = optim.AdamW(b, lr=0.01, weight_decay=0.1, numeric_mode=identical.numeric_mode)
+    for opt, ps in ((ours, a), (plain, b)):
+        _step(opt, ps, 0)
+    assert ours.param_groups[0]["decoupled_weight_decay"] is True and _bits(a) == _bits(b)
+
+
+def test_a_checkpoint_with_a_number_for_step_is_loaded_as_torch_loads_it(identical):
+    _need(identical)
+    params = _params()
+    ours = optim.Adam(params, lr=0.01, numeric_mode=identical.numeric_mode)
+    _step(ours, params, 0)
+    old = copy.deepcopy(ours.state_dict())    # torch's state_dict shares the state's dicts
+    for st in old["state"].values():
+        st["step"] = 1                      # torch before 1.12 saved a number
+    twin = [p.detach().clone().requires_grad_() for p in params]
+    back = optim.Adam(twin, lr=0.01, numeric_mode=identical.numeric_mode)
+    back.load_state_dict(old)
+    assert all(torch.is_tensor(st["step"]) and st["step"].dtype == torch.float32 for st in back.state.values())
+    for opt, ps in ((ours, params), (back, twin)):
+        _step(opt, ps, 1)
+    assert _bits(params) == _bits(twin)
+
+
+def test_sparse_and_strided_gradients(identical):
+    _need(identical)
+    emb = torch.nn.Embedding(5, 3, sparse=True)
+    ours = optim.SGD(emb.parameters(), lr=0.1, numeric_mode=identical.numeric_mode)
+    emb(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[0\]\.grad is sparse; .*to_dense"):
+        ours.step()
+    a, b = _params(), _params()
+    opt_a = optim.AdamW(a, numeric_mode=identical.numeric_mode)
+    opt_b = optim.AdamW(b, numeric_mode=identical.numeric_mode)
+    for p, q, g in zip(a, b, _grads(0)):
+        p.grad = g
+        q.grad = g.t().contiguous().t() if g.ndim == 2 else g      # the same values, transposed in memory
+    opt_a.step()
+    opt_b.step()
+    assert not b[0].grad.is_contiguous() and _bits(a) == _bits(b)
 
 
 def test_a_torch_lr_scheduler_sets_the_lr_each_step_reads(identical):
@@ -191,7 +277,8 @@ def test_a_refused_step_writes_nothing_and_names_the_tensor(identical):
                                          r"\.grad holds|grads hold) NaN or inf; nothing was written"):
         ours.step()
     assert _bits(params) + _bits(p.grad for p in params) == before
-    assert all(len(ours.state[p]) == 0 for p in params)        # no state made by the refused step
+    assert ours.state_dict()["state"] == {} and not ours.state         # no state, not even empty entries
+    assert [g["steps_taken"] for g in ours.param_groups] == [0, 0]
     params[3].grad[2] = 0.0
     ours.step()
     assert all(float(ours.state[p]["step"]) == 1.0 for p in params)
@@ -209,7 +296,12 @@ def test_gradients_sharing_memory_are_refused_naming_both(identical):
     with pytest.raises(ValueError, match=r"param_groups\[0\]\['params'\]\[1\]\.grad and "
                                          r"param_groups\[0\]\['params'\]\[3\]\.grad share memory"):
         ours.step()
-    assert _bits(params) == before and not any(ours.state[p] for p in params)
+    assert _bits(params) == before and not ours.state
+    twice = optim.SGD([params[0], params[0]], lr=0.1, numeric_mode=identical.numeric_mode)   # torch only warns
+    with pytest.raises(ValueError, match=r"\['params'\]\[0\] and param_groups\[0\]\['params'\]\[1\] are the same "
+                                         r"parameter"):
+        twice.step()
+    assert _bits(params) == before
 
 
 def test_parameters_without_a_gradient_are_skipped_as_torch_skips_them(identical):
@@ -221,7 +313,7 @@ def test_parameters_without_a_gradient_are_skipped_as_torch_skips_them(identical
     params[2].grad = None
     before = params[2].detach().clone()
     ours.step()
-    assert torch.equal(params[2], before) and len(ours.state[params[2]]) == 0
+    assert torch.equal(params[2], before) and params[2] not in ours.state
     assert float(ours.state[params[0]]["step"]) == 1.0
 
 

@@ -48,6 +48,9 @@ _INT32_MAX = 2**31 - 1
 _OURS = ("lr_schedule", "steps_taken")
 _SWITCH_KEYS = ("foreach", "fused", "differentiable", "capturable")
 _ABSENT = object()
+# what torch's own __setstate__ gives a group that lacks a switch (never our constructor's values)
+_ABSENT_KEYS = {"foreach": None, "fused": None, "differentiable": False, "capturable": False, "maximize": False,
+                "amsgrad": False, "nesterov": False, "decoupled_weight_decay": False}
 
 
 def _scalar_dtype():
@@ -85,7 +88,7 @@ class _Step:
         self.kept.append(cdata)        # the table's memory lives as long as the step
         return cdata
 
-    def offsets(self, where):
+    def make_offsets(self, where):
         off = ffi.new("int32_t[]", self.n + 1)
         total = 0
         for j, item in enumerate(self.items):
@@ -107,12 +110,25 @@ class _NativeOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, numeric_mode):
         where = self._WHERE
-        self._backend = load(numeric_mode_arg(numeric_mode, where))
-        self.numeric_mode = self._backend.numeric_mode
-        self._checked = {}      # id(group) -> (raw values, checked values)
+        self._attach(numeric_mode_arg(numeric_mode, where))
+        self._adding = where          # add_param_group's messages during construction name the class
         _switches(where, **{k: defaults[k] for k in _SWITCH_KEYS if k in defaults})
         _groups.check_values(self._HYPER, self._hyper_raw(defaults), None, where, skip=self._skip(defaults))
         super().__init__(params, dict(defaults, steps_taken=0))
+        self._adding = where + ".add_param_group"
+        self.register_state_dict_post_hook(_schedules_as_configs)
+        self.register_load_state_dict_pre_hook(_schedules_from_configs)
+
+    def _attach(self, numeric_mode):
+        """The native library of ``numeric_mode`` (a checked name or None) and a fresh check cache."""
+        self._backend = load(numeric_mode)
+        self.numeric_mode = self._backend.numeric_mode
+        self._checked = {}      # id(group) -> (raw values, checked values)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["numeric_mode"] = self.numeric_mode     # the library is loaded again on unpickling
+        return state
 
     # ---- groups ------------------------------------------------------------------------------
     def _hyper_raw(self, group):
@@ -138,11 +154,12 @@ class _NativeOptimizer(torch.optim.Optimizer):
         a refused group is not added."""
         super().add_param_group(param_group)
         i = len(self.param_groups) - 1
+        where = getattr(self, "_adding", self._WHERE + ".add_param_group")
         try:
-            self._group_values(i, self.param_groups[i], self._WHERE + ".add_param_group")
+            self._group_values(i, self.param_groups[i], where)
             for k, p in enumerate(self.param_groups[i]["params"]):
                 if p.dtype != torch.float32:
-                    raise TypeError(where_msg(self._WHERE, "param_groups[%d]['params'][%d] has dtype %s; mojo_train "
+                    raise TypeError(where_msg(where, "param_groups[%d]['params'][%d] has dtype %s; mojo_train "
                                               "computes in float32 only and never casts (model.float())"
                                               % (i, k, p.dtype)))
         except Exception:
@@ -150,11 +167,21 @@ class _NativeOptimizer(torch.optim.Optimizer):
             raise
 
     def __setstate__(self, state):
+        numeric_mode = state.pop("numeric_mode", None)
         super().__setstate__(state)
-        for group in self.param_groups:       # a torch optimizer's groups lack our keys and maybe switches
-            for key in _OURS + _SWITCH_KEYS + ("maximize", "amsgrad", "nesterov", "decoupled_weight_decay"):
+        if not hasattr(self, "_backend"):             # unpickled (or deep-copied): load the library again
+            self._attach(numeric_mode)
+        self._checked = {}
+        for group in self.param_groups:       # an older or a torch optimizer's groups lack keys: torch's values
+            for key, value in _ABSENT_KEYS.items():
                 if key in self.defaults:
-                    group.setdefault(key, self.defaults[key])
+                    group.setdefault(key, value)
+            group.setdefault("lr_schedule", None)
+            group.setdefault("steps_taken", 0)
+            for p in group["params"]:         # torch before 1.12 saved step as a number: a tensor, as torch makes it
+                st = self.state.get(p)
+                if st and "step" in st and not torch.is_tensor(st["step"]):
+                    st["step"] = torch.tensor(float(st["step"]), dtype=_scalar_dtype())
 
     def _group_values(self, i, group, where):
         """Group i's checked values (cached until one of them changes)."""
@@ -216,6 +243,12 @@ class _NativeOptimizer(torch.optim.Optimizer):
         step = _Step(items, None)
         if not items:
             return step
+        seen = {}
+        for j, item in enumerate(items):
+            first = seen.setdefault(id(item[2]), j)
+            if first != j:
+                raise ValueError(where_msg(where, "%s and %s are the same parameter (torch warns and updates it twice); "
+                                           "pass each parameter once" % (step.name(first), step.name(j))))
         for j, (i, k, p, g) in enumerate(items):
             name = step.name(j)
             if p.dtype != torch.float32 or g.dtype != torch.float32:
@@ -223,8 +256,9 @@ class _NativeOptimizer(torch.optim.Optimizer):
                 raise TypeError(where_msg(where, "%s has dtype %s; mojo_train computes in float32 only and never casts"
                                           % (which, t.dtype)))
             if g.is_sparse or g.layout != torch.strided:
-                raise ValueError(where_msg(where, "%s.grad is sparse; mojo_train's optimizers take dense gradients "
-                                           "(torch's Adam refuses sparse ones too)" % name))
+                raise ValueError(where_msg(where, "%s.grad is sparse; mojo_train's optimizers take dense gradients: "
+                                           "make the layer dense (e.g. nn.Embedding(..., sparse=False)) or pass "
+                                           "p.grad.to_dense()" % name))
             if g.shape != p.shape:
                 raise ValueError(where_msg(where, "%s.grad has shape %s, the parameter %s"
                                            % (name, tuple(g.shape), tuple(p.shape))))
@@ -239,13 +273,17 @@ class _NativeOptimizer(torch.optim.Optimizer):
             for j, (_, _, p, g) in enumerate(items):
                 tensors[step.name(j)], tensors[step.name(j) + ".grad"] = p, g
             first = device_of(where, **tensors)
+        if first.type != "cpu" and not self._backend.has("device_buffers"):
+            raise TypeError(where_msg(where, "%s is on %s, but the loaded vendor (%s) takes host buffers only; set "
+                                      "MOJO_TRAIN_VENDOR=cuda" % (step.name(0), first, self._backend.vendor)))
         step.device = first
+        step.offsets = step.make_offsets(where)        # before any state is made: a refusal here allocates none
         return step
 
     def _state_tensor(self, step, j, key, where):
         """The state tensor ``key`` of item j, created (zeros, the parameter's layout) when absent."""
         p = step.items[j][2]
-        state = self.state[p]
+        state = self._state_of(step, p)
         t = state.get(key)
         if t is None:
             step.made.append((state, key, state.get(key, _ABSENT)))
@@ -257,6 +295,14 @@ class _NativeOptimizer(torch.optim.Optimizer):
                                        "shaped and placed like the parameter %s on %s"
                                        % (key, step.name(j), _described(t), tuple(p.shape), p.device)))
         return t
+
+    def _state_of(self, step, p):
+        """``self.state[p]``, made (and recorded, so a refused step removes it again) when absent: a read of
+        torch's defaultdict would leave an empty entry behind."""
+        if p not in self.state:
+            step.made.append((self.state, p, _ABSENT))
+            self.state[p] = {}
+        return self.state[p]
 
     def _refuse_shared(self, step, tables, where):
         """Gradients sharing memory with each other, a parameter or the state: refused."""
@@ -320,6 +366,33 @@ class _NativeOptimizer(torch.optim.Optimizer):
         """After a step: what the optimizer counts (nothing here)."""
 
 
+def _schedules_as_configs(optimizer, state_dict):
+    """state_dict post-hook: a group's lr_schedule saved as its config() (plain data, which
+    ``torch.load(weights_only=True)`` reads), as mojo_train's own optimizers save it."""
+    for group in state_dict["param_groups"]:
+        sched = group.get("lr_schedule")
+        if sched is not None and callable(getattr(sched, "config", None)):
+            group["lr_schedule"] = {"mojo_train_schedule": sched.config()}
+    return state_dict
+
+
+def _schedules_from_configs(optimizer, state_dict):
+    """load_state_dict pre-hook: the schedules a state_dict holds as configs, rebuilt."""
+    from ..schedule import _Schedule
+    groups = []
+    for group in state_dict["param_groups"]:
+        sched = group.get("lr_schedule")
+        if isinstance(sched, dict) and set(sched) == {"mojo_train_schedule"}:
+            try:
+                sched = _Schedule.from_config(sched["mojo_train_schedule"])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(where_msg(optimizer._WHERE + ".load_state_dict", "a group's lr_schedule config "
+                                           "cannot be read: %s" % exc)) from None
+            group = dict(group, lr_schedule=sched)
+        groups.append(group)
+    return dict(state_dict, param_groups=groups)
+
+
 def _described(value):
     if isinstance(value, torch.Tensor):
         return "a %s tensor of shape %s on %s%s" % (value.dtype, tuple(value.shape), value.device,
@@ -358,7 +431,11 @@ class Adam(_NativeOptimizer):
         steps = ffi.new("int64_t[]", n)
         m, v, w = [], [], []
         for j, (i, k, p, g) in enumerate(step.items):
-            state = self.state[p]
+            state = self._state_of(step, p)
+            if "step" in state and not torch.is_tensor(state["step"]):
+                raise ValueError(where_msg(where, "state['step'] of %s is a %s; torch keeps it as a tensor (load the "
+                                           "state with load_state_dict, which converts it)"
+                                           % (step.name(j), type(state["step"]).__name__)))
             if "step" not in state:
                 step.made.append((state, "step", _ABSENT))
                 state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -376,7 +453,7 @@ class Adam(_NativeOptimizer):
         tg = ffi.new("int32_t[]", [it[0] for it in step.items])
         return self._backend.lib.mt_adam_step_groups, (
             step.table(params), step.table(grads), step.table(m), step.table(v), step.table(w), steps, ffi.NULL,
-            step.offsets(where), table, tg, 0, 0.0, len(self.param_groups), n)
+            step.offsets, table, tg, 0, 0.0, len(self.param_groups), n)
 
     def _advance(self, step):
         """Each tensor's state['step'] + 1, in place, as torch's own step counts (one foreach call)."""
@@ -390,6 +467,11 @@ class AdamW(Adam):
     ``lr_schedule=None`` and ``numeric_mode=None``."""
 
     _WHERE = "torch.optim.AdamW"
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        for group in self.param_groups:     # AdamW's decay is decoupled whatever a loaded group says, as torch's
+            group["decoupled_weight_decay"] = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
@@ -426,11 +508,11 @@ class SGD(_NativeOptimizer):
             if values[i]["momentum"] == 0.0:
                 bufs.append(None)
                 continue
-            init[j] = 1 if self.state[p].get("momentum_buffer") is not None else 0
+            init[j] = 1 if self.state.get(p, {}).get("momentum_buffer") is not None else 0
             bufs.append(self._state_tensor(step, j, "momentum_buffer", where))
         params, grads = [it[2] for it in step.items], [it[3] for it in step.items]
         self._refuse_shared(step, [("%s", params), ("%s.grad", grads), ("the momentum_buffer of %s", bufs)], where)
         tg = ffi.new("int32_t[]", [it[0] for it in step.items])
         return self._backend.lib.mt_sgd_step_groups, (
-            step.table(params), step.table(grads), step.table(bufs), init, ffi.NULL, step.offsets(where), table, tg,
+            step.table(params), step.table(grads), step.table(bufs), init, ffi.NULL, step.offsets, table, tg,
             0, 0.0, len(self.param_groups), n)

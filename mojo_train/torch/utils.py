@@ -44,10 +44,12 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
                                        "its memory" % k))
     device = device_of(where, **{"parameters[%d].grad" % k: g for k, g in have})
     wait_for_torch(device)
+    if isinstance(max_norm, torch.Tensor) and max_norm.numel() == 1:     # torch takes a Tensor max_norm
+        max_norm = max_norm.item()
     try:
         total = _clip.clip_grad_norm_(grads, max_norm, norm_type, error_if_nonfinite=error_if_nonfinite,
                                       foreach=foreach, numeric_mode=numeric_mode)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, NotImplementedError) as exc:
         text = re.sub(r"\bgrads\[(\d+)\]", lambda m: "parameters[%d].grad" % have[int(m.group(1))][0],
                       str(exc).split(": ", 1)[-1])
         nonfinite = error_if_nonfinite is True and text.endswith("nothing was written") and \
