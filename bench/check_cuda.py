@@ -28,7 +28,8 @@ SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(R
                             if f.endswith(".card")))
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
 BENCHMARKS = ("bench/optim_cuda.py", "bench/clip_cuda.py", "bench/loss_cuda.py", "bench/rms_norm_cuda.py",
-              "bench/linear_cuda.py --quick", "bench/random_cuda.py", "bench/elementwise_cuda.py",
+              "bench/layer_norm_cuda.py", "bench/linear_cuda.py --quick", "bench/random_cuda.py",
+              "bench/elementwise_cuda.py",
               "bench/embedding_cuda.py", "bench/lm_head_cuda.py", "bench/cross_device_cuda.py",
               "bench/torch_adapter_cuda.py")
 

@@ -1,4 +1,4 @@
-"""SiLU and the residual add on a GPU, side by side with torch in one process.
+"""SiLU, GELU and the residual add on a GPU, side by side with torch in one process.
 
     python bench/elementwise_cuda.py [--log2n 28] [--repeat 40] [--write]
 
@@ -8,6 +8,19 @@ of 2**log2n float32 passed to mojo_train directly, ours writing into a prealloca
 Bytes: SiLU, ours: the finiteness pre-pass reads x (nothing is written when x holds NaN or
 inf), then read x + write y = 12 per element; torch 8. add: ours 20 (the pre-pass reads a and
 b), torch 12. Before timing, the first 2**20 SiLU outputs are checked against the CPU oracle.
+GELU (both approximations, x in [-6, 6)): forward as SiLU (ours 12 bytes, torch 8), backward
+``gelu_backward(dy, x, out=)`` against ``torch.ops.aten.gelu_backward`` (the kernel torch's
+autograd calls; ours 20 bytes, torch 12); the first 2**20 outputs of each checked against the
+CPU oracle. Issue 14's target: forward + backward over 2**28 at most torch's 2.03 ms (H200,
+torch 2.11, measured with autograd).
+
+Prediction, not yet run (this session had no GPU), from the H200 records of
+bench/results/elementwise_cuda.jsonl (copy 4.1 TB/s; SiLU 0.91 ms at 12 bytes, add 1.30 ms at 20):
+GELU forward ~0.95 ms (SiLU's bytes; its ~85 instructions per element, ~0.7 ms of the H200's
+fp32 issue rate, hide under the memory time), backward ~1.4 ms ('none': erf, exp and ~20 more
+operations, ~150 instructions per element, ~1.2 ms of issue: close to compute-bound), so
+forward + backward ~2.3-2.4 ms: about 15% over the 2.03 ms target, against torch's own kernels
+at ~0.55 + ~0.8 ms. The finiteness pre-pass is 8 of ours' 32 bytes per element (25%).
 """
 import os
 import sys
@@ -15,9 +28,51 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _gpu import gpu_record, matches_cpu_oracle, over_floats, timed  # noqa: E402
+from _gpu import CHECK, fp, gpu_record, matches_cpu_oracle, over_floats, timed  # noqa: E402
 
+import mojo_train as mt  # noqa: E402
 from mojo_train import elementwise as ew  # noqa: E402
+from mojo_train._native import load  # noqa: E402
+
+_APPROXIMATE = {"none": 0, "tanh": 1}   # mojo_train.h enum mt_gelu_approximate
+
+
+def gelu_matches_cpu(torch, x, dy, out_dev, approximate):
+    """The first CHECK outputs of a device GELU call (forward when dy is None) equal the CPU oracle's."""
+    try:
+        cpu = load("identical", "cpu")
+    except mt.BackendError:
+        return "no cpu library (run make)"
+    xh, code = x[:CHECK].cpu().contiguous(), _APPROXIMATE[approximate]
+    out = torch.empty_like(xh)
+    if dy is None:
+        rc = cpu.lib.mt_gelu_forward(fp(out), fp(xh), CHECK, code)
+    else:
+        rc = cpu.lib.mt_gelu_backward(fp(out), fp(dy[:CHECK].cpu().contiguous()), fp(xh), CHECK, code)
+    cpu.check(rc, "gelu")
+    return bool(torch.equal(out.view(torch.int32), out_dev[:CHECK].cpu().view(torch.int32)))
+
+
+def bench_gelu(torch, n, repeat, bw):
+    """Forward and backward of both approximations, ours and torch's, over n floats in [-6, 6)."""
+    x = torch.rand(n, device="cuda") * 12 - 6
+    dy = torch.rand(n, device="cuda") * 2 - 1
+    y, dx = torch.empty_like(x), torch.empty_like(x)
+    rows = {}
+    for a in _APPROXIMATE:
+        ew.gelu_forward(x, a, out=y)
+        ew.gelu_backward(dy, x, a, out=dx)
+        torch.cuda.synchronize()
+        fwd = timed(lambda: ew.gelu_forward(x, a, out=y), repeat)
+        bwd = timed(lambda: ew.gelu_backward(dy, x, a, out=dx), repeat)
+        tfwd = timed(lambda: torch.nn.functional.gelu(x, approximate=a), repeat, sync=torch.cuda.synchronize)
+        tbwd = timed(lambda: torch.ops.aten.gelu_backward(dy, x, approximate=a), repeat, sync=torch.cuda.synchronize)
+        rows["gelu_" + a] = {"elements": n, "matches_cpu": [gelu_matches_cpu(torch, x, None, y, a),
+                                                            gelu_matches_cpu(torch, x, dy, dx, a)],
+                             "forward_ms": fwd * 1e3, "backward_ms": bwd * 1e3, "fwd_bwd_ms": (fwd + bwd) * 1e3,
+                             "torch_forward_ms": tfwd * 1e3, "torch_backward_ms": tbwd * 1e3,
+                             "forward_of_copy_bw": 12 * n / fwd / bw, "backward_of_copy_bw": 20 * n / bwd / bw}
+    return rows
 
 
 def bench(torch, n, repeat, bw):
@@ -33,6 +88,7 @@ def bench(torch, n, repeat, bw):
     rows["elementwise"] = {"elements": n, "silu_ms": silu * 1e3, "silu_torch_ms": silu_t * 1e3,
                            "silu_of_copy_bw": 12 * n / silu / bw, "add_ms": add * 1e3, "add_torch_ms": add_t * 1e3,
                            "add_of_copy_bw": 20 * n / add / bw}
+    rows.update(bench_gelu(torch, n, repeat, bw))
     return rows
 
 
@@ -43,6 +99,12 @@ def main():
           "torch %.3f ms)"
           % (args.log2n, o["silu_ms"], 100 * o["silu_of_copy_bw"], o["silu_torch_ms"], rows["silu_matches_cpu"],
              o["add_ms"], 100 * o["add_of_copy_bw"], o["add_torch_ms"]))
+    for a in _APPROXIMATE:
+        g = rows["gelu_" + a]
+        print("gelu %s over 2^%d: forward %.3f ms (%.0f%%; torch %.3f), backward %.3f ms (%.0f%%; torch %.3f), "
+              "forward + backward %.3f ms (target: torch's 2.03 ms); matches the cpu oracle: %s"
+              % (a, args.log2n, g["forward_ms"], 100 * g["forward_of_copy_bw"], g["torch_forward_ms"], g["backward_ms"],
+                 100 * g["backward_of_copy_bw"], g["torch_backward_ms"], g["fwd_bwd_ms"], g["matches_cpu"]))
     gpu_record(args, "elementwise_cuda", rows, torch)
 
 

@@ -1,16 +1,17 @@
-/* math_sweep.c -- exhaustive check of mt_pinned.h's mt_expf, mt_logf and mt_log1pf over all
- * 2^32 float32 bit patterns (native/contracts/math.md states the bounds this measures).
+/* math_sweep.c -- exhaustive check of mt_pinned.h's mt_expf, mt_logf, mt_log1pf, mt_erff and
+ * mt_tanhf over all 2^32 float32 bit patterns (native/contracts/math.md states the bounds this
+ * measures).
  *
  *   gcc -O2 -ffp-contract=off -Inative/include -pthread bench/math_sweep.c -o math_sweep -lm
- *   ./math_sweep [-t THREADS] [-s STEP] [exp] [log] [log1p]      (make math-sweep)
+ *   ./math_sweep [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh]      (make math-sweep)
  *
- * Reference: glibc's double exp/log/log1p of the (exactly converted) input, rounded once to
+ * Reference: glibc's double exp/log/log1p/erf/tanh of the (exactly converted) input, rounded once to
  * float. glibc documents these double routines within 1 ulp of double (in practice < 0.52
  * ulp), i.e. within 2^-29 of a float ulp, so the rounded double is the correctly rounded
  * float except when the exact value lies within about 2^-29 float ulp of a rounding boundary
  * (a midpoint between floats, or the overflow point). Those inputs are detected -- the float
  * roundings of d - 2^7 ulp(d) and d + 2^7 ulp(d) disagree -- and recomputed with glibc's
- * x87 long double expl/logl/log1pl (64-bit significand, 2^-40 float ulp); an input still
+ * x87 long double expl/logl/log1pl/erfl/tanhl (64-bit significand, 2^-40 float ulp); an input still
  * ambiguous at 2^5 long double ulps is counted as "unresolved" (none expected).
  * Error in ulps: |y - ref| / ulp(ref), ulp(v) = 2^(max(floor(log2 |v|), -126) - 23),
  * with ref the unrounded reference (double or long double).
@@ -42,11 +43,15 @@ typedef struct {
 static float call_exp(float x) { return mt_expf(x); }
 static float call_log(float x) { return mt_logf(x); }
 static float call_log1p(float x) { return mt_log1pf(x); }
+static float call_erf(float x) { return mt_erff(x); }
+static float call_tanh(float x) { return mt_tanhf(x); }
 
 static const routine ROUTINES[] = {
     {"exp", call_exp, exp, expl},
     {"log", call_log, log, logl},
     {"log1p", call_log1p, log1p, log1pl},
+    {"erf", call_erf, erf, erfl},
+    {"tanh", call_tanh, tanh, tanhl},
 };
 #define N_ROUTINES (sizeof ROUTINES / sizeof ROUTINES[0])
 
@@ -172,13 +177,31 @@ static const special SPECIAL_LOG1P[] = {
     {"log1p(-0)", 0x80000000u, 0x80000000u}, {"log1p(2^-149)", 0x00000001u, 0x00000001u},
     {"log1p(-2^-149)", 0x80000001u, 0x80000001u}, {"log1p(FLT_MAX)", 0x7f7fffffu, 0x42b17218u},
 };
+static const special SPECIAL_ERF[] = {
+    {"erf(+qNaN)", 0x7fc00000u, MT_MATH_QNAN}, {"erf(-sNaN)", 0xff800001u, MT_MATH_QNAN},
+    {"erf(+inf)", 0x7f800000u, 0x3f800000u}, {"erf(-inf)", 0xff800000u, 0xbf800000u},
+    {"erf(+0)", 0x00000000u, 0x00000000u}, {"erf(-0)", 0x80000000u, 0x80000000u},
+    {"erf(2^-149)", 0x00000001u, 0x00000001u}, {"erf(-4 * 2^-149)", 0x80000004u, 0x80000005u},
+    {"erf(1)", 0x3f800000u, 0x3f57bb3du}, {"erf(0.6875)", 0x3f300000u, 0x3f2b4922u},
+    {"erf(4) = 1 (the clamp)", 0x40800000u, 0x3f800000u}, {"erf(-FLT_MAX)", 0xff7fffffu, 0xbf800000u},
+};
+static const special SPECIAL_TANH[] = {
+    {"tanh(+qNaN)", 0x7fc00000u, MT_MATH_QNAN}, {"tanh(-sNaN)", 0xff800001u, MT_MATH_QNAN},
+    {"tanh(+inf)", 0x7f800000u, 0x3f800000u}, {"tanh(-inf)", 0xff800000u, 0xbf800000u},
+    {"tanh(+0)", 0x00000000u, 0x00000000u}, {"tanh(-0)", 0x80000000u, 0x80000000u},
+    {"tanh(2^-149)", 0x00000001u, 0x00000001u}, {"tanh(-2^-149)", 0x80000001u, 0x80000001u},
+    {"tanh(1)", 0x3f800000u, 0x3f42f7d6u}, {"tanh(0.25)", 0x3e800000u, 0x3e7acbf5u},
+    {"tanh(10) = 1 (the clamp)", 0x41200000u, 0x3f800000u}, {"tanh(-FLT_MAX)", 0xff7fffffu, 0xbf800000u},
+};
 
 static int check_specials(const routine *r) {
     const special *s;
     size_t n;
     if (!strcmp(r->name, "exp")) { s = SPECIAL_EXP; n = sizeof SPECIAL_EXP / sizeof *s; }
     else if (!strcmp(r->name, "log")) { s = SPECIAL_LOG; n = sizeof SPECIAL_LOG / sizeof *s; }
-    else { s = SPECIAL_LOG1P; n = sizeof SPECIAL_LOG1P / sizeof *s; }
+    else if (!strcmp(r->name, "log1p")) { s = SPECIAL_LOG1P; n = sizeof SPECIAL_LOG1P / sizeof *s; }
+    else if (!strcmp(r->name, "erf")) { s = SPECIAL_ERF; n = sizeof SPECIAL_ERF / sizeof *s; }
+    else { s = SPECIAL_TANH; n = sizeof SPECIAL_TANH / sizeof *s; }
     int bad = 0;
     for (size_t i = 0; i < n; ++i) {
         uint32_t got = bits_of(r->f(mt_bits_f32(s[i].in)));
@@ -202,7 +225,7 @@ int main(int argc, char **argv) {
             for (k = 0; k < N_ROUTINES; ++k)
                 if (!strcmp(argv[i], ROUTINES[k].name)) { want[k] = 1; any = 1; break; }
             if (k == N_ROUTINES) {
-                fprintf(stderr, "usage: %s [-t THREADS] [-s STEP] [exp] [log] [log1p]\n", argv[0]);
+                fprintf(stderr, "usage: %s [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh]\n", argv[0]);
                 return 2;
             }
         }

@@ -15,17 +15,14 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import bench_args, cpu_record, cpu_torch  # noqa: E402
-from linear_cpu import filled, paired_medians, torch_of  # noqa: E402
+from _rows import cpu_figures, cpu_main  # noqa: E402
+from linear_cpu import filled, torch_of  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train._native import load  # noqa: E402
 
-RMS_SHAPES = [(4096, 1024), (1024, 4096), (16384, 256)]
-
 
 def bench_rms(rows, dim, repeat, mode):
-    import torch
     import torch.nn.functional as F
     backend = load(mode)
     x, dy, w = filled((rows, dim), 2, 0, backend), filled((rows, dim), 2, 3, backend), filled((dim,), 2, 1, backend)
@@ -39,26 +36,10 @@ def bench_rms(rows, dim, repeat, mode):
         tx.grad = tw.grad = None
         F.rms_norm(tx, (dim,), tw, 1e-5).backward(tdy)
 
-    fwd, tfwd, both, tboth = paired_medians([
+    return cpu_figures(rows, dim, [
         lambda: mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode),
         lambda: F.rms_norm(tx.detach(), (dim,), tw.detach(), 1e-5), ours, theirs], repeat)
-    return {"rows": rows, "dim": dim, "forward_ms": fwd * 1e3, "torch_forward_ms": tfwd * 1e3,
-            "forward_vs_torch": tfwd / fwd, "fwd_bwd_ms": both * 1e3, "torch_fwd_bwd_ms": tboth * 1e3,
-            "fwd_bwd_vs_torch": tboth / both,
-            "prepass_MB": {"forward": 4 * rows * dim / 1e6, "backward": 8 * rows * dim / 1e6}}
-
-
-def main():
-    args = bench_args(__doc__, 15, mode=True)
-    torch, _ = cpu_torch(args.mode)
-    rms = [bench_rms(r, d, args.repeat, args.mode) for r, d in RMS_SHAPES]
-    for r in rms:
-        print("rms_norm %5d x %4d: forward %.3f ms (torch %.3f) = %.2fx torch; forward+backward %.3f ms "
-              "(torch %.3f) = %.2fx" % (r["rows"], r["dim"], r["forward_ms"], r["torch_forward_ms"],
-                                        r["forward_vs_torch"], r["fwd_bwd_ms"], r["torch_fwd_bwd_ms"],
-                                        r["fwd_bwd_vs_torch"]))
-    cpu_record(args, "rms_norm_cpu", {"rms_norm": rms}, torch)
 
 
 if __name__ == "__main__":
-    main()
+    cpu_main(__doc__, "rms_norm", bench_rms)

@@ -20,11 +20,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _gpu import copy_bandwidth, gpu_record, timed  # noqa: E402
-from _timing import bench_args  # noqa: E402
+from _rows import gpu_figures, gpu_main  # noqa: E402
 from loss_cuda import DeviceBuffer, _call  # noqa: E402
-
-from mojo_train import _native  # noqa: E402
 
 
 def bench_rms_norm(torch, gpu, rows, dim, repeat, bw, eps=1e-5):
@@ -41,43 +38,14 @@ def bench_rms_norm(torch, gpu, rows, dim, repeat, bw, eps=1e-5):
         _call(gpu, lib.mt_rms_norm_backward(dx.ptr(), dw.ptr(), dy.ptr(), x.ptr(), w.ptr(), eps, rows, dim),
               "mt_rms_norm_backward")
 
-    def ours():
-        ours_forward()
-        ours_backward()
-
     xt, wt, dyt = x.torch(torch).requires_grad_(True), w.torch(torch).requires_grad_(True), dy.torch(torch)
 
     def theirs():
         out = torch.nn.functional.rms_norm(xt, (dim,), wt, eps)
         torch.autograd.grad(out, (xt, wt), dyt)
 
-    torch.cuda.synchronize()
-    t_f, t_b, t_ours = timed(ours_forward, repeat), timed(ours_backward, repeat), timed(ours, repeat)
-    t_theirs = timed(theirs, repeat, sync=torch.cuda.synchronize)
-    least, moved = 20 * rows * dim, 28 * rows * dim
-    return {"rows": rows, "dim": dim, "ours_ms": t_ours * 1e3, "ours_forward_ms": t_f * 1e3,
-            "ours_backward_ms": t_b * 1e3, "torch_ms": t_theirs * 1e3, "ratio": t_ours / t_theirs,
-            "least_bytes": least, "ours_bytes": moved, "floor_ms": least / bw * 1e3,
-            "ours_of_copy_bw": moved / t_ours / bw, "torch_of_copy_bw": least / t_theirs / bw}
-
-
-def report(r):
-    print("rms_norm %dx%d fwd+bwd (weight, dweight): ours %.3f ms (fwd %.3f + bwd %.3f; %.0f%% of copy bw for "
-          "%.2f GB moved), torch %.3f ms, ratio %.2f; floor %.3f ms for the least %.2f GB"
-          % (r["rows"], r["dim"], r["ours_ms"], r["ours_forward_ms"], r["ours_backward_ms"], 100 * r["ours_of_copy_bw"],
-             r["ours_bytes"] / 1e9, r["torch_ms"], r["ratio"], r["floor_ms"], r["least_bytes"] / 1e9))
-
-
-def main():
-    args = bench_args(__doc__, 20)
-    import torch
-    gpu = _native.load("identical", "cuda")
-    bw = copy_bandwidth(torch)
-    print("copy bandwidth %.2f TB/s (read + write)" % (bw / 1e12))
-    row = bench_rms_norm(torch, gpu, 16384, 4096, max(args.repeat, 10), bw)
-    report(row)
-    gpu_record(args, "rms_norm_cuda", {"copy_TBps": bw / 1e12, "rms_norm_16384x4096": row}, torch)
+    return gpu_figures(torch, rows, dim, ours_forward, ours_backward, theirs, repeat, bw)
 
 
 if __name__ == "__main__":
-    main()
+    gpu_main(__doc__, "rms_norm", "weight, dweight", bench_rms_norm)

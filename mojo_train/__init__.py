@@ -14,10 +14,12 @@ from .loss import cross_entropy
 from .lm_head import chunked_lm_head_loss, linear_cross_entropy
 from .linear import linear_backward, linear_forward, mlp_inference_sessions
 from .rms_norm import rms_norm_backward, rms_norm_forward
+from .layer_norm import layer_norm_backward, layer_norm_forward
+from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 from .embedding import Embedding, embedding_backward, embedding_forward
 from . import nn  # noqa: F401  (the torch-like namespace: mojo_train.nn.linear_forward, ...)
 from .random import DropoutKey, Generator
-from .elementwise import add, relu_backward, relu_forward, silu_backward, silu_forward
+from .elementwise import add, gelu_backward, gelu_forward, relu_backward, relu_forward, silu_backward, silu_forward
 from .schedule import ConstantLR, WarmupCosineLR, WarmupLinearLR
 from .accumulate import accumulate_grads, accumulation_is_aligned
 
@@ -30,8 +32,10 @@ __all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", 
            "cross_entropy", "chunked_lm_head_loss", "linear_cross_entropy",
            # layers
            "linear_forward", "linear_backward", "relu_forward", "relu_backward", "rms_norm_forward",
-           "rms_norm_backward", "mlp_inference_sessions", "Embedding", "embedding_forward",
-           "embedding_backward", "silu_forward", "silu_backward", "add",
+           "rms_norm_backward", "layer_norm_forward", "layer_norm_backward", "mlp_inference_sessions",
+           "Embedding", "embedding_forward", "embedding_backward", "silu_forward", "silu_backward",
+           "gelu_forward", "gelu_backward", "add",
+           "scaled_dot_product_attention", "scaled_dot_product_attention_backward",
            # random streams, schedules, accumulation
            "Generator", "DropoutKey", "ConstantLR", "WarmupLinearLR", "WarmupCosineLR", "accumulate_grads",
            "accumulation_is_aligned",

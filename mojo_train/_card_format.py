@@ -79,6 +79,23 @@ def _pair(text):
     return (_number(parts[0]), _number(parts[1]))
 
 
+def _fraction(text):
+    """A number in [0, 1] (a probability, a share of rows or pairs)."""
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("%r is not in [0, 1]" % text)
+    return value
+
+
+def _choice(*choices):
+    """The parser of a key whose value is one of ``choices`` (named in this order when refused)."""
+    def parse(text):
+        if text not in choices:
+            raise ValueError("%r is not one of %s" % (text, ", ".join(choices)))
+        return text
+    return parse
+
+
 def _sizes_or_empty(text):
     """``1,3,1023`` or with repeats ``999x67,1000x66`` (67 tensors of 999 elements, ...); a size
     may be 0 (an empty tensor: the clip's lists)."""

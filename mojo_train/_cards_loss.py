@@ -36,19 +36,6 @@ from .device import DeviceArray
 _REDUCTIONS = ("none", "sum", "mean")
 
 
-def _reduction(text):
-    if text not in _REDUCTIONS:
-        raise ValueError("%r is not one of %s" % (text, ", ".join(_REDUCTIONS)))
-    return text
-
-
-def _fraction(text):
-    value = _cards._number(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("%r is not in [0, 1]" % text)
-    return value
-
-
 def _integer(text):
     return int(text)
 
@@ -71,10 +58,10 @@ def _soft(text):
 
 
 _KEYS = {"seed": _cards._count, "rows": _cards._count, "vocab": _cards._count, "x": _cards._pair,
-         "ignore": _fraction, "ignore_index": _integer, "reduction": _reduction,
+         "ignore": _cards._fraction, "ignore_index": _integer, "reduction": _cards._choice(*_REDUCTIONS),
          "smoothing": _cards._number, "num_items": _cards._count, "grad": _cards._flag,
          "tbytes": _tbytes, "dims": _dims, "unbatched": _cards._flag, "weight": _cards._pair,
-         "wzero": _fraction, "soft": _soft}
+         "wzero": _cards._fraction, "soft": _soft}
 _REQUIRED = ("seed", "rows", "vocab", "x")
 
 

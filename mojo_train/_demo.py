@@ -161,8 +161,9 @@ def _digest(chunks):
     return hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
-def run(vendor=None, steps=STEPS, batch=1024, svg="demo_loss.svg", every=PRINT_EVERY, out=print):
-    """Train, evaluate on the held-out tenth, write the SVG, print the summary.
+def run(vendor=None, steps=None, batch=1024, svg="demo_loss.svg", every=PRINT_EVERY, out=print, model="mlp"):
+    """Train, evaluate on the held-out tenth, write the SVG, print the summary. ``model``: 'mlp'
+    (the character MLP above) or 'gpt' (mojo_train/_demo_gpt.py; ``batch`` is then its own).
 
     Returns 0 when the held-out loss beats the unigram entropy, else 1.
     """
@@ -171,19 +172,30 @@ def run(vendor=None, steps=STEPS, batch=1024, svg="demo_loss.svg", every=PRINT_E
     import mojo_train as mt
     t0 = time.time()
     chars, train, held = _split(_text())
-    model = _Model(mt, len(chars), 48, 192, "identical")
-    losses = _train(mt, model, train, steps, batch, every, out)
-    held_loss, _ = model.loss_and_grads(mt.Array.from_list(held[:-1], "int64"),
-                                        mt.Array.from_list(held[1:], "int64"), train=False)
+    if model == "gpt":
+        from . import _demo_gpt as gpt
+        steps = gpt.STEPS if steps is None else steps
+        net = gpt.GPT(mt, len(chars), "identical")
+        losses = gpt.train(mt, net, train, steps, out, every, "identical")
+        held_loss, held_chars = gpt.held_out_loss(mt, net, held)
+        batch, checkpoint = gpt.BATCH * gpt.CONTEXT, gpt.digest_params(net)
+    else:
+        steps = STEPS if steps is None else steps
+        net = _Model(mt, len(chars), 48, 192, "identical")
+        losses = _train(mt, net, train, steps, batch, every, out)
+        held_loss, _ = net.loss_and_grads(mt.Array.from_list(held[:-1], "int64"),
+                                          mt.Array.from_list(held[1:], "int64"), train=False)
+        held_chars = len(held) - 1
+        checkpoint = [bytes(p.tobytes()) for p in net.params]
     entropy = _unigram_entropy(train, len(chars))
     _svg(losses, svg)
     beaten = held_loss < entropy
-    out("summary (%s vendor, identical numeric mode)" % mt.backend_info("identical")["vendor"])
+    out("summary (%s vendor, identical numeric mode, %s model)" % (mt.backend_info("identical")["vendor"], model))
     out("  held-out loss      %.4f nats on %d characters; unigram entropy of the text %.4f nats: %s"
-        % (held_loss, len(held) - 1, entropy, "beaten" if beaten else "NOT beaten"))
+        % (held_loss, held_chars, entropy, "beaten" if beaten else "NOT beaten"))
     out("  steps              %d of %d characters each in %.1f s (training text: %d characters)"
         % (steps, batch, time.time() - t0, len(train)))
     out("  loss curve sha256  %s" % _digest([struct.pack("<%df" % len(losses), *losses)]))
-    out("  checkpoint sha256  %s" % _digest(bytes(p.tobytes()) for p in model.params))
+    out("  checkpoint sha256  %s" % _digest(checkpoint))
     out("  loss curve SVG     %s" % os.path.abspath(svg))
     return 0 if beaten else 1

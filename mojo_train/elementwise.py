@@ -1,4 +1,4 @@
-"""Elementwise ops: SiLU and ReLU (forward and backward) and the residual add.
+"""Elementwise ops: SiLU, GELU and ReLU (forward and backward) and the residual add.
 
 Contract (native/contracts/elementwise.md): each output element is one pinned float32
 function of the same element of the inputs, identical on every vendor's identical numeric mode:
@@ -6,12 +6,18 @@ function of the same element of the inputs, identical on every vendor's identica
     silu_forward    y  = x / (1 + exp(-x))                      (= x * sigmoid(x))
     silu_backward   dx = dy * (s * (1 + x * t))                 s = 1 / (1 + exp(-x)),
                                                                 t = 1 - s (as exp(-x) * s for x > 0)
+    gelu_forward    y  = (x * 0.5) * (1 + erf(x * 0.70710677))  approximate='none'
+                    y  = (0.5 * x) * (1 + tanh(v)),             approximate='tanh',
+                         v = 0.7978846 * (x + 0.044715 * x**3)
+    gelu_backward   dx = dy * (cdf + x * pdf)                   torch's derivatives, torch's order
+                    (tanh: dy * (0.5 (1 + t) + 0.5 x (1 - t**2) v'))
     add             out = a + b                                 (one rounding)
     relu_forward    y  = x if x > 0 else +0.0
     relu_backward   dx = dy if x > 0 else +0.0
 
-with exp the pinned mt_expf. The residual add's backward is the identity: the gradient of
-out flows unchanged to both a and b, so there is no add_backward. Inputs are float32 of one
+with exp, erf and tanh the pinned mt_expf, mt_erff and mt_tanhf. The residual add's backward
+is the identity: the gradient of out flows unchanged to both a and b, so there is no
+add_backward. Inputs are float32 of one
 shape -- nothing is broadcast: differing shapes are refused, even of one element count --
 all on the host or all on the device. A refused call (a NaN or inf in any input, a bad
 argument) leaves every caller buffer, ``out=`` included, byte for byte as it was.
@@ -19,14 +25,17 @@ argument) leaves every caller buffer, ``out=`` included, byte for byte as it was
 place) or a buffer disjoint from them (partial overlaps are refused); otherwise a new Array
 or DeviceArray is returned on the inputs' side.
 """
-from . import _buffer, _ops
+from . import _buffer, _native, _ops
 from ._errors import where_msg
 
-__all__ = ["silu_forward", "silu_backward", "add", "relu_forward", "relu_backward"]
+__all__ = ["silu_forward", "silu_backward", "gelu_forward", "gelu_backward", "add", "relu_forward",
+           "relu_backward"]
+
+_GELU_APPROXIMATE = _native._enum("mt_gelu_approximate", "MT_GELU_")   # {'none': 0, 'tanh': 1}
 
 
-def _map(where, fn, inputs, out, numeric_mode):
-    """Run ``fn(out, *inputs, n)`` with inputs = [(name, buffer), ...] of one shape."""
+def _map(where, fn, inputs, out, numeric_mode, extra=()):
+    """Run ``fn(out, *inputs, n, *extra)`` with inputs = [(name, buffer), ...] of one shape."""
     probes = [(name, _ops.f32_in(x, name, where)) for name, x in inputs]
     first, shape, n = probes[0][0], tuple(probes[0][1].shape), probes[0][1].nelems
     for name, p in probes[1:]:
@@ -37,7 +46,8 @@ def _map(where, fn, inputs, out, numeric_mode):
     backend, on_device = _ops.placement(where, numeric_mode, out=pout, **dict(probes))
     result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode)
     target = pout if pout is not None else result
-    backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n), where)
+    backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n,
+                                           *extra), where)
     _buffer.wrote(pout)
     return result
 
@@ -52,6 +62,34 @@ def silu_backward(dy, x, *, out=None, numeric_mode=None):
     """Gradient of SiLU at ``x``: ``dy * (s * (1 + x * (1 - s)))``, s = sigmoid(x), with
     1 - s formed as exp(-x) * s for x > 0 so that it keeps its digits as s nears 1."""
     return _map("silu_backward", "mt_silu_backward", [("dy", dy), ("x", x)], out, numeric_mode)
+
+
+def _approximate(value, where):
+    """The native code of GELU's ``approximate`` ('none' or 'tanh', as torch spells them)."""
+    if not isinstance(value, str) or value not in _GELU_APPROXIMATE:
+        raise ValueError(where_msg(where, "approximate must be 'none' or 'tanh', got %r" % (value,)))
+    return _GELU_APPROXIMATE[value]
+
+
+def gelu_forward(x, approximate="none", *, out=None, numeric_mode=None):
+    """GELU of float32 ``x``, as ``torch.nn.functional.gelu``: ``approximate='none'`` is
+    ``(x * 0.5) * (1 + erf(x * 0.70710677))`` through the pinned erf; ``'tanh'`` is
+    ``(0.5 * x) * (1 + tanh(0.7978846 * (x + 0.044715 * x**3)))`` through the pinned tanh.
+    Never NaN for a finite ``x``; ``-0.0`` below about x = -5.5 (erf) or -10 (tanh), where
+    ``1 + erf`` (``1 + tanh``) rounds to 0."""
+    where = "gelu_forward"
+    code = _approximate(approximate, where)
+    return _map(where, "mt_gelu_forward", [("x", x)], out, numeric_mode, (code,))
+
+
+def gelu_backward(dy, x, approximate="none", *, out=None, numeric_mode=None):
+    """Gradient of :func:`gelu_forward` at ``x`` times ``dy``, by torch's formulas: 'none'
+    ``dy * (cdf + x * pdf)`` with ``cdf = 0.5 * (1 + erf(x / sqrt 2))``, ``pdf =
+    exp(-x**2 / 2) / sqrt(2 pi)``; 'tanh' ``dy * (0.5 * (1 + t) + (0.5 * x * (1 - t**2)) *
+    sqrt(2/pi) * (1 + 3 * 0.044715 * x**2))``, t the forward's tanh (finite for every finite x)."""
+    where = "gelu_backward"
+    code = _approximate(approximate, where)
+    return _map(where, "mt_gelu_backward", [("dy", dy), ("x", x)], out, numeric_mode, (code,))
 
 
 def add(a, b, *, out=None, numeric_mode=None):

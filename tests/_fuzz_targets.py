@@ -471,6 +471,20 @@ class CrossEntropy(LossTarget):
                        int_bad(1, optional=True), kw=True, optional=True),
                 Scalar("return_grad", st.booleans(), BOOL_BAD, kw=True, optional=True))
 
+    def one_fault(self, draw, ctx, dims, ex):
+        """As the base; logits reshaped by a fault no longer match the targets drawn for the old
+        shape (rows, positions, an unbatched (C,) input's one target): a refusal may name either.
+        Without rows a NaN/inf weight enters no output: accepting it is allowed (loss.md)."""
+        done = super().one_fault(draw, ctx, dims, ex)
+        logits = ex.get("logits")
+        if logits is not None and logits[0] == "buf" and 0 in logits[2]:     # no rows: no output reads the weight
+            ex.faults = [(f[0], f[1], "soft", f[3]) if f[0] == ("weight",) and f[1].startswith("holds ") else f
+                         for f in ex.faults]
+        reshaped = any("logits" in f[0] and f[1].startswith("shape ") for f in ex.faults)
+        if reshaped and ex.has(self.targets) and not ex.faulted(self.targets):
+            ex.fault((self.targets,), "targets drawn for the logits' shape before the fault")
+        return done
+
     def check(self, c):
         import torch
         from test_loss import bound_used_of, run_torch
@@ -700,7 +714,11 @@ EXEMPT.update(("mojo_train.torch.%s" % n, _TORCH_LATER) for n in (
     "dropout", "linear_cross_entropy",
     "manual_seed", "default_generator", "clip_grad_norm_"))
 EXEMPT["mojo_train.torch.AutocastError"] = "an exception class: raised by mojo_train.torch, never called with data"
-_MODULES = ("Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss")
+_TORCH_14 = "issue 14: targets to come (the adapter's attention, LayerNorm and GELU)"
+EXEMPT.update(("mojo_train.torch.%s" % n, _TORCH_14) for n in ("layer_norm", "gelu", "scaled_dot_product_attention",
+                                                               "LayerNorm.forward", "GELU.forward"))
+_MODULES = ("Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss",
+            "LayerNorm", "GELU")
 EXEMPT.update(("mojo_train.torch.%s.forward" % m, _TORCH_LATER) for m in _MODULES
               if m not in ("Linear", "RMSNorm", "SiLU", "ReLU"))
 EXEMPT.update(("mojo_train.torch.%s" % m, "issue 13: constructor targets to come (tests/_fuzz_targets_torch.py "
@@ -708,3 +726,7 @@ EXEMPT.update(("mojo_train.torch.%s" % m, "issue 13: constructor targets to come
               for m in _MODULES)
 EXEMPT.update(("mojo_train.torch.%s.extra_repr" % m, "takes no argument: the module's repr text") for m in _MODULES)
 EXEMPT["mojo_train.torch.Embedding.from_pretrained"] = _TORCH_LATER
+EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("layer_norm_forward", "layer_norm_backward"))
+EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("scaled_dot_product_attention",
+                                                                            "scaled_dot_product_attention_backward"))
+EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("gelu_forward", "gelu_backward"))

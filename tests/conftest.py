@@ -94,7 +94,7 @@ def _family_fixtures(family):
 
 
 # linear_mode, linear_identical, rms_norm_mode, ...: one pair per family with a feature bit of its own
-for _family in ("linear", "rms_norm", "elementwise", "random"):
+for _family in ("linear", "rms_norm", "layer_norm", "elementwise", "random", "attention"):
     globals()[_family + "_mode"], globals()[_family + "_identical"] = _family_fixtures(_family)
 
 

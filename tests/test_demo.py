@@ -9,6 +9,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+import pytest
+
 from mojo_train import _demo, _native
 
 from _helpers import python_path
@@ -18,7 +20,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 PROGRESS = re.compile(r"^step +(\d+)/(\d+)  train loss ([\d.]+)  lr ([\d.]+)  elapsed ([\d.]+) s$", re.M)
 
 
-def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY):
+def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY, model="mlp"):
     lines = []
     b = _native.load("identical", "cpu")
     old = b.lib.mt_num_threads()
@@ -26,7 +28,7 @@ def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY):
         b.lib.mt_set_num_threads(threads)
     try:
         rc = _demo.run(vendor="cpu", steps=steps, svg=str(tmp_path / "loss.svg"), every=every,
-                       out=lines.append)
+                       out=lines.append, model=model)
     finally:
         b.lib.mt_set_num_threads(old)
     text = "\n".join(lines)
@@ -85,6 +87,18 @@ def test_the_demo_digests_do_not_depend_on_the_run_or_the_thread_count(tmp_path,
     first = _run(tmp_path, 40)[2]
     assert _run(tmp_path, 40)[2] == first
     assert _run(tmp_path, 40, threads=1)[2] == first
+
+
+def test_the_gpt_demo_learns_and_its_digests_do_not_depend_on_the_thread_count(tmp_path, monkeypatch):
+    """The GPT (mojo_train/_demo_gpt.py: causal attention, LayerNorm, GELU): 40 steps already beat
+    the unigram entropy on the held-out text; the full run's figures are in bench/results/demo.md."""
+    if not _native.load("identical", "cpu").has("attention"):
+        pytest.skip("this library has no attention (mt_features)")
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    rc, text, first = _run(tmp_path, 40, every=20, model="gpt")
+    assert rc == 0 and len(first) == 2 and "gpt model" in text, text[-600:]
+    assert [int(r[0]) for r in PROGRESS.findall(text)] == [1, 20, 40]
+    assert _run(tmp_path, 3, threads=1, model="gpt")[2] == _run(tmp_path, 3, model="gpt")[2]
 
 
 def test_the_demo_text_ships_inside_the_package_not_in_the_checkout(tmp_path):

@@ -1,9 +1,11 @@
-"""SiLU and the residual add (native/contracts/elementwise.md).
+"""SiLU, GELU and the residual add (native/contracts/elementwise.md).
 
 Contract under test: add is one correctly rounded float32 sum, subnormal sums kept; SiLU and
 its gradient are the stated formulas through the pinned exp, within the torch comparison
 bound of tests/tolerances.py of torch's float64 values, and never NaN for finite inputs
-however large; the bytes do not depend on the thread count or launch geometry; a NaN or inf
+however large; GELU (approximate 'none' and 'tanh') likewise, within tolerances.py's GELU bound,
+saturating to x and -0.0 where the contract says, an approximate other than 'none' or 'tanh'
+refused by name writing nothing; the bytes do not depend on the thread count or launch geometry; a NaN or inf
 in any input is refused by name and a refused call writes nothing (out= stays byte for byte
 as it was); inputs and out= must have one shape (nothing is broadcast); out= is an input
 itself (in place, the out-of-place bits) or disjoint from every input; dtypes are checked.
@@ -32,7 +34,8 @@ def floats(a):
     return array.array("f", raw(a.to_host() if isinstance(a, DeviceArray) else a))
 
 
-_OPS = {"silu_forward": ("x",), "silu_backward": ("dy", "x"), "add": ("a", "b")}
+_OPS = {"silu_forward": ("x",), "silu_backward": ("dy", "x"), "gelu_forward": ("x",), "gelu_backward": ("dy", "x"),
+        "add": ("a", "b")}
 SLOTS = [(op, slot) for op in sorted(_OPS) for slot in range(len(_OPS[op]))]
 
 
@@ -185,6 +188,138 @@ def test_silu_gradient_uses_one_minus_s_from_exp_for_positive_x(elementwise_iden
     assert dx != 1.0 and abs(dx - exact) <= 2.0**-23
 
 
+# ---- GELU against torch float64 --------------------------------------------------------------
+GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+def _gelu_bytes(dy, x, numeric_mode):
+    """The bytes of gelu_forward(x) and gelu_backward(dy, x), both approximations."""
+    return tuple(raw(f(approximate)) for approximate in GELU_APPROXIMATIONS for f in (
+        lambda a: ew.gelu_forward(x, a, numeric_mode=numeric_mode),
+        lambda a: ew.gelu_backward(dy, x, a, numeric_mode=numeric_mode)))
+
+
+def _gelu_inputs(n, seed):
+    """_inputs' binades, a dense run over [-12, 12], and GELU's edges (saturation, overflow of x*x)."""
+    x = _inputs(n, seed)
+    dense = f32_array(n // 3, seed + 20, -12.0, 12.0)
+    x[len(x) - len(dense):] = dense
+    edges = [5.3485, 5.5470, -5.5470, -5.3, 5.0036, -5.1579, 0.97, -0.97, 14.5, -14.5, 6.98e12, -6.98e12,
+             2.0**64, -2.0**64, 1.9e19, -1.9e19, 3.4e38, -3.4e38, 2.0**-127, -3 * 2.0**-149]
+    x[30:30 + len(edges)] = array.array("f", edges)
+    return x
+
+
+def _torch_gelu(x, dy, approximate, dtype_name="float64"):
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype_name)
+    t = torch.tensor(list(x), dtype=dtype, requires_grad=True)
+    y = torch.nn.functional.gelu(t, approximate=approximate)
+    (dx,) = torch.autograd.grad(y, t, torch.tensor(list(dy), dtype=dtype))
+    return y.detach().tolist(), dx.tolist()
+
+
+def _gelu_vs_torch(n, seed, approximate, numeric_mode, dtype_name=None):
+    """{output: (got, ref64, unit)}: ours (numeric_mode) or torch's (dtype_name) against float64."""
+    x, dy = _gelu_inputs(n, seed), f32_array(n, seed + 10, -2.0, 2.0)
+    if dtype_name:
+        y, dx = _torch_gelu(x, dy, approximate, dtype_name)
+    else:
+        y = floats(ew.gelu_forward(x, approximate, numeric_mode=numeric_mode))
+        dx = floats(ew.gelu_backward(dy, x, approximate, numeric_mode=numeric_mode))
+    y64, dx64 = _torch_gelu(x, dy, approximate)
+    return {"y": (y, y64, [abs(v) for v in x]), "dx": (dx, dx64, [abs(v) for v in dy])}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+@pytest.mark.parametrize("approximate", GELU_APPROXIMATIONS)
+def test_gelu_and_its_gradient_are_within_the_torch_gelu_bound_of_float64(elementwise_identical, approximate, seed):
+    tolerances = pytest.importorskip("tolerances")
+    for name, (got, ref, unit) in _gelu_vs_torch(30011, seed, approximate, elementwise_identical.numeric_mode).items():
+        used, i = tolerances.bound_used(got, ref, unit, tolerances.gelu_bound)
+        assert used <= 1.0, "gelu %s %s: %.3g of the bound at [%d]: ours %r, float64 %r" % (
+            approximate, name, used, i, got[i], ref[i])
+
+
+# (approximate, y = x from, y = -0.0 below minus): elementwise.md's figures
+_GELU_SATURATION = [("none", 5.3485, 5.5470), ("tanh", 5.0036, 5.1579)]
+
+
+@pytest.mark.parametrize("approximate, top, bottom", _GELU_SATURATION)
+def test_gelu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elementwise_mode, approximate, top,
+                                                                            bottom):
+    t = elementwise_mode.numeric_mode
+    far = [20.0, 6.98e12, 2.0**64, 1e30, 3.4e38]          # pdf and 1 - tanh**2 are 0; x*x, x**3 overflow
+    x = array.array("f", [top * 1.001] + far + [-bottom * 1.001] + [-v for v in far])
+    y = floats(ew.gelu_forward(x, approximate, numeric_mode=t))
+    dx = floats(ew.gelu_backward(array.array("f", [2.0] * len(x)), x, approximate, numeric_mode=t))
+    half = len(far) + 1
+    assert all(math.isfinite(v) for v in list(y) + list(dx))
+    assert list(y[:half]) == list(x[:half])                       # 1 + erf (1 + tanh) rounds to 2
+    assert [bits(v) for v in y[half:]] == [0x80000000] * half     # ... and to 0: -0.0
+    assert list(dx[1:half]) == [2.0] * len(far)
+    assert [bits(v) for v in dx[half + 1:]] == [0] * len(far)     # +0.0 (+0 + -0 = +0)
+
+
+@pytest.mark.parametrize("approximate", GELU_APPROXIMATIONS)
+def test_gelu_of_subnormals_halves_them_onto_the_grid(elementwise_mode, approximate):
+    if elementwise_mode.has("approximate"):
+        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
+    x = array.array("f", [2.0**-149, 3 * 2.0**-149, -5 * 2.0**-149, 2.0**-127, -0.0])
+    y = floats(ew.gelu_forward(x, approximate, numeric_mode=elementwise_mode.numeric_mode))
+    # (x * 0.5) ties to even, then times 1 + erf = 1 (1 + tanh = 1)
+    assert [bits(v) for v in y] == [0, 2, 0x80000002, bits(2.0**-128), 0x80000000]
+
+
+_BAD_APPROXIMATE = ["erf", "Tanh", "", None, 0, 1, b"none"]
+
+
+@pytest.mark.parametrize("bad", _BAD_APPROXIMATE, ids=repr)
+@pytest.mark.parametrize("op", ["gelu_forward", "gelu_backward"])
+def test_gelu_refuses_an_approximate_other_than_none_or_tanh_by_name_writing_nothing(elementwise_mode, op, bad):
+    ins = [_fresh(1000, 70 + k) for k in range(len(_OPS[op]))]
+    out = _sentinel(1000)
+    before = [raw(v) for v in ins + [out]]
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s: approximate must be 'none' or 'tanh', got %s$"
+                       % (op, re.escape(repr(bad)))):
+        getattr(ew, op)(*ins, bad, out=out, numeric_mode=elementwise_mode.numeric_mode)
+    assert [raw(v) for v in ins + [out]] == before
+
+
+@pytest.mark.parametrize("bad", [2, -1, 1 << 30])
+def test_the_c_abi_refuses_an_approximate_other_than_0_or_1_writing_nothing(elementwise_mode, bad):
+    lib, n = elementwise_mode.backend.lib, 1000
+    x, dy, out = _fresh(n, 80), _fresh(n, 81), _sentinel(n)
+    px, pdy, pout = (ffi.cast("float *", ffi.from_buffer(b)) for b in (x, dy, out))
+    before = [raw(x), raw(dy), raw(out)]
+    for rc in (lib.mt_gelu_forward(pout, px, n, bad), lib.mt_gelu_backward(pout, pdy, px, n, bad)):
+        assert rc == EINVAL
+        assert ffi.string(lib.mt_last_error()).decode().endswith(
+            "approximate must be 0 (none) or 1 (tanh), got %d" % bad)
+    assert [raw(x), raw(dy), raw(out)] == before
+
+
+@pytest.mark.parametrize("approximate", GELU_APPROXIMATIONS)
+def test_gelu_refuses_a_nonfinite_input_by_name_in_both_approximations(elementwise_mode, approximate):
+    for op, slot in (("gelu_forward", 0), ("gelu_backward", 0), ("gelu_backward", 1)):
+        ins = [_fresh(4099, 90 + k) for k in range(len(_OPS[op]))]
+        ins[slot][4098] = math.nan
+        out = _sentinel(4099)
+        before = [raw(v) for v in ins + [out]]
+        with pytest.raises(ValueError, match=r"mojo_train\.%s: %s holds NaN or inf; refused before anything was "
+                                             r"written" % (op, _OPS[op][slot])):
+            getattr(ew, op)(*ins, approximate, out=out, numeric_mode=elementwise_mode.numeric_mode)
+        assert [raw(v) for v in ins + [out]] == before
+
+
+def test_gelu_approximations_differ_and_default_to_none(elementwise_mode):
+    t, x, dy = elementwise_mode.numeric_mode, _inputs(1000, 31), f32_array(1000, 32)
+    assert raw(ew.gelu_forward(x, numeric_mode=t)) == raw(ew.gelu_forward(x, "none", numeric_mode=t))
+    assert raw(ew.gelu_backward(dy, x, numeric_mode=t)) == raw(ew.gelu_backward(dy, x, "none", numeric_mode=t))
+    assert raw(ew.gelu_forward(x, "tanh", numeric_mode=t)) != raw(ew.gelu_forward(x, numeric_mode=t))
+    assert mojo_train.gelu_forward is ew.gelu_forward and mojo_train.gelu_backward is ew.gelu_backward
+
+
 # ---- determinism and placement ------------------------------------------------------------
 def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elementwise_mode):
     lib = elementwise_mode.backend.lib
@@ -200,7 +335,7 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elementw
                 continue
             t = elementwise_mode.numeric_mode
             results.append((raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(dy, x, numeric_mode=t)),
-                            raw(ew.add(x, dy, numeric_mode=t))))
+                            raw(ew.add(x, dy, numeric_mode=t))) + _gelu_bytes(dy, x, t))
     finally:
         assert lib.mt_set_launch_geometry(before, 0) == 0
     assert len(results) >= 2 and all(r == results[0] for r in results)
@@ -213,6 +348,8 @@ def test_unaligned_views_give_the_same_bytes(elementwise_mode):
     part = [floats(ew.silu_forward(memoryview(x)[1:], numeric_mode=t)),
             floats(ew.silu_backward(memoryview(dy)[1:], memoryview(x)[1:], numeric_mode=t))]
     assert raw(part[0]) == raw(whole[0][1:]) and raw(part[1]) == raw(whole[1][1:])
+    for whole, part in zip(_gelu_bytes(dy, x, t), _gelu_bytes(memoryview(dy)[1:], memoryview(x)[1:], t)):
+        assert part == whole[4:]
 
 
 def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode):
@@ -225,6 +362,12 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode)
                      (ew.silu_backward(ddy, dx, numeric_mode=t), ew.silu_backward(dy, x, numeric_mode=t)),
                      (ew.add(dx, ddy, numeric_mode=t), ew.add(x, dy, numeric_mode=t))):
         assert isinstance(dev, DeviceArray) and raw(dev.to_host()) == raw(hst)
+    for approximate in GELU_APPROXIMATIONS:
+        for dev, hst in ((ew.gelu_forward(dx, approximate, numeric_mode=t),
+                          ew.gelu_forward(x, approximate, numeric_mode=t)),
+                         (ew.gelu_backward(ddy, dx, approximate, numeric_mode=t),
+                          ew.gelu_backward(dy, x, approximate, numeric_mode=t))):
+            assert isinstance(dev, DeviceArray) and raw(dev.to_host()) == raw(hst), approximate
     with pytest.raises(ValueError, match=r"add: a on the device but b on the host"):
         ew.add(dx, dy, numeric_mode=t)
 
@@ -303,7 +446,10 @@ def _c_calls(p, q, n):
     """(C function, arguments, the two names its message must give) with out partly over an input."""
     return [("mt_silu_forward", (p + 1, p, n), "y and x"), ("mt_silu_forward", (p, p + 3, n), "y and x"),
             ("mt_silu_backward", (p + 1, p, q, n), "dx and dy"), ("mt_silu_backward", (p, q, p + 2, n), "dx and x"),
-            ("mt_add", (p + 5, q, p, n), "out and b"), ("mt_add", (p + 1, p, p, n), "out and a")]
+            ("mt_add", (p + 5, q, p, n), "out and b"), ("mt_add", (p + 1, p, p, n), "out and a"),
+            ("mt_gelu_forward", (p + 1, p, n, 0), "y and x"), ("mt_gelu_forward", (p, p + 3, n, 1), "y and x"),
+            ("mt_gelu_backward", (p + 1, p, q, n, 1), "dx and dy"),
+            ("mt_gelu_backward", (p, q, p + 2, n, 0), "dx and x")]
 
 
 def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_nothing(elementwise_mode):
@@ -425,3 +571,26 @@ def test_relu_on_device_buffers_off_16_byte_alignment_gives_the_host_bits(elemen
     assert sha(ew.relu_forward(dev_x, numeric_mode="identical")) == sha(ew.relu_forward(x, numeric_mode="identical"))
     assert sha(ew.relu_backward(dev_dy, dev_x, numeric_mode="identical")) == \
         sha(ew.relu_backward(dy, x, numeric_mode="identical"))
+
+
+def _print_gelu_figures():
+    """The GELU figures of tests/tolerances.py: the worst share of its bound used per output."""
+    import tolerances
+    for approximate in GELU_APPROXIMATIONS:
+        for who, numeric_mode, dtype_name in (("identical", "identical", None), ("fast", "fast", None),
+                                              ("torch float32", None, "float32")):
+            worst = {"y": 0.0, "dx": 0.0}
+            for seed in (3, 4):
+                # torch float32 is NaN (tanh's gradient) or inf (erf's y at 3.4e38) beyond 2**64: left out;
+                # subnormal x are left out too (y = x * 0.5 onto the grid uses 0.5 of the bound, for all)
+                x = _gelu_inputs(30011, seed)
+                keep = [i for i, v in enumerate(x)
+                        if abs(v) >= 2.0**-125 and (dtype_name is None or abs(v) < 2.0**64)]
+                for name, compared in _gelu_vs_torch(30011, seed, approximate, numeric_mode, dtype_name).items():
+                    got, ref, unit = ([v[i] for i in keep] for v in compared)
+                    worst[name] = max(worst[name], tolerances.bound_used(got, ref, unit, tolerances.gelu_bound)[0])
+            print("gelu %s %-14s y %.3f  dx %.3f" % (approximate, who, worst["y"], worst["dx"]))
+
+
+if __name__ == "__main__":
+    _print_gelu_figures()

@@ -32,7 +32,7 @@ def host_only(family):
 
 def test_the_families_are_the_ones_the_house_names():
     assert FAMILIES == sorted(["optim", "clip", "loss", "lm_head", "linear", "rms_norm", "embedding", "random",
-                               "elementwise", "accumulate", "schedule"])
+                               "elementwise", "accumulate", "schedule", "layer_norm", "attention"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)

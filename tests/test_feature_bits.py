@@ -26,8 +26,14 @@ def header_features():
     return {name.upper(): bit for name, bit in _native.FEATURES.items()}
 
 
+# Op families the oracle has and the GPU sources do not yet: their GPU entries answer
+# MT_EUNSUPPORTED and declare no bit, so tests skip there by capability. Each entry says why;
+# test_a_pending_gpu_feature_is_still_missing makes sure an entry leaves when its kernel lands.
+PENDING_ON_GPU = {"ATTENTION": "issue 14: mt_gpu_attention.cu is a stub until the flash-style kernel is written"}
+
+
 def op_mask():
-    return sum(bit for name, bit in header_features().items() if name not in CAPABILITIES)
+    return sum(bit for name, bit in header_features().items() if name not in CAPABILITIES + tuple(PENDING_ON_GPU))
 
 
 def features_of(path):
@@ -71,3 +77,14 @@ def test_a_gpu_library_declares_every_op_feature_of_the_cpu_oracle(path):
     missing = (features_of(oracle) & mask) & ~gpu
     names = [n for n, b in header_features().items() if b & missing]
     assert not missing, "%s does not declare %s, which the cpu oracle has" % (os.path.basename(path), names)
+
+
+@pytest.mark.skipif(not GPU_LIBS, reason="no GPU library is built here (make cuda / make hip)")
+@pytest.mark.parametrize("path", GPU_LIBS, ids=os.path.basename)
+def test_a_pending_gpu_feature_is_still_missing(path):
+    try:
+        gpu = features_of(path)
+    except OSError as e:
+        pytest.skip("cannot dlopen %s: %s" % (path, e))
+    landed = [n for n in PENDING_ON_GPU if gpu & header_features()[n]]
+    assert not landed, "%s declares %s: remove it from PENDING_ON_GPU" % (os.path.basename(path), landed)

@@ -1,8 +1,10 @@
-"""Pinned exp, log and log1p in mt_pinned.h (mt_expf, mt_logf, mt_log1pf).
+"""Pinned exp, log, log1p, erf and tanh in mt_pinned.h (mt_expf, mt_logf, mt_log1pf, mt_erff,
+mt_tanhf).
 
 Contract under test (native/contracts/math.md): over the whole float32 domain each routine is
 within its stated bound of the exact value (exp < 0.521 ulp, log < 0.542 ulp, log1p < 0.556
-ulp: faithful, and correctly rounded for all but about 5 to 7 inputs in 100,000); special values are
+ulp: faithful, and correctly rounded for all but about 5 to 7 inputs in 100,000; erf < 0.625
+ulp, 0.66% of all inputs not correctly rounded; tanh < 0.529 ulp); special values are
 exact and deterministic (every NaN result is the canonical 0x7fc00000); subnormal results
 of exp are produced by gradual underflow, never flushed; the bits do not depend on the
 optimisation level or -march; the routines use no libm function but fmaf and no double;
@@ -14,7 +16,7 @@ mt_pinned.h is compiled here (skips without a C compiler). The exhaustive proof 
 2^32 inputs is bench/math_sweep.c (`make math-sweep`, bench/results/math_sweep.md); here a
 deterministic sample of about 2.3 million inputs -- one in every 2048 bit patterns across the
 whole range, plus dense runs where the routines have structure -- is checked against Python's
-double math.exp/log/log1p rounded once to float32 (double is within 2^-29 of a float ulp of
+double math.exp/log/log1p/erf/tanh rounded once to float32 (double is within 2^-29 of a float ulp of
 the exact value), and every input whose bits differ from that rounding is re-measured against
 mpmath at 50 digits when mpmath is installed (a test-time tool only).
 """
@@ -39,15 +41,18 @@ QNAN = 0x7FC00000
 PINF, NINF = 0x7F800000, 0xFF800000
 
 # The stated bounds (native/contracts/math.md), in ulps of the exact value.
-BOUND = {"exp": 0.521, "log": 0.542, "log1p": 0.556}
-ROUTINES = ("exp", "log", "log1p")
+BOUND = {"exp": 0.521, "log": 0.542, "log1p": 0.556, "erf": 0.625, "tanh": 0.529}
+ROUTINES = ("exp", "log", "log1p", "erf", "tanh")
+# The share of the stratified sample allowed not to be correctly rounded (math.md's sweep: exp, log,
+# log1p and tanh under 1e-4 of all inputs; erf 0.66% of all inputs, its polynomial piece's roundings)
+NOT_CR = {"exp": 1e-4, "log": 1e-4, "log1p": 1e-4, "erf": 1e-2, "tanh": 1e-4}
 
 PROGRAM_C = r"""
 #include "mt_pinned.h"
 #include <stdio.h>
 
 /* Reads uint32 float bit patterns from argv[1]; writes, for each, the bits of mt_expf,
- * mt_logf and mt_log1pf to argv[2]. */
+ * mt_logf, mt_log1pf, mt_erff and mt_tanhf to argv[2]. */
 int main(int argc, char **argv) {
     if (argc != 3) return 2;
     FILE *in = fopen(argv[1], "rb"), *out = fopen(argv[2], "wb");
@@ -55,11 +60,13 @@ int main(int argc, char **argv) {
     uint32_t u;
     while (fread(&u, 4, 1, in) == 1) {
         float x = mt_bits_f32(u);
-        uint32_t r[3];
+        uint32_t r[5];
         r[0] = mt_f32_bits(mt_expf(x));
         r[1] = mt_f32_bits(mt_logf(x));
         r[2] = mt_f32_bits(mt_log1pf(x));
-        if (fwrite(r, 4, 3, out) != 3) return 4;
+        r[3] = mt_f32_bits(mt_erff(x));
+        r[4] = mt_f32_bits(mt_tanhf(x));
+        if (fwrite(r, 4, 5, out) != 5) return 4;
     }
     return fclose(out) == 0 ? 0 : 5;
 }
@@ -71,9 +78,11 @@ KERNEL_CU = PROGRAM_C + r"""
 __global__ void mt_math_probe(const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        y[3 * i] = mt_expf(x[i]);
-        y[3 * i + 1] = mt_logf(x[i]);
-        y[3 * i + 2] = mt_log1pf(x[i]);
+        y[5 * i] = mt_expf(x[i]);
+        y[5 * i + 1] = mt_logf(x[i]);
+        y[5 * i + 2] = mt_log1pf(x[i]);
+        y[5 * i + 3] = mt_erff(x[i]);
+        y[5 * i + 4] = mt_tanhf(x[i]);
     }
 }
 """
@@ -121,6 +130,10 @@ EDGES = [
     0xBE95F619, 0x3ED413CD,  # log1p: the e = 0 interval's ends
     0x3F3504F3, 0x3FB504F3,  # log: the split points sqrt(1/2), sqrt(2)
     0x00800000,  # log: smallest normal input
+    0x3F300000, 0xBF300000,  # erf: 0.6875, where the polynomial piece meets the tail
+    0x407AD445, 0x40800000,  # erf: rounds to 1 from 3.9192059; the clamp at 4
+    0x3E800000, 0xBE800000,  # tanh: 0.25, where the polynomial piece meets the exp piece
+    0x41102CB4, 0x41200000,  # tanh: rounds to 1 from 9.0109138; the clamp at 10
 ]
 
 # Dense runs of bit patterns: (first, last, step).
@@ -133,6 +146,9 @@ DENSE = [
     (0x00000000, 0x00800000, 0x100),  # subnormal inputs
     (0x32800000, 0x34000000, 0x100),  # tiny positive inputs
     (0xB2800000, 0xB4000000, 0x100),  # tiny negative inputs
+    (0x3F000000, 0x3F800000, 0x40),  # erf on [0.5, 1): its two pieces; tanh's exp piece
+    (0x3F800000, 0x40800000, 0x400),  # erf's tail, tanh on [1, 4)
+    (0x3D800000, 0x3E800000, 0x80),  # tanh's polynomial piece (0.0625, 0.25)
 ]
 
 
@@ -192,7 +208,7 @@ def probe(tmp_path_factory):
 
 def outputs(raw):
     a = array("I", raw)
-    return {"exp": a[0::3], "log": a[1::3], "log1p": a[2::3]}
+    return {name: a[k::len(ROUTINES)] for k, name in enumerate(ROUTINES)}
 
 
 # ---- references ----------------------------------------------------------------------------
@@ -210,6 +226,8 @@ def ref_double(name, x):
         if x < 0.0:
             return math.nan
         return -math.inf if x == 0.0 else math.log(x)
+    if name in ("erf", "tanh"):
+        return getattr(math, name)(x)
     if x < -1.0:
         return math.nan
     return -math.inf if x == -1.0 else math.log1p(x)
@@ -224,7 +242,8 @@ def exact_error(name, x, y):
         d = ref_double(name, x)
         return float(abs(Fraction(y) - Fraction(d)) / ulp(d)), False
     with mpmath.workdps(50):
-        v = {"exp": mpmath.exp, "log": mpmath.log, "log1p": mpmath.log1p}[name](mpmath.mpf(x))
+        v = {"exp": mpmath.exp, "log": mpmath.log, "log1p": mpmath.log1p, "erf": mpmath.erf,
+             "tanh": mpmath.tanh}[name](mpmath.mpf(x))
         sign, man, exp, _ = v._mpf_
         q = Fraction(int(man)) * Fraction(2) ** exp
         q = -q if sign else q
@@ -266,7 +285,7 @@ def test_sample_error_within_stated_bound(probe, name):
     # quality, not only the bound: the sweep measures 99.993% to 99.995% correctly rounded;
     # the stratified part of the sample is uniform over bit patterns like the sweep (the dense
     # runs sit where rounding is hardest and are left out of this count)
-    assert not_cr <= STRATIFIED * 1e-4, "%s: %d of %d not correctly rounded" % (name, not_cr, STRATIFIED)
+    assert not_cr <= STRATIFIED * NOT_CR[name], "%s: %d of %d not correctly rounded" % (name, not_cr, STRATIFIED)
 
 
 SPECIALS = {
@@ -290,6 +309,18 @@ SPECIALS = {
         (0xBF800001, QNAN), (0xBF800000, NINF), (PINF, PINF), (0x00000000, 0x00000000),
         (0x80000000, 0x80000000), (0x00000001, 0x00000001), (0x80000001, 0x80000001),
         (0x33000000, 0x33000000), (0x3F800000, 0x3F317218), (0x7F7FFFFF, 0x42B17218),
+    ],
+    "erf": [
+        (0x7FC00000, QNAN), (0xFF800001, QNAN), (PINF, 0x3F800000), (NINF, 0xBF800000),
+        (0x00000000, 0x00000000), (0x80000000, 0x80000000), (0x00000001, 0x00000001),
+        (0x80000004, 0x80000005), (0x3F800000, 0x3F57BB3D), (0x3F300000, 0x3F2B4922),
+        (0x40800000, 0x3F800000), (0xFF7FFFFF, 0xBF800000),
+    ],
+    "tanh": [
+        (0x7FC00000, QNAN), (0xFF800001, QNAN), (PINF, 0x3F800000), (NINF, 0xBF800000),
+        (0x00000000, 0x00000000), (0x80000000, 0x80000000), (0x00000001, 0x00000001),
+        (0x80000001, 0x80000001), (0x3F800000, 0x3F42F7D6), (0x3E800000, 0x3E7ACBF5),
+        (0x41200000, 0x3F800000), (0xFF7FFFFF, 0xBF800000),
     ],
 }
 
@@ -349,7 +380,7 @@ def test_bits_do_not_depend_on_optimisation(probe, tag, flags):
 def math_section():
     with open(HEADER) as f:
         text = f.read()
-    start = text.index("/* ==== pinned exp, log, log1p")
+    start = text.index("/* ==== pinned exp, log, log1p, erf, tanh")
     end = text.index("/* ==== end of pinned exp, log, log1p")
     return text[start:end]
 
@@ -372,7 +403,9 @@ def test_object_code_calls_nothing_but_fmaf(tmp_path):
     src.write_text('#include "mt_pinned.h"\n'
                    "float probe_exp(float x) { return mt_expf(x); }\n"
                    "float probe_log(float x) { return mt_logf(x); }\n"
-                   "float probe_log1p(float x) { return mt_log1pf(x); }\n")
+                   "float probe_log1p(float x) { return mt_log1pf(x); }\n"
+                   "float probe_erf(float x) { return mt_erff(x); }\n"
+                   "float probe_tanh(float x) { return mt_tanhf(x); }\n")
     obj = tmp_path / "math_only.o"
     for flags in (["-O0"], ["-O2", "-ffp-contract=off"]):
         subprocess.run([cc, "-std=c99", "-I", INCLUDE, *flags, "-c", str(src), "-o", str(obj)], check=True)
@@ -429,8 +462,8 @@ def test_sweep_program_builds_and_passes_on_a_sample(tmp_path):
     done = subprocess.run([exe, "-t", "2", "-s", "65537"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "math_sweep: ok" in done.stdout
-    rows = [l for l in done.stdout.splitlines() if l.startswith("| exp") or l.startswith("| log")]
-    assert len(rows) == 3 and all("| ok |" in r for r in rows), done.stdout
+    rows = [l for l in done.stdout.splitlines() if l.split(" ")[1:2] and l.split(" ")[1] in ROUTINES]
+    assert len(rows) == len(ROUTINES) and all("| ok |" in r for r in rows), done.stdout
 
 
 def test_expf_mid_gives_mt_expf_bits_on_its_range(tmp_path):
@@ -493,3 +526,38 @@ def test_coefficients_match_their_derivation():
         log_c = derive(mpmath, q, mpmath.mpf(0), mpmath.mpf("0.0295"), 3, lambda z: z ** 1.5)
     assert exp_c == header_coefficients("P", 6)
     assert log_c == header_coefficients("Q", 4)
+
+
+# mt_erff's two pieces and mt_tanhf's polynomial: (prefix, count, function, interval, weight). erf:
+# EA ~ erf(a)/a - 1 in s = a^2 on a < 0.6875, absolute error; EB ~ e^(a^2) erfc(a) in d = a - 1 on
+# [0.6875, 4], weight e^-(a^2) (the error of erfc, in units of erf's ulp 2^-24). tanh: TH ~
+# (tanh(a)/a - 1)/s on a < 0.25, weight s (the error of s TH).
+def _erf_small(mp, s):
+    a = mp.sqrt(s)
+    return 2 / mp.sqrt(mp.pi) - 1 if s == 0 else mp.erf(a) / a - 1
+
+
+def _erfcx_at(mp, d):
+    return mp.erfc(d + 1) * mp.exp((d + 1) ** 2)
+
+
+def _tanh_small(mp, s):
+    a = mp.sqrt(s)
+    return -mp.mpf(1) / 3 if s == 0 else (mp.tanh(a) / a - 1) / s
+
+
+ERF_TANH_FITS = {
+    "EA": (6, _erf_small, (0, "0.47265625"), lambda mp, s: 1),
+    "EB": (11, _erfcx_at, ("-0.3125", 3), lambda mp, d: mp.exp(-(d + 1) ** 2)),
+    "TH": (4, _tanh_small, (0, "0.0625"), lambda mp, s: s),
+}
+
+
+@pytest.mark.parametrize("prefix", sorted(ERF_TANH_FITS))
+def test_erf_and_tanh_coefficients_match_their_derivation(prefix):
+    mpmath = pytest.importorskip("mpmath")
+    count, fn, (a, b), weight = ERF_TANH_FITS[prefix]
+    with mpmath.workdps(60):
+        got = derive(mpmath, lambda x: fn(mpmath, x), mpmath.mpf(a), mpmath.mpf(b), count - 1,
+                     lambda x: weight(mpmath, x))
+    assert got == header_coefficients(prefix, count)

@@ -2,8 +2,8 @@
 
 Adopting it is a change of imports: ``from mojo_train.torch import nn`` and ``import
 mojo_train.torch.functional as F`` in place of torch's; the model, ``loss.backward()`` and the
-checkpoints stay torch's. Linear, RMSNorm, Embedding, SiLU, ReLU, Dropout, cross-entropy and the
-fused LM-head loss (linear_cross_entropy) run mojo_train's numeric mode ('identical' unless
+checkpoints stay torch's. Linear, RMSNorm, LayerNorm, Embedding, SiLU, ReLU, GELU, Dropout,
+scaled-dot-product attention, cross-entropy and the fused LM-head loss (linear_cross_entropy) run mojo_train's numeric mode ('identical' unless
 ``numeric_mode=`` or ``MOJO_TRAIN_NUMERIC_MODE`` says otherwise) on CPU tensors and, with the
 CUDA vendor loaded, on CUDA tensors, in the tensors' own memory. Layout:
 
@@ -23,10 +23,14 @@ CUDA vendor loaded, on CUDA tensors, in the tensors' own memory. Layout:
 from . import functional, nn, optim, utils  # noqa: F401
 from ._generator import default_generator, manual_seed
 from ._tensors import AutocastError
-from .functional import cross_entropy, dropout, embedding, linear, linear_cross_entropy, relu, rms_norm, silu
-from .modules import CrossEntropyLoss, Dropout, Embedding, Linear, LinearCrossEntropyLoss, ReLU, RMSNorm, SiLU
+from .functional import (cross_entropy, dropout, embedding, gelu, layer_norm, linear, linear_cross_entropy, relu,
+                         rms_norm, scaled_dot_product_attention, silu)
+from .modules import (GELU, CrossEntropyLoss, Dropout, Embedding, LayerNorm, Linear, LinearCrossEntropyLoss, ReLU,
+                      RMSNorm, SiLU)
 from .utils import clip_grad_norm_
 
 __all__ = ["nn", "functional", "optim", "utils", "clip_grad_norm_", "manual_seed", "default_generator", "AutocastError",
-           "linear", "rms_norm", "embedding", "silu", "relu", "dropout", "cross_entropy", "linear_cross_entropy",
-           "Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss"]
+           "linear", "rms_norm", "layer_norm", "embedding", "silu", "relu", "gelu", "dropout", "cross_entropy",
+           "linear_cross_entropy", "scaled_dot_product_attention",
+           "Linear", "RMSNorm", "LayerNorm", "Embedding", "SiLU", "ReLU", "GELU", "Dropout", "CrossEntropyLoss",
+           "LinearCrossEntropyLoss"]

@@ -17,7 +17,9 @@ bits, when it is 1.0 as after ``loss.backward()``). Backwards are once-different
 import torch
 from torch.autograd.function import once_differentiable
 
+from .. import attention as _attention
 from .. import elementwise as _elementwise
+from .. import layer_norm as _layer_norm
 from .. import embedding as _embedding
 from .. import linear as _linear
 from .. import lm_head as _lm_head
@@ -30,6 +32,7 @@ _LINEAR = {"a": "input", "dc": "grad_output"}
 _ROWS = {"x": "input", "dy": "grad_output"}
 _EMBEDDING = {"ids": "input", "dy": "grad_output"}
 _LOSS = {"logits": "input", "targets": "target"}
+_ATTENTION = {"q": "query", "k": "key", "v": "value", "dout": "grad_output"}
 
 
 def _incoming(dy):
@@ -78,18 +81,24 @@ class LinearFunction(torch.autograd.Function):
         return as_torch(dx, dy.device), as_torch(dw, dy.device), as_torch(db, dy.device), None, None
 
 
+def _norm_rows(input, normalized_shape, *params):
+    """(x, x as rows of D, each parameter as a vector of D or None): the last
+    ``len(normalized_shape)`` dimensions flattened into one (views, no copy of dense tensors)."""
+    x = dense(input)
+    d = 1
+    for s in normalized_shape:
+        d *= s
+    rows = x.view(tuple(x.shape[:x.dim() - len(normalized_shape)]) + (d,))
+    return x, rows, tuple(None if p is None else dense(p).view(d) for p in params)
+
+
 class RMSNormFunction(torch.autograd.Function):
     """RMS normalization over the last ``len(normalized_shape)`` dimensions, flattened into one
     row of D elements (a view): mojo_train.rms_norm_forward / rms_norm_backward."""
 
     @staticmethod
     def forward(ctx, input, weight, normalized_shape, eps, numeric_mode, where):
-        x = dense(input)
-        d = 1
-        for s in normalized_shape:
-            d *= s
-        rows = x.view(tuple(x.shape[:x.dim() - len(normalized_shape)]) + (d,))
-        w = None if weight is None else dense(weight).view(d)
+        x, rows, (w,) = _norm_rows(input, normalized_shape, weight)
         wait_for_torch(x.device)
         y = native(where, _ROWS, _rms_norm.rms_norm_forward, rows, w, eps, numeric_mode=numeric_mode)
         ctx.save_for_backward(rows, w)
@@ -106,6 +115,84 @@ class RMSNormFunction(torch.autograd.Function):
                         numeric_mode=ctx.numeric_mode)
         dw = None if dw is None else as_torch(dw, dy.device).view(ctx.normalized_shape)
         return as_torch(dx, dy.device).view(ctx.shape), dw, None, None, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """Layer normalization over the last ``len(normalized_shape)`` dimensions, flattened into one
+    row of D elements (a view): mojo_train.layer_norm_forward / layer_norm_backward."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, normalized_shape, eps, numeric_mode, where):
+        x, rows, (w, b) = _norm_rows(input, normalized_shape, weight, bias)
+        wait_for_torch(x.device)
+        y = native(where, _ROWS, _layer_norm.layer_norm_forward, rows, w, b, eps, numeric_mode=numeric_mode)
+        ctx.save_for_backward(rows, w, b)
+        ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
+        ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
+        return as_torch(y, x.device).view(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        rows, w, b = ctx.saved_tensors
+        dy = _incoming(dy).view(rows.shape)
+        dx, dw, db = _backward(ctx, _ROWS, _layer_norm.layer_norm_backward, dy, rows, w, b, ctx.eps,
+                               numeric_mode=ctx.numeric_mode)
+        shaped = [None if g is None else as_torch(g, dy.device).view(ctx.normalized_shape) for g in (dw, db)]
+        return (as_torch(dx, dy.device).view(ctx.shape),) + tuple(shaped) + (None, None, None, None)
+
+
+class GELUFunction(torch.autograd.Function):
+    """GELU (``approximate`` 'none' or 'tanh'): mojo_train.gelu_forward / gelu_backward into
+    torch.empty outputs."""
+
+    @staticmethod
+    def forward(ctx, input, approximate, numeric_mode, where):
+        x = dense(input)
+        y = empty_like(x)
+        wait_for_torch(x.device)
+        native(where, _ROWS, _elementwise.gelu_forward, x, approximate, out=y, numeric_mode=numeric_mode)
+        ctx.save_for_backward(x)
+        ctx.approximate, ctx.numeric_mode, ctx.where = approximate, numeric_mode, where
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        dy = _incoming(dy)
+        dx = empty_like(dy)
+        _backward(ctx, _ROWS, _elementwise.gelu_backward, dy, x, ctx.approximate, out=dx,
+                  numeric_mode=ctx.numeric_mode)
+        return dx, None, None, None
+
+
+class AttentionFunction(torch.autograd.Function):
+    """Scaled dot-product attention: mojo_train.scaled_dot_product_attention (its output and
+    log-sum-exp, saved) and scaled_dot_product_attention_backward (which recomputes the
+    probabilities from them). ``options`` are the keywords both take; no gradient flows to
+    ``attn_mask``."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, attn_mask, options, numeric_mode, where):
+        q, k, v = dense(query), dense(key), dense(value)
+        mask = dense(attn_mask)
+        wait_for_torch(q.device)
+        out, lse = native(where, _ATTENTION, _attention.scaled_dot_product_attention, q, k, v, attn_mask=mask,
+                          return_lse=True, numeric_mode=numeric_mode, **options)
+        out, lse = as_torch(out, q.device), as_torch(lse, q.device)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.options, ctx.numeric_mode, ctx.where = options, numeric_mode, where
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        dout = _incoming(dout)
+        dq, dk, dv = _backward(ctx, _ATTENTION, _attention.scaled_dot_product_attention_backward, dout, q, k, v,
+                               out, lse, attn_mask=mask, numeric_mode=ctx.numeric_mode, **ctx.options)
+        return as_torch(dq, q.device), as_torch(dk, q.device), as_torch(dv, q.device), None, None, None, None
 
 
 class EmbeddingFunction(torch.autograd.Function):

@@ -27,7 +27,8 @@ from ._generator import default_generator
 from ._names import not_here
 from ._tensors import device_of, float32, indices, refuse_autocast
 
-__all__ = ["linear", "rms_norm", "embedding", "silu", "relu", "dropout", "cross_entropy", "linear_cross_entropy"]
+__all__ = ["linear", "rms_norm", "layer_norm", "embedding", "silu", "relu", "gelu", "dropout", "cross_entropy",
+           "linear_cross_entropy", "scaled_dot_product_attention"]
 
 _HERE = "torch.functional."
 
@@ -46,6 +47,34 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, numeric_mode=Non
     torch's ``finfo(float32).eps``. mojo_train.rms_norm_forward / rms_norm_backward over the
     trailing dimensions flattened into one (a view)."""
     return _rms_norm(_HERE + "rms_norm", input, normalized_shape, weight, eps, numeric_mode)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, numeric_mode=None):
+    """Layer normalization over the last ``len(normalized_shape)`` dimensions, as
+    ``torch.nn.functional.layer_norm``: ``(x - mean) / sqrt(var + eps) * weight + bias`` with the
+    biased variance; mojo_train.layer_norm_forward / layer_norm_backward over the trailing
+    dimensions flattened into one (a view)."""
+    return _layer_norm(_HERE + "layer_norm", input, normalized_shape, weight, bias, eps, numeric_mode)
+
+
+def gelu(input, approximate="none", *, numeric_mode=None):
+    """GELU as ``torch.nn.functional.gelu`` (``approximate`` 'none': erf, through mojo_train's
+    pinned erf; 'tanh': torch's tanh formula); mojo_train.gelu_forward / gelu_backward."""
+    return _gelu(_HERE + "gelu", input, approximate, numeric_mode)
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False, *, numeric_mode=None):
+    """Attention as ``torch.nn.functional.scaled_dot_product_attention``: ``softmax(q k^T * scale
+    + mask) v`` over ``(B, H, T, D)`` tensors (or ``(N, T, D)``: one head), by
+    mojo_train.scaled_dot_product_attention and its backward (native/contracts/attention.md: the
+    same bits on CPU and CUDA, no T x T matrix stored). ``attn_mask`` bool (True keeps) or float
+    (added), without gradient; ``is_causal`` is torch's top-left alignment; ``enable_gqa`` lets
+    key and value have fewer heads. A fully masked row gives 0 and no gradient (as torch 2.13's
+    backends do; a plain ``softmax(s) @ v`` gives NaN). ``dropout_p > 0`` is not built yet
+    (NotImplementedError)."""
+    return _attention_call(_HERE + "scaled_dot_product_attention", query, key, value, attn_mask, dropout_p,
+                           is_causal, scale, enable_gqa, numeric_mode)
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
@@ -189,6 +218,40 @@ def _rms_norm(where, input, normalized_shape, weight, eps, numeric_mode):
         raise ValueError(where_msg(where, "weight has shape %r; it must have the shape normalized_shape %r (as "
                                    "torch requires)" % (tuple(weight.shape), shape)))
     return _functions.RMSNormFunction.apply(input, weight, shape, eps, mode, where)
+
+
+def _layer_norm(where, input, normalized_shape, weight, bias, eps, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input, weight=weight, bias=bias)
+    shape = _normalized_shape(normalized_shape, input, where)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(where_msg(where, "%s has shape %r; it must have the shape normalized_shape %r (as "
+                                       "torch requires)" % (name, tuple(t.shape), shape)))
+    return _functions.LayerNormFunction.apply(input, weight, bias, shape, eps, mode, where)
+
+
+def _gelu(where, input, approximate, numeric_mode):
+    mode = _floats(where, numeric_mode, input=input)
+    return _functions.GELUFunction.apply(input, approximate, mode, where)
+
+
+def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numeric_mode):
+    mode = _floats(where, numeric_mode, query=query, key=key, value=value)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(where_msg(where, "attn_mask must be a torch.Tensor or None, got %s"
+                                      % type(attn_mask).__name__))
+        if attn_mask.requires_grad:
+            raise ValueError(where_msg(where, "attn_mask requires grad; no gradient of the mask is computed: "
+                                       "pass attn_mask.detach()"))
+        device_of(where, query=query, attn_mask=attn_mask)
+    if query.dim() == 3 and key.dim() == 3 and value.dim() == 3:       # (N, T, D): one head
+        out = _attention_call(where, query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1),
+                              attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1),
+                              dropout_p, is_causal, scale, enable_gqa, numeric_mode)
+        return out.squeeze(1)
+    options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
+    return _functions.AttentionFunction.apply(query, key, value, attn_mask, options, mode, where)
 
 
 def _embedding_call(where, input, weight, padding_idx, numeric_mode):

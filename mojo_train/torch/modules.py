@@ -18,7 +18,8 @@ from .._errors import where_msg
 from .._native import numeric_mode_arg
 from . import functional as F
 
-__all__ = ["Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss"]
+__all__ = ["Linear", "RMSNorm", "LayerNorm", "Embedding", "SiLU", "ReLU", "GELU", "Dropout", "CrossEntropyLoss",
+           "LinearCrossEntropyLoss"]
 
 
 def _checked(where, numeric_mode, dtype=None):
@@ -63,6 +64,34 @@ class RMSNorm(_Numeric, torch.nn.RMSNorm):
     def forward(self, input):
         return F._rms_norm("torch.nn.RMSNorm", input, self.normalized_shape, self.weight, self.eps,
                            self.numeric_mode)
+
+
+class LayerNorm(_Numeric, torch.nn.LayerNorm):
+    """``torch.nn.LayerNorm(normalized_shape, eps=1e-5, elementwise_affine=True, bias=True)`` by
+    mojo_train.layer_norm_forward / layer_norm_backward; weight and bias of shape
+    ``normalized_shape``."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
+                 numeric_mode=None):
+        mode = _checked("torch.nn.LayerNorm", numeric_mode, dtype)
+        super().__init__(normalized_shape, eps, elementwise_affine, bias, device, dtype)
+        self.numeric_mode = mode
+
+    def forward(self, input):
+        return F._layer_norm("torch.nn.LayerNorm", input, self.normalized_shape, self.weight, self.bias, self.eps,
+                             self.numeric_mode)
+
+
+class GELU(_Numeric, torch.nn.GELU):
+    """``torch.nn.GELU(approximate='none')`` by mojo_train.gelu_forward / gelu_backward."""
+
+    def __init__(self, approximate="none", *, numeric_mode=None):
+        mode = _checked("torch.nn.GELU", numeric_mode)
+        super().__init__(approximate)
+        self.numeric_mode = mode
+
+    def forward(self, input):
+        return F._gelu("torch.nn.GELU", input, self.approximate, self.numeric_mode)
 
 
 class Embedding(_Numeric, torch.nn.Embedding):

@@ -88,9 +88,9 @@ const char *mt_numeric_mode(void) {
 }
 
 uint64_t mt_features(void) {
-    uint64_t f = mt_vendor_features() | mt_optim_features() | mt_clip_features() | mt_loss_features() | mt_linear_features() | mt_rms_norm_features() | mt_lm_head_features() |
+    uint64_t f = mt_vendor_features() | mt_optim_features() | mt_clip_features() | mt_loss_features() | mt_linear_features() | mt_rms_norm_features() | mt_layer_norm_features() | mt_lm_head_features() |
                  mt_embedding_features() | mt_random_features() | mt_accumulate_features() |
-                 mt_elementwise_features() | mt_schedule_features();
+                 mt_elementwise_features() | mt_schedule_features() | mt_attention_features();
 #if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
     f |= MT_FEATURE_PINNED_MATH;
 #else

@@ -38,9 +38,9 @@ int mt_check_tensor(const void *p, int64_t elems, const char *name);
 /* The sizes of linear (m, n, k >= 0; a, weight and out at most 2^60 elements each, so that
  * every byte count fits in int64), in the oracle's order, for every vendor. */
 int mt_check_linear_sizes(int64_t m, int64_t n, int64_t k);
-/* RMSNorm's arguments, in the oracle's order, for every vendor: dim >= 1, rows >= 0, x at most
- * 2^60 elements, eps finite and >= 0, then the pointers of the tensors that hold elements
- * (and, backward, no dweight without a weight). */
+/* RMSNorm's (and LayerNorm's) arguments, in the oracle's order, for every vendor: dim >= 1,
+ * rows >= 0, x at most 2^60 elements, eps finite and >= 0, then the pointers of the tensors
+ * that hold elements (and, backward, no dweight without a weight). */
 int mt_check_rms_norm_forward_args(const float *y, const float *x, float eps, int64_t rows, int64_t dim);
 int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const float *x, const float *weight,
                                     float eps, int64_t rows, int64_t dim);
@@ -99,6 +99,8 @@ uint64_t mt_clip_features(void);
 uint64_t mt_loss_features(void);
 uint64_t mt_linear_features(void);
 uint64_t mt_rms_norm_features(void);
+uint64_t mt_layer_norm_features(void);
+uint64_t mt_attention_features(void);
 uint64_t mt_lm_head_features(void);
 uint64_t mt_embedding_features(void);
 uint64_t mt_random_features(void);

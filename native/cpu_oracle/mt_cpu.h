@@ -12,6 +12,43 @@
 #else
 #define MT_SIMD
 #endif
+/* On an MT_SIMD wrapper of a pinned routine gcc will not inline on its own (a chunk fold):
+ * inline everything it calls, so that each clone compiles the routine for its own ISA
+ * (vectorized lane loops, fmaf as an instruction rather than a libm call). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define MT_FLAT __attribute__((flatten))
+#else
+#define MT_FLAT
+#endif
+
+/* The chunk tree of one row (clip.md), streamed: chunk partials, pushed in order, meet in
+ * mt_tree_fold's pairwise tree, built with a stack of complete subtrees (equal-sized
+ * neighbours merge as they appear). RMSNorm's and LayerNorm's row folds. */
+typedef struct { float s[64]; int64_t size[64]; int depth; } mt_row_tree;
+
+static inline void mt_row_tree_push(mt_row_tree *t, float v) {
+    int64_t size = 1;
+    while (t->depth > 0 && t->size[t->depth - 1] == size) {
+        v = t->s[--t->depth] + v;
+        size *= 2;
+    }
+    t->s[t->depth] = v;
+    t->size[t->depth++] = size;
+}
+
+static inline float mt_row_tree_root(const mt_row_tree *t) {
+    float v = t->s[t->depth - 1];
+    for (int d = t->depth - 2; d >= 0; --d) v = t->s[d] + v;
+    return v;
+}
+
+/* RMSNorm's refusals, which LayerNorm's begin with (mt_cpu_rms_norm.c): the argument checks,
+ * then NaN or inf in x and weight (forward) or in dy, x and weight (backward), in that order,
+ * named; MT_OK when nothing is refused. */
+int mt_cpu_rms_norm_forward_refusals(const float *y, const float *x, const float *weight, float eps, int64_t rows,
+                                     int64_t dim);
+int mt_cpu_rms_norm_backward_refusals(const float *dweight, const float *dy, const float *x, const float *weight,
+                                      float eps, int64_t rows, int64_t dim);
 
 /* fn(ctx, j, flat, local, count): tensor j, its elements local..local+count-1, which are
  * flat elements flat..flat+count-1 of the registry. */

@@ -1,8 +1,9 @@
-/* mt_cpu_elementwise.c -- SiLU, the residual add and ReLU on the cpu vendor (contract:
+/* mt_cpu_elementwise.c -- SiLU, GELU, the residual add and ReLU on the cpu vendor (contract:
  * native/contracts/elementwise.md).
  *
  * Each output element is one pinned function of its inputs (mt_silu, mt_silu_grad,
- * mt_add_elem in mt_pinned.h); the thread pool only splits the range. A refused call writes
+ * mt_gelu_erf, mt_gelu_tanh and their gradients, mt_add_elem in mt_pinned.h); the thread pool
+ * only splits the range. A refused call writes
  * nothing: an output that partly overlaps an input is refused before anything is read, and a
  * NaN or inf in any input by a finiteness pre-pass (one read of each input, mt_cpu_nonfinite)
  * before the one pass that writes the output. The output may be an input itself (in place).
@@ -17,9 +18,9 @@
 
 uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 
-enum { OP_SILU, OP_SILU_GRAD, OP_ADD };
+enum { OP_SILU, OP_SILU_GRAD, OP_ADD, OP_GELU, OP_GELU_GRAD, OP_GELU_TANH, OP_GELU_TANH_GRAD };
 
-/* out = op(a[, b]); for OP_SILU_GRAD a is dy and b is x. */
+/* out = op(a[, b]); for the gradients a is dy and b is x. */
 typedef struct { float *out; const float *a, *b; int op; } elt_job;
 
 MT_SIMD static void silu_range(float *y, const float *x, int64_t n) {
@@ -34,11 +35,36 @@ MT_SIMD static void add_range(float *out, const float *a, const float *b, int64_
     for (int64_t i = 0; i < n; ++i) out[i] = mt_add_elem(a[i], b[i]);
 }
 
+MT_SIMD static void gelu_range(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = mt_gelu_erf(x[i]);
+}
+
+MT_SIMD static void gelu_grad_range(float *dx, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = mt_gelu_erf_grad(dy[i], x[i]);
+}
+
+MT_SIMD static void gelu_tanh_range(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = mt_gelu_tanh(x[i]);
+}
+
+MT_SIMD static void gelu_tanh_grad_range(float *dx, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = mt_gelu_tanh_grad(dy[i], x[i]);
+}
+
 static void run_range(void *ctx, int64_t lo, int64_t hi) {
     elt_job *job = (elt_job *)ctx;
-    if (job->op == OP_SILU) silu_range(job->out + lo, job->a + lo, hi - lo);
-    else if (job->op == OP_SILU_GRAD) silu_grad_range(job->out + lo, job->a + lo, job->b + lo, hi - lo);
-    else add_range(job->out + lo, job->a + lo, job->b + lo, hi - lo);
+    float *out = job->out + lo;
+    const float *a = job->a + lo, *b = job->b ? job->b + lo : 0;
+    int64_t n = hi - lo;
+    switch (job->op) {
+    case OP_SILU: silu_range(out, a, n); break;
+    case OP_SILU_GRAD: silu_grad_range(out, a, b, n); break;
+    case OP_GELU: gelu_range(out, a, n); break;
+    case OP_GELU_GRAD: gelu_grad_range(out, a, b, n); break;
+    case OP_GELU_TANH: gelu_tanh_range(out, a, n); break;
+    case OP_GELU_TANH_GRAD: gelu_tanh_grad_range(out, a, b, n); break;
+    default: add_range(out, a, b, n); break;
+    }
 }
 
 /* Pointers, n, aliasing: out may be a or b itself, never part of one. */
@@ -59,7 +85,8 @@ static int run(float *out, const float *a, const float *b, int64_t n, int op, co
     if (rc) return rc;
     const char *bad = mt_cpu_nonfinite(a, n) ? names[1] : b != a && mt_cpu_nonfinite(b, n) ? names[2] : 0;
     if (bad) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad, MT_REFUSED_CLEAN);
-    elt_job job = {out, a, op == OP_SILU ? 0 : b, op};
+    int unary = op == OP_SILU || op == OP_GELU || op == OP_GELU_TANH;
+    elt_job job = {out, a, unary ? 0 : b, op};
     mt_fp_env env;
     mt_fp_begin(&env);
     mt_parallel_for(n, 16, run_range, &job);
@@ -80,6 +107,20 @@ int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
 int mt_add(float *out, const float *a, const float *b, int64_t n) {
     const char *names[3] = {"out", "a", "b"};
     return run(out, a, b, n, OP_ADD, names);
+}
+
+int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate) {
+    const char *names[3] = {"y", "x", "x"};
+    const char *bad = mt_gelu_approximate_problem(approximate);
+    if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
+    return run(y, x, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH : OP_GELU, names);
+}
+
+int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate) {
+    const char *names[3] = {"dx", "dy", "x"};
+    const char *bad = mt_gelu_approximate_problem(approximate);
+    if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
+    return run(dx, dy, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH_GRAD : OP_GELU_GRAD, names);
 }
 
 /* ---- ReLU ------------------------------------------------------------------------------------ */

@@ -18,26 +18,6 @@
 
 uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
 
-/* The chunk tree of one row, streamed: chunk partials meet in mt_tree_fold's pairwise tree,
- * built with a stack of complete subtrees (equal-sized neighbours merge as they appear). */
-typedef struct { float s[64]; int64_t size[64]; int depth; } row_tree;
-
-static void row_tree_push(row_tree *t, float v) {
-    int64_t size = 1;
-    while (t->depth > 0 && t->size[t->depth - 1] == size) {
-        v = t->s[--t->depth] + v;
-        size *= 2;
-    }
-    t->s[t->depth] = v;
-    t->size[t->depth++] = size;
-}
-
-static float row_tree_root(const row_tree *t) {
-    float v = t->s[t->depth - 1];
-    for (int d = t->depth - 2; d >= 0; --d) v = t->s[d] + v;
-    return v;
-}
-
 MT_SIMD static float chunk_sumsq(const float *x, int64_t n) { return mt_chunk_sumsq_rms(n, x); }
 
 MT_SIMD static float chunk_gdot(const float *dy, const float *w, const float *x, int64_t n) {
@@ -45,20 +25,20 @@ MT_SIMD static float chunk_gdot(const float *dy, const float *w, const float *x,
 }
 
 static float row_sumsq(const float *x, int64_t dim) {
-    row_tree t;
+    mt_row_tree t;
     t.depth = 0;
     for (int64_t c0 = 0; c0 < dim; c0 += MT_CHUNK)
-        row_tree_push(&t, chunk_sumsq(x + c0, dim - c0 < MT_CHUNK ? dim - c0 : MT_CHUNK));
-    return row_tree_root(&t);
+        mt_row_tree_push(&t, chunk_sumsq(x + c0, dim - c0 < MT_CHUNK ? dim - c0 : MT_CHUNK));
+    return mt_row_tree_root(&t);
 }
 
 static float row_gdot(const float *dy, const float *w, const float *x, int64_t dim) {
-    row_tree t;
+    mt_row_tree t;
     t.depth = 0;
     for (int64_t c0 = 0; c0 < dim; c0 += MT_CHUNK)
-        row_tree_push(&t, chunk_gdot(dy + c0, w ? w + c0 : NULL, x + c0,
+        mt_row_tree_push(&t, chunk_gdot(dy + c0, w ? w + c0 : NULL, x + c0,
                                      dim - c0 < MT_CHUNK ? dim - c0 : MT_CHUNK));
-    return row_tree_root(&t);
+    return mt_row_tree_root(&t);
 }
 
 typedef struct {
@@ -80,12 +60,19 @@ static void rms_forward_range(void *ctx, int64_t b, int64_t e) {
     }
 }
 
-MT_NOINLINE static int rms_forward_body(float *y, const float *x, const float *weight, float eps,
-                                        int64_t rows, int64_t dim) {
+int mt_cpu_rms_norm_forward_refusals(const float *y, const float *x, const float *weight, float eps, int64_t rows,
+                                     int64_t dim) {
     int rc;
     if ((rc = mt_check_rms_norm_forward_args(y, x, eps, rows, dim)) ||
         (rc = mt_cpu_refuse_nonfinite(x, rows * dim, "x")) || (rc = mt_cpu_refuse_nonfinite(weight, dim, "weight")))
         return rc;
+    return MT_OK;
+}
+
+MT_NOINLINE static int rms_forward_body(float *y, const float *x, const float *weight, float eps,
+                                        int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = mt_cpu_rms_norm_forward_refusals(y, x, weight, eps, rows, dim))) return rc;
     rms_job job = {y, x, NULL, weight, NULL, eps, (float)dim, dim};
     mt_parallel_for_work(rows, 1, rows * dim, rms_forward_range, &job);
     return MT_OK;
@@ -156,13 +143,20 @@ static int rms_dweight(float *dweight, const float *dy, const float *x, const fl
     return MT_OK;
 }
 
-MT_NOINLINE static int rms_backward_body(float *dx, float *dweight, const float *dy, const float *x,
-                                         const float *weight, float eps, int64_t rows, int64_t dim) {
+int mt_cpu_rms_norm_backward_refusals(const float *dweight, const float *dy, const float *x, const float *weight,
+                                      float eps, int64_t rows, int64_t dim) {
     int rc;
     if ((rc = mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim)) ||
         (rc = mt_cpu_refuse_nonfinite(dy, rows * dim, "dy")) || (rc = mt_cpu_refuse_nonfinite(x, rows * dim, "x")) ||
         (rc = mt_cpu_refuse_nonfinite(weight, dim, "weight")))
         return rc;
+    return MT_OK;
+}
+
+MT_NOINLINE static int rms_backward_body(float *dx, float *dweight, const float *dy, const float *x,
+                                         const float *weight, float eps, int64_t rows, int64_t dim) {
+    int rc;
+    if ((rc = mt_cpu_rms_norm_backward_refusals(dweight, dy, x, weight, eps, rows, dim))) return rc;
     if (!dx && !dweight) return MT_OK;
     int64_t rbytes = dweight ? rows * (int64_t)sizeof(float) : 0;
     float *rstd = rbytes ? (float *)mt_scratch_alloc(rbytes, "RMSNorm row scales") : NULL;

@@ -1,4 +1,4 @@
-/* mt_gpu_elementwise.cu -- SiLU, the residual add and ReLU on a GPU (contract:
+/* mt_gpu_elementwise.cu -- SiLU, GELU, the residual add and ReLU on a GPU (contract:
  * native/contracts/elementwise.md), and the call shape every one-pass map shares
  * (mt_gpu_map; dropout uses it too; ReLU, at the end, keeps its own).
  *
@@ -107,14 +107,25 @@ int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char
     return MT_OK;
 }
 
-/* ---- SiLU and add ---- */
+/* ---- SiLU, GELU and add ---- */
 namespace {
 
-enum { OP_SILU, OP_SILU_GRAD, OP_ADD };
+enum { OP_SILU, OP_SILU_GRAD, OP_ADD, OP_GELU, OP_GELU_GRAD, OP_GELU_TANH, OP_GELU_TANH_GRAD };
+
+/* The maps of one input (x); the others read two (dy and x, or a and b). */
+__host__ __device__ constexpr bool unary(int op) { return op == OP_SILU || op == OP_GELU || op == OP_GELU_TANH; }
 
 template <int OP>
 __device__ __forceinline__ float elt(float a, float b) {
-    return OP == OP_SILU ? mt_silu(a) : OP == OP_SILU_GRAD ? mt_silu_grad(a, b) : mt_add_elem(a, b);
+    switch (OP) {
+    case OP_SILU: return mt_silu(a);
+    case OP_SILU_GRAD: return mt_silu_grad(a, b);
+    case OP_GELU: return mt_gelu_erf(a);
+    case OP_GELU_GRAD: return mt_gelu_erf_grad(a, b);
+    case OP_GELU_TANH: return mt_gelu_tanh(a);
+    case OP_GELU_TANH_GRAD: return mt_gelu_tanh_grad(a, b);
+    default: return mt_add_elem(a, b);
+    }
 }
 
 /* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. */
@@ -126,20 +137,20 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     const int64_t groups = VEC ? n / 4 : 0;
     for (int64_t g = start; g < groups; g += stride) {
         float4 qa = ((const float4 *)a)[g];
-        float4 qb = OP == OP_SILU ? qa : ((const float4 *)b)[g];
+        float4 qb = unary(OP) ? qa : ((const float4 *)b)[g];
         ((float4 *)out)[g] = make_float4(elt<OP>(qa.x, qb.x), elt<OP>(qa.y, qb.y), elt<OP>(qa.z, qb.z),
                                          elt<OP>(qa.w, qb.w));
     }
     for (int64_t i = 4 * groups + start; i < n; i += stride) {
         float x = a[i];
-        out[i] = elt<OP>(x, OP == OP_SILU ? x : b[i]);
+        out[i] = elt<OP>(x, unary(OP) ? x : b[i]);
     }
 }
 
 template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
     int threads = mt_gpu_threads();
-    bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (OP == OP_SILU || mt_gpu_aligned16(b));
+    bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
     int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
     mt_gpu_record_launch(threads, blocks);
     if (vec) mt_k_elt<OP, 1><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
@@ -175,6 +186,21 @@ int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
 int mt_add(float *out, const float *a, const float *b, int64_t n) {
     static const char *const names[3] = {"out", "a", "b"};
     return run(out, a, b, n, names, launch_elt<OP_ADD>);
+}
+
+int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate) {
+    static const char *const names[3] = {"y", "x", "x"};
+    const char *bad = mt_gelu_approximate_problem(approximate);
+    if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
+    return run(y, x, x, n, names, approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH> : launch_elt<OP_GELU>);
+}
+
+int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate) {
+    static const char *const names[3] = {"dx", "dy", "x"};
+    const char *bad = mt_gelu_approximate_problem(approximate);
+    if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
+    return run(dx, dy, x, n, names,
+               approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH_GRAD> : launch_elt<OP_GELU_GRAD>);
 }
 
 }  /* extern "C" */

@@ -13,9 +13,10 @@
  * Finiteness rides along (no pre-pass): kernels raise per-input flags, the host refuses after
  * the synchronization; y and dx are undefined then (mojo_train.h), dweight is never written
  * (its fold kernel reads the flags first). Argument checks and refusal order follow the
- * oracle. Host buffers are staged through device memory and downloaded only on success.
+ * oracle. Host buffers are staged through device memory and downloaded only on success (the
+ * host side LayerNorm shares: mt_gpu_norm.cuh).
  */
-#include "mt_gpu_rows.cuh"
+#include "mt_gpu_norm.cuh"
 
 uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
 
@@ -26,10 +27,6 @@ namespace {
 #define RMS_COL_THREADS 256   /* columns per block of the dweight kernels */
 #define RMS_ROW_BATCH 16      /* rows whose loads a dweight thread has in flight */
 enum { BAD_X = 0, BAD_DY = 1, BAD_W = 2 };
-
-__device__ __forceinline__ bool bad4(float4 q) {
-    return !(mt_is_finite(q.x) & mt_is_finite(q.y) & mt_is_finite(q.z) & mt_is_finite(q.w));
-}
 
 /* Both RMSNorm steps of a row of four lanes: squares (MT_STEP_SUMSQ) and, with dy, the row dot
  * of (dy * w, x) (MT_STEP_GDOT). x and dy may be shared memory (VEC: 16-byte aligned rows);
@@ -65,11 +62,6 @@ struct rms_step {
     }
 };
 
-/* Shared floats of a row block: the staged rows (n_staged of them), the folds, 32 spare. */
-__host__ __device__ __forceinline__ int64_t rms_smem_floats(int n_staged, int k, int64_t dim) {
-    return n_staged * ((dim + 3) / 4 * 4) + mt_rows_fold_floats(k, dim) + 32;
-}
-
 template <bool STAGED, bool VEC>
 __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
     k_rms_forward(float *y, const float *x, const float *w, float eps, int64_t rows, int64_t dim, int32_t *bad) {
@@ -94,10 +86,10 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
             dim,
             [&](int64_t i) {
                 float4 q = *(const float4 *)(xr + i), o;
-                bx |= bad4(q);
+                bx |= mt_norm_bad4(q);
                 if (w) {
                     float4 g = *(const float4 *)(w + i);
-                    bw |= bad4(g);
+                    bw |= mt_norm_bad4(g);
                     o = make_float4((q.x * rs) * g.x, (q.y * rs) * g.y, (q.z * rs) * g.z, (q.w * rs) * g.w);
                 } else {
                     o = make_float4(q.x * rs, q.y * rs, q.z * rs, q.w * rs);
@@ -152,9 +144,9 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
             [&](int64_t i) {
                 float4 q = *(const float4 *)(xr + i), g = *(const float4 *)(dyr + i);
                 float4 wv = w ? *(const float4 *)(w + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-                bx |= bad4(q);
-                bdy |= bad4(g);
-                bw |= bad4(wv);
+                bx |= mt_norm_bad4(q);
+                bdy |= mt_norm_bad4(g);
+                bw |= mt_norm_bad4(wv);
                 if (out)
                     MT_STCS((float4 *)(out + i),
                             make_float4(mt_rms_dx(g.x, wv.x, q.x, rs, k), mt_rms_dx(g.y, wv.y, q.y, rs, k),
@@ -209,146 +201,62 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
     if (c < dim) dweight[c] = mt_token_tree(part + c * leaves, leaves, 0);
 }
 
-/* A NaN/inf anywhere in p[0..n) raises *flag (the weight of a call with no rows). */
-__global__ void k_nonfinite(const float *p, int64_t n, int32_t *flag) {
-    bool b = false;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        b |= !mt_is_finite(p[i]);
-    if (b) *flag = 1;
-}
-
 /* ---- host ---- */
 
 const char *const RMS_NAMES[3] = {"x", "dy", "weight"};
 
-/* Threads and shared memory of a row kernel; staged when `n_staged` rows of dim fit. */
-struct row_plan {
-    bool staged;
-    int threads;
-    size_t smem;
-};
-
-row_plan plan_rows(int n_staged, int k, int64_t dim) {
-    row_plan p;
-    p.smem = (size_t)rms_smem_floats(n_staged, k, dim) * 4;
-    p.staged = p.smem <= (size_t)mt_rows_limits().smem_optin;
-    if (!p.staged) p.smem = (size_t)rms_smem_floats(0, k, dim) * 4;
-    int64_t w = mt_chunk_count(dim), hi = RMS_MAX_WARPS;
-    w = w < RMS_MIN_WARPS ? RMS_MIN_WARPS : w > hi ? hi : w;
-    p.threads = 32 * (int)w;
-    return p;
-}
-
-bool aligned(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
-int check_weight_only(const float *w, int64_t dim, mt_rows_status *st) {
-    if (!w) return MT_OK;
-    k_nonfinite<<<mt_gpu_blocks(dim, 256), 256, 0, MT_STREAM>>>(w, dim, &st->bad[BAD_W]);
-    return mt_rows_launched("weight finiteness");
-}
-
-template <class K>
-int launch_rows(K kernel, std::once_flag &once, const row_plan &p, int64_t rows, int *grid) {
-    int rc;
-    if ((rc = mt_rows_allow_smem(kernel, once)) || (rc = mt_rows_grid(grid, kernel, p.threads, p.smem, rows)))
-        return rc;
-    return MT_OK;
-}
-
 MT_NOINLINE int rms_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = mt_check_rms_norm_forward_args(y, x, eps, rows, dim)) || (rc = mt_gpu_ready()))
-        return rc;
-    mt_rows_status *st = mt_rows_mapped();
-    if (!st) return MT_ENOMEM;
-    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
-    mt_arena arena;
-    float *d_y = nullptr, *d_x = nullptr, *d_w = nullptr;
-    bool sy = false, sx = false, sw = false;
-    int64_t bytes = rows * dim * 4;
-    if ((rows && ((rc = mt_buf_to_device((void **)&d_x, &sx, &arena, (void *)x, bytes, true)) ||
-                  (rc = mt_buf_to_device((void **)&d_y, &sy, &arena, y, bytes, false)))) ||
-        (weight && (rc = mt_buf_to_device((void **)&d_w, &sw, &arena, (void *)weight, dim * 4, true))))
+    mt_rows_status *st = nullptr;
+    mt_norm_fwd_bufs f;
+    if ((rc = mt_norm_begin(mt_check_rms_norm_forward_args(y, x, eps, rows, dim), &st)) ||
+        (rc = mt_norm_fwd_stage(&f, y, x, weight, nullptr, rows, dim)))
         return rc;
     if (rows == 0) {
-        if ((rc = check_weight_only(d_w, dim, st))) return rc;
+        if ((rc = mt_norm_check_param(f.w, dim, &st->bad[BAD_W], "weight finiteness"))) return rc;
     } else {
         static std::once_flag once[4];
-        row_plan p = plan_rows(1, 1, dim);
-        bool vec = dim % 4 == 0 && aligned(d_x) && aligned(d_y) && aligned(d_w);
+        mt_norm_plan p = mt_norm_plan_rows(1, 1, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);
+        bool vec = mt_norm_fwd_vec(f, dim);
         auto kernel = p.staged ? (vec ? k_rms_forward<true, true> : k_rms_forward<true, false>)
                                : (vec ? k_rms_forward<false, true> : k_rms_forward<false, false>);
         int grid = 0;
-        if ((rc = launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
-        kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(d_y, d_x, d_w, eps, rows, dim, st->bad);
+        if ((rc = mt_norm_launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
+        kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(f.y, f.x, f.w, eps, rows, dim, st->bad);
         if ((rc = mt_rows_launched("rms_norm forward"))) return rc;
     }
     static const int order[2] = {BAD_X, BAD_W};
-    return mt_rows_finish(st, order, 2, RMS_NAMES, sy ? y : nullptr, d_y, bytes, nullptr, nullptr, 0);
+    return mt_rows_finish(st, order, 2, RMS_NAMES, f.sy ? y : nullptr, f.y, rows * dim * 4, nullptr, nullptr, 0);
 }
 
-/* Device buffers of a backward call (staged: a host buffer the call copied). */
-struct rms_bwd_bufs {
-    mt_arena arena;
-    float *dx = nullptr, *dweight = nullptr, *dy = nullptr, *x = nullptr, *w = nullptr, *rstd = nullptr,
-          *part = nullptr;
-    int32_t *flags = nullptr;
-    bool sdx = false, sdw = false, sdy = false, sx = false, sw = false;
-};
-
-int rms_bwd_stage(rms_bwd_bufs *b, float *dx, float *dweight, const float *dy, const float *x, const float *weight,
-                  int64_t rows, int64_t dim) {
-    int rc;
-    int64_t bytes = rows * dim * 4, leaves = mt_token_leaves(rows);
-    if ((rows && ((rc = mt_buf_to_device((void **)&b->dy, &b->sdy, &b->arena, (void *)dy, bytes, true)) ||
-                  (rc = mt_buf_to_device((void **)&b->x, &b->sx, &b->arena, (void *)x, bytes, true)) ||
-                  (dx && (rc = mt_buf_to_device((void **)&b->dx, &b->sdx, &b->arena, dx, bytes, false))))) ||
-        (weight && (rc = mt_buf_to_device((void **)&b->w, &b->sw, &b->arena, (void *)weight, dim * 4, true))) ||
-        (dweight && (rc = mt_buf_to_device((void **)&b->dweight, &b->sdw, &b->arena, dweight, dim * 4, false))) ||
-        (dweight && rows && ((rc = b->arena.alloc((void **)&b->rstd, rows * 4)) ||
-                             (rc = b->arena.alloc((void **)&b->part, leaves * dim * 4)))) ||
-        (rc = b->arena.alloc((void **)&b->flags, 16)))
-        return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(b->flags, 0, 16, MT_STREAM), "flags reset");
-    return MT_OK;
-}
-
-int rms_bwd_launch(const rms_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
+/* The backward's kernels (b.stats: r per row; b.pw: dweight's leaf partials). */
+int rms_bwd_launch(const mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
     static std::once_flag once[4];
-    row_plan p = plan_rows(2, 2, dim);
-    bool vec = dim % 4 == 0 && aligned(b.dx) && aligned(b.dy) && aligned(b.x) && aligned(b.w);
+    mt_norm_plan p = mt_norm_plan_rows(2, 2, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);
+    bool vec = mt_norm_bwd_vec(b, dim);
     auto kernel = p.staged ? (vec ? k_rms_backward<true, true> : k_rms_backward<true, false>)
                            : (vec ? k_rms_backward<false, true> : k_rms_backward<false, false>);
     int rc, grid = 0;
-    if ((rc = launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
-    kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(b.dx, b.rstd, b.dy, b.x, b.w, eps, rows, dim, b.flags, st->bad);
+    if ((rc = mt_norm_launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
+    kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(b.dx, b.stats, b.dy, b.x, b.w, eps, rows, dim, b.flags, st->bad);
     if ((rc = mt_rows_launched("rms_norm backward")) || !b.dweight) return rc;
-    int64_t leaves = mt_token_leaves(rows), cols = (dim + RMS_COL_THREADS - 1) / RMS_COL_THREADS;
-    dim3 g((unsigned)cols, (unsigned)(leaves < 65535 ? leaves : 65535));
-    k_rms_dweight_leaves<<<g, RMS_COL_THREADS, 0, MT_STREAM>>>(b.part, b.dy, b.x, b.rstd, rows, dim, leaves);
+    int64_t leaves = mt_token_leaves(rows);
+    dim3 g = mt_norm_leaf_grid(dim, leaves, RMS_COL_THREADS);
+    k_rms_dweight_leaves<<<g, RMS_COL_THREADS, 0, MT_STREAM>>>(b.pw, b.dy, b.x, b.stats, rows, dim, leaves);
     if ((rc = mt_rows_launched("rms_norm dweight leaves"))) return rc;
-    k_rms_dweight_fold<<<(unsigned)cols, RMS_COL_THREADS, 0, MT_STREAM>>>(b.dweight, b.part, dim, leaves, b.flags);
+    k_rms_dweight_fold<<<g.x, RMS_COL_THREADS, 0, MT_STREAM>>>(b.dweight, b.pw, dim, leaves, b.flags);
     return mt_rows_launched("rms_norm dweight fold");
 }
 
 MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
                  int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim)) || (rc = mt_gpu_ready()))
+    mt_rows_status *st = nullptr;
+    mt_norm_bwd_bufs b;
+    if ((rc = mt_norm_begin(mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim), &st)) ||
+        (rc = mt_norm_bwd_stage(&b, dx, dweight, nullptr, dy, x, weight, rows, dim, 1)) ||
+        (rc = rows == 0 ? mt_norm_bwd_no_rows(b, dim, &st->bad[BAD_W]) : rms_bwd_launch(b, eps, rows, dim, st)))
         return rc;
-    mt_rows_status *st = mt_rows_mapped();
-    if (!st) return MT_ENOMEM;
-    *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
-    rms_bwd_bufs b;
-    if ((rc = rms_bwd_stage(&b, dx, dweight, dy, x, weight, rows, dim))) return rc;
-    if (rows == 0) {
-        if ((rc = check_weight_only(b.w, dim, st))) return rc;
-        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
-        if (st->bad[BAD_W]) return mt_fail(MT_ENONFINITE, "weight holds NaN or inf; nothing was written");
-        if (dweight) MT_GPU_CHECK(gpuMemsetAsync(b.dweight, 0, (size_t)dim * 4, MT_STREAM), "dweight zero");
-    } else if ((rc = rms_bwd_launch(b, eps, rows, dim, st))) {
-        return rc;
-    }
     static const int order[3] = {BAD_DY, BAD_X, BAD_W};
     return mt_rows_finish(st, order, 3, RMS_NAMES, b.sdx ? dx : nullptr, b.dx, rows * dim * 4,
                           b.sdw ? dweight : nullptr, b.dweight, dim * 4);

@@ -53,6 +53,13 @@ inline mt_rows_status *mt_rows_mapped(void) {
     return m.p;
 }
 
+/* The calling thread's status, cleared for a new call, or NULL with the error set. */
+inline mt_rows_status *mt_rows_begin(void) {
+    mt_rows_status *st = mt_rows_mapped();
+    if (st) *st = mt_rows_status{0, 0, 0, 0.0f, {0, 0, 0}};
+    return st;
+}
+
 /* Multiprocessors and the opt-in shared-memory limit of a block, read once. */
 #ifndef MT_HIP_LDS_BYTES
 #define MT_HIP_LDS_BYTES (64 * 1024)   /* the LDS of one workgroup on AMD */

@@ -30,8 +30,9 @@ extern "C" {
  * 4: param groups and AMSGrad (mt_sgd_step_groups, mt_adam_step_groups, mt_optim_flag and the
  * group structs; the flat steps are one group of them), clip norm types and torch's
  * error_if_nonfinite (mt_clip_grad_norm, mt_grad_norms gain arguments), mt_cross_entropy_nd
- * (class weights, probability targets, (N, C, d1, ...) inputs); empty tensors in tensor lists. */
-#define MT_ABI_VERSION 4
+ * (class weights, probability targets, (N, C, d1, ...) inputs); empty tensors in tensor lists.
+ * 5: attention (MT_FEATURE_ATTENTION), LayerNorm (MT_FEATURE_LAYER_NORM), GELU (elementwise). */
+#define MT_ABI_VERSION 5
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -73,8 +74,10 @@ enum mt_feature {         /* mt_features() bits: one per op family, then capabil
     MT_FEATURE_SCHEDULE = 1 << 6,       /* exact learning-rate schedules */
     MT_FEATURE_EMBEDDING = 1 << 7,      /* embedding forward / backward */
     MT_FEATURE_ACCUMULATE = 1 << 11,    /* gradient accumulation by the token tree */
-    MT_FEATURE_ELEMENTWISE = 1 << 13,   /* SiLU, ReLU, residual add */
+    MT_FEATURE_ELEMENTWISE = 1 << 13,   /* SiLU, GELU, ReLU, residual add */
     MT_FEATURE_RMS_NORM = 1 << 14,      /* RMSNorm forward / backward */
+    MT_FEATURE_LAYER_NORM = 1 << 15,    /* LayerNorm forward / backward */
+    MT_FEATURE_ATTENTION = 1 << 19,     /* scaled dot-product attention forward / backward */
     MT_FEATURE_HOST_BUFFERS = 1 << 8,   /* accepts host pointers */
     MT_FEATURE_DEVICE_BUFFERS = 1 << 9, /* accepts device pointers */
     MT_FEATURE_THREADS = 1 << 10,       /* thread pool */
@@ -243,6 +246,47 @@ int mt_rms_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /* (
                          const float *dy /* (rows*dim) */, const float *x /* (rows*dim) */,
                          const float *weight /* (dim) or NULL */, float eps, int64_t rows, int64_t dim);
 
+/* LayerNorm over the last dimension (contract: native/contracts/layer_norm.md); bias is never
+ * read by the backward (dbias does not depend on it). */
+int mt_layer_norm_forward(float *y /* (rows*dim) */, const float *x /* (rows*dim) */,
+                          const float *weight /* (dim) or NULL */, const float *bias /* (dim) or NULL */,
+                          float eps, int64_t rows, int64_t dim);
+
+int mt_layer_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /* (dim) or NULL */,
+                           float *dbias /* (dim) or NULL */, const float *dy /* (rows*dim) */,
+                           const float *x /* (rows*dim) */, const float *weight /* (dim) or NULL */,
+                           float eps, int64_t rows, int64_t dim);
+
+/* Scaled dot-product attention (contract: native/contracts/attention.md). q, dq, out, dout:
+ * (B, H, Tq, D); k, v, dk, dv: (B, Hkv, Tk, D), query head h reading kv head h / (H / Hkv);
+ * lse: (B, H, Tq), the forward's row log-sum-exp, which the backward takes with out. The mask
+ * is NULL (kind NONE) or bool bytes (BOOL: nonzero keeps a pair) or float32 added to the scores
+ * (FLOAT: finite, or -inf to mask); element (b, h, i, j) at b*mask_sb + h*mask_sh + i*mask_si
+ * + j*mask_sj (strides in elements, >= 0; 0 broadcasts). is_causal (0 or 1, never with a mask)
+ * keeps key j for query i iff j <= i. scale: the scores' factor (torch's default 1/sqrt(D) is
+ * the caller's to round: attention.md). lse, dq, dk, dv may be NULL (not computed). */
+enum mt_attention_mask_kind {
+    MT_ATTENTION_MASK_NONE = 0,
+    MT_ATTENTION_MASK_BOOL = 1,
+    MT_ATTENTION_MASK_FLOAT = 2
+};
+
+int mt_attention_forward(float *out /* (B*H*Tq*D) */, float *lse /* (B*H*Tq) or NULL */,
+                         const float *q /* (B*H*Tq*D) */, const float *k /* (B*Hkv*Tk*D) */,
+                         const float *v /* (B*Hkv*Tk*D) */, const void *mask /* strided, or NULL */,
+                         int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si,
+                         int64_t mask_sj, int32_t is_causal, float scale, int64_t B, int64_t H,
+                         int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D);
+
+int mt_attention_backward(float *dq /* (B*H*Tq*D) or NULL */, float *dk /* (B*Hkv*Tk*D) or NULL */,
+                          float *dv /* (B*Hkv*Tk*D) or NULL */, const float *dout /* (B*H*Tq*D) */,
+                          const float *q /* (B*H*Tq*D) */, const float *k /* (B*Hkv*Tk*D) */,
+                          const float *v /* (B*Hkv*Tk*D) */, const float *out /* (B*H*Tq*D) */,
+                          const float *lse /* (B*H*Tq) */, const void *mask /* strided, or NULL */,
+                          int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si,
+                          int64_t mask_sj, int32_t is_causal, float scale, int64_t B, int64_t H,
+                          int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D);
+
 int mt_relu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_relu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
 
@@ -291,6 +335,12 @@ int mt_accumulate(float *out /* (n) */, const float *const *parts /* (n_parts) -
 int mt_silu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_silu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_add(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, int64_t n);
+/* GELU (elementwise.md): approximate is MT_GELU_NONE (0, erf) or MT_GELU_TANH (1); the aliasing
+ * and non-finite rules are SiLU's. */
+enum mt_gelu_approximate { MT_GELU_NONE = 0, MT_GELU_TANH = 1 };
+int mt_gelu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n, int32_t approximate);
+int mt_gelu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n,
+                     int32_t approximate);
 
 /* Validation of a host buffer of optimizer state before it is loaded (every vendor; x is a
  * host pointer): *first_bad is the index of the first element that is NaN or inf, or with

@@ -23,6 +23,14 @@
 #else
 #define MT_HD static inline
 #endif
+/* MT_HD, always inlined on the host (mt_erff, mt_tanhf): as a call, a routine that long is
+ * compiled once for the baseline x86-64 target, where fmaf is a libm call, instead of inside the
+ * CPU oracle's vectorized target clones, which have hardware fma. */
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#define MT_HD_INLINE static inline __attribute__((always_inline))
+#else
+#define MT_HD_INLINE MT_HD
+#endif
 
 #define MT_MODE_IDENTICAL 0
 #define MT_MODE_DETERMINISTIC 1
@@ -460,12 +468,13 @@ MT_HD float mt_u01(uint32_t word) { return (float)(word >> 8) * 5.96046447753906
 /* low + width * u, width = high - low formed once by the caller (two roundings). */
 MT_HD float mt_uniform_at(float low, float width, uint32_t word) { return low + width * mt_u01(word); }
 
-/* ==== pinned exp, log, log1p (contract: native/contracts/math.md) ==========================
+/* ==== pinned exp, log, log1p, erf, tanh (contract: native/contracts/math.md) ===============
  * Float32-only (no double: Metal has none), no libm call but fmaf, every step a correctly
  * rounded binary32 + - * / or fmaf in the order written, IEEE gradual underflow. Measured by
  * the exhaustive sweep `make math-sweep` (bench/results/math_sweep.md) over all 2^32 inputs:
  * max error 0.5203 ulp (exp), 0.5419 (log), 0.5551 (log1p) -- stated bounds 0.521, 0.542,
- * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs. Special
+ * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs; erf and
+ * tanh (at the end of the section, for GELU) have their own bounds in math.md. Special
  * values are deterministic on every vendor; every NaN result is the one canonical quiet NaN
  * 0x7fc00000 (a vendor's own NaN bits differ).
  * Coefficients: weighted least squares on Chebyshev points in 60-digit mpmath, each rounded
@@ -664,6 +673,128 @@ MT_HD float mt_log1pf(float x) {
     float flo = (c * mt_math_pow2i(-e1)) * mt_math_pow2i(e1 - e);
     return mt_math_log_core((float)e, m - 1.0f, flo);
 }
+
+/* ---- erf and tanh (math.md, "mt_erff", "mt_tanhf") -------------------------------------
+ * Both are odd: computed on a = |x| and given x's sign bit (exact, so f(-x) = -f(x) bit for
+ * bit and f(-0) = -0). Branch-free like mt_expf: both pieces are formed and mt_math_pick
+ * chooses, so that a loop of them vectorizes. Their tails take e^v as the unevaluated pair
+ * of mt_math_exp_pair (2^-31 relative) rather than a rounded mt_expf, so the one rounding that
+ * matters is the last. */
+
+/* erf(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| is clamped to 4 first, where the tail gives
+ * exactly 1 (erf a rounds to 1 from 3.9192059; this gives 1 from 3.9223275 on, and 1 or
+ * 1 - 2^-24 between, both within its bound). a < 0.6875: erf = a + a p (one fmaf), p = EA(s)
+ * ~ erf(a)/a - 1 in s = a*a of degree 5, plus slo * (EA1 + 2 EA2 s) for the rounding error
+ * slo of s. a >= 0.6875: erf = 1 - e^(-s - slo) R(a), R ~ e^(a^2) erfc(a) of degree 10 in
+ * d = a - 1 (exact), with e^-s a pair from mt_math_exp_pair, R's last Horner step split
+ * exactly into rh + rl, their product a pair, and 1 - product by Fast2Sum: one final
+ * rounding. Measured: < 0.625 ulp (math.md). */
+MT_HD_INLINE float mt_erff(float x) {
+    const float EA0 = 0.128379166126251220703125f;          /* 0x3e0375d4 */
+    const float EA1 = -0.37612628936767578125f;             /* 0xbec093a0 */
+    const float EA2 = 0.11283566057682037353515625f;        /* 0x3de71662 */
+    const float EA3 = -0.02684639580547809600830078125f;    /* 0xbcdbecf9 */
+    const float EA4 = 0.0051435814239084720611572265625f;   /* 0x3ba88b7d */
+    const float EA5 = -0.0007000532350502908229827880859375f; /* 0xba3783c7 */
+    const float EB0 = 0.42758357524871826171875f;           /* 0x3edaec3c */
+    const float EB1 = -0.2732120454311370849609375f;        /* 0xbe8be273 */
+    const float EB2 = 0.15437136590480804443359375f;        /* 0x3e1e1387 */
+    const float EB3 = -0.0792253911495208740234375f;        /* 0xbda240ec */
+    const float EB4 = 0.0375766940414905548095703125f;      /* 0x3d19ea05 */
+    const float EB5 = -0.0166875831782817840576171875f;     /* 0xbc88b466 */
+    const float EB6 = 0.0069728852249681949615478515625f;   /* 0x3be47ccd */
+    const float EB7 = -0.002646744251251220703125f;         /* 0xbb2d7500 */
+    const float EB8 = 0.0008121918071992695331573486328125f; /* 0x3a54e945 */
+    const float EB9 = -0.0001647035242058336734771728515625f; /* 0xb92cb444 */
+    const float EB10 = 0.00001548634099890477955341339111328125f; /* 0x3781e8aa */
+    uint32_t u = mt_f32_bits(x);
+    int is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+    float a = mt_bits_f32(u & 0x7fffffffu);
+    a = mt_math_pick(a < 4.0f, a, 4.0f);             /* NaN and inf too; a select, not a branch */
+    float s = a * a;
+    float slo = fmaf(a, a, -s);                      /* a^2 = s + slo */
+    float p = EA5;                                   /* a < 0.6875 */
+    p = fmaf(p, s, EA4);
+    p = fmaf(p, s, EA3);
+    p = fmaf(p, s, EA2);
+    p = fmaf(p, s, EA1);
+    p = fmaf(p, s, EA0);
+    p = fmaf(slo, fmaf(2.0f * EA2, s, EA1), p);
+    float ysmall = fmaf(a, p, a);
+    float kf, lo;                                    /* a >= 0.6875: e^-s = (s2 + lo) 2^k */
+    float s2 = mt_math_exp_pair(-s, &kf, &lo);
+    float eh = s2 + lo;
+    float el = (s2 - eh) + lo;                       /* s2 + lo = eh + el */
+    el = fmaf(-eh, slo, el);                         /* times e^-slo = 1 - slo */
+    float d = a - 1.0f;                              /* exact */
+    float r = EB10;
+    r = fmaf(r, d, EB9);
+    r = fmaf(r, d, EB8);
+    r = fmaf(r, d, EB7);
+    r = fmaf(r, d, EB6);
+    r = fmaf(r, d, EB5);
+    r = fmaf(r, d, EB4);
+    r = fmaf(r, d, EB3);
+    r = fmaf(r, d, EB2);
+    r = fmaf(r, d, EB1);
+    float t = r * d;
+    float tl = fmaf(r, d, -t);                       /* r d = t + tl */
+    float rh = EB0 + t;
+    float rl = ((EB0 - rh) + t) + tl;                /* EB0 + r d = rh + rl (|t| <= 0.29 < EB0) */
+    float ph = eh * rh;
+    float pl = fmaf(eh, rh, -ph) + (eh * rl + el * rh);
+    float sc = mt_math_pow2i((int)kf);               /* 2^k, -23 <= k <= 0: exact scalings */
+    ph = ph * sc;
+    pl = pl * sc;
+    float th = 1.0f - ph;
+    float terr = (1.0f - th) - ph;                   /* 1 - ph = th + terr */
+    float ytail = th + (terr - pl);
+    float y = mt_math_pick(a < 0.6875f, ysmall, ytail);
+    y = mt_bits_f32(mt_f32_bits(y) | (u & 0x80000000u));
+    return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), y);
+}
+
+/* tanh(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| >= 9.0109133 rounds to 1 (a is clamped to
+ * 10). a < 0.25: tanh = a + a p (one fmaf), p = s TH(s) + slo TH(s), TH ~ (tanh(a)/a - 1)/s
+ * of degree 3 in s = a*a. a >= 0.25: tanh = 1 - 2 / (1 + e^(2a)) with every step carried as a
+ * pair: e^(2a) = (s2 + lo) 2^k from mt_math_exp_pair (2a exact), 1 + e^(2a) = dh + dl
+ * (Fast2Sum), 2 / (dh + dl) = qh + ql (the exact remainder fmaf(-qh, dh, 2)), 1 - qh = th + te
+ * (Fast2Sum), result th + (te - ql): one final rounding. Measured: < 0.529 ulp (math.md). */
+MT_HD_INLINE float mt_tanhf(float x) {
+    const float TH0 = -0.333333313465118408203125f;         /* 0xbeaaaaaa */
+    const float TH1 = 0.13333104550838470458984375f;        /* 0x3e0887ef */
+    const float TH2 = -0.0538785047829151153564453125f;     /* 0xbd5cafb5 */
+    const float TH3 = 0.02039768733084201812744140625f;     /* 0x3ca7190d */
+    uint32_t u = mt_f32_bits(x);
+    int is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+    float a = mt_bits_f32(u & 0x7fffffffu);
+    a = mt_math_pick(a < 10.0f, a, 10.0f);           /* NaN and inf too */
+    float s = a * a;
+    float slo = fmaf(a, a, -s);
+    float q = TH3;                                   /* a < 0.25 */
+    q = fmaf(q, s, TH2);
+    q = fmaf(q, s, TH1);
+    q = fmaf(q, s, TH0);
+    float ysmall = fmaf(a, fmaf(q, s, q * slo), a);
+    float kf, lo;                                    /* a >= 0.25 */
+    float s2 = mt_math_exp_pair(2.0f * a, &kf, &lo);
+    float sc = mt_math_pow2i((int)kf);               /* 2^k, 0 <= k <= 29 */
+    float eh = s2 + lo;
+    float el = (s2 - eh) + lo;
+    eh = eh * sc;
+    el = el * sc;
+    float dh = 1.0f + eh;
+    float dl = ((eh - dh) + 1.0f) + el;              /* 1 + eh + el = dh + dl (eh >= 1) */
+    float qh = 2.0f / dh;
+    float rem = fmaf(-qh, dh, 2.0f);                 /* exact */
+    float ql = (rem - qh * dl) / dh;                 /* 2 / (dh + dl) = qh + ql */
+    float th = 1.0f - qh;
+    float te = (1.0f - th) - qh;                     /* 1 - qh = th + te */
+    float ylarge = th + (te - ql);
+    float y = mt_math_pick(a < 0.25f, ysmall, ylarge);
+    y = mt_bits_f32(mt_f32_bits(y) | (u & 0x80000000u));
+    return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), y);
+}
 /* ==== end of pinned exp, log, log1p ==================================================== */
 
 /* ==== losses and dense layers (contracts: native/contracts/loss.md, linear.md, rms_norm.md)
@@ -860,14 +991,84 @@ MT_HD float mt_rms_rstd(float ss, float dimf, float eps) { return 1.0f / sqrtf(s
 MT_HD float mt_rms_k(float c, float dimf, float r) { return (c / dimf) * ((r * r) * r); }
 MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return r * (dy * w) - k * x; }
 
+/* ---- LayerNorm (contract: native/contracts/layer_norm.md) --------------------------------
+ * Per row: mu = (chunk tree of x) / D; var = (chunk tree of fma(x - mu, x - mu, acc)) / D
+ * (two-pass); r = mt_rms_rstd(var's sum, D, eps); xhat = (x - mu) * r; y = fma(xhat, w, b),
+ * w = 1 and b = -0.0 where there is no weight / bias (fma(xhat, 1, b) = xhat + b and
+ * fma(xhat, w, -0.0) = xhat * w, bit for bit). make SABOTAGE=layer_norm walks the row
+ * chunks' lane rows backwards. */
+#ifdef MT_SABOTAGE_LAYER_NORM
+#define MT_SAB_LAYER_NORM 1
+#else
+#define MT_SAB_LAYER_NORM 0
+#endif
+MT_HD float mt_ln_mean(float s, float dimf) { return s / dimf; }
+MT_HD float mt_ln_xhat(float x, float mu, float r) { return (x - mu) * r; }
+MT_HD float mt_ln_y(float x, float mu, float r, float w, float b) { return fmaf(mt_ln_xhat(x, mu, r), w, b); }
+/* dx_i = r * ((g_i - mg) - xhat_i * mgx), g_i = dy_i * w_i, mg = sum(g) / D, mgx = sum(g xhat) / D */
+MT_HD float mt_ln_dx(float dy, float w, float x, float mu, float r, float mg, float mgx) {
+    return r * ((dy * w - mg) - mt_ln_xhat(x, mu, r) * mgx);
+}
+/* The row folds: sum of x; of (x - mu)^2 by fma; of g = dy * w (w NULL: dy); of g * xhat by fma. */
+#define MT_STEP_LN_SUM(acc, i) (acc) = (acc) + x[i]
+MT_DEFINE_CHUNK_FOLD(mt_chunk_ln_sum, MT_SAB_LAYER_NORM, MT_STEP_LN_SUM, const float *x)
+#define MT_STEP_LN_DEVSQ(acc, i) (acc) = fmaf(x[i] - mu, x[i] - mu, (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_ln_devsq, MT_SAB_LAYER_NORM, MT_STEP_LN_DEVSQ, const float *x, float mu)
+#define MT_STEP_LN_G(acc, i) (acc) = (acc) + (w ? dy[i] * w[i] : dy[i])
+MT_DEFINE_CHUNK_FOLD(mt_chunk_ln_g, MT_SAB_LAYER_NORM, MT_STEP_LN_G, const float *dy, const float *w)
+/* (rstd, not r: the fold's own row index is r) */
+#define MT_STEP_LN_GX(acc, i) (acc) = fmaf(w ? dy[i] * w[i] : dy[i], mt_ln_xhat(x[i], mu, rstd), (acc))
+MT_DEFINE_CHUNK_FOLD(mt_chunk_ln_gx, MT_SAB_LAYER_NORM, MT_STEP_LN_GX, const float *dy, const float *w,
+                     const float *x, float mu, float rstd)
+
 /* ---- ReLU --------------------------------------------------------------------------------- */
 MT_HD float mt_relu(float x) { return x > 0.0f ? x : 0.0f; }
 MT_HD float mt_relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
+/* ---- attention (contract: native/contracts/attention.md) ---------------------------------
+ * The scalar steps of the online softmax and of its backward; the chains (scores, dp, delta,
+ * out, dq, dk, dv: MT_DOT_STEP in a stated order) and the block walk are the vendors'.
+ * Keys come in blocks of MT_ATTN_KEY_BLOCK; a pair whose score is -inf is masked and takes
+ * part in nothing. make SABOTAGE=attention divides through a rounded reciprocal (out) and
+ * distributes p over (dp - delta) (ds): each adds a rounding the contract does not have. */
+#ifdef MT_SABOTAGE_ATTENTION
+#define MT_SAB_ATTENTION 1
+#else
+#define MT_SAB_ATTENTION 0
+#endif
+#define MT_ATTN_KEY_BLOCK 64
+#define MT_ATTN_MAX_D 128
+
+/* The running maximum with NaN greatest: a NaN score makes its row's maximum NaN whatever
+ * order the maxima are taken in (any NaN counts the same; its bits are never written). */
+MT_HD float mt_attn_max(float m, float s) { return (s > m || s != s) ? s : m; }
+
+/* out = acc / l, one division; +0 for a fully masked row (l = 0: no live key). */
+MT_HD float mt_attn_out(float acc, float l) {
+#if MT_SAB_ATTENTION
+    float o = acc * (1.0f / l);
+#else
+    float o = acc / l;
+#endif
+    return mt_canonical_nan(l == 0.0f ? 0.0f : o);
+}
+
+/* lse = m + log(l): -inf + log(0) = -inf for a fully masked row. */
+MT_HD float mt_attn_lse(float m, float l) { return mt_canonical_nan(m + mt_logf(l)); }
+
+/* ds = p * (dp - delta), two roundings. */
+MT_HD float mt_attn_ds(float p, float dp, float delta) {
+#if MT_SAB_ATTENTION
+    return p * dp - p * delta;
+#else
+    return p * (dp - delta);
+#endif
+}
 /* ==== end of losses and dense layers ==================================================== */
 
 /* ==== random draws and elementwise ops (contracts: native/contracts/random.md, elementwise.md)
  * Normal draws (Box-Muller through mt_logf, sqrtf and the pinned sin/cos of pi*x below),
- * dropout's keep rule and scaling, SiLU and its gradient through mt_expf, the residual add.
+ * dropout's keep rule and scaling, SiLU and its gradient through mt_expf, the residual add,
+ * GELU and its gradient through mt_erff / mt_tanhf.
  * Every value is a function of (seed, stream, element index) and the element's own inputs:
  * never of threads, blocks or launch geometry. Host checks live here too, so that every
  * vendor refuses the same arguments in the same words. */
@@ -875,7 +1076,8 @@ MT_HD float mt_relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
 /* Sabotage switches (make SABOTAGE=random|elementwise): each changes bits where the contract
  * pins them, in that family alone. random: the sin/cos core drops pi's low part, dropout
  * divides by 1 - p instead of multiplying by the rounded scale. elementwise: SiLU multiplies
- * by a rounded reciprocal, its gradient fuses 1 + x*t, the add flushes subnormal sums. */
+ * by a rounded reciprocal, its gradient fuses 1 + x*t, the add flushes subnormal sums, GELU
+ * divides by sqrt(2) and fuses its a*b + c steps. */
 #ifdef MT_SABOTAGE_RANDOM
 #define MT_SAB_RANDOM 1
 #else
@@ -1065,6 +1267,53 @@ MT_HD float mt_add_elem(float a, float b) {
     return r;
 }
 
+/* ---- GELU (elementwise.md, "GELU"): torch's formulas in torch's order, these constants -----
+ * approximate='none': u = x * SQRT1_2, y = (x * 0.5) * (1 + mt_erff(u));
+ *   dx = dy * (cdf + x * pdf), cdf = 0.5 * (1 + mt_erff(u)), pdf = PDF * mt_expf((x * x) * -0.5).
+ * approximate='tanh': v = BETA * (x + KAPPA * ((x * x) * x)), t = mt_tanhf(v),
+ *   y = (0.5 * x) * (1 + t); dx = dy * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) *
+ *   (BETA * (1 + KAPPA3 * (x * x)))), the last product taken as +0 where 1 - t * t is 0 (the
+ *   same bits as the product wherever it is finite; 0 * inf = NaN once x * x overflows).
+ * Each a*b + c is MT_ELT_MADD (two roundings in the identical mode). make SABOTAGE=elementwise
+ * divides by float(sqrt 2) instead of multiplying by SQRT1_2 and fuses every a*b + c. */
+#define MT_GELU_SQRT1_2 0.707106769084930419921875f    /* 0x3f3504f3: float(1/sqrt(2)) */
+#define MT_GELU_PDF 0.398942291736602783203125f        /* 0x3ecc422a: float(1/sqrt(2 pi)) */
+#define MT_GELU_BETA 0.79788458347320556640625f        /* 0x3f4c422a: float(sqrt(2/pi)) */
+#define MT_GELU_KAPPA 0.0447149984538555145263671875f  /* 0x3d372713: float(0.044715) */
+#define MT_GELU_KAPPA3 0.1341449916362762451171875f    /* 0x3e095d4e: float(3 * KAPPA), rounded */
+
+MT_HD float mt_gelu_u(float x) {
+#if MT_SAB_ELEMENTWISE
+    return x / 1.41421353816986083984375f;
+#else
+    return x * MT_GELU_SQRT1_2;
+#endif
+}
+
+MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * (1.0f + mt_erff(mt_gelu_u(x))); }
+
+MT_HD float mt_gelu_erf_grad(float dy, float x) {
+    float cdf = 0.5f * (1.0f + mt_erff(mt_gelu_u(x)));
+    float pdf = MT_GELU_PDF * mt_expf((x * x) * -0.5f);
+    return dy * MT_ELT_MADD(x, pdf, cdf);
+}
+
+MT_HD float mt_gelu_tanh_t(float x, float xx) {
+    return mt_tanhf(MT_GELU_BETA * MT_ELT_MADD(MT_GELU_KAPPA, xx * x, x));
+}
+
+MT_HD float mt_gelu_tanh(float x) { return (0.5f * x) * (1.0f + mt_gelu_tanh_t(x, x * x)); }
+
+MT_HD float mt_gelu_tanh_grad(float dy, float x) {
+    float xx = x * x;
+    float t = mt_gelu_tanh_t(x, xx);
+    float left_d = 0.5f * (1.0f + t);
+    float tanh_d = MT_ELT_MADD(-t, t, 1.0f);
+    float inner_d = MT_GELU_BETA * MT_ELT_MADD(MT_GELU_KAPPA3, xx, 1.0f);
+    float right_d = mt_math_pick(tanh_d > 0.0f, ((0.5f * x) * tanh_d) * inner_d, 0.0f);
+    return dy * (left_d + right_d);
+}
+
 /* ---- host checks every vendor shares: NULL when fine, else what is wrong ---------------- */
 /* The two endings of a non-finite refusal: a pre-pass decided (in place, or a staged host
  * output never downloaded), or the one pass already wrote the output. */
@@ -1078,6 +1327,11 @@ MT_HD const char *mt_span_problem(uint64_t offset, int64_t n) {
 
 MT_HD const char *mt_dropout_problem(float p) {
     return (p >= 0.0f && p < 1.0f) ? 0 : "p must be in [0, 1)";
+}
+
+/* GELU's approximate: 0 (MT_GELU_NONE, erf) or 1 (MT_GELU_TANH). */
+MT_HD const char *mt_gelu_approximate_problem(int32_t approximate) {
+    return (approximate == 0 || approximate == 1) ? 0 : "approximate must be 0 (none) or 1 (tanh)";
 }
 /* ==== end of random draws and elementwise ops =========================================== */
 

@@ -15,6 +15,8 @@ uint64_t mt_clip_features(void) { return 0; }
 uint64_t mt_loss_features(void) { return 0; }
 uint64_t mt_linear_features(void) { return 0; }
 uint64_t mt_rms_norm_features(void) { return 0; }
+uint64_t mt_layer_norm_features(void) { return 0; }
+uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 uint64_t mt_random_features(void) { return 0; }
 uint64_t mt_accumulate_features(void) { return 0; }
