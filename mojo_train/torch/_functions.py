@@ -92,29 +92,40 @@ def _norm_rows(input, normalized_shape, *params):
     return x, rows, tuple(None if p is None else dense(p).view(d) for p in params)
 
 
+def _norm_forward(ctx, fn, input, params, normalized_shape, eps, numeric_mode, where):
+    """A row normalization's forward (``fn``: rms_norm_forward or layer_norm_forward over the
+    trailing dimensions flattened into rows of D); saves what its backward reads."""
+    x, rows, flat = _norm_rows(input, normalized_shape, *params)
+    wait_for_torch(x.device)
+    y = native(where, _ROWS, fn, rows, *flat, eps, numeric_mode=numeric_mode)
+    ctx.save_for_backward(rows, *flat)
+    ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
+    ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
+    return as_torch(y, x.device).view(x.shape)
+
+
+def _norm_backward(ctx, fn, dy):
+    """(dx, then each parameter's gradient shaped like it, or None): ``fn`` is the backward."""
+    rows, *flat = ctx.saved_tensors
+    dy = _incoming(dy).view(rows.shape)
+    dx, *grads = _backward(ctx, _ROWS, fn, dy, rows, *flat, ctx.eps, numeric_mode=ctx.numeric_mode)
+    shaped = tuple(None if g is None else as_torch(g, dy.device).view(ctx.normalized_shape) for g in grads)
+    return (as_torch(dx, dy.device).view(ctx.shape),) + shaped
+
+
 class RMSNormFunction(torch.autograd.Function):
     """RMS normalization over the last ``len(normalized_shape)`` dimensions, flattened into one
     row of D elements (a view): mojo_train.rms_norm_forward / rms_norm_backward."""
 
     @staticmethod
     def forward(ctx, input, weight, normalized_shape, eps, numeric_mode, where):
-        x, rows, (w,) = _norm_rows(input, normalized_shape, weight)
-        wait_for_torch(x.device)
-        y = native(where, _ROWS, _rms_norm.rms_norm_forward, rows, w, eps, numeric_mode=numeric_mode)
-        ctx.save_for_backward(rows, w)
-        ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
-        ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
-        return as_torch(y, x.device).view(x.shape)
+        return _norm_forward(ctx, _rms_norm.rms_norm_forward, input, (weight,), normalized_shape, eps, numeric_mode,
+                             where)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        rows, w = ctx.saved_tensors
-        dy = _incoming(dy).view(rows.shape)
-        dx, dw = _backward(ctx, _ROWS, _rms_norm.rms_norm_backward, dy, rows, w, ctx.eps,
-                        numeric_mode=ctx.numeric_mode)
-        dw = None if dw is None else as_torch(dw, dy.device).view(ctx.normalized_shape)
-        return as_torch(dx, dy.device).view(ctx.shape), dw, None, None, None, None
+        return _norm_backward(ctx, _rms_norm.rms_norm_backward, dy) + (None, None, None, None)
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -123,23 +134,13 @@ class LayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, weight, bias, normalized_shape, eps, numeric_mode, where):
-        x, rows, (w, b) = _norm_rows(input, normalized_shape, weight, bias)
-        wait_for_torch(x.device)
-        y = native(where, _ROWS, _layer_norm.layer_norm_forward, rows, w, b, eps, numeric_mode=numeric_mode)
-        ctx.save_for_backward(rows, w, b)
-        ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
-        ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
-        return as_torch(y, x.device).view(x.shape)
+        return _norm_forward(ctx, _layer_norm.layer_norm_forward, input, (weight, bias), normalized_shape, eps,
+                             numeric_mode, where)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        rows, w, b = ctx.saved_tensors
-        dy = _incoming(dy).view(rows.shape)
-        dx, dw, db = _backward(ctx, _ROWS, _layer_norm.layer_norm_backward, dy, rows, w, b, ctx.eps,
-                               numeric_mode=ctx.numeric_mode)
-        shaped = [None if g is None else as_torch(g, dy.device).view(ctx.normalized_shape) for g in (dw, db)]
-        return (as_torch(dx, dy.device).view(ctx.shape),) + tuple(shaped) + (None, None, None, None)
+        return _norm_backward(ctx, _layer_norm.layer_norm_backward, dy) + (None, None, None, None)
 
 
 class GELUFunction(torch.autograd.Function):
