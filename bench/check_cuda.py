@@ -28,7 +28,7 @@ SABOTAGE_OPS = tuple(sorted(f[:-len(".card")] for f in os.listdir(os.path.join(R
                             if f.endswith(".card")))
 # GPU benchmarks, each side by side with torch in one process; those not written yet are skipped.
 BENCHMARKS = ("bench/optim_cuda.py", "bench/clip_cuda.py", "bench/loss_cuda.py", "bench/rms_norm_cuda.py",
-              "bench/layer_norm_cuda.py", "bench/linear_cuda.py --quick", "bench/random_cuda.py",
+              "bench/layer_norm_cuda.py", "bench/attention_cuda.py", "bench/linear_cuda.py --quick", "bench/random_cuda.py",
               "bench/elementwise_cuda.py",
               "bench/embedding_cuda.py", "bench/lm_head_cuda.py", "bench/cross_device_cuda.py",
               "bench/torch_adapter_cuda.py")
@@ -112,17 +112,18 @@ def skip_table(out):
 STEPS = ("build", "cards", "suite", "sabotage", "demo", "bench")
 
 
-def demo_step(py):
-    """The demo trained on the cpu vendor and on cuda: the run ends with the same digests."""
+def demo_step(py, model="mlp"):
+    """The demo (``--model``) trained on the cpu vendor and on cuda: the runs end with the same digests."""
     t0 = time.time()
-    runs = {v: run("demo on " + v, [py, "-m", "mojo_train", "demo", "--vendor", v, "--svg",
-                                    os.path.join(LOGS, "demo_%s.svg" % v)]) for v in ("cpu", "cuda")}
+    runs = {v: run("demo %s on %s" % (model, v), [py, "-m", "mojo_train", "demo", "--model", model, "--vendor", v,
+                                                  "--svg", os.path.join(LOGS, "demo_%s_%s.svg" % (model, v))])
+            for v in ("cpu", "cuda")}
     digests = {v: re.findall(r"(?:loss curve|checkpoint) sha256\s+([0-9a-f]{64})", r["out"]) for v, r in runs.items()}
     ok = all(r["ok"] for r in runs.values()) and len(digests["cpu"]) == 2 and digests["cpu"] == digests["cuda"]
     tail = "cpu  %s\ncuda %s" % (" ".join(digests["cpu"]), " ".join(digests["cuda"]))
-    print("=== demo digests, cpu and cuda (%s)\n%s\n" % ("equal" if ok else "FAILED", tail), flush=True)
-    return {"step": "demo: the same digests on cpu and cuda", "ok": ok, "seconds": time.time() - t0,
-            "tail": tail, "out": tail}
+    print("=== demo %s digests, cpu and cuda (%s)\n%s\n" % (model, "equal" if ok else "FAILED", tail), flush=True)
+    return {"step": "demo --model %s: the same digests on cpu and cuda" % model, "ok": ok,
+            "seconds": time.time() - t0, "tail": tail, "out": tail}
 LOGS = tempfile.mkdtemp(prefix="check_cuda_logs_")   # every step's full log, archived into $OUT
 
 
@@ -160,6 +161,7 @@ def main():
               "        runpy.run_path(path, run_name='__main__')\n")
     if "demo" in want:
         steps.append(demo_step(py))
+        steps.append(demo_step(py, "gpt"))
     if "bench" in want:
         steps.append(run("benchmarks", [py, "-c", script] + list(BENCHMARKS), cuda))
     table = ["| step | outcome | seconds |", "| --- | --- | --- |"]

@@ -13,6 +13,7 @@ is_causal. ``scale=``: the scale (default 1/sqrt(D)). One line runs the forward
 """
 from . import _card_format as _cards
 from ._array import Array
+from .device import to_device
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
 
 CONTRACT = "attention v1"
@@ -39,7 +40,22 @@ def _draw(backend, case, name, shape, bounds):
 
 
 def _floats(x):
+    if _cards._ON_DEVICE:
+        x = x.to_host()
     return x.memview().cast("B").cast("f").tolist() if x.size else []
+
+
+class _DeviceBoolMask:
+    """A bool mask in device memory for cards run on device buffers: a uint8 DeviceArray whose
+    bytes are the mask, exported as bool (``|b1``) the way a torch CUDA bool tensor is."""
+
+    def __init__(self, keep, shape):
+        self._bytes = to_device(Array.from_list([int(k) for k in keep], "uint8").reshape(shape), "identical")
+        self.shape = shape
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(self._bytes.__cuda_array_interface__, typestr="|b1")
 
 
 def _mask(backend, case):
@@ -53,9 +69,12 @@ def _mask(backend, case):
     if dead and kind != "kp":
         keep = [k and ((e // tk) % tq) % dead != 0 for e, k in enumerate(keep)]   # row i = (e // Tk) % Tq
     if kind[0] != "f":
+        if _cards._ON_DEVICE:
+            return _DeviceBoolMask(keep, shape)
         return memoryview(bytearray(keep)).cast("?", shape)
     values = _floats(_draw(backend, case, "m", shape, a.get("m", (0.0, 0.0))))
-    return Array.from_list([x if k else float("-inf") for x, k in zip(values, keep)], "float32").reshape(shape)
+    mask = Array.from_list([x if k else float("-inf") for x, k in zip(values, keep)], "float32").reshape(shape)
+    return to_device(mask, "identical") if _cards._ON_DEVICE else mask
 
 
 def _run(case, backend):

@@ -29,7 +29,7 @@ def header_features():
 # Op families the oracle has and the GPU sources do not yet: their GPU entries answer
 # MT_EUNSUPPORTED and declare no bit, so tests skip there by capability. Each entry says why;
 # test_a_pending_gpu_feature_is_still_missing makes sure an entry leaves when its kernel lands.
-PENDING_ON_GPU = {"ATTENTION": "issue 14: mt_gpu_attention.cu is a stub until the flash-style kernel is written"}
+PENDING_ON_GPU = {}
 
 
 def op_mask():

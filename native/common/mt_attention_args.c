@@ -74,7 +74,7 @@ static int overlap(const attn_buf *x, const attn_buf *y) {
     return x->p && y->p && x->bytes > 0 && y->bytes > 0 && a < b + (uintptr_t)y->bytes && b < a + (uintptr_t)x->bytes;
 }
 
-static int64_t mask_bytes(const mt_attn_args *a) {
+int64_t mt_attn_mask_bytes(const mt_attn_args *a) {
     if (a->mask_kind == MT_ATTENTION_MASK_NONE || a->B * a->H * a->Tq * a->Tk == 0) return 0;
     int64_t last = span(a->B, a->sb) + span(a->H, a->sh) + span(a->Tq, a->si) + span(a->Tk, a->sj);
     return (last + 1) * (a->mask_kind == MT_ATTENTION_MASK_FLOAT ? 4 : 1);
@@ -103,12 +103,12 @@ int mt_check_attention_args(const mt_attn_args *a, int backward) {
     if (!backward) {
         if (!a->out && qb > 0) return mt_fail(MT_EINVAL, "out is NULL");
         attn_buf bufs[] = {{"out", a->out, qb, 1}, {"lse", a->lse, rb, 1}, {"q", a->q, qb, 0}, {"k", a->k, kvb, 0},
-                           {"v", a->v, kvb, 0}, {"mask", a->mask, mask_bytes(a), 0}};
+                           {"v", a->v, kvb, 0}, {"mask", a->mask, mt_attn_mask_bytes(a), 0}};
         return check_buffers(bufs, (int)(sizeof bufs / sizeof bufs[0]));
     }
     attn_buf bufs[] = {{"dq", a->dq, qb, 1}, {"dk", a->dk, kvb, 1}, {"dv", a->dv, kvb, 1},
                        {"dout", a->dout, qb, 0}, {"q", a->q, qb, 0}, {"k", a->k, kvb, 0}, {"v", a->v, kvb, 0},
-                       {"out", a->out_in, qb, 0}, {"lse", a->lse_in, rb, 0}, {"mask", a->mask, mask_bytes(a), 0}};
+                       {"out", a->out_in, qb, 0}, {"lse", a->lse_in, rb, 0}, {"mask", a->mask, mt_attn_mask_bytes(a), 0}};
     return check_buffers(bufs, (int)(sizeof bufs / sizeof bufs[0]));
 }
 

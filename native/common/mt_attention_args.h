@@ -30,6 +30,8 @@ int mt_check_attention_args(const mt_attn_args *a, int backward);
 int64_t mt_attn_q_elems(const mt_attn_args *a);
 int64_t mt_attn_kv_elems(const mt_attn_args *a);
 int64_t mt_attn_rows(const mt_attn_args *a);
+/* Bytes of the mask the strides reach (0 without a mask or without pairs). */
+int64_t mt_attn_mask_bytes(const mt_attn_args *a);
 
 /* The vendor's attention: the forward (backward = 0) or the backward (1) of the call packed in a.
  * Each vendor defines it; mt_attention_forward / mt_attention_backward (mt_attention_args.c,

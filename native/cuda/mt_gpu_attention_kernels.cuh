@@ -1,0 +1,503 @@
+/* mt_gpu_attention_kernels.cuh -- the kernels of attention on a GPU (contract:
+ * native/contracts/attention.md, "A flash-style GPU kernel") and the order they are enqueued in.
+ * Host glue (staging, refusals) is mt_gpu_attention.cu's; this file holds only what runs on the
+ * device and the launch plan, so tests/c/attn_gpu_emulate.cc compiles the very same kernels as
+ * C++ on CPU threads and compares their bytes with the oracle's.
+ *
+ * Every block has 256 threads, tid = 16*ty + tx. A tile pairs 64 rows of one kind ("own" rows:
+ * query rows in the forward and dq kernels, keys in the dk/dv kernel) with 64 of the other;
+ * thread (ty, tx) owns rows 4*ty .. 4*ty+3 and the other rows tx, tx+16, tx+32, tx+48. Tiles of
+ * (rows, D) sit in shared memory row-major with a padded stride (DS), so the chains over d load
+ * four consecutive d at once; a tile of per-pair values (p or ds) sits with the own rows
+ * contiguous, so the chains over pairs load four own rows at once.
+ *
+ * Every chain is serial in the thread that owns its output, in the contract's order:
+ *   scores, dp   over d ascending (16 chains of a thread side by side);
+ *   out (acc)    over the keys of a block ascending, continued across blocks in ascending order;
+ *   l            the same, summed by one thread per row (8 per warp);
+ *   dq           over the keys ascending (key blocks in ascending order);
+ *   dk, dv       over (query head of the group, query row) ascending.
+ * A masked pair's value is stored as the bit pattern MASKED (a NaN no arithmetic writes: live
+ * NaNs are canonical), and a chain step of a tile holding any masked pair is a select on it, so
+ * a masked pair takes part in nothing; tiles without one run plain fmas. The row maximum is
+ * exact (mt_attn_max), taken by a butterfly over the 16 threads sharing a row. No atomics.
+ */
+#ifndef MT_GPU_ATTENTION_KERNELS_CUH
+#define MT_GPU_ATTENTION_KERNELS_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#include "mt_gpu.h"          /* the runtime header (HIP needs it before mt_pinned.h) */
+#endif
+#include "mojo_train.h"
+#include "mt_attention_args.h"
+#include "mt_pinned.h"
+
+/* A butterfly step among 32 lanes (HIP: a 32-wide segment of the wave, as mt_gpu.h's shuffles). */
+#ifndef MT_ATTN_SHFL_XOR
+#if defined(__HIPCC__) || defined(MT_HIP)
+#define MT_ATTN_SHFL_XOR(v, x) __shfl_xor((v), (x), 32)
+#else
+#define MT_ATTN_SHFL_XOR(v, x) __shfl_xor_sync(0xffffffffu, (v), (x), 32)
+#endif
+#endif
+
+#ifndef MT_ATTN_SMEM_DECL
+#define MT_ATTN_SMEM_DECL(name) extern __shared__ __align__(16) float name[]
+#endif
+
+/* What the kernels read: the call (device pointers), the row deltas (B*H*Tq floats, the
+ * backward's) and the refusal flags of the host's check kernels (int32[MT_ATTN_FLAGS], zeroed
+ * before the call; the attention kernels do not touch them). */
+struct mt_attn_dev {
+    mt_attn_args a;
+    float *delta;
+    int32_t *flags;
+};
+
+enum { MT_ATTN_FLAG_Q, MT_ATTN_FLAG_K, MT_ATTN_FLAG_V, MT_ATTN_FLAG_DOUT, MT_ATTN_FLAG_OUT, MT_ATTN_FLAG_LSE,
+       MT_ATTN_FLAG_MASK, MT_ATTN_FLAGS = 8 };
+
+namespace mt_attn {
+
+constexpr int NT = 256;              /* threads of a block */
+constexpr int TR = 64;               /* rows of a tile, either kind (= MT_ATTN_KEY_BLOCK) */
+constexpr int PS = TR + 4;           /* stride of a per-pair tile */
+constexpr uint32_t MASKED = 0xffffffffu;
+
+static_assert(TR == MT_ATTN_KEY_BLOCK, "the forward's key block is the tile");
+
+/* The padded row stride of a (rows, D) tile: NCG groups of 64 columns. */
+template <int NCG>
+struct geom {
+    static constexpr int DS = 64 * NCG + 4;
+};
+
+__device__ __forceinline__ bool live_bits(float x) { return __float_as_uint(x) != MASKED; }
+__device__ __forceinline__ float masked_value() { return __uint_as_float(MASKED); }
+
+/* Rows [r0, r0 + n) of a (rows, D) tensor into a tile of stride DS (rows past n untouched). */
+__device__ __forceinline__ void load_rows(float *tile, int DS, const float *src, int64_t r0, int n, int D) {
+    const float *s = src + r0 * D;
+    for (int e = threadIdx.x; e < n * D; e += NT) {
+        int r = e / D, d = e - r * D;
+        tile[r * DS + d] = s[e];
+    }
+}
+
+/* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows 4*ty+u of a
+ * tile, y rows tx+16w of another, both of stride DS. */
+__device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, const float *y, int DS, int D) {
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    const float *xr = x + 4 * ty * DS, *yr = y + tx * DS;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) c[u][w] = 0.0f;
+    int d = 0;
+    for (; d + 4 <= D; d += 4) {
+        float4 a[4], b[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) a[u] = *(const float4 *)(xr + u * DS + d);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) b[w] = *(const float4 *)(yr + 16 * w * DS + d);
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                c[u][w] = MT_DOT_STEP(a[u].x, b[w].x, c[u][w]);
+                c[u][w] = MT_DOT_STEP(a[u].y, b[w].y, c[u][w]);
+                c[u][w] = MT_DOT_STEP(a[u].z, b[w].z, c[u][w]);
+                c[u][w] = MT_DOT_STEP(a[u].w, b[w].w, c[u][w]);
+            }
+    }
+    for (; d < D; ++d)
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) c[u][w] = MT_DOT_STEP(xr[u * DS + d], yr[16 * w * DS + d], c[u][w]);
+}
+
+/* The two score chains of the backward side by side (q.k and dout.v over the same d). */
+__device__ __forceinline__ void two_chains_over_d(float (&s)[4][4], float (&dp)[4][4], const float *x1,
+                                                  const float *y1, const float *x2, const float *y2, int DS, int D) {
+    chains_over_d(s, x1, y1, DS, D);
+    chains_over_d(dp, x2, y2, DS, D);
+}
+
+/* acc[u][4g + c] = chain over t in [0, n) ascending of (cv[t][4ty + u], rows[t][64g + 4tx + c]),
+ * continued from acc: cv a per-pair tile (stride PS, own rows contiguous), rows a (n, D) tile
+ * of stride DS. SEL: a step whose coefficient is MASKED is skipped. */
+template <int NCG, bool SEL>
+__device__ __forceinline__ void chains_over_pairs(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
+                                                  int n) {
+    constexpr int DS = geom<NCG>::DS;
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    const float *cp = cv + 4 * ty, *rp = rows + 4 * tx;
+#pragma unroll 2
+    for (int t = 0; t < n; ++t) {
+        float4 cf = *(const float4 *)(cp + t * PS);
+        const float co[4] = {cf.x, cf.y, cf.z, cf.w};
+#pragma unroll
+        for (int g = 0; g < NCG; ++g) {
+            float4 rf = *(const float4 *)(rp + t * DS + 64 * g);
+            const float rv[4] = {rf.x, rf.y, rf.z, rf.w};
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float nv = MT_DOT_STEP(co[u], rv[c], acc[u][4 * g + c]);
+                    acc[u][4 * g + c] = (!SEL || live_bits(co[u])) ? nv : acc[u][4 * g + c];
+                }
+        }
+    }
+}
+
+template <int NCG>
+__device__ __forceinline__ void chains_over_pairs_sel(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
+                                                      int n, bool any_masked) {
+    if (any_masked)
+        chains_over_pairs<NCG, true>(acc, cv, rows, n);
+    else
+        chains_over_pairs<NCG, false>(acc, cv, rows, n);
+}
+
+/* The score of query row i against key j (both in range): chain * scale, then the mask or
+ * causality; -inf marks a masked pair. (A float mask's NaN and +inf are refused by the host's
+ * check kernel.) */
+__device__ __forceinline__ float score(const mt_attn_dev &d, float chain, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const mt_attn_args &a = d.a;
+    float s = chain * a.scale;
+    if (a.mask_kind == MT_ATTENTION_MASK_FLOAT) {
+        s = s + ((const float *)a.mask)[b * a.sb + h * a.sh + i * a.si + j * a.sj];
+    } else if (a.mask_kind == MT_ATTENTION_MASK_BOOL) {
+        if (!((const uint8_t *)a.mask)[b * a.sb + h * a.sh + i * a.si + j * a.sj]) s = -INFINITY;
+    } else if (a.is_causal && j > i) {
+        s = -INFINITY;
+    }
+    return s;
+}
+
+/* Key blocks a query tile [i0, i0 + n) reaches: all, or under causality up to its last row's. */
+__device__ __forceinline__ int64_t key_blocks(const mt_attn_args &a, int64_t i0, int n) {
+    int64_t all = (a.Tk + TR - 1) / TR;
+    if (!a.is_causal) return all;
+    int64_t last = (i0 + n - 1) / TR + 1;
+    return last < all ? last : all;
+}
+
+/* A query tile's place: blocks walk the heaviest tiles (the last, under causality) first. */
+__device__ __forceinline__ void query_tile_of_block(const mt_attn_args &a, int64_t *b, int64_t *h, int64_t *i0,
+                                                    int *n) {
+    int64_t tiles = (a.Tq + TR - 1) / TR, bh_count = a.B * a.H, idx = blockIdx.x;
+    int64_t t = tiles - 1 - idx / bh_count, bh = idx % bh_count;
+    *b = bh / a.H;
+    *h = bh % a.H;
+    *i0 = t * TR;
+    *n = (int)(a.Tq - *i0 < TR ? a.Tq - *i0 : TR);
+}
+
+__device__ __forceinline__ int64_t kv_head(const mt_attn_args &a, int64_t h) { return h / (a.H / a.Hkv); }
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+template <int NCG>
+__global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
+    constexpr int DS = geom<NCG>::DS;
+    MT_ATTN_SMEM_DECL(smem);
+    float *Qs = smem, *Ks = Qs + TR * DS, *Vs = Ks + TR * DS, *Pt = Vs + TR * DS, *Alpha = Pt + TR * PS;
+    const mt_attn_args &a = d.a;
+    const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    int64_t b, h, i0;
+    int n;
+    query_tile_of_block(a, &b, &h, &i0, &n);
+    const int64_t row0 = (b * a.H + h) * a.Tq + i0, kv0 = (b * a.Hkv + kv_head(a, h)) * a.Tk;
+    /* the l of row (tid / 32) * 8 + tid % 32, kept by the lanes 0..7 of each warp */
+    const int lrow = (tid >> 5) * 8 + (tid & 31);
+    const bool lsum = (tid & 31) < 8;
+    float l = 0.0f, m[4], acc[4][4 * NCG];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        m[u] = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = 0.0f;
+    }
+    load_rows(Qs, DS, a.q, row0, n, D);
+    for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
+        const int64_t j0 = kb * TR;
+        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+        __syncthreads();                                   /* the last block's Ks, Vs, Pt are read */
+        load_rows(Ks, DS, a.k, kv0 + j0, nk, D);
+        load_rows(Vs, DS, a.v, kv0 + j0, nk, D);
+        __syncthreads();
+        float s[4][4];
+        chains_over_d(s, Qs, Ks, DS, D);
+        int masked = 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = 4 * ty + u;
+            float mb = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int jj = tx + 16 * w;
+                const bool in = r < n && jj < nk;
+                s[u][w] = in ? score(d, s[u][w], b, h, i0 + r, j0 + jj) : -INFINITY;
+                masked |= in && s[u][w] == -INFINITY;
+                mb = mt_attn_max(mb, s[u][w]);
+            }
+#pragma unroll
+            for (int x = 1; x < 16; x <<= 1) mb = mt_attn_max(mb, MT_ATTN_SHFL_XOR(mb, x));
+            float alpha = 1.0f;
+            if (mb != -INFINITY) {                          /* the row has a live pair in this block */
+                const float mnew = mt_attn_max(m[u], mb);
+                alpha = mt_expf(m[u] - mnew);
+                m[u] = mnew;
+            }
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                Pt[(tx + 16 * w) * PS + r] =
+                    s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf(s[u][w] - m[u]));
+            if (tx == 0) Alpha[r] = alpha;
+#pragma unroll
+            for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
+        }
+        const bool any_masked = __syncthreads_or(masked);
+        if (lsum) {                                         /* l = l * alpha, then + p_j ascending */
+            l = l * Alpha[lrow];
+            for (int jj = 0; jj < nk; ++jj) {
+                float p = Pt[jj * PS + lrow];
+                if (live_bits(p)) l = l + p;
+            }
+        }
+        chains_over_pairs_sel<NCG>(acc, Pt, Vs, nk, any_masked);
+    }
+    __syncthreads();
+    if (lsum) Alpha[lrow] = l;                              /* Alpha now holds each row's l */
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int r = 4 * ty + u;
+        if (r >= n) continue;
+        const float lr = Alpha[r];
+        float *o = a.out + (row0 + r) * D;
+#pragma unroll
+        for (int g = 0; g < NCG; ++g)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int col = 64 * g + 4 * tx + c;
+                if (col < D) o[col] = mt_attn_out(acc[u][4 * g + c], lr);
+            }
+        if (tx == 0 && a.lse) a.lse[row0 + r] = mt_attn_lse(m[u], lr);
+    }
+}
+
+/* ---- backward ------------------------------------------------------------------------------- */
+
+/* delta of every query row: the chain over d of (dout, out), one thread a row. */
+__global__ void __launch_bounds__(NT) delta_kernel(mt_attn_dev d) {
+    const mt_attn_args &a = d.a;
+    const int64_t row = (int64_t)blockIdx.x * NT + threadIdx.x, rows = a.B * a.H * a.Tq;
+    if (row >= rows) return;
+    const float *x = a.dout + row * a.D, *y = a.out_in + row * a.D;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < a.D; ++k) acc = MT_DOT_STEP(x[k], y[k], acc);
+    d.delta[row] = acc;
+}
+
+/* The backward's per-pair value of a pair whose chains are s (q.k) and dp (dout.v): ds, or p
+ * (want_p), MASKED when the pair is masked; the score in *sc. */
+__device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float dp, float lse, float delta, int64_t b,
+                                            int64_t h, int64_t i, int64_t j, bool in, float *p_out, float *ds_out,
+                                            int *masked) {
+    const float sc = in ? score(d, s, b, h, i, j) : -INFINITY;
+    if (sc == -INFINITY) {
+        *masked |= in;
+        *p_out = *ds_out = masked_value();
+        return;
+    }
+    const float p = mt_expf(sc - lse);
+    *p_out = mt_canonical_nan(p);
+    *ds_out = mt_canonical_nan(mt_attn_ds(p, dp, delta));
+}
+
+/* dq of a query tile: chains over the keys ascending, times scale at the end. */
+template <int NCG>
+__global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
+    constexpr int DS = geom<NCG>::DS;
+    MT_ATTN_SMEM_DECL(smem);
+    float *Qs = smem, *dOs = Qs + TR * DS, *Ks = dOs + TR * DS, *Vs = Ks + TR * DS, *dSt = Vs + TR * DS;
+    float *Lse = dSt + TR * PS, *Delta = Lse + TR;
+    const mt_attn_args &a = d.a;
+    const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    int64_t b, h, i0;
+    int n;
+    query_tile_of_block(a, &b, &h, &i0, &n);
+    const int64_t row0 = (b * a.H + h) * a.Tq + i0, kv0 = (b * a.Hkv + kv_head(a, h)) * a.Tk;
+    float acc[4][4 * NCG];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = 0.0f;
+    load_rows(Qs, DS, a.q, row0, n, D);
+    load_rows(dOs, DS, a.dout, row0, n, D);
+    if (tid < n) {
+        Lse[tid] = a.lse_in[row0 + tid];
+        Delta[tid] = d.delta[row0 + tid];
+    }
+    for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
+        const int64_t j0 = kb * TR;
+        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+        __syncthreads();
+        load_rows(Ks, DS, a.k, kv0 + j0, nk, D);
+        load_rows(Vs, DS, a.v, kv0 + j0, nk, D);
+        __syncthreads();
+        float s[4][4], dp[4][4];
+        two_chains_over_d(s, dp, Qs, Ks, dOs, Vs, DS, D);
+        int masked = 0;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = 4 * ty + u;
+            const float lse = r < n ? Lse[r] : 0.0f, delta = r < n ? Delta[r] : 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int jj = tx + 16 * w;
+                float p, ds;
+                pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p, &ds,
+                            &masked);
+                dSt[jj * PS + r] = ds;
+            }
+        }
+        const bool any_masked = __syncthreads_or(masked);
+        chains_over_pairs_sel<NCG>(acc, dSt, Ks, nk, any_masked);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int r = 4 * ty + u;
+        if (r >= n) continue;
+        float *o = a.dq + (row0 + r) * D;
+#pragma unroll
+        for (int g = 0; g < NCG; ++g)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int col = 64 * g + 4 * tx + c;
+                if (col < D) o[col] = mt_canonical_nan(a.scale * acc[u][4 * g + c]);
+            }
+    }
+}
+
+/* dk and dv of a key block of one kv head: chains over (query head of the group, row)
+ * ascending; dk times scale at the end. Blocks walk the key blocks in ascending order (under
+ * causality the first ones see the most rows). */
+template <int NCG>
+__global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
+    constexpr int DS = geom<NCG>::DS;
+    MT_ATTN_SMEM_DECL(smem);
+    float *Ks = smem, *Vs = Ks + TR * DS, *Qs = Vs + TR * DS, *dOs = Qs + TR * DS, *Ps = dOs + TR * DS;
+    float *dSs = Ps + TR * PS, *Lse = dSs + TR * PS, *Delta = Lse + TR;
+    const mt_attn_args &a = d.a;
+    const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+    const int64_t bg_count = a.B * a.Hkv, idx = blockIdx.x, kb = idx / bg_count, bg = idx % bg_count;
+    const int64_t b = bg / a.Hkv, g = bg % a.Hkv, group = a.H / a.Hkv, j0 = kb * TR;
+    const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+    const int64_t kv0 = bg * a.Tk + j0;
+    float dk[4][4 * NCG], dv[4][4 * NCG];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int c = 0; c < 4 * NCG; ++c) dk[u][c] = dv[u][c] = 0.0f;
+    load_rows(Ks, DS, a.k, kv0, nk, D);
+    load_rows(Vs, DS, a.v, kv0, nk, D);
+    const int64_t first = a.is_causal ? j0 / TR * TR : 0;  /* rows above j0 see no key of the block */
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i0 = first; i0 < a.Tq; i0 += TR) {
+            const int n = (int)(a.Tq - i0 < TR ? a.Tq - i0 : TR);
+            const int64_t row0 = (b * a.H + h) * a.Tq + i0;
+            __syncthreads();
+            load_rows(Qs, DS, a.q, row0, n, D);
+            load_rows(dOs, DS, a.dout, row0, n, D);
+            if (tid < n) {
+                Lse[tid] = a.lse_in[row0 + tid];
+                Delta[tid] = d.delta[row0 + tid];
+            }
+            __syncthreads();
+            float s[4][4], dp[4][4];                    /* own rows: keys; other rows: query rows */
+            two_chains_over_d(s, dp, Ks, Qs, Vs, dOs, DS, D);
+            int masked = 0;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                const int r = tx + 16 * w;
+                const float lse = r < n ? Lse[r] : 0.0f, delta = r < n ? Delta[r] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int jj = 4 * ty + u;
+                    float p, ds;
+                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p, &ds,
+                                &masked);
+                    Ps[r * PS + jj] = p;
+                    dSs[r * PS + jj] = ds;
+                }
+            }
+            const bool any_masked = __syncthreads_or(masked);
+            chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
+            chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int jj = 4 * ty + u;
+        if (jj >= nk) continue;
+#pragma unroll
+        for (int gg = 0; gg < NCG; ++gg)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int col = 64 * gg + 4 * tx + c;
+                if (col >= D) continue;
+                if (a.dk) a.dk[(kv0 + jj) * D + col] = mt_canonical_nan(a.scale * dk[u][4 * gg + c]);
+                if (a.dv) a.dv[(kv0 + jj) * D + col] = mt_canonical_nan(dv[u][4 * gg + c]);
+            }
+    }
+}
+
+/* Shared memory of each kernel, in bytes. */
+template <int NCG>
+constexpr size_t fwd_smem() { return (size_t)(3 * TR * geom<NCG>::DS + TR * PS + TR) * 4; }
+template <int NCG>
+constexpr size_t dq_smem() { return (size_t)(4 * TR * geom<NCG>::DS + TR * PS + 2 * TR) * 4; }
+template <int NCG>
+constexpr size_t dkv_smem() { return (size_t)(4 * TR * geom<NCG>::DS + 2 * TR * PS + 2 * TR) * 4; }
+
+template <int NCG, class Launch>
+int enqueue(const mt_attn_dev &d, int backward, Launch &&launch) {
+    const mt_attn_args &a = d.a;
+    const int64_t qtiles = (a.Tq + TR - 1) / TR, kblocks = (a.Tk + TR - 1) / TR, rows = a.B * a.H * a.Tq;
+    const int64_t qgrid = a.B * a.H * qtiles, kvgrid = a.B * a.Hkv * kblocks;
+    int rc;
+    if (!backward) return qgrid ? launch(fwd_kernel<NCG>, (unsigned)qgrid, (unsigned)NT, fwd_smem<NCG>(), d) : 0;
+    if (rows && (a.dq || a.dk || a.dv) &&
+        (rc = launch(delta_kernel, (unsigned)((rows + NT - 1) / NT), (unsigned)NT, (size_t)0, d)))
+        return rc;
+    if (a.dq && qgrid && (rc = launch(dq_kernel<NCG>, (unsigned)qgrid, (unsigned)NT, dq_smem<NCG>(), d))) return rc;
+    if ((a.dk || a.dv) && kvgrid && (rc = launch(dkv_kernel<NCG>, (unsigned)kvgrid, (unsigned)NT, dkv_smem<NCG>(), d)))
+        return rc;
+    return 0;
+}
+
+}  // namespace mt_attn
+
+/* The grids a call needs are below 2^31 blocks (the host checks: mt_attn_grid_fits). */
+inline bool mt_attn_grid_fits(const mt_attn_args &a) {
+    const int64_t lim = ((int64_t)1 << 31) - 1, tr = mt_attn::TR;
+    return a.B * a.H * ((a.Tq + tr - 1) / tr) <= lim && a.B * a.Hkv * ((a.Tk + tr - 1) / tr) <= lim &&
+           (a.B * a.H * a.Tq + mt_attn::NT - 1) / mt_attn::NT <= lim;
+}
+
+/* Enqueue the forward (backward = 0) or the backward's kernels: launch(kernel, grid, threads,
+ * smem_bytes, d) for each, in order (a nonzero return stops). D <= 64 takes one group of 64
+ * columns per tile, D <= 128 two. */
+template <class Launch>
+int mt_attn_enqueue(const mt_attn_dev &d, int backward, Launch &&launch) {
+    return d.a.D <= 64 ? mt_attn::enqueue<1>(d, backward, launch) : mt_attn::enqueue<2>(d, backward, launch);
+}
+
+#endif /* MT_GPU_ATTENTION_KERNELS_CUH */
