@@ -41,7 +41,8 @@ def run(name, cmd, env=None, expect_fail=False, timeout=420, must_print=None):
         p = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
         rc, out = p.returncode, p.stdout + p.stderr
     except subprocess.TimeoutExpired as e:
-        rc, out = 124, (e.stdout or "") + "\n[timed out]"
+        partial = e.stdout or ""         # bytes on some Pythons even with text=True
+        rc, out = 124, (partial.decode(errors="replace") if isinstance(partial, bytes) else partial) + "\n[timed out]"
     ok = (rc != 0) if expect_fail else (rc == 0)
     if must_print is not None:      # a sabotage must fail by mismatching lines, not by crashing
         ok = ok and must_print in out
