@@ -144,9 +144,9 @@ def main():
     if "cards" in want:
         steps.append(run("cards (selfcheck)", [py, "-m", "mojo_train", "selfcheck"], cuda))
     if "suite" in want:
-        xdist = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        xdist = ["-n", str(max(4, (os.cpu_count() or 8) - 4))] if importlib.util.find_spec("xdist") else []
         steps.append(run("test suite", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"] + xdist + ["tests"],
-                         cuda, timeout=420))
+                         cuda, timeout=480))
         skips = skip_table(steps[-1]["out"])
         print("skips by reason:\n" + "\n".join(skips), flush=True)
     for op in SABOTAGE_OPS if "sabotage" in want else ():

@@ -10,7 +10,7 @@ Every run must end with compute-sanitizer's ``ERROR SUMMARY: 0 errors`` and the 
 The record (GPU, commit, per tool x card: errors and seconds) is appended to
 bench/results/sanitize-cuda.md (and copied to $OUT when set).
 
-    python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N]
+    python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
 """
 import argparse
 import concurrent.futures
@@ -88,6 +88,8 @@ def main():
                     help="seconds for the whole command: runs still going then are killed and recorded "
                          "as unfinished, so the record is written inside one 10-minute GPU call")
     ap.add_argument("--no-build", action="store_true", help="use the libraries and canary already built")
+    ap.add_argument("--shard-factor", type=int, default=1,
+                    help="cut each slow card into this many times its shards (more, shorter runs side by side)")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     cards = [c for c in args.cards.split(",") if c]
@@ -102,7 +104,7 @@ def main():
     jobs = [("canary", t, [CANARY, t]) for t in tools] + [("canary clean", t, [CANARY, "clean"]) for t in tools]
     for t in tools:
         for c in cards:
-            n = SHARDS.get(c, 1)
+            n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
             jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
                       [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)])
                      for k in range(n)]

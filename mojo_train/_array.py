@@ -320,7 +320,9 @@ class Array:
         """Return a writable memoryview with this Array's format and shape.
 
         An Array with a zero in its shape gives a 1-d empty view, since
-        memoryview cannot express zeros in a shape.
+        memoryview cannot express zeros in a shape. (So does ``numpy.asarray`` of
+        such an Array on Python >= 3.12, where numpy reads the buffer before
+        ``__array_interface__``: reshape it to ``.shape``.)
         """
         fmt = _DTYPES[self._dtype][0]
         view = memoryview(self._buf)

@@ -52,7 +52,9 @@ def run(mode, x, **kw):
     kw.setdefault("enable_gqa", x["q"].shape[1] != x["k"].shape[1])
     out, lse = SDPA(x["q"], x["k"], x["v"], return_lse=True, numeric_mode=mode, **kw)
     grads = SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out, lse, numeric_mode=mode, **kw)
-    return tuple(np.asarray(a) for a in (out, lse) + tuple(grads))
+    # reshape: on Python >= 3.12 numpy takes an Array through its buffer, which memoryview
+    # cannot give zeros in its shape (an empty Array reads as 1-d: Array.memview)
+    return tuple(np.asarray(a).reshape(a.shape) for a in (out, lse) + tuple(grads))
 
 
 def same(xs, ys):
