@@ -86,7 +86,7 @@ def _int64_values(values, name, where):
 # A one-letter C argument name ("a", "x") where a message uses it as a name (before "[",
 # " holds", " is ", ...), not as a word of prose ("a 96 x 50304 product", "a GPU"); longer
 # names ("hidden", "weight") are renamed wherever they stand as a word.
-_ARGUMENT = r"(?<![\w.])(%s)(?=\[| holds\b| is\b| and \w+ overlap| overlap| has\b| must\b| of shape|:|,|$)"
+_ARGUMENT = r"(?<![\w.])(%s)(?='s\b|\[| holds\b| is\b| and \w+ overlap| overlap| has\b| must\b| of shape|:|,|$)"
 
 
 def check(backend, rc, where, names=None):

@@ -52,10 +52,12 @@ def _heads(q, k, v, enable_gqa, where):
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(where_msg(where, "q's last dimension D must be in [1, %d], got shape %r"
                                    % (MAX_HEAD_DIM, tuple(pq.shape))))
-    if h < 1 or hkv < 1:
-        raise ValueError(where_msg(where, "q and k need at least one head, got q %r, k %r"
-                                   % (tuple(pq.shape), tuple(pk.shape))))
-    if hkv != h and not _flag(enable_gqa, "enable_gqa", where):
+    for name, heads, p in (("q", h, pq), ("k", hkv, pk)):
+        if heads < 1:
+            raise ValueError(where_msg(where, "%s must have at least one head (dimension 1 >= 1), got shape %r"
+                                       % (name, tuple(p.shape))))
+    gqa = _flag(enable_gqa, "enable_gqa", where)          # checked whatever the heads
+    if hkv != h and not gqa:
         raise ValueError(where_msg(where, "k and v have %d heads and q has %d; pass enable_gqa=True to share each "
                                    "kv head among H / Hkv query heads (torch refuses it too)" % (hkv, h)))
     if h % hkv:

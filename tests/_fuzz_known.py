@@ -56,16 +56,6 @@ KNOWN = [
      example("cross_entropy positions", [("logits", buf("float32", (1, 2, 0), "numpy", "unit", 1), False),
                                           ("targets", buf("int64", (1, 0), "numpy", ("ids", 0, 2), 2), False), MODE],
              [((), "edge dimensions {'N': 1, 'V': 2, 'P': 0}", "soft", ())])),
-    ("torch/_tensors.py: mojo_train.torch.functional.silu(None) (relu too) escapes as a bare IndexError 'list index "
-     "out of range' (_floats skips None, then device_of indexes an empty list); so does SiLU/ReLU.forward(None)",
-     "torch.silu|torch.relu|torch.nn.SiLU.forward|torch.nn.ReLU.forward",
-     "unclear error", r"list index out of range",
-     example("torch.silu", [("input", ("lit", None), False), MODE], [(("input",), "not a buffer", "hard", ())])),
-    ("torch/functional.py: rms_norm of input with a last dimension 0 is refused naming the native argument "
-     "'x's last dimension D', not input", "torch.rms_norm", "unclear error", r"x's last dimension D",
-     example("torch.rms_norm", [("input", buf("float32", (1, 0), "torch", "unit", 1), False),
-                                ("normalized_shape", ("lit", (0,)), False), MODE],
-             [((), "edge dimensions {'D': 0}", "soft", ())])),
 ]
 
 

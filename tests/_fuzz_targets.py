@@ -1,14 +1,17 @@
 """The fuzz targets: every public entry point, its hostile arguments and its oracle.
 
 This module holds the registry (``TARGETS``, ``EXEMPT``) and the stateless tensor functions
-(elementwise, linear, RMSNorm, the losses, the embedding functions); tests/_fuzz_targets_state.py
-holds the optimizers, clipping and accumulation, tests/_fuzz_targets_random.py the random
-streams, tests/_fuzz_targets_misc.py the schedules, Array, device memory, the Embedding layer and the library's identity calls,
-tests/_fuzz_targets_torch.py mojo_train.torch's functional calls and modules' forward.
+(elementwise, linear, RMSNorm, LayerNorm, the losses, the embedding functions);
+tests/_fuzz_targets_attention.py holds attention, tests/_fuzz_targets_state.py the optimizers,
+clipping and accumulation, tests/_fuzz_targets_random.py the random streams,
+tests/_fuzz_targets_misc.py the schedules, Array, device memory, the Embedding layer and the
+library's identity calls, tests/_fuzz_targets_torch.py mojo_train.torch's functional calls and
+modules' forward.
 
 The oracles are the tests' own (their replays of the contracts, exact in the identical numeric
-mode: tests/_helpers.py, test_linear.py, test_rms_norm.py, test_embedding.py), or torch in
-float64 within tests/tolerances.py's bound where no exact replay exists (SiLU, cross-entropy);
+mode: tests/_helpers.py, test_linear.py, test_rms_norm.py, test_layer_norm.py, test_embedding.py),
+or torch in float64 within tests/tolerances.py's bound where no exact replay exists (SiLU, GELU,
+cross-entropy);
 the fused LM-head losses are held to what their contract promises, the bits of the separate
 layers.
 """
@@ -21,7 +24,7 @@ from hypothesis import strategies as st
 import tolerances as tol
 from _fuzz_spec import (BOOL_BAD, F32, FnTarget, Ids, Scalar, bad, buf, count, int_bad, real_bad, reals,
                         shape_of)
-from _helpers import f32, fma32
+from _helpers import add32, f32, fma32
 from _layer_helpers import token_tree
 
 LEAF = 1024
@@ -187,6 +190,40 @@ class ReluBackward(Elementwise):
 
     def expected(self, dy, x):
         return np.where(x > 0, dy, np.float32(0.0))
+
+
+APPROXIMATE = Scalar("approximate", st.sampled_from(("none", "tanh")),
+                     bad("erf", "Tanh", "", " none", None, 0, 1, True, b"none", ["none"]), optional=True)
+
+
+class GeluForward(Elementwise):
+    """GELU (either approximation, positional or by keyword) with out=; its oracle is torch in
+    float64 within tests/tolerances.py's GELU bound (test_elementwise.py's reference and units:
+    |x| for y, |dy| for dx)."""
+
+    name, fn, covers, inputs = "gelu_forward", "gelu_forward", ("mojo_train.gelu_forward",), ("x",)
+
+    @functools.cached_property
+    def params(self):
+        base = Elementwise.params.func(self)
+        return base[:len(self.inputs)] + (APPROXIMATE,) + base[len(self.inputs):]
+
+    def check(self, c):
+        from test_elementwise import _torch_gelu
+        x = np.asarray(c.before("x"), dtype=np.float32)
+        dy = np.ones(x.shape, np.float32) if "dy" not in self.inputs else np.asarray(c.before("dy"), dtype=np.float32)
+        y64, dx64 = _torch_gelu(x.reshape(-1).tolist(), dy.reshape(-1).tolist(), c.lit("approximate", "none"))
+        want, unit = (dx64, np.abs(dy)) if "dy" in self.inputs else (y64, np.abs(x))
+        got = host(result_of(c))
+        assert tuple(got.shape) == x.shape, "%s: shape %r, expected %r" % (self.name, got.shape, x.shape)
+        used, i = tol.bound_used(got.reshape(-1), want, unit.reshape(-1), tol.gelu_bound)
+        assert used <= 1.0, "%s (%s): %.3g of the GELU bound at [%s]: ours %r, float64 %r" % (
+            self.name, c.lit("approximate", "none"), used, i, float(got.reshape(-1)[i]), want[i])
+
+
+class GeluBackward(GeluForward):
+    name, fn, covers, inputs = "gelu_backward", "gelu_backward", ("mojo_train.gelu_backward",), ("dy", "x")
+    fills = {"dy": ("unit", "wide", "tiny", "zero")}       # dy * gelu'(x) (up to 1.13) may overflow from huge dy
 
 
 # ---- linear -----------------------------------------------------------------------------------
@@ -391,6 +428,80 @@ class RmsNormBackward(FnTarget):
         with np.errstate(all="ignore"):
             want = np.array(over_rows(xr.shape[0], leaf), dtype=np.float32).reshape(d)
         assert_same_bits(dw, want, "dweight", nan_ok=True)
+
+
+# ---- LayerNorm --------------------------------------------------------------------------------
+
+LN_EPS = Scalar("eps", st.one_of(reals(0.0, 1e-2), st.just(0.0), st.just(1e-5), st.just(1e-50)),
+                real_bad(0.0) + bad(1e39, 3.5e38), optional=True)       # None too: torch's F.layer_norm takes a float
+
+
+def _ln_eps32(c):
+    return f32(float(c.lit("eps", 1e-5)))
+
+
+def ln_rows(x, w, b, dy, eps):
+    """test_layer_norm.py's replay per row: (y, dx, xhat) rows (a row whose variance plus eps is 0
+    has r = +inf there)."""
+    import test_layer_norm
+    d = x.shape[-1]
+    xr = as_rows(x, d)
+    dyr = np.zeros_like(xr) if dy is None else as_rows(dy, d)
+    wl, bl = (None if p is None else [float(v) for v in p] for p in (w, b))
+    rows = []
+    for i in range(xr.shape[0]):
+        xs, dys = [float(v) for v in xr[i]], [float(v) for v in dyr[i]]
+        rows.append(test_layer_norm.ref_ln_row(xs, wl, bl, dys, eps))
+    return rows
+
+
+class LayerNormForward(FnTarget):
+    name, fn = "layer_norm_forward", "layer_norm_forward"
+    covers = ("mojo_train.layer_norm_forward",)
+    dims = {"*L": (0, 2, 1, 3, (0,)), "D": (1, 5, (0,))}
+    params = (F32("x", ("*L", "D")), F32("weight", ("D",), nullable=True, optional=True),
+              F32("bias", ("D",), nullable=True, optional=True), LN_EPS)
+
+    def check(self, c):
+        x = c.before("x")
+        y = [r[0] for r in ln_rows(x, c.before("weight"), c.before("bias"), None, _ln_eps32(c))]
+        assert_same_bits(c.result, np.array(y, dtype=np.float32).reshape(x.shape), self.name, nan_ok=True)
+
+
+class LayerNormBackward(FnTarget):
+    """bias's values enter no gradient (layer_norm.md): a NaN or inf in it is taken."""
+    name, fn = "layer_norm_backward", "layer_norm_backward"
+    covers = ("mojo_train.layer_norm_backward",)
+    dims = LayerNormForward.dims
+    params = (F32("dy", ("*L", "D")), F32("x", ("*L", "D")), F32("weight", ("D",), nullable=True, optional=True),
+              F32("bias", ("D",), nullable=True, optional=True, finite=False), LN_EPS)
+
+    def check(self, c):
+        x, w, b, dy = c.before("x"), c.before("weight"), c.before("bias"), c.before("dy")
+        d = x.shape[-1]
+        dyr = as_rows(dy, d)
+        rows = ln_rows(x, w, b, dy, _ln_eps32(c))
+        got = c.result
+        assert isinstance(got, tuple) and len(got) == 3, "returned %r" % (got,)
+        dx, dw, db = got
+        assert_same_bits(dx, np.array([r[1] for r in rows], dtype=np.float32).reshape(x.shape), "dx", nan_ok=True)
+
+        def fold(step, of_row):
+            def leaf(idx):
+                acc = [0.0] * d
+                for i in idx:
+                    acc = [step(of_row(i, j), acc[j]) for j in range(d)]
+                return acc
+            with np.errstate(all="ignore"):
+                return np.array(over_rows(dyr.shape[0], leaf), dtype=np.float32).reshape(d)
+        for name, param, grad, want in (
+                ("dweight", w, dw, lambda: fold(lambda t, acc: fma32(t[0], t[1], acc),
+                                                lambda i, j: (float(dyr[i][j]), rows[i][2][j]))),
+                ("dbias", b, db, lambda: fold(lambda t, acc: add32(acc, t), lambda i, j: float(dyr[i][j])))):
+            if param is None:
+                assert grad is None, "%s without its parameter" % name
+            else:
+                assert_same_bits(grad, want(), name, nan_ok=True)
 
 
 # ---- losses -----------------------------------------------------------------------------------
@@ -674,11 +785,13 @@ def _registry():
     from _fuzz_targets_random import RANDOM_TARGETS
     from _fuzz_targets_state import STATE_TARGETS
     from _fuzz_targets_torch import TORCH_TARGETS
-    targets = [Add(), SiluForward(), SiluBackward(), ReluForward(), ReluBackward(), LinearForward(),
-               LinearBackward(), MlpSessions(), RmsNormForward(), RmsNormBackward(), CrossEntropy(),
+    from _fuzz_targets_attention import ATTENTION_TARGETS
+    targets = [Add(), SiluForward(), SiluBackward(), GeluForward(), GeluBackward(), ReluForward(), ReluBackward(),
+               LinearForward(), LinearBackward(), MlpSessions(), RmsNormForward(), RmsNormBackward(),
+               LayerNormForward(), LayerNormBackward(), CrossEntropy(),
                CrossEntropyProbabilities(), CrossEntropyPositions(), CrossEntropyUnbatched(),
                ChunkedLmHead(), LinearCrossEntropy(), EmbeddingForward(), EmbeddingBackward()]
-    targets += STATE_TARGETS + RANDOM_TARGETS + MISC_TARGETS + TORCH_TARGETS
+    targets += ATTENTION_TARGETS + STATE_TARGETS + RANDOM_TARGETS + MISC_TARGETS + TORCH_TARGETS
     return {t.name: t for t in targets}
 
 
@@ -714,19 +827,12 @@ EXEMPT.update(("mojo_train.torch.%s" % n, _TORCH_LATER) for n in (
     "dropout", "linear_cross_entropy",
     "manual_seed", "default_generator", "clip_grad_norm_"))
 EXEMPT["mojo_train.torch.AutocastError"] = "an exception class: raised by mojo_train.torch, never called with data"
-_TORCH_14 = "issue 14: targets to come (the adapter's attention, LayerNorm and GELU)"
-EXEMPT.update(("mojo_train.torch.%s" % n, _TORCH_14) for n in ("layer_norm", "gelu", "scaled_dot_product_attention",
-                                                               "LayerNorm.forward", "GELU.forward"))
 _MODULES = ("Linear", "RMSNorm", "Embedding", "SiLU", "ReLU", "Dropout", "CrossEntropyLoss", "LinearCrossEntropyLoss",
             "LayerNorm", "GELU")
 EXEMPT.update(("mojo_train.torch.%s.forward" % m, _TORCH_LATER) for m in _MODULES
-              if m not in ("Linear", "RMSNorm", "SiLU", "ReLU"))
+              if m not in ("Linear", "RMSNorm", "SiLU", "ReLU", "LayerNorm", "GELU"))
 EXEMPT.update(("mojo_train.torch.%s" % m, "issue 13: constructor targets to come (tests/_fuzz_targets_torch.py "
                                           "builds the modules valid and fuzzes forward where it has a target)")
               for m in _MODULES)
 EXEMPT.update(("mojo_train.torch.%s.extra_repr" % m, "takes no argument: the module's repr text") for m in _MODULES)
 EXEMPT["mojo_train.torch.Embedding.from_pretrained"] = _TORCH_LATER
-EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("layer_norm_forward", "layer_norm_backward"))
-EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("scaled_dot_product_attention",
-                                                                            "scaled_dot_product_attention_backward"))
-EXEMPT.update(("mojo_train.%s" % n, "issue 14: targets to come") for n in ("gelu_forward", "gelu_backward"))

@@ -1,17 +1,23 @@
 """Fuzz targets of mojo_train.torch's functional entry points (issue 13): torch tensors, with and
-without requires_grad; float16, bfloat16 and float64 refused; wrong shapes, non-tensors.
+without requires_grad; float16, bfloat16 and float64 refused; wrong shapes, non-tensors; the
+attention's masks, flags and scale as tests/_fuzz_targets_attention.py draws them for the
+native call (a mask must be a torch tensor without grad here; a strided one is read).
 
 The oracle is the same call through the native mojo_train functions on the values the
 tensors held before the call, bit for bit (mojo_train.torch's contract: it is those functions
-under autograd). The nn modules and dropout are exempt for now (tests/_fuzz_targets.py's
-table says why).
+under autograd). The modules' forward is fuzzed where a target below says so; the
+constructors and dropout are exempt for now (tests/_fuzz_targets.py's table says why).
 """
+import functools
+
 from hypothesis import strategies as st
 
 from _fuzz_build import count
-from _fuzz_spec import (BOOL_BAD, F32, FnTarget, Ids, MethodTarget, Scalar, Subject, buf, draw_dims, shape_of,
-                        with_field)
-from _fuzz_targets import assert_same_bits, host
+from _fuzz_spec import (BOOL_BAD, F32, NAN, FnTarget, Ids, MethodTarget, Scalar, Subject, bad, buf, draw_dims,
+                        shape_of, with_field)
+from _fuzz_targets import APPROXIMATE, assert_same_bits, host
+from _fuzz_targets_attention import (QK_FILLS, V_FILLS, AttentionTarget, Mask, _flag as _attention_flag,
+                                     dropout_param, scale_param)
 
 TORCH_FLOAT_BAD = ("float16", "bfloat16", "float64")
 
@@ -159,6 +165,92 @@ class TorchEmbedding(TorchFn):
 TORCH_TARGETS = [TorchLinear(), TorchSilu(), TorchRelu(), TorchRmsNorm(), TorchCrossEntropy(), TorchEmbedding()]
 
 
+class TorchLayerNorm(TorchFn):
+    name, fn, native, covers = "torch.layer_norm", "torch.functional.layer_norm", "layer_norm_forward", \
+        ("mojo_train.torch.layer_norm",)
+    dims = {"*L": (0, 2, 1, 3, ()), "D": (1, 5, (0,))}
+    params = (TorchF32("input", ("*L", "D")),
+              Scalar("normalized_shape", lambda dims: st.sampled_from(((dims["D"],), dims["D"], [dims["D"]])),
+                     [((0,), "hard", ()), ("D", "hard", ("TypeError",)), ((1, 2, 3, 4), "hard", ())]),
+              TorchF32("weight", ("D",), nullable=True, optional=True),
+              TorchF32("bias", ("D",), nullable=True, optional=True),
+              Scalar("eps", st.one_of(st.just(1e-5), st.just(0.0), st.floats(1e-8, 1e-2)),
+                     bad(-1.0, "x", None, NAN, True), optional=True))
+
+    def native_options(self, c):
+        return {"eps": c.lit("eps", 1e-5)}
+
+
+class TorchGelu(TorchFn):
+    name, fn, native, covers = "torch.gelu", "torch.functional.gelu", "gelu_forward", ("mojo_train.torch.gelu",)
+    dims = {"*S": (0, 3, 1, 4, (0,))}
+    params = (TorchF32("input", ("*S",), fills=("unit", "wide", "tiny", "zero", "huge")), APPROXIMATE)
+
+    def native_options(self, c):
+        return {"approximate": c.lit("approximate", "none")}
+
+
+class TorchMask(Mask):
+    """A torch tensor mask (bool or float32; strided ones are made dense by the adapter); its
+    faults add one requiring grad and drop the memoryview ones."""
+    kinds = ("torch", "torch", "torch_strided")
+
+
+class TorchMask3(TorchMask):
+    """The mask of a (N, T, D) call: it broadcasts to (N, Tq, Tk)."""
+
+    @staticmethod
+    def full(dims):
+        return (dims["B"], dims["Tq"], dims["Tk"])
+
+
+class TorchAttention(AttentionTarget, TorchFn):
+    """torch's (B, H, T, D) attention; its oracle is the native call on the same values."""
+    name, fn, covers = "torch.scaled_dot_product_attention", "torch.functional.scaled_dot_product_attention", \
+        ("mojo_train.torch.scaled_dot_product_attention",)
+    names = {"q": "query", "k": "key", "v": "value"}
+    shapes = (("B", "H", "Tq", "D"), ("B", "Hkv", "Tk", "D"))
+    mask = TorchMask
+
+    @functools.cached_property
+    def params(self):
+        q, kv = self.shapes
+        return (TorchF32("query", q, fills=QK_FILLS), TorchF32("key", kv, fills=QK_FILLS),
+                TorchF32("value", kv, fills=V_FILLS), self.mask("attn_mask", optional=True),
+                dropout_param(positional=True), _attention_flag("is_causal", positional=True),
+                scale_param(positional=True), _attention_flag("enable_gqa", positional=True))
+
+    def native_args(self, c):
+        """(q, k, v, attn_mask) as the native call takes them."""
+        return [_values(c, n) for n in ("query", "key", "value", "attn_mask")]
+
+    def expected(self, c):
+        import mojo_train as mt
+        q, k, v, mask = self.native_args(c)
+        opts = {n: c.lit(n) for n in ("dropout_p", "is_causal", "scale", "enable_gqa") if c.has(n)}
+        return mt.scaled_dot_product_attention(q, k, v, attn_mask=mask, numeric_mode=c.mode, **opts)
+
+
+class TorchAttention3(TorchAttention):
+    """(N, T, D) query, key and value: one head (the adapter adds it, and a mask's head axis)."""
+    name = "torch.scaled_dot_product_attention (N, T, D)"
+    dims = dict(AttentionTarget.dims, Hkv=(1, 1, ()), G=(1, 1, ()))
+    shapes = (("B", "Tq", "D"), ("B", "Tk", "D"))
+    mask = TorchMask3
+    examples = 0.5
+
+    def native_args(self, c):
+        q, k, v, mask = TorchAttention.native_args(self, c)
+        heads = [None if t is None else t[:, None] for t in (q, k, v)]
+        return heads + [mask if mask is None or mask.ndim < 3 else mask[:, None]]
+
+    def expected(self, c):
+        return host(TorchAttention.expected(self, c))[:, 0]
+
+
+TORCH_TARGETS += [TorchLayerNorm(), TorchGelu(), TorchAttention(), TorchAttention3()]
+
+
 # ---- the nn modules' forward -------------------------------------------------------------------
 
 class TorchModuleForward(MethodTarget):
@@ -241,3 +333,44 @@ class TorchRmsNormModule(TorchModuleForward):
 
 
 TORCH_TARGETS += [TorchLinearModule(), TorchSiluModule(), TorchReluModule(), TorchRmsNormModule()]
+
+
+class TorchLayerNormModule(TorchModuleForward):
+    """LayerNorm(D, eps, elementwise_affine, bias) with its parameters redrawn U(-1, 1)."""
+    name, cls, covers = "torch.nn.LayerNorm.forward", "LayerNorm", ("mojo_train.torch.LayerNorm.forward",)
+    dims = {"*L": (0, 2, 1, 3, ()), "D": (1, 5, ())}
+    params = (TorchF32("input", ("*L", "D")),)
+
+    def draw_setup(self, draw, ctx):
+        dims, _ = draw_dims(draw, self.dims)
+        args = [dims["D"], draw(st.sampled_from((1e-5, 1e-3, 0.0))), draw(st.booleans()), draw(st.booleans())]
+        return {"cls": self.cls, "args": args}, dict(dims, side="host")
+
+    def make(self, setup, built, numeric_mode):
+        import torch
+        subject = super().make(setup, built, numeric_mode)
+        with torch.no_grad():
+            for p in subject.obj.parameters():
+                p.uniform_(-1.0, 1.0)
+        return subject
+
+    def expected(self, c, m):
+        import mojo_train as mt
+        return mt.layer_norm_forward(_values(c, "input"), _param(m.weight), _param(m.bias), m.eps, numeric_mode=c.mode)
+
+
+class TorchGeluModule(TorchModuleForward):
+    name, cls, covers = "torch.nn.GELU.forward", "GELU", ("mojo_train.torch.GELU.forward",)
+    dims = TorchGelu.dims
+    params = (TorchF32("input", ("*S",), fills=("unit", "wide", "tiny", "zero", "huge")),)
+
+    def draw_setup(self, draw, ctx):
+        dims, _ = draw_dims(draw, self.dims)
+        return {"cls": self.cls, "args": [draw(st.sampled_from(("none", "tanh")))]}, dict(dims, side="host")
+
+    def expected(self, c, m):
+        import mojo_train as mt
+        return mt.gelu_forward(_values(c, "input"), m.approximate, numeric_mode=c.mode)
+
+
+TORCH_TARGETS += [TorchLayerNormModule(), TorchGeluModule()]

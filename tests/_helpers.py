@@ -65,6 +65,9 @@ def fma32(a, b, c):
     q = Fraction(a) * Fraction(b) + Fraction(c)
     if abs(q) >= 2 ** 128 - 2 ** 103:        # at or past the halfway point to 2**128: inf
         return math.copysign(math.inf, q)
+    if not q:                                # Fractions have no -0: IEEE's sign of an exact zero
+        negative = math.copysign(1.0, a) * math.copysign(1.0, b) < 0 and math.copysign(1.0, c) < 0
+        return -0.0 if negative and (a == 0 or b == 0) and c == 0 else 0.0
     return round_f32(q)
 
 

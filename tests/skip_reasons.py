@@ -38,10 +38,11 @@ REVIEWED = (
     ("reference", r"^could not import '(torch|numpy|mpmath|tolerances|expecttest)'"),
     ("reference", r"^torch \S+ has no (F|nn)\.\w+ \(added in [\d.]+\)$"),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
+    ("reference", r"^torch\.distributed has no gloo here$"),   # a torch built without distributed or gloo
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)
     ("reference", r"^the loader knows no ELF machine number for this host \("),   # a platform outside its table
-    ("reference", r"^\S+ is not built \(make hip\)$"),   # hipcc here, `make hip` not run (.ci/run runs it)
+    ("reference", r"^\S+ is not built \(make hip\)$"),   # hipcc here, that mode not built (.ci/run builds the identical one)
     ("reference", r"^nvcc compiled the kernel but cannot link a host program here"),
     ("reference", r"^no C(/C\+\+)? compiler"),
     ("reference", r"^make or cc is missing: cannot build the sabotage library$"),

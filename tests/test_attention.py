@@ -449,6 +449,9 @@ def _c_cases(lib, keep):
         ("mask must be NULL", lambda o: fw(o, mb, 0, 0, 0, 0, 0, 0, 1.0, *size)),
         ("mask is NULL", lambda o: fw(o, N, 1, 0, 0, 3, 1, 0, 1.0, *size)),
         ("mask_si must be >= 0", lambda o: fw(o, mb, 1, 0, 0, -3, 1, 0, 1.0, *size)),
+        # each stride's reach below 2^60, their sum past it (the mask's byte count would overflow)
+        ("reach past 2^60 elements together", lambda o: fw(o, mb, 2, 2**59, 2**59, 2**59, 2**59, 0, 1.0,
+                                                           2, 2, 2, 2, 2, 4)),
         ("out is NULL", lambda o: lib.mt_attention_forward(N, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),
         ("q is NULL", lambda o: lib.mt_attention_forward(o[0], o[1], N, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),
         ("out and q overlap", lambda o: lib.mt_attention_forward(q, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),

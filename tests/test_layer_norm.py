@@ -50,7 +50,8 @@ def ref_ln_row(x, w, b, dy, eps):
     dimf = f32(float(len(x)))
     mu = f32(chunk_tree(x, add32) / dimf)
     q = chunk_tree([f32(v - mu) for v in x], lambda acc, d: fma32(d, d, acc))
-    r = f32(1.0 / f32(math.sqrt(f32(f32(q / dimf) + eps))))
+    s = f32(math.sqrt(f32(f32(q / dimf) + eps)))
+    r = math.inf if s == 0 else f32(1.0 / s)          # var + eps = 0 (eps = 0, a constant row): 1/+0
     w = w or [1.0] * len(x)
     b = b or [-0.0] * len(x)
     xhat = [f32(f32(v - mu) * r) for v in x]

@@ -775,3 +775,21 @@ def test_the_readme_torch_loop_differs_from_plain_torch_only_in_imports_and_trac
     losses = [[float(v) for v in re.findall(r"loss (\d+\.\d+)", run_example(c, tmp_path))] for c in (code, plain)]
     assert len(losses[0]) == len(losses[1]) >= 3 and losses[0][-1] < losses[0][0] / 2
     assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+
+
+@pytest.mark.parametrize("op, inplace", [("silu", False), ("silu", True), ("relu", False), ("relu", True),
+                                         ("gelu", False)])
+def test_a_negated_view_is_read_as_the_values_torch_sees(op, inplace):
+    """torch's lazy negation bit (``x._neg_view()``: memory holds -x) is resolved before the
+    native call reads the memory, and an in-place result lands where torch reads it: the
+    same bytes as the layer on the materialized values."""
+    base = torch.tensor([[-1.5, 0.25, 2.0, -0.75]])
+    make = {"silu": lambda: nn.SiLU(inplace=inplace), "relu": lambda: nn.ReLU(inplace=inplace),
+            "gelu": lambda: nn.GELU()}[op]
+    want = make()(-base)
+    x = (base * 1.0)._neg_view()
+    assert x.is_neg()
+    y = make()(x)
+    assert _bits(y.resolve_neg()) == _bits(want), (op, y, want)
+    if inplace:
+        assert y is x and _bits(x.resolve_neg()) == _bits(want)

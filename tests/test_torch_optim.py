@@ -7,6 +7,7 @@ import copy
 import io
 import math
 import pickle
+import re
 
 import pytest
 
@@ -424,3 +425,174 @@ def test_cuda_tensors_step_to_the_cpu_bytes(identical, name, kwargs, second):
         state = [v for p in params for k, v in sorted(ours.state[p].items()) if isinstance(v, torch.Tensor)]
         results.append(_bits(params) + _bits(state))
     assert results[0] == results[1]
+
+
+# ---- the step plan (mojo_train/torch/_optim_plan.py): a step that succeeded is reused by the next
+# while nothing it depends on changed, and rebuilt when anything did. Two worlds take the same
+# steps and the same changes: one optimizer kept for every step (its plan, its group table), and
+# a fresh optimizer each step, loaded from the previous one's state_dict (no plan): the same bytes
+# and the same refusals, step after step.
+def _scale_(t, by):
+    with torch.no_grad():
+        return t.mul_(by)
+
+
+def _replace_param_data(opt, params):
+    params[1].data = _scale_(params[1].detach().clone(), 0.5)          # new memory, same shape
+
+
+def _replace_state_tensor(opt, params):
+    st = opt.state[params[2]]
+    st["exp_avg"] = _scale_(st["exp_avg"].clone(), 2.0)
+
+
+def _replace_state_data(opt, params):
+    st = opt.state[params[0]]
+    st["exp_avg_sq"].data = _scale_(st["exp_avg_sq"].clone(), 3.0)     # the same object, new memory
+
+
+def _write_step_count(opt, params):
+    opt.state[params[3]]["step"].fill_(10.0)
+
+
+def _change_lr_and_betas(opt, params):
+    opt.param_groups[0]["lr"] = 0.02
+    opt.param_groups[1]["betas"] = (0.8, 0.95)
+    opt.param_groups[1]["weight_decay"] = 0.05
+
+
+def _switch_amsgrad_on(opt, params):
+    opt.param_groups[0]["amsgrad"] = True
+
+
+def _clear_a_state(opt, params):
+    opt.state[params[1]].clear()
+
+
+def _no_grad_for_one(opt, params):
+    params[2].grad = None               # and on every later step (_NO_GRAD_FROM_NOW_ON)
+
+
+# (change, whether the kept optimizer's plan survives it)
+CHANGES = [
+    (_replace_param_data, False), (_replace_state_tensor, False), (_replace_state_data, False),
+    (_write_step_count, True), (_change_lr_and_betas, True), (_switch_amsgrad_on, False),
+    (_clear_a_state, False), (_no_grad_for_one, False),
+]
+
+
+_NO_GRAD_FROM_NOW_ON = {_no_grad_for_one: {2}}
+
+
+def _world_bits(opt, params):
+    out = _bits(params)
+    for p in params:
+        for key in sorted(opt.state.get(p, {})):
+            out += key.encode() + _bits([opt.state[p][key]])
+    return out + repr([g["steps_taken"] for g in opt.param_groups]).encode()
+
+
+def _fresh(opt, params, mode):
+    new = optim.Adam(_groups(params), lr=0.01, numeric_mode=mode.numeric_mode)
+    new.load_state_dict(opt.state_dict())
+    return new
+
+
+def _grads_of(params, s, keep_none=()):
+    g = torch.Generator().manual_seed(300 + s)
+    for j, p in enumerate(params):
+        if j not in keep_none:
+            p.grad = torch.rand(p.shape, generator=g) * 2 - 1
+
+
+@pytest.mark.parametrize("change, survives", CHANGES, ids=[c.__name__.strip("_") for c, _ in CHANGES])
+def test_the_step_plan_is_reused_until_something_it_holds_changes(identical, change, survives):
+    _need(identical)
+    kept_params, fresh_params = _params(), _params()
+    kept = optim.Adam(_groups(kept_params), lr=0.01, numeric_mode=identical.numeric_mode)
+    fresh = optim.Adam(_groups(fresh_params), lr=0.01, numeric_mode=identical.numeric_mode)
+    plans = []
+    for s in range(5):
+        fresh = _fresh(fresh, fresh_params, identical)
+        for opt, params in ((kept, kept_params), (fresh, fresh_params)):
+            _grads_of(params, s, _NO_GRAD_FROM_NOW_ON.get(change, ()) if s > 3 else ())
+            if s == 3:
+                change(opt, params)
+            opt.step()
+        plans.append(kept._plan)
+        assert fresh._plan is not None and _world_bits(kept, kept_params) == _world_bits(fresh, fresh_params), s
+    assert plans[2] is plans[1]                         # nothing changed: the plan served
+    assert (plans[3] is plans[2]) == survives           # the change: kept or rebuilt, the same bytes either way
+    assert plans[4] is plans[3]                         # and the new plan serves the next step
+
+
+@pytest.mark.parametrize("change, error", [
+    ("nan", r"holds NaN or inf; nothing was written|grads hold NaN or inf"),
+    ("shared", r"param_groups\[0\]\['params'\]\[1\]\.grad and param_groups\[1\]\['params'\]\[1\]\.grad share "
+               r"memory"),
+    ("state shape", r"the state 'exp_avg' of param_groups\[1\]\['params'\]\[0\] is a torch.float32 tensor of shape "
+                    r"\(2, 2\)"),
+    ("param shape", r"param_groups\[0\]\['params'\]\[0\]\.grad has shape \(5, 3\), the parameter \(3, 5\)"),
+])
+def test_a_refusal_after_planned_steps_is_the_checked_paths_and_writes_nothing(identical, change, error):
+    _need(identical)
+    kept_params, fresh_params = _params(), _params()
+    kept = optim.Adam(_groups(kept_params), lr=0.01, numeric_mode=identical.numeric_mode)
+    fresh = optim.Adam(_groups(fresh_params), lr=0.01, numeric_mode=identical.numeric_mode)
+    for s in range(3):
+        fresh = _fresh(fresh, fresh_params, identical)
+        for opt, params in ((kept, kept_params), (fresh, fresh_params)):
+            _grads_of(params, s)
+            opt.step()
+    fresh = _fresh(fresh, fresh_params, identical)
+    messages = []
+    for opt, params in ((kept, kept_params), (fresh, fresh_params)):
+        _grads_of(params, 3)
+        if change == "nan":
+            params[3].grad[1] = math.nan
+        elif change == "shared":
+            shared = torch.zeros(40)
+            params[1].grad, params[3].grad = shared[:3], shared[2:9]
+        elif change == "state shape":
+            opt.state[params[2]]["exp_avg"] = torch.zeros(2, 2)
+        else:
+            params[0].data = params[0].detach().clone().t().contiguous()     # (3, 5); its grad stays (5, 3)
+        before = _world_bits(opt, params)
+        with pytest.raises((ValueError, TypeError)) as info:
+            opt.step()
+        messages.append((type(info.value), str(info.value)))
+        assert _world_bits(opt, params) == before
+    assert messages[0] == messages[1]
+    assert re.search(error, messages[0][1]), messages[0][1]
+
+
+def test_the_sgd_plan_follows_momentum_and_its_buffers(identical):
+    _need(identical)
+    results, plans = [], []
+    for keep in (True, False):
+        params = _params()
+        opt = optim.SGD(_groups(params, momentum=0.5), lr=0.1, momentum=0.9, numeric_mode=identical.numeric_mode)
+        for s in range(7):
+            if not keep:
+                fresh = optim.SGD(_groups(params, momentum=0.5), lr=0.1, momentum=0.9,
+                                  numeric_mode=identical.numeric_mode)
+                fresh.load_state_dict(opt.state_dict())
+                opt = fresh
+            _grads_of(params, s)
+            if s == 2:
+                opt.state[params[0]]["momentum_buffer"] = _scale_(opt.state[params[0]]["momentum_buffer"].clone(),
+                                                                  0.5)
+            if s == 3:
+                opt.param_groups[1]["momentum"] = 0.0          # its buffers stay, unread
+            if s == 4:
+                opt.param_groups[0]["lr"] = 0.05
+            if s == 5:
+                opt.param_groups[1]["momentum"] = 0.7            # back on: the buffers kept are read again
+            opt.step()
+            if keep:
+                plans.append(opt._plan)
+        results.append(_bits(params) + _bits(opt.state[p]["momentum_buffer"] for p in params))
+    assert results[0] == results[1]
+    # the kept optimizer's plan: made, reused, rebuilt for the new buffer, for momentum off, kept for
+    # the lr, rebuilt for momentum back on, reused
+    assert [a is b for a, b in zip(plans, plans[1:])] == [True, False, False, True, False, True]

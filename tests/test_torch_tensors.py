@@ -215,3 +215,94 @@ def test_float_ids_are_refused_saying_long(mode):
     with pytest.raises(TypeError, match=r"^mojo_train\.embedding_forward: ids has dtype float32; .*\(convert "
                                         r"with ids\.long\(\)\)$"):
         mt.embedding.embedding_forward(torch.ones(3, 2), torch.zeros(2), numeric_mode=mode.numeric_mode)
+
+
+# ---- the adapter's own probe (mojo_train/torch/_tensors.py: probed) ----------------------------
+def _fields(p):
+    """Every field of a Probe, the view as its format, shape and bytes."""
+    out = {name: getattr(p, name) for name in p.__slots__ if name not in ("view", "obj", "versioned")}
+    out["view"] = None if p.view is None else (p.view.format, p.view.shape, p.view.tobytes())
+    return out
+
+
+def _probe_cases(device):
+    g = torch.Generator().manual_seed(5)
+    base = torch.rand(6, 5, generator=g)
+    return {
+        "matrix": base.clone(),
+        "vector": base[1].clone(),
+        "0-d": torch.tensor(2.5),
+        "offset row": base[2:4],                        # contiguous, not at its storage's start
+        "odd size-1 stride": base.reshape(-1)[:5].as_strided((1, 5), (9, 1)),   # contiguous for torch
+        "unsqueezed": base.unsqueeze(1),                # (6, 1, 5)
+        "parameter": torch.nn.Parameter(base.clone()),
+        "requires grad": base.clone().requires_grad_(),
+        "int64 ids": torch.tensor([[3, 0, 7]]),
+        "int32 ids": torch.tensor([1, 2], dtype=torch.int32),
+    }
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_probed_is_the_probe_the_native_api_makes_of_the_tensor(device):
+    """The adapter hands the native API a Probe read from torch's metadata; every field must be
+    the one _buffer.probe reads through DLPack (CPU) or __cuda_array_interface__ (CUDA)."""
+    from mojo_train.torch._tensors import probed
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    for name, t in _probe_cases(device).items():
+        t = t.to(device) if device != "cpu" else t
+        assert t.is_contiguous(), name
+        fast, slow = probed(t), probe(t, "x", "test")
+        assert type(fast) is type(slow), name
+        assert _fields(fast) == _fields(slow), name
+        assert fast.obj is t and fast.versioned is t and slow.obj is t and slow.versioned is t, name
+
+
+def test_probed_hands_over_anything_unusual_as_the_tensor_itself():
+    """What probed does not describe goes to the native API as before (its own probe, its own
+    refusal): another dtype, a strided or empty tensor, a negated view, a sparse tensor, a
+    subclass."""
+    from mojo_train.torch._tensors import probed
+
+    class Tagged(torch.Tensor):
+        pass
+    x = torch.rand(4, 3)
+    cases = [x.double(), x.half(), x.to(torch.bfloat16), x.t(), torch.zeros(0, 3), torch.zeros(4, 0),
+             x._neg_view(), x.to_sparse(), x.as_subclass(Tagged), torch.ones(3, dtype=torch.int16),
+             torch.ones(3, dtype=torch.bool)]
+    for t in cases:
+        assert probed(t) is t
+    assert probed(None) is None
+
+
+def test_a_probed_cpu_view_keeps_the_tensor_alive_and_sees_its_writes():
+    from mojo_train.torch._tensors import probed
+    t = torch.zeros(3)
+    p = probed(t)
+    view = p.view
+    del t, p
+    gc.collect()
+    assert view.tolist() == [0.0, 0.0, 0.0]
+    t = torch.zeros(4)
+    p = probed(t)
+    t[1] = 5.0
+    assert p.view.tolist() == [0.0, 5.0, 0.0, 0.0] and p.address == t.data_ptr()
+
+
+def test_the_raw_stream_handle_is_the_current_streams():
+    """wait_for_torch reads torch's current stream through its raw accessor: the very handle
+    torch.cuda.current_stream gives, on the default stream (0: no wait) and on a side stream."""
+    from mojo_train.torch._tensors import _RAW_STREAM, wait_for_torch
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    device = torch.zeros(1, device="cuda").device
+    if _RAW_STREAM is not None:
+        assert _RAW_STREAM(device.index) == torch.cuda.current_stream(device).cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        if _RAW_STREAM is not None:
+            assert _RAW_STREAM(device.index) == side.cuda_stream != 0
+        x = torch.ones(1 << 20, device="cuda") * 3
+        wait_for_torch(device)                  # the side stream drained: its work is complete
+        assert side.query()
+    assert float(x[0]) == 3.0

@@ -5,9 +5,12 @@ Contract: the arguments were checked by mojo_train/torch/functional.py (dtype, a
 device); ``where`` is the caller's entry point (``torch.nn.Linear``, ...), which the native
 API's refusals are worded for (its argument names become the user's: ``a`` -> ``input``, ``dc``
 -> ``grad_output``, ...; a backward's ``where`` ends in ``.backward``). Strided tensors are made
-contiguous here (``_tensors.dense``: a copy, as torch's own kernels make). Outputs are torch
-tensors: ``torch.empty`` passed as ``out=`` where the native call takes one (SiLU, dropout),
-otherwise the array the native call allocated, wrapped without a copy (``_tensors.as_torch``).
+contiguous here (``_tensors.dense``: a copy, as torch's own kernels make) and handed to the
+native API as the Probes ``_tensors.probed`` reads from torch's metadata, the ones its own checks
+would make (the embedding's ids, a loss's class targets and an attention mask go as tensors: the
+native API probes those itself). Outputs are torch tensors: ``torch.empty`` passed as ``out=``
+where the native call takes one (SiLU, dropout), otherwise the array the native call allocated,
+wrapped without a copy (``_tensors.as_torch``).
 Saved for backward: linear's input and weight, RMSNorm's input and weight, the embedding's ids,
 SiLU's input, ReLU's output, dropout's key (never its mask), and the losses' gradients, which
 the native losses return from the forward call. A loss's backward multiplies those by the
@@ -25,7 +28,7 @@ from .. import linear as _linear
 from .. import lm_head as _lm_head
 from .. import loss as _loss
 from .. import rms_norm as _rms_norm
-from ._tensors import as_torch, dense, empty_like, native, wait_for_torch
+from ._tensors import as_torch, dense, empty_like, native, probed, wait_for_torch
 
 # the native API's argument names -> the user's, per op
 _LINEAR = {"a": "input", "dc": "grad_output"}
@@ -63,7 +66,8 @@ class LinearFunction(torch.autograd.Function):
     def forward(ctx, input, weight, bias, numeric_mode, where):
         x, w, b = dense(input), dense(weight), dense(bias)
         wait_for_torch(x.device)
-        y = native(where, _LINEAR, _linear.linear_forward, x, w, b, numeric_mode=numeric_mode)
+        y = native(where, _LINEAR, _linear.linear_forward, probed(x), probed(w), probed(b),
+                   numeric_mode=numeric_mode)
         ctx.save_for_backward(x, w)
         ctx.numeric_mode, ctx.has_bias, ctx.where = numeric_mode, bias is not None, where
         return as_torch(y, x.device)
@@ -74,9 +78,9 @@ class LinearFunction(torch.autograd.Function):
         x, w = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dy = _incoming(dy)
-        grads = _backward(ctx, _LINEAR, _linear.linear_backward, dy, x, w, need_input_grad=need_x,
-                       need_weight_grad=need_w, need_bias_grad=bool(ctx.has_bias and need_b),
-                       numeric_mode=ctx.numeric_mode)
+        grads = _backward(ctx, _LINEAR, _linear.linear_backward, probed(dy), probed(x), probed(w),
+                          need_input_grad=need_x, need_weight_grad=need_w,
+                          need_bias_grad=bool(ctx.has_bias and need_b), numeric_mode=ctx.numeric_mode)
         dx, dw, db = (tuple(grads) + (None,))[:3]
         return as_torch(dx, dy.device), as_torch(dw, dy.device), as_torch(db, dy.device), None, None
 
@@ -97,7 +101,7 @@ def _norm_forward(ctx, fn, input, params, normalized_shape, eps, numeric_mode, w
     trailing dimensions flattened into rows of D); saves what its backward reads."""
     x, rows, flat = _norm_rows(input, normalized_shape, *params)
     wait_for_torch(x.device)
-    y = native(where, _ROWS, fn, rows, *flat, eps, numeric_mode=numeric_mode)
+    y = native(where, _ROWS, fn, probed(rows), *map(probed, flat), eps, numeric_mode=numeric_mode)
     ctx.save_for_backward(rows, *flat)
     ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
     ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
@@ -108,7 +112,8 @@ def _norm_backward(ctx, fn, dy):
     """(dx, then each parameter's gradient shaped like it, or None): ``fn`` is the backward."""
     rows, *flat = ctx.saved_tensors
     dy = _incoming(dy).view(rows.shape)
-    dx, *grads = _backward(ctx, _ROWS, fn, dy, rows, *flat, ctx.eps, numeric_mode=ctx.numeric_mode)
+    dx, *grads = _backward(ctx, _ROWS, fn, probed(dy), probed(rows), *map(probed, flat), ctx.eps,
+                           numeric_mode=ctx.numeric_mode)
     shaped = tuple(None if g is None else as_torch(g, dy.device).view(ctx.normalized_shape) for g in grads)
     return (as_torch(dx, dy.device).view(ctx.shape),) + shaped
 
@@ -152,7 +157,8 @@ class GELUFunction(torch.autograd.Function):
         x = dense(input)
         y = empty_like(x)
         wait_for_torch(x.device)
-        native(where, _ROWS, _elementwise.gelu_forward, x, approximate, out=y, numeric_mode=numeric_mode)
+        native(where, _ROWS, _elementwise.gelu_forward, probed(x), approximate, out=probed(y),
+               numeric_mode=numeric_mode)
         ctx.save_for_backward(x)
         ctx.approximate, ctx.numeric_mode, ctx.where = approximate, numeric_mode, where
         return y
@@ -163,7 +169,7 @@ class GELUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, _elementwise.gelu_backward, dy, x, ctx.approximate, out=dx,
+        _backward(ctx, _ROWS, _elementwise.gelu_backward, probed(dy), probed(x), ctx.approximate, out=probed(dx),
                   numeric_mode=ctx.numeric_mode)
         return dx, None, None, None
 
@@ -179,8 +185,8 @@ class AttentionFunction(torch.autograd.Function):
         q, k, v = dense(query), dense(key), dense(value)
         mask = dense(attn_mask)
         wait_for_torch(q.device)
-        out, lse = native(where, _ATTENTION, _attention.scaled_dot_product_attention, q, k, v, attn_mask=mask,
-                          return_lse=True, numeric_mode=numeric_mode, **options)
+        out, lse = native(where, _ATTENTION, _attention.scaled_dot_product_attention, probed(q), probed(k),
+                          probed(v), attn_mask=mask, return_lse=True, numeric_mode=numeric_mode, **options)
         out, lse = as_torch(out, q.device), as_torch(lse, q.device)
         ctx.save_for_backward(q, k, v, out, lse, mask)
         ctx.options, ctx.numeric_mode, ctx.where = options, numeric_mode, where
@@ -191,8 +197,9 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, mask = ctx.saved_tensors
         dout = _incoming(dout)
-        dq, dk, dv = _backward(ctx, _ATTENTION, _attention.scaled_dot_product_attention_backward, dout, q, k, v,
-                               out, lse, attn_mask=mask, numeric_mode=ctx.numeric_mode, **ctx.options)
+        dq, dk, dv = _backward(ctx, _ATTENTION, _attention.scaled_dot_product_attention_backward, probed(dout),
+                               probed(q), probed(k), probed(v), probed(out), probed(lse), attn_mask=mask,
+                               numeric_mode=ctx.numeric_mode, **ctx.options)
         return as_torch(dq, q.device), as_torch(dk, q.device), as_torch(dv, q.device), None, None, None, None
 
 
@@ -204,7 +211,7 @@ class EmbeddingFunction(torch.autograd.Function):
     def forward(ctx, ids, weight, padding_idx, numeric_mode, where):
         i, w = dense(ids), dense(weight)
         wait_for_torch(w.device)
-        y = native(where, _EMBEDDING, _embedding.embedding_forward, w, i, numeric_mode=numeric_mode)
+        y = native(where, _EMBEDDING, _embedding.embedding_forward, probed(w), i, numeric_mode=numeric_mode)
         ctx.save_for_backward(i)
         ctx.vocab, ctx.padding_idx, ctx.numeric_mode, ctx.where = w.shape[0], padding_idx, numeric_mode, where
         return as_torch(y, w.device)
@@ -214,7 +221,7 @@ class EmbeddingFunction(torch.autograd.Function):
     def backward(ctx, dy):
         (ids,) = ctx.saved_tensors
         dy = _incoming(dy)
-        dw = _backward(ctx, _EMBEDDING, _embedding.embedding_backward, dy, ids, ctx.vocab,
+        dw = _backward(ctx, _EMBEDDING, _embedding.embedding_backward, probed(dy), ids, ctx.vocab,
                     padding_idx=ctx.padding_idx, numeric_mode=ctx.numeric_mode)
         return None, as_torch(dw, dy.device), None, None, None
 
@@ -228,9 +235,9 @@ class SiLUFunction(torch.autograd.Function):
         x = dense(input)
         if inplace and x is input:
             x = x.clone()                       # the input, kept for the backward
-        y = input if inplace and input.is_contiguous() else empty_like(x)
+        y = input if inplace and input.is_contiguous() and not input.is_neg() else empty_like(x)
         wait_for_torch(x.device)
-        native(where, _ROWS, _elementwise.silu_forward, x, out=y, numeric_mode=numeric_mode)
+        native(where, _ROWS, _elementwise.silu_forward, probed(x), out=probed(y), numeric_mode=numeric_mode)
         ctx.save_for_backward(x)
         ctx.numeric_mode, ctx.where = numeric_mode, where
         return _in_place(ctx, input, y) if inplace else y
@@ -241,7 +248,7 @@ class SiLUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, _elementwise.silu_backward, dy, x, out=dx,
+        _backward(ctx, _ROWS, _elementwise.silu_backward, probed(dy), probed(x), out=probed(dx),
                numeric_mode=ctx.numeric_mode)
         return dx, None, None, None
 
@@ -255,7 +262,8 @@ class ReLUFunction(torch.autograd.Function):
     def forward(ctx, input, inplace, numeric_mode, where):
         x = dense(input)
         wait_for_torch(x.device)
-        y = as_torch(native(where, _ROWS, _elementwise.relu_forward, x, numeric_mode=numeric_mode), x.device)
+        y = as_torch(native(where, _ROWS, _elementwise.relu_forward, probed(x), numeric_mode=numeric_mode),
+                     x.device)
         if inplace:
             y = _in_place(ctx, input, y)
         ctx.save_for_backward(y)
@@ -268,7 +276,7 @@ class ReLUFunction(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         dy = _incoming(dy)
         dx = _backward(ctx, {"x": "the output", "dy": "grad_output"}, _elementwise.relu_backward,
-                    dy, dense(y), numeric_mode=ctx.numeric_mode)
+                    probed(dy), probed(dense(y)), numeric_mode=ctx.numeric_mode)
         return as_torch(dx, dy.device), None, None, None
 
 
@@ -281,7 +289,7 @@ class DropoutFunction(torch.autograd.Function):
         x = dense(input)
         out = x if inplace and x is input else empty_like(x)
         wait_for_torch(x.device)
-        _, ctx.key = native(where, _ROWS, generator.dropout, x, p, out=out)
+        _, ctx.key = native(where, _ROWS, generator.dropout, probed(x), p, out=probed(out))
         ctx.generator, ctx.where = generator, where
         return _in_place(ctx, input, out) if inplace else out
 
@@ -290,17 +298,22 @@ class DropoutFunction(torch.autograd.Function):
     def backward(ctx, dy):
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, ctx.generator.dropout_backward, dy, ctx.key, out=dx)
+        _backward(ctx, _ROWS, ctx.generator.dropout_backward, probed(dy), ctx.key, out=probed(dx))
         return dx, None, None, None, None
 
 
-def _scaled(grad, upstream):
-    """A loss's saved gradient times the incoming gradient of the loss (see the module docstring)."""
+def _is_one(upstream):
+    """True when a loss's incoming gradient is the 0-d 1.0 of ``loss.backward()`` (read once a
+    backward: on CUDA, item() costs a sync the call makes anyway)."""
+    return upstream.dim() == 0 and upstream.item() == 1.0
+
+
+def _scaled(grad, upstream, one):
+    """A loss's saved gradient times the incoming gradient of the loss (see the module
+    docstring); ``one``: ``_is_one(upstream)``, when the saved bits are the result, no multiply."""
     if grad is None:
         return None
-    if upstream.dim() == 0 and upstream.item() == 1.0:     # loss.backward(): the saved bits, no multiply
-        return grad                                        # (on CUDA, item() costs a sync the call makes anyway)
-    return grad * upstream
+    return grad if one else grad * upstream
 
 
 class CrossEntropyFunction(torch.autograd.Function):
@@ -311,8 +324,8 @@ class CrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, logits, target, want_grad, numeric_mode, options, where):
         x, t = dense(logits), dense(target)
         wait_for_torch(x.device)
-        result = native(where, _LOSS, _loss.cross_entropy, x, t, return_grad=want_grad, numeric_mode=numeric_mode,
-                        **options)
+        result = native(where, _LOSS, _loss.cross_entropy, probed(x), t, return_grad=want_grad,
+                        numeric_mode=numeric_mode, **options)
         loss, dlogits = result if want_grad else (result, None)
         ctx.save_for_backward(as_torch(dlogits, x.device))
         return as_torch(loss, x.device)
@@ -321,7 +334,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, upstream):
         (dlogits,) = ctx.saved_tensors
-        return _scaled(dlogits, upstream), None, None, None, None, None
+        return _scaled(dlogits, upstream, dlogits is not None and _is_one(upstream)), None, None, None, None, None
 
 
 class LinearCrossEntropyFunction(torch.autograd.Function):
@@ -332,7 +345,8 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, input, linear_weight, linear_bias, target, want_grad, numeric_mode, options, where):
         h, w, b, t = dense(input), dense(linear_weight), dense(linear_bias), dense(target)
         wait_for_torch(h.device)
-        result = native(where, {}, _lm_head.linear_cross_entropy, h, w, t, linear_bias=b, return_grad=want_grad,
+        result = native(where, {}, _lm_head.linear_cross_entropy, probed(h), probed(w), probed(t),
+                        linear_bias=probed(b), return_grad=want_grad,
                         numeric_mode=numeric_mode, **options)
         if not want_grad:
             ctx.save_for_backward(None, None, None)
@@ -345,5 +359,6 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, upstream):
         d_input, d_weight, d_bias = ctx.saved_tensors
-        return (_scaled(d_input, upstream), _scaled(d_weight, upstream), _scaled(d_bias, upstream),
+        one = (d_input is not None or d_weight is not None or d_bias is not None) and _is_one(upstream)
+        return (_scaled(d_input, upstream, one), _scaled(d_weight, upstream, one), _scaled(d_bias, upstream, one),
                 None, None, None, None, None)

@@ -144,10 +144,12 @@ def __getattr__(name):
 
 
 # ---- the checks ---------------------------------------------------------------------------------
-def _floats(where, numeric_mode, **tensors):
-    """Check float tensors (None skipped), their device and autocast, and the numeric mode;
-    return the numeric mode (None or its name)."""
+def _floats(where, numeric_mode, optional=(), **tensors):
+    """Check float tensors (None refused by name, except those named in ``optional``), their
+    device and autocast, and the numeric mode; return the numeric mode (None or its name)."""
     for name, t in tensors.items():
+        if t is None and name not in optional:
+            raise TypeError(where_msg(where, "%s must be a torch.Tensor, got None" % name))
         if t is not None:
             float32(t, name, where)
     refuse_autocast(where, device_of(where, **tensors))
@@ -207,12 +209,12 @@ def _want_grad(*tensors):
 
 # ---- the calls (the modules call these with their own names) -------------------------------------
 def _linear(where, input, weight, bias, numeric_mode):
-    mode = _floats(where, numeric_mode, input=input, weight=weight, bias=bias)
+    mode = _floats(where, numeric_mode, ("bias",), input=input, weight=weight, bias=bias)
     return _functions.LinearFunction.apply(input, weight, bias, mode, where)
 
 
 def _rms_norm(where, input, normalized_shape, weight, eps, numeric_mode):
-    mode = _floats(where, numeric_mode, input=input, weight=weight)
+    mode = _floats(where, numeric_mode, ("weight",), input=input, weight=weight)
     shape = _normalized_shape(normalized_shape, input, where)
     if weight is not None and tuple(weight.shape) != shape:
         raise ValueError(where_msg(where, "weight has shape %r; it must have the shape normalized_shape %r (as "
@@ -221,7 +223,7 @@ def _rms_norm(where, input, normalized_shape, weight, eps, numeric_mode):
 
 
 def _layer_norm(where, input, normalized_shape, weight, bias, eps, numeric_mode):
-    mode = _floats(where, numeric_mode, input=input, weight=weight, bias=bias)
+    mode = _floats(where, numeric_mode, ("weight", "bias"), input=input, weight=weight, bias=bias)
     shape = _normalized_shape(normalized_shape, input, where)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
@@ -285,14 +287,15 @@ def _dropout(where, input, p, training, inplace, generator, numeric_mode):
 
 
 def _cross_entropy(where, input, target, options, numeric_mode):
-    mode = _floats(where, numeric_mode, input=input, weight=options.get("weight"))
+    mode = _floats(where, numeric_mode, ("weight",), input=input, weight=options.get("weight"))
     _target(target, where)
     device_of(where, input=input, target=target)
     return _functions.CrossEntropyFunction.apply(input, target, _want_grad(input), mode, options, where)
 
 
 def _linear_cross_entropy(where, input, linear_weight, linear_bias, target, options, numeric_mode):
-    mode = _floats(where, numeric_mode, input=input, linear_weight=linear_weight, linear_bias=linear_bias)
+    mode = _floats(where, numeric_mode, ("linear_bias",), input=input, linear_weight=linear_weight,
+                  linear_bias=linear_bias)
     indices(target, "target", where)
     device_of(where, input=input, target=target)
     return _functions.LinearCrossEntropyFunction.apply(input, linear_weight, linear_bias, target,

@@ -30,9 +30,17 @@ a contiguous copy.
 
 Streams (CUDA): torch's current stream is synchronized before the native call, which
 synchronizes its own before returning (mojo_train/torch/_tensors.py).
+
+Host time: a step that succeeded leaves a plan (_optim_plan.py) -- its tensors' signatures, the
+state it read, the native pointer tables -- and the native group table is kept while no group's
+checked values change; the next step reuses both when its gradients pass the plan's checks and
+nothing else changed, and takes the checked path (which makes a new plan) otherwise: the same
+bits and refusals either way, with a table rebuilt only when something it holds changed.
 """
 import math
+import operator
 import re
+import threading
 
 import torch
 
@@ -40,6 +48,7 @@ from .. import _optim_groups as _groups
 from .._errors import where_msg
 from .._native import ffi, load, numeric_mode_arg
 from .._optim_common import _refuse_overlap, _switches
+from ._optim_plan import StepPlan
 from ._tensors import device_of, wait_for_torch
 
 __all__ = ["SGD", "Adam", "AdamW"]
@@ -106,7 +115,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
     _WHERE = "torch.optim.Optimizer"
     _HYPER = ()
     _CTYPE = None
-    _STATE = ()          # state tensors shaped like the parameter, in table order
+    _SLOTS = ()          # state tensors shaped like the parameter, in table order
 
     def __init__(self, params, defaults, numeric_mode):
         where = self._WHERE
@@ -124,6 +133,13 @@ class _NativeOptimizer(torch.optim.Optimizer):
         self._backend = load(numeric_mode)
         self.numeric_mode = self._backend.numeric_mode
         self._checked = {}      # id(group) -> (raw values, checked values)
+        self._step_lock = threading.Lock()   # one step at a time: the plan's tables are shared memory
+        self._forget()
+
+    def _forget(self):
+        """Drop the step plan and the group table (the groups or the state were replaced)."""
+        self._plan = None           # the last successful step's StepPlan (_optim_plan.py)
+        self._group_table = None    # (each group's checked values and flags, the native table written from them)
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -153,6 +169,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
         hyper-parameter checked (named ``param_groups[i][key]``) and every parameter float32;
         a refused group is not added."""
         super().add_param_group(param_group)
+        self._forget()
         i = len(self.param_groups) - 1
         where = getattr(self, "_adding", self._WHERE + ".add_param_group")
         try:
@@ -172,6 +189,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
         if not hasattr(self, "_backend"):             # unpickled (or deep-copied): load the library again
             self._attach(numeric_mode)
         self._checked = {}
+        self._forget()
         for group in self.param_groups:       # an older or a torch optimizer's groups lack keys: torch's values
             for key, value in _ABSENT_KEYS.items():
                 if key in self.defaults:
@@ -205,28 +223,34 @@ class _NativeOptimizer(torch.optim.Optimizer):
 
     def _native_groups(self, where):
         """The native group table and each group's checked values, lr of a scheduled group
-        from its schedule at the group's next step."""
-        n = len(self.param_groups)
-        table = ffi.new("%s[]" % self._CTYPE, max(n, 1))
-        values = []
+        from its schedule at the group's next step. The table is written anew only when a
+        group's checked values or flags changed since the last call (else the same table, its
+        scheduled rows' lr written again)."""
+        values, flags, lrs = [], [], []
         for i, group in enumerate(self.param_groups):
             v = self._group_values(i, group, where)
             steps = group.get("steps_taken")
             if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
                 raise ValueError(where_msg(where, "%s['steps_taken'] must be an int >= 0 (the steps the group has "
                                            "taken), got %r" % (_groups.group_name(i), steps)))
-            row = table[i]
-            for key in ("lr", "eps", "weight_decay", "momentum", "dampening"):
-                if key in v and not (key == "lr" and v["lr_schedule"] is not None):
-                    setattr(row, key, v[key])
-            if "betas" in v:
-                row.beta1, row.beta2 = v["betas"]
             if v["lr_schedule"] is not None:
                 t = group["steps_taken"] + 1
                 name = "%s.lr_at(%d)" % (_groups.key_name(_groups.group_name(i), "lr_schedule"), t)
-                row.lr = _groups._real(v["lr_schedule"].lr_at(t), name, where)
-            row.flags = _groups.flags(self._backend.lib, v, self._decoupled(group))
+                lrs.append((i, _groups._real(v["lr_schedule"].lr_at(t), name, where)))
+            flags.append(_groups.flags(self._backend.lib, v, self._decoupled(group)))
             values.append(v)
+        key = (tuple(values), tuple(flags))
+        cached = self._group_table
+        if cached is not None and len(cached[0][0]) == len(values) and cached[0][1] == key[1] and \
+                all(map(operator.is_, cached[0][0], values)):
+            table = cached[1]
+        else:
+            table = ffi.new("%s[]" % self._CTYPE, max(len(values), 1))
+            for row, v, bits in zip(table, values, flags):
+                _write_row(row, v, bits)
+            self._group_table = (key, table)
+        for i, lr in lrs:
+            table[i].lr = lr
         return table, values
 
     def _decoupled(self, group):
@@ -342,28 +366,54 @@ class _NativeOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        with self._step_lock:       # the plan's and the group table's memory is the native call's
+            return self._locked_step(loss)
+
+    def _locked_step(self, loss):
         where = self._WHERE + ".step"
         table, values = self._native_groups(where)
-        step = self._gather(where)
-        if not step.n:
-            return loss
-        try:
-            fn, args = self._prepare(step, table, values, where)
-            self._call(step, fn, args, where)
-        except BaseException:
-            for state, key, previous in reversed(step.made):     # as it was before the step
-                if previous is _ABSENT:
-                    state.pop(key, None)
-                else:
-                    state[key] = previous
-            raise
-        self._advance(step)
+        plan = self._plan                       # read once: the plan whose tables the call reads
+        bound = plan.bind(self, values) if plan is not None else None
+        if bound is not None:                   # nothing changed since the plan: its tables, this step's grads
+            items, counts = bound
+            step = _Step(items, plan.device)
+            self._call(step, *self._plan_call(plan, table), where)    # a refusal made nothing
+            self._advance(step, counts)
+        else:
+            self._plan = plan = None            # let go of the old state before new state is made
+            step = self._gather(where)
+            if not step.n:
+                return loss
+            try:
+                fn, args = self._prepare(step, table, values, where)
+                self._call(step, fn, args, where)
+            except BaseException:
+                for state, key, previous in reversed(step.made):     # as it was before the step
+                    if previous is _ABSENT:
+                        state.pop(key, None)
+                    else:
+                        state[key] = previous
+                raise
+            self._advance(step)
+            self._plan = StepPlan(self, step, values)
         for i in sorted({item[0] for item in step.items}):
             self.param_groups[i]["steps_taken"] += 1
         return loss
 
-    def _advance(self, step):
-        """After a step: what the optimizer counts (nothing here)."""
+    def _advance(self, step, counts=None):
+        """After a step: what the optimizer counts (nothing here; ``counts``: the step-count
+        tensors of the items, when the plan found them)."""
+
+
+def _write_row(row, v, bits):
+    """Group values ``v`` (checked) and flags ``bits`` into a native group row (mt_sgd_group or
+    mt_adam_group); a scheduled group's lr is written by the step."""
+    for key in ("lr", "eps", "weight_decay", "momentum", "dampening"):
+        if key in v and not (key == "lr" and v["lr_schedule"] is not None):
+            setattr(row, key, v[key])
+    if "betas" in v:
+        row.beta1, row.beta2 = v["betas"]
+    row.flags = bits
 
 
 def _schedules_as_configs(optimizer, state_dict):
@@ -411,6 +461,7 @@ class Adam(_NativeOptimizer):
     _WHERE = "torch.optim.Adam"
     _HYPER = _groups.ADAM_HYPER
     _CTYPE = "mt_adam_group"
+    _SLOTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
@@ -455,9 +506,34 @@ class Adam(_NativeOptimizer):
             step.table(params), step.table(grads), step.table(m), step.table(v), step.table(w), steps, ffi.NULL,
             step.offsets, table, tg, 0, 0.0, len(self.param_groups), n)
 
-    def _advance(self, step):
+    def _advance(self, step, counts=None):
         """Each tensor's state['step'] + 1, in place, as torch's own step counts (one foreach call)."""
-        torch._foreach_add_([self.state[item[2]]["step"] for item in step.items], 1)
+        if counts is None:
+            counts = [self.state[item[2]]["step"] for item in step.items]
+        torch._foreach_add_(counts, 1)
+
+    @staticmethod
+    def _plan_fact(v):
+        """What of a group's checked values ``v`` decides its tensors' state: amsgrad."""
+        return v["amsgrad"]
+
+    def _plan_state(self, items, values):
+        """(per item: its exp_avg, exp_avg_sq and max_exp_avg_sq -- None unless amsgrad --, True:
+        the items' step counts are read), for a StepPlan."""
+        rows = []
+        for i, _, p, _ in items:
+            st = self.state[p]
+            rows.append((st["exp_avg"], st["exp_avg_sq"], st["max_exp_avg_sq"] if values[i]["amsgrad"] else None))
+        return rows, True
+
+    @staticmethod
+    def _plan_numbers(items, values):
+        return ffi.new("int64_t[]", len(items))          # the step counts, written by each bind
+
+    def _plan_call(self, plan, table):
+        p, g, m, v, w = plan.tables
+        return self._backend.lib.mt_adam_step_groups, (p, g, m, v, w, plan.numbers, ffi.NULL, plan.offsets, table,
+                                                        plan.tensor_group, 0, 0.0, len(plan.facts), len(plan.params))
 
 
 class AdamW(Adam):
@@ -491,6 +567,7 @@ class SGD(_NativeOptimizer):
     _WHERE = "torch.optim.SGD"
     _HYPER = _groups.SGD_HYPER
     _CTYPE = "mt_sgd_group"
+    _SLOTS = ("momentum_buffer",)
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False, fused=None, lr_schedule=None,
@@ -516,3 +593,25 @@ class SGD(_NativeOptimizer):
         return self._backend.lib.mt_sgd_step_groups, (
             step.table(params), step.table(grads), step.table(bufs), init, ffi.NULL, step.offsets, table, tg,
             0, 0.0, len(self.param_groups), n)
+
+    @staticmethod
+    def _plan_fact(v):
+        """What of a group's checked values ``v`` decides its tensors' state: momentum or none."""
+        return v["momentum"] != 0.0
+
+    def _plan_state(self, items, values):
+        """(per item: its momentum_buffer, None without momentum; False: no step counts), for a
+        StepPlan."""
+        return [(self.state[p]["momentum_buffer"] if values[i]["momentum"] != 0.0 else None,)
+                for i, _, p, _ in items], False
+
+    @staticmethod
+    def _plan_numbers(items, values):
+        """Each item's buffer-made flag: 1 where its group has momentum (the buffer exists after
+        the step that made the plan)."""
+        return ffi.new("int32_t[]", [1 if values[i]["momentum"] != 0.0 else 0 for i, _, _, _ in items] or [0])
+
+    def _plan_call(self, plan, table):
+        p, g, bufs = plan.tables
+        return self._backend.lib.mt_sgd_step_groups, (p, g, bufs, plan.numbers, ffi.NULL, plan.offsets, table,
+                                                       plan.tensor_group, 0, 0.0, len(plan.facts), len(plan.params))

@@ -62,6 +62,12 @@ static int check_mask(const mt_attn_args *a) {
     for (int d = 0; d < 4; ++d)
         if (span(n[d], st[d]) < 0)
             return mt_fail(MT_EINVAL, "%s = %lld reaches past 2^60 elements", names[d], (long long)st[d]);
+    int64_t reach = 0;                       /* each span is below 2^60: the sum of four fits */
+    for (int d = 0; d < 4; ++d) reach += span(n[d], st[d]);
+    if (reach > ATTN_MAX_ELEMS)
+        return mt_fail(MT_EINVAL, "the mask's strides reach past 2^60 elements together (mask_sb=%lld, mask_sh=%lld, "
+                       "mask_si=%lld, mask_sj=%lld)", (long long)a->sb, (long long)a->sh, (long long)a->si,
+                       (long long)a->sj);
     if (a->B * a->H * a->Tq * a->Tk > 0 && !a->mask) return mt_fail(MT_EINVAL, "mask is NULL");
     return MT_OK;
 }

@@ -11,7 +11,15 @@
 #include "mt_gpu_rows.cuh"
 #include "mt_host.h"
 
+/* HIP compiles these kernels but cannot launch them: their tiles need more shared memory than
+ * the 64 KB of an AMD workgroup (attention.md); the library declares no attention there. */
+#if defined(MT_HIP) || defined(__HIPCC__)
+#define MT_ATTN_RUNS 0
+uint64_t mt_attention_features(void) { return 0; }
+#else
+#define MT_ATTN_RUNS 1
 uint64_t mt_attention_features(void) { return MT_FEATURE_ATTENTION; }
+#endif
 
 namespace {
 
@@ -20,7 +28,7 @@ __global__ void k_attn_nonfinite(const float *p, int64_t n, int32_t *flag, int n
     bool bad = false;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float x = p[i];
-        bad |= x != x || x == INFINITY || (x == -INFINITY && !neg_inf_ok);
+        bad |= !mt_is_finite(x) && !(neg_inf_ok && mt_f32_bits(x) == 0xff800000u);   /* bits: fast-math keeps it */
     }
     if (bad) *flag = 1;
 }
@@ -35,7 +43,7 @@ __global__ void k_attn_mask_check(mt_attn_args a, int32_t *flag) {
          e += (int64_t)gridDim.x * blockDim.x) {
         int64_t j = e % nj, i = e / nj % ni, h = e / (nj * ni) % nh, b = e / (nj * ni * nh);
         float x = m[b * a.sb + h * a.sh + i * a.si + j * a.sj];
-        bad |= x != x || x == INFINITY;
+        bad |= !mt_is_finite(x) && mt_f32_bits(x) != 0xff800000u;
     }
     if (bad) *flag = 1;
 }
@@ -193,14 +201,26 @@ int download(const attn_bufs &w, const mt_attn_args *a) {
 
 MT_NOINLINE int attention(const mt_attn_args *a, int backward) {
     int rc;
-    if ((rc = mt_check_attention_args(a, backward)) || (rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_check_attention_args(a, backward))) return rc;
+    if (!MT_ATTN_RUNS)
+        return mt_fail(MT_EUNSUPPORTED, "attention does not run on %s: its tiles need more shared memory than a "
+                       "workgroup has (no MT_FEATURE_ATTENTION); the cpu oracle has it", MT_VENDOR_NAME);
+    if ((rc = mt_gpu_ready())) return rc;
     if (!mt_attn_grid_fits(*a))
-        return mt_fail(MT_EINVAL, "B=%lld, H=%lld, Tq=%lld, Tk=%lld need more than 2^31 - 1 blocks of 64 rows",
+        return mt_fail(MT_EINVAL, "B=%lld, H=%lld, Tq=%lld, Tk=%lld need more than 2^31 - 1 blocks",
                        (long long)a->B, (long long)a->H, (long long)a->Tq, (long long)a->Tk);
+    const size_t need = mt_attn_smem_need(*a, backward);
+    if (need > (size_t)mt_rows_limits().smem_optin)
+        return mt_fail(MT_EUNSUPPORTED, "attention with D=%lld needs %lld bytes of shared memory per block; this "
+                       "GPU offers %d (the H100 and H200 offer 232448); the cpu oracle has no such limit",
+                       (long long)a->D, (long long)need, mt_rows_limits().smem_optin);
     attn_bufs w;
-    if ((rc = stage(&w, a, backward)) || (rc = enqueue_checks(w, backward)) ||
-        (rc = mt_attn_enqueue(w.dev, backward, gpu_launch{})))
+    if ((rc = stage(&w, a, backward))) return rc;
+    if ((rc = enqueue_checks(w, backward)) || (rc = mt_attn_enqueue(w.dev, backward, gpu_launch{}))) {
+        gpuStreamSynchronize(MT_STREAM);      /* nothing of this call still runs when the next one starts */
+        gpuGetLastError();
         return rc;
+    }
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "synchronize");
     if ((rc = refuse(w.dev.flags, backward))) return rc;
     return download(w, a);

@@ -492,6 +492,13 @@ inline bool mt_attn_grid_fits(const mt_attn_args &a) {
            (a.B * a.H * a.Tq + mt_attn::NT - 1) / mt_attn::NT <= lim;
 }
 
+/* The most dynamic shared memory a call's kernels ask for, in bytes. */
+inline size_t mt_attn_smem_need(const mt_attn_args &a, int backward) {
+    using namespace mt_attn;
+    if (a.D <= 64) return backward ? (dkv_smem<1>() > dq_smem<1>() ? dkv_smem<1>() : dq_smem<1>()) : fwd_smem<1>();
+    return backward ? (dkv_smem<2>() > dq_smem<2>() ? dkv_smem<2>() : dq_smem<2>()) : fwd_smem<2>();
+}
+
 /* Enqueue the forward (backward = 0) or the backward's kernels: launch(kernel, grid, threads,
  * smem_bytes, d) for each, in order (a nonzero return stops). D <= 64 takes one group of 64
  * columns per tile, D <= 128 two. */
