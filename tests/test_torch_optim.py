@@ -226,6 +226,23 @@ def test_sparse_and_strided_gradients(identical):
     assert not b[0].grad.is_contiguous() and _bits(a) == _bits(b)
 
 
+def test_a_negated_view_as_gradient_is_read_as_the_values_torch_sees(identical):
+    """p.grad with torch's negation bit (memory holding -grad) steps like its materialized
+    values, on the checked path and when a step plan is kept."""
+    _need(identical)
+    a, b = _params(), _params()
+    opt_a = optim.AdamW(a, numeric_mode=identical.numeric_mode)
+    opt_b = optim.AdamW(b, numeric_mode=identical.numeric_mode)
+    for step in range(3):
+        for p, q, g in zip(a, b, _grads(step)):
+            p.grad = -g
+            q.grad = g.clone()._neg_view()
+            assert q.grad.is_neg()
+        opt_a.step()
+        opt_b.step()
+        assert _bits(a) == _bits(b), step
+
+
 def test_a_torch_lr_scheduler_sets_the_lr_each_step_reads(identical):
     _need(identical)
     params = _params()

@@ -92,7 +92,7 @@ class StepPlan:
                 if signature(p) != sig:
                     return None
                 if (type(g) is not tensor or g.dtype != f32 or g.layout != strided or g.shape != sig[1]
-                        or not g.is_contiguous() or g.device != device):
+                        or not g.is_contiguous() or g.is_neg() or g.device != device):
                     return None
                 if needs_state[j]:
                     st = state.get(p)

@@ -289,6 +289,8 @@ class _NativeOptimizer(torch.optim.Optimizer):
             if not p.is_contiguous():
                 raise ValueError(where_msg(where, "%s is not contiguous; the step writes it in place through its "
                                            "memory: make it contiguous before building the optimizer" % name))
+            if g.is_neg():                            # a negated view: its memory holds -grad
+                items[j][3] = g = g.resolve_neg()
             if not g.is_contiguous():
                 items[j][3] = g.contiguous()          # read only: a contiguous copy serves
         first = items[0][2].device
