@@ -25,9 +25,10 @@ elements ``[j n / N, (j + 1) n / N)``; every rank sends ``2 (N - 1) n / N`` floa
 all-reduce's volume, and receives as many):
 
 1. Each rank checks its own arguments (alignment, float32 C-contiguous host buffers, the tokens and
-   shapes it passes); one small all_gather then tells every rank every rank's outcome, so a refusal
-   on one rank is raised, with the same type and text, on every rank, before anything is sent or
-   written (no rank is left waiting in a collective). The same happens in step 3.
+   shapes it passes) and allocates its scratch; two small all_gathers (lengths, then bytes) then
+   tell every rank every rank's outcome, so a refusal on one rank is raised, with the same type
+   and text, on every rank, before anything is sent or written (no rank is left waiting in a
+   collective). The same happens in step 3.
 2. Exchange: rank ``r`` sends shard ``j`` of its gradients to rank ``j`` and receives shard ``r``
    of every rank's (point-to-point ``isend``/``irecv`` in pieces of 4 MB, all posted at once: an
    all-to-all).
