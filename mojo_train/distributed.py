@@ -25,8 +25,8 @@ elements ``[j n / N, (j + 1) n / N)``; every rank sends ``2 (N - 1) n / N`` floa
 all-reduce's volume, and receives as many):
 
 1. Each rank checks its own arguments (alignment, float32 C-contiguous host buffers, the tokens and
-   shapes it passes) and allocates its scratch; two small all_gathers (lengths, then bytes) then
-   tell every rank every rank's outcome, so a refusal on one rank is raised, with the same type
+   shapes it passes) and allocates its scratch; one small all_gather (two when a refusal's text
+   is long) then tells every rank every rank's outcome, so a refusal on one rank is raised, with the same type
    and text, on every rank, before anything is sent or written (no rank is left waiting in a
    collective). The same happens in step 3.
 2. Exchange: rank ``r`` sends shard ``j`` of its gradients to rank ``j`` and receives shard ``r``
@@ -165,13 +165,24 @@ def _group_checked(group, where):
     return world, rank
 
 
+_SLOT = 512      # bytes of one rank's outcome in the agreement's one fixed-size all_gather
+
+
 def _gather_bytes(payload, group):
-    """Every rank's ``payload`` (bytes), in rank order: two small all_gathers (lengths, then bytes)."""
+    """Every rank's ``payload`` (bytes), in rank order: one all_gather of a fixed slot (the length
+    and the first bytes), and a second one only when some rank's payload does not fit (every rank
+    sees every length, so all take the same branch)."""
     world = dist.get_world_size(group)
-    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([len(payload)], dtype=torch.int64), group=group)
-    sizes = [int(t.item()) for t in lengths]
-    mine = torch.zeros(max(1, max(sizes)), dtype=torch.uint8)
+    slot = torch.zeros(_SLOT, dtype=torch.uint8)
+    head = len(payload).to_bytes(8, "little") + payload[:_SLOT - 8]
+    slot[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    gathered = [torch.empty_like(slot) for _ in range(world)]
+    dist.all_gather(gathered, slot, group=group)
+    raw = [bytes(t.tolist()) for t in gathered]
+    sizes = [int.from_bytes(r[:8], "little") for r in raw]
+    if max(sizes) <= _SLOT - 8:
+        return [r[8:8 + n] for r, n in zip(raw, sizes)]
+    mine = torch.zeros(max(sizes), dtype=torch.uint8)
     if payload:
         mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     gathered = [torch.empty_like(mine) for _ in range(world)]

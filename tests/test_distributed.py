@@ -202,9 +202,15 @@ def _volume(rank, world, group):
     return {"sent": sum(sent), "small": max(small), "tree": want == [t.numpy().tobytes() for t in mine]}
 
 
+# payload lengths around the agreement's slot (504 bytes after the length): one all_gather, or two
+_GATHER_SIZES = (0, 500, 502, 504, 2000)
+
+
 def _scenarios(rank, world, group, mode, save):
     """Every scenario in ``group`` (this process is its rank ``rank`` of ``world``)."""
-    report = {"refusals": _refusals(rank, world, group), "volume": _volume(rank, world, group)}
+    report = {"refusals": _refusals(rank, world, group), "volume": _volume(rank, world, group),
+              "gathered": [[b.hex() for b in D._gather_bytes(bytes([65 + rank]) * (n + 3 * rank), group)]
+                           for n in _GATHER_SIZES]}
     reduce = lambda grads: D.reduce_gradients(grads, TOKENS, group)  # noqa: E731
     save("native", train_native(mode, rank, world, reduce=reduce))
     save("native_microbatches", train_native(mode, rank, world, microbatches=4 // world, reduce=reduce))
@@ -406,6 +412,16 @@ def test_each_rank_sends_a_ring_all_reduces_volume(identical, world):
         assert v["tree"], "process %d's result is not the tree over its group's gradients" % p
         assert v["sent"] == 4 * ((n - shard) + (world - 1) * shard)    # about 2 (N-1)/N of 4n bytes
         assert v["small"] < 4096                                        # the agreements: a few bytes
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_agreement_gathers_every_ranks_bytes_short_or_long(identical, world):
+    """The agreement's gather: every rank's payload, in rank order, whether all fit the fixed slot
+    or some rank's does not (then a second round; ranks of one call may straddle the edge)."""
+    _need(identical)
+    for p, report in enumerate(run_world(identical, world)["reports"]):
+        want = [[(bytes([65 + r]) * (n + 3 * r)).hex() for r in range(world)] for n in _GATHER_SIZES]
+        assert report["gathered"] == want, "process %d" % p
 
 
 # ---- sharding, in this process --------------------------------------------------------------------
