@@ -549,9 +549,14 @@ def check_same_parameters(params, group=None):
         theirs = outcome["digests"]
         differ = [i for i, (a, b) in enumerate(zip(first, theirs)) if a != b]
         if len(theirs) != len(first) or differ:
-            what = ("rank %d has %d tensors where rank 0 has %d" % (rank, len(theirs), len(first)) if not differ else
-                    "rank %d's tensor %d (shape %s) holds other bytes than rank 0's (shape %s)"
-                    % (rank, differ[0], tuple(theirs[differ[0]][0]), tuple(first[differ[0]][0])))
+            if not differ:
+                what = "rank %d has %d tensors where rank 0 has %d" % (rank, len(theirs), len(first))
+            elif theirs[differ[0]][0] != first[differ[0]][0]:
+                what = ("rank %d's tensor %d has shape %s where rank 0's has shape %s"
+                        % (rank, differ[0], tuple(theirs[differ[0]][0]), tuple(first[differ[0]][0])))
+            else:
+                what = ("rank %d's tensor %d (shape %s) holds other bytes than rank 0's"
+                        % (rank, differ[0], tuple(theirs[differ[0]][0])))
             raise ValueError(where_msg(where, "the ranks start from different parameters: %s; start every "
                                        "rank alike (seed every rank the same before building the model, or copy "
                                        "rank 0's: torch.distributed.broadcast(p, src=0) for each p under "

@@ -168,6 +168,8 @@ def _refusals(rank, world, group):
         nan[0][0, 0] = float("nan")       # in the first piece of shard 0: later pieces still arrive
     out["nan_on_one_rank"] = _outcome(lambda: D.reduce_gradients(nan, 1024 * world, group), nan)
     params = [p.detach().clone() for p in _torch_model(None).parameters()]
+    shapes = [p.reshape(-1) if rank == last and i == 2 else p.clone() for i, p in enumerate(params)]
+    out["other_shape_parameters"] = _outcome(lambda: D.check_same_parameters(shapes, group), shapes)
     out["same_parameters"] = _outcome(lambda: D.check_same_parameters(params, group), params)
     if rank == last:
         params[1][0] += 1.0
@@ -399,6 +401,8 @@ def test_unequal_initial_parameters_are_refused_on_every_rank(identical, world):
                              "rank %d's tensor 1" % (world - 1), "different parameters")
     digests = {r["parameters_digest"] for r in run_world(identical, world)["reports"]}
     assert len(digests) == 1
+    _same_refusal_everywhere(_refusal_outcomes(identical, world, "other_shape_parameters"), "ValueError",
+                             "rank %d's tensor 2 has shape" % (world - 1), "different parameters")
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
