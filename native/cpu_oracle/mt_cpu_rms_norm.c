@@ -43,6 +43,7 @@ static float row_gdot(const float *dy, const float *w, const float *x, int64_t d
 
 typedef struct {
     float *y; const float *x, *dy, *w; float *rstd; float eps, dimf; int64_t dim;
+    int bad;        /* the forward's pass 1: a row of x held NaN or inf */
 } rms_job;
 
 MT_SIMD static void rms_scale_row(float *restrict y, const float *restrict x, const float *restrict w,
@@ -51,13 +52,27 @@ MT_SIMD static void rms_scale_row(float *restrict y, const float *restrict x, co
     else for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r;
 }
 
-static void rms_forward_range(void *ctx, int64_t b, int64_t e) {
+/* The forward's pass 1, rows in parallel: each row's finiteness and r, reading the row once
+ * from memory (its second read, the sum of squares, hits the cache). A row holding NaN or inf
+ * raises job->bad; nothing is written to y until pass 2. */
+static void rms_row_scales_range(void *ctx, int64_t b, int64_t e) {
     rms_job *job = (rms_job *)ctx;
     for (int64_t i = b; i < e; ++i) {
         const float *x = job->x + i * job->dim;
-        float r = mt_rms_rstd(row_sumsq(x, job->dim), job->dimf, job->eps);
-        rms_scale_row(job->y + i * job->dim, x, job->w, r, job->dim);
+        if (mt_cpu_nonfinite(x, job->dim)) {
+            __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
+            job->rstd[i] = 0.0f;
+            continue;
+        }
+        job->rstd[i] = mt_rms_rstd(row_sumsq(x, job->dim), job->dimf, job->eps);
     }
+}
+
+/* Pass 2: y = (x * r) * w, row by row. */
+static void rms_forward_range(void *ctx, int64_t b, int64_t e) {
+    rms_job *job = (rms_job *)ctx;
+    for (int64_t i = b; i < e; ++i)
+        rms_scale_row(job->y + i * job->dim, job->x + i * job->dim, job->w, job->rstd[i], job->dim);
 }
 
 int mt_cpu_rms_norm_forward_refusals(const float *y, const float *x, const float *weight, float eps, int64_t rows,
@@ -69,13 +84,23 @@ int mt_cpu_rms_norm_forward_refusals(const float *y, const float *x, const float
     return MT_OK;
 }
 
+/* Two passes over x instead of three: the finiteness pre-pass (nothing written on a refusal)
+ * rides along with the sums of squares, whose r per row are kept (rows floats) for pass 2. The
+ * refusals and their order are mt_cpu_rms_norm_forward_refusals' (x, then weight). */
 MT_NOINLINE static int rms_forward_body(float *y, const float *x, const float *weight, float eps,
                                         int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = mt_cpu_rms_norm_forward_refusals(y, x, weight, eps, rows, dim))) return rc;
-    rms_job job = {y, x, NULL, weight, NULL, eps, (float)dim, dim};
-    mt_parallel_for_work(rows, 1, rows * dim, rms_forward_range, &job);
-    return MT_OK;
+    if ((rc = mt_check_rms_norm_forward_args(y, x, eps, rows, dim))) return rc;
+    int64_t rbytes = rows * (int64_t)sizeof(float);
+    float *rstd = rbytes ? (float *)mt_scratch_alloc(rbytes, "RMSNorm row scales") : NULL;
+    if (rbytes && !rstd) return MT_ENOMEM;
+    rms_job job = {y, x, NULL, weight, rstd, eps, (float)dim, dim, 0};
+    mt_parallel_for_work(rows, 1, rows * dim, rms_row_scales_range, &job);
+    if (job.bad) rc = mt_cpu_refuse_nonfinite(x, rows * dim, "x");
+    if (!rc) rc = mt_cpu_refuse_nonfinite(weight, dim, "weight");
+    if (!rc) mt_parallel_for_work(rows, 1, rows * dim, rms_forward_range, &job);
+    mt_scratch_free(rstd, rbytes);
+    return rc;
 }
 
 int mt_rms_norm_forward(float *y, const float *x, const float *weight, float eps, int64_t rows,
