@@ -100,7 +100,7 @@ MT_HD float mt_lane_tree(float *acc /* (MT_LANES), consumed */) {
 }
 
 /* Sum of squares of one chunk: x holds n <= MT_CHUNK floats. Each step is fma(x, x, acc). */
-MT_HD float mt_chunk_sumsq(const float *x, int64_t n) {
+MT_HD_INLINE float mt_chunk_sumsq(const float *x, int64_t n) {   /* inlined: its fmaf an instruction in the CPU clones */
     float acc[MT_LANES];
     for (int l = 0; l < MT_LANES; ++l) acc[l] = 0.0f;
     int64_t full = n / MT_LANES;
@@ -1203,7 +1203,7 @@ MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
  * u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24 in [0, 1) (both exact),
  * rad = sqrtf(0 - 2 * mt_logf(u1)) (2 * log exact; rad = +0 when u1 = 1; rad <= 5.7683),
  * (s, c) = mt_sincospif(2 * u2), element 2j = rad * c, element 2j + 1 = rad * s. */
-MT_HD void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
+MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
     float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-08f;
     float u2 = mt_u01(w1);
     float rad = sqrtf(0.0f - 2.0f * mt_logf(u1));
@@ -1214,7 +1214,7 @@ MT_HD void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
 }
 
 /* The four standard normals of counter block `block` (stream elements 4*block + k). */
-MT_HD void mt_normal_block(float z[4], uint64_t seed, uint64_t stream, uint64_t block) {
+MT_HD_INLINE void mt_normal_block(float z[4], uint64_t seed, uint64_t stream, uint64_t block) {
     uint32_t w[4];
     mt_philox_words(w, seed, stream, block);
     mt_box_muller(w[0], w[1], &z[0], &z[1]);
