@@ -187,18 +187,60 @@ __device__ __forceinline__ int64_t key_blocks(const mt_attn_args &a, int64_t i0,
     return last < all ? last : all;
 }
 
-/* A query tile's place: blocks walk the heaviest tiles (the last, under causality) first. */
-__device__ __forceinline__ void query_tile_of_block(const mt_attn_args &a, int64_t *b, int64_t *h, int64_t *i0,
-                                                    int *n) {
+__device__ __forceinline__ int64_t kv_head(const mt_attn_args &a, int64_t h) { return h / (a.H / a.Hkv); }
+
+/* A query tile: batch b, head h, rows i0 .. i0+n-1 (row0 their first row of q), and the first
+ * key row kv0 of its kv head. */
+struct query_tile {
+    int64_t b, h, i0, row0, kv0;
+    int n;
+};
+
+/* This block's query tile: blocks walk the heaviest tiles (the last, under causality) first. */
+__device__ __forceinline__ query_tile query_tile_of_block(const mt_attn_args &a) {
     int64_t tiles = (a.Tq + TR - 1) / TR, bh_count = a.B * a.H, idx = blockIdx.x;
     int64_t t = tiles - 1 - idx / bh_count, bh = idx % bh_count;
-    *b = bh / a.H;
-    *h = bh % a.H;
-    *i0 = t * TR;
-    *n = (int)(a.Tq - *i0 < TR ? a.Tq - *i0 : TR);
+    query_tile q;
+    q.b = bh / a.H;
+    q.h = bh % a.H;
+    q.i0 = t * TR;
+    q.n = (int)(a.Tq - q.i0 < TR ? a.Tq - q.i0 : TR);
+    q.row0 = (q.b * a.H + q.h) * a.Tq + q.i0;
+    q.kv0 = (q.b * a.Hkv + kv_head(a, q.h)) * a.Tk;
+    return q;
 }
 
-__device__ __forceinline__ int64_t kv_head(const mt_attn_args &a, int64_t h) { return h / (a.H / a.Hkv); }
+/* Key block kb of a query tile's kv head into Ks and Vs (after a barrier: the last block's
+ * tiles are read; before one: these are visible); *j0 its first key, the count returned. */
+__device__ __forceinline__ int load_key_block(float *Ks, float *Vs, int DS, const mt_attn_args &a, int64_t kv0,
+                                              int64_t kb, int64_t *j0) {
+    *j0 = kb * TR;
+    const int nk = (int)(a.Tk - *j0 < TR ? a.Tk - *j0 : TR);
+    __syncthreads();
+    load_rows(Ks, DS, a.k, kv0 + *j0, nk, (int)a.D);
+    load_rows(Vs, DS, a.v, kv0 + *j0, nk, (int)a.D);
+    __syncthreads();
+    return nk;
+}
+
+/* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = 4ty + u below n and
+ * its columns col = 64g + 4tx + c below D. */
+template <int NCG, class F>
+__device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[4][4 * NCG], int n, int D, F value) {
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const int r = 4 * ty + u;
+        if (r >= n) continue;
+#pragma unroll
+        for (int g = 0; g < NCG; ++g)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int col = 64 * g + 4 * tx + c;
+                if (col < D) dst[(int64_t)r * D + col] = value(acc[u][4 * g + c], r);
+            }
+    }
+}
 
 /* ---- forward -------------------------------------------------------------------------------- */
 
@@ -209,10 +251,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     float *Qs = smem, *Ks = Qs + TR * DS, *Vs = Ks + TR * DS, *Pt = Vs + TR * DS, *Alpha = Pt + TR * PS;
     const mt_attn_args &a = d.a;
     const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-    int64_t b, h, i0;
-    int n;
-    query_tile_of_block(a, &b, &h, &i0, &n);
-    const int64_t row0 = (b * a.H + h) * a.Tq + i0, kv0 = (b * a.Hkv + kv_head(a, h)) * a.Tk;
+    const query_tile qt = query_tile_of_block(a);
+    const int64_t b = qt.b, h = qt.h, i0 = qt.i0, row0 = qt.row0;
+    const int n = qt.n;
     /* the l of row (tid / 32) * 8 + tid % 32, kept by the lanes 0..7 of each warp */
     const int lrow = (tid >> 5) * 8 + (tid & 31);
     const bool lsum = (tid & 31) < 8;
@@ -225,12 +266,8 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     }
     load_rows(Qs, DS, a.q, row0, n, D);
     for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
-        const int64_t j0 = kb * TR;
-        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
-        __syncthreads();                                   /* the last block's Ks, Vs, Pt are read */
-        load_rows(Ks, DS, a.k, kv0 + j0, nk, D);
-        load_rows(Vs, DS, a.v, kv0 + j0, nk, D);
-        __syncthreads();
+        int64_t j0;
+        const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's Pt read too */
         float s[4][4];
         chains_over_d(s, Qs, Ks, DS, D);
         int masked = 0;
@@ -275,20 +312,11 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     __syncthreads();
     if (lsum) Alpha[lrow] = l;                              /* Alpha now holds each row's l */
     __syncthreads();
+    store_own_rows<NCG>(a.out + row0 * D, acc, n, D, [&](float x, int r) { return mt_attn_out(x, Alpha[r]); });
+    if (tx == 0 && a.lse) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int r = 4 * ty + u;
-        if (r >= n) continue;
-        const float lr = Alpha[r];
-        float *o = a.out + (row0 + r) * D;
-#pragma unroll
-        for (int g = 0; g < NCG; ++g)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int col = 64 * g + 4 * tx + c;
-                if (col < D) o[col] = mt_attn_out(acc[u][4 * g + c], lr);
-            }
-        if (tx == 0 && a.lse) a.lse[row0 + r] = mt_attn_lse(m[u], lr);
+        for (int u = 0; u < 4; ++u)
+            if (4 * ty + u < n) a.lse[row0 + 4 * ty + u] = mt_attn_lse(m[u], Alpha[4 * ty + u]);
     }
 }
 
@@ -330,10 +358,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
     float *Lse = dSt + TR * PS, *Delta = Lse + TR;
     const mt_attn_args &a = d.a;
     const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-    int64_t b, h, i0;
-    int n;
-    query_tile_of_block(a, &b, &h, &i0, &n);
-    const int64_t row0 = (b * a.H + h) * a.Tq + i0, kv0 = (b * a.Hkv + kv_head(a, h)) * a.Tk;
+    const query_tile qt = query_tile_of_block(a);
+    const int64_t b = qt.b, h = qt.h, i0 = qt.i0, row0 = qt.row0;
+    const int n = qt.n;
     float acc[4][4 * NCG];
 #pragma unroll
     for (int u = 0; u < 4; ++u)
@@ -346,12 +373,8 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
         Delta[tid] = d.delta[row0 + tid];
     }
     for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
-        const int64_t j0 = kb * TR;
-        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
-        __syncthreads();
-        load_rows(Ks, DS, a.k, kv0 + j0, nk, D);
-        load_rows(Vs, DS, a.v, kv0 + j0, nk, D);
-        __syncthreads();
+        int64_t j0;
+        const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's dSt read too */
         float s[4][4], dp[4][4];
         two_chains_over_d(s, dp, Qs, Ks, dOs, Vs, DS, D);
         int masked = 0;
@@ -371,19 +394,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
         const bool any_masked = __syncthreads_or(masked);
         chains_over_pairs_sel<NCG>(acc, dSt, Ks, nk, any_masked);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int r = 4 * ty + u;
-        if (r >= n) continue;
-        float *o = a.dq + (row0 + r) * D;
-#pragma unroll
-        for (int g = 0; g < NCG; ++g)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int col = 64 * g + 4 * tx + c;
-                if (col < D) o[col] = mt_canonical_nan(a.scale * acc[u][4 * g + c]);
-            }
-    }
+    store_own_rows<NCG>(a.dq + row0 * D, acc, n, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
 }
 
 /* dk and dv of a key block of one kv head: chains over (query head of the group, row)
@@ -443,20 +454,8 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
         }
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int jj = 4 * ty + u;
-        if (jj >= nk) continue;
-#pragma unroll
-        for (int gg = 0; gg < NCG; ++gg)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int col = 64 * gg + 4 * tx + c;
-                if (col >= D) continue;
-                if (a.dk) a.dk[(kv0 + jj) * D + col] = mt_canonical_nan(a.scale * dk[u][4 * gg + c]);
-                if (a.dv) a.dv[(kv0 + jj) * D + col] = mt_canonical_nan(dv[u][4 * gg + c]);
-            }
-    }
+    if (a.dk) store_own_rows<NCG>(a.dk + kv0 * D, dk, nk, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
+    if (a.dv) store_own_rows<NCG>(a.dv + kv0 * D, dv, nk, D, [](float x, int) { return mt_canonical_nan(x); });
 }
 
 /* Shared memory of each kernel, in bytes. */
