@@ -228,7 +228,7 @@ $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) 
 # Record runs in bench/results/math_sweep.md. Not part of `all`: a few minutes on two cores.
 MATH_SWEEP_THREADS ?= 2
 MATH_SWEEP_CC ?= gcc
-$(BUILD)/math_sweep: bench/math_sweep.c native/include/mt_pinned.h
+$(BUILD)/math_sweep: bench/math_sweep.c $(wildcard native/include/mt_pinned*.h)
 	@mkdir -p $(dir $@)
 	$(MATH_SWEEP_CC) -O2 -ffp-contract=off -Inative/include -pthread -o $@ bench/math_sweep.c -lm
 

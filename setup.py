@@ -48,7 +48,8 @@ def native_files():
     """(source path, folder inside the package) for every file the installed package needs."""
     libs = sorted(glob.glob(os.path.join(HERE, "native", "build", "libmojo_train_*" + SUFFIX)))
     pairs = [(p, "lib") for lib in libs for p in (lib, lib + ".sha256")]   # the loader checks the digest
-    pairs += [(os.path.join(HERE, "native", "include", h), "include") for h in ("mojo_train.h", "mt_pinned.h")]
+    headers = ("mojo_train.h", "mt_pinned.h", "mt_pinned_math.h", "mt_pinned_layers.h", "mt_pinned_elementwise.h")
+    pairs += [(os.path.join(HERE, "native", "include", h), "include") for h in headers]
     pairs += [(p, "fixtures") for p in sorted(glob.glob(os.path.join(HERE, "fixtures", "*.card")))]
     return pairs
 

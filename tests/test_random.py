@@ -299,7 +299,7 @@ def test_sincospi_bits_do_not_depend_on_optimisation(sincos, flags):
 
 def test_the_random_section_uses_no_libm_and_no_double():
     import re
-    text = open(os.path.join(INCLUDE, "mt_pinned.h")).read()
+    text = open(os.path.join(INCLUDE, "mt_pinned_elementwise.h")).read()
     start = text.index("/* ==== random draws and elementwise ops")
     code = re.sub(r"/\*.*?\*/", "", text[start:text.index("/* ==== end of random draws")], flags=re.S)
     assert "double" not in code
