@@ -254,7 +254,7 @@ example: $(BUILD)/train_xor
 # this host, and gcc and clang for aarch64; the aarch64 libraries are run by Python for aarch64
 # under qemu-aarch64 (user mode), with Debian's interpreter fetched into $(AARCH64_PY) by
 # tests/cross/aarch64_python.sh. The one card reader (python -m mojo_train selfcheck) checks each
-# build; any differing line fails the target. Needs clang, gcc-aarch64-linux-gnu and qemu-user
+# build; any differing line fails the target. Needs clang, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user
 # (Debian's packages; .ci/run installs them). Not part of `all`: about a minute and a half here.
 CLANG ?= clang
 AARCH64_GCC ?= aarch64-linux-gnu-gcc

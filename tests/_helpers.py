@@ -331,3 +331,16 @@ def python_path(*first):
 # The header's status codes (mojo_train.h enum mt_error_code), for tests that call C directly.
 from mojo_train._native import STATUS as _STATUS  # noqa: E402
 EINVAL, ENONFINITE = _STATUS["einval"], _STATUS["enonfinite"]
+
+
+def skip_without_c_library(compiler):
+    """Skip (a stated chance of the setup) when ``compiler`` -- an argument list such as
+    ``["aarch64-linux-gnu-gcc"]`` or ``["clang", "--target=aarch64-linux-gnu"]`` -- finds no C
+    library headers for its target: Debian's cross compilers recommend, not require, them
+    (libc6-dev-<arch>-cross; .ci/run installs it)."""
+    import subprocess
+    import pytest
+    done = subprocess.run(list(compiler) + ["-fsyntax-only", "-x", "c", "-"], input="#include <stdint.h>\n",
+                          capture_output=True, text=True)
+    if done.returncode != 0 and ("No such file" in done.stderr or "file not found" in done.stderr):
+        pytest.skip("%s finds no C library headers for its target (Debian: libc6-dev-*-cross)" % " ".join(compiler))

@@ -24,7 +24,7 @@ import pytest
 
 from mojo_train import _native
 
-from _helpers import REPO, python_path
+from _helpers import REPO, python_path, skip_without_c_library
 from test_native import declared_functions, run_python
 
 IDENTITY = ("mt_abi_version", "mt_vendor", "mt_numeric_mode", "mt_features")
@@ -310,6 +310,7 @@ def test_a_library_cross_built_for_another_machine_is_refused_naming_both_machin
     cc = shutil.which(CROSS.get(host, ""))
     if cc is None:
         pytest.skip("no cross compiler for another machine here (%s)" % CROSS.get(host, "none known"))
+    skip_without_c_library([cc])
     libdir = tmp_path / "lib"
     libdir.mkdir()
     lib = _build_stub(cc, tmp_path, libdir, identical)
