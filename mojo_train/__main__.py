@@ -8,8 +8,11 @@
                          code but missing from the cards, computed on the CPU oracle
     info [--vendor V] [--numeric-mode M]
                          print backend_info() (defaults: MOJO_TRAIN_VENDOR, MOJO_TRAIN_NUMERIC_MODE)
-    demo [--model mlp|gpt] [--vendor V] [--steps N] [--print-every N] [--svg PATH]
+    demo [--model mlp|gpt] [--vendor V] [--steps N] [--print-every N] [--svg PATH] [--distributed]
                          train a small character-level language model; print its digests
+                         (--distributed: one of N processes started by torchrun
+                         --nproc_per_node=N -m mojo_train demo --distributed, N = 1, 2 or 4,
+                         which print the same digests; needs torch)
     --version            print the version
 
 A mistake on the command line or in those environment variables (a library that is not
@@ -173,12 +176,27 @@ def _check_writable(path, option):
         raise _Mistake("%s %s cannot be written (no permission, or a read-only file system)" % (option, path))
 
 
-def demo(vendor=None, steps=None, svg="demo_loss.svg", every=_demo.PRINT_EVERY, model="mlp"):
+def demo(vendor=None, steps=None, svg="demo_loss.svg", every=_demo.PRINT_EVERY, model="mlp", distributed=False):
     """Train a small character-level model end to end (mojo_train/_demo.py): the MLP, or the GPT
-    (mojo_train/_demo_gpt.py). ``steps`` None: the model's default."""
+    (mojo_train/_demo_gpt.py). ``steps`` None: the model's default. ``distributed``: this
+    process is one rank of a torchrun group (mojo_train/_demo_distributed.py)."""
     _check_writable(svg, "--svg")
     _backend("identical", vendor)
-    return _demo.run(vendor=vendor, steps=steps, svg=svg, every=every, model=model)
+    if not distributed:
+        return _demo.run(vendor=vendor, steps=steps, svg=svg, every=every, model=model)
+    if model != "mlp":
+        raise _Mistake("--distributed trains the MLP demo only: the GPT demo's batch is one 1024-token leaf, "
+                       "which no split into processes aligns; drop --model gpt")
+    import mojo_train as mt
+    from . import _demo_distributed
+    try:
+        ranks = _demo_distributed.Ranks(mt, _demo.BATCH)
+    except _demo_distributed.Refusal as exc:
+        raise _Mistake(str(exc)) from None
+    try:
+        return _demo.run(vendor=vendor, steps=steps, svg=svg, every=every, model=model, ranks=ranks)
+    finally:
+        ranks.close()
 
 
 def _positive_int(text):
@@ -212,6 +230,9 @@ def _parser():
     d.add_argument("--print-every", type=_positive_int, default=_demo.PRINT_EVERY,
                    help="print a progress line every N steps (and at the first and last)")
     d.add_argument("--svg", default="demo_loss.svg", help="where the loss curve is written")
+    d.add_argument("--distributed", action="store_true",
+                   help="run as one of the processes torchrun starts (torchrun --nproc_per_node=N -m mojo_train demo "
+                        "--distributed, N = 1, 2 or 4): the same digests as one process (MLP only; needs torch)")
     return parser
 
 
@@ -221,7 +242,7 @@ def main(argv=None):
         if args.command == "selfcheck":
             return selfcheck(args.write, args.card, args.shard)
         if args.command == "demo":
-            return demo(args.vendor, args.steps, args.svg, args.print_every, args.model)
+            return demo(args.vendor, args.steps, args.svg, args.print_every, args.model, args.distributed)
         return info(args.vendor, args.numeric_mode)
     except (_Mistake, NotImplementedError) as exc:
         return _fail(str(exc))

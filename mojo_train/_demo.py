@@ -8,6 +8,11 @@ is a fixed essay shipped inside the package (mojo_train/data/demo_corpus.txt), s
 do not move when the documentation does; its first 90% of characters train, the last 10% are
 held out; batches are drawn by the library's Philox.
 
+A step's batch is BATCH = 4096 characters: four 1024-token leaves of the token rule, so 1, 2 or
+4 processes can each take a contiguous, aligned share of it (``--distributed``,
+mojo_train/_demo_distributed.py) and end in this process's bits. The dropout mask of a row is
+the one stream element it has in the whole batch (one stream per step, offset by the row).
+
 It prints a progress line every ``every`` steps (and at the first and the last), then a summary:
 the held-out loss against the text's unigram entropy (which it must beat), the steps and time,
 the sha256 of the loss curve (float32 bytes) and of the final checkpoint, and the path of the
@@ -22,6 +27,7 @@ import time
 from importlib import resources
 
 STEPS = 400          # the command line's default
+BATCH = 4096         # characters per step: four 1024-token leaves (aligned shares for 1, 2 or 4 ranks)
 PRINT_EVERY = 25
 CORPUS = "data/demo_corpus.txt"
 
@@ -102,23 +108,34 @@ class _Model:
         self.gen, self.vocab = g, vocab
         self.params = [self.emb.weight, self.norm_w, self.w1, self.b1, self.w2, self.wout]
 
-    def loss_and_grads(self, ids, targets, train=True):
+    def loss_and_grads(self, ids, targets, train=True, tokens=None, first_row=0, with_sum=False):
+        """(mean loss, gradients in ``params`` order[, the rows' loss sum]) of the rows ``ids`` ->
+        ``targets``. ``tokens``: the whole batch's rows (the mean's divisor) when these rows are
+        the share starting at row ``first_row`` of it; ``with_sum`` also returns the token rule's
+        sum of the rows' losses (what ranks add up to the batch's loss)."""
         mt, m, nn = self.mt, self.mode, self.mt.nn
         x = self.emb.forward(ids)
         h = nn.rms_norm_forward(x, self.norm_w, 1e-5, numeric_mode=m)
         a = nn.linear_forward(h, self.w1, self.b1, numeric_mode=m)
         s = mt.silu_forward(a, numeric_mode=m)
-        z, key = self.gen.dropout(s, 0.1 if train else 0.0)
+        if train:            # the step's stream, row r's mask at its place in the whole batch
+            z, key = self.gen.dropout(s, 0.1, offset=first_row * s.shape[1], stream=self.gen.next_stream())
+        else:
+            z, key = self.gen.dropout(s, 0.0)
         r = mt.add(x, nn.linear_forward(z, self.w2, numeric_mode=m), numeric_mode=m)
         if not train:
             return mt.linear_cross_entropy(r, self.wout, targets, numeric_mode=m), None
-        loss, d_r, d_wout = mt.linear_cross_entropy(r, self.wout, targets, return_grad=True, numeric_mode=m)
+        loss, d_r, d_wout = mt.linear_cross_entropy(r, self.wout, targets, num_items=tokens, return_grad=True,
+                                                    numeric_mode=m)
         d_z, d_w2 = nn.linear_backward(d_r, z, self.w2, numeric_mode=m)
         d_a = mt.silu_backward(self.gen.dropout_backward(d_z, key), a, numeric_mode=m)
         d_h, d_w1, d_b1 = nn.linear_backward(d_a, h, self.w1, need_bias_grad=True, numeric_mode=m)
         d_xn, d_norm = nn.rms_norm_backward(d_h, x, self.norm_w, 1e-5, numeric_mode=m)
         d_emb = mt.embedding_backward(mt.add(d_r, d_xn, numeric_mode=m), ids, self.vocab, numeric_mode=m)
-        return loss, [d_emb, d_norm, d_w1, d_b1, d_w2, d_wout]
+        grads = [d_emb, d_norm, d_w1, d_b1, d_w2, d_wout]
+        if with_sum:
+            return loss, grads, mt.linear_cross_entropy(r, self.wout, targets, reduction="sum", numeric_mode=m)
+        return loss, grads
 
 
 def _split(text):
@@ -138,17 +155,25 @@ def _unigram_entropy(ids, vocab):
     return -sum(n / len(ids) * math.log(n / len(ids)) for n in counts if n)
 
 
-def _train(mt, model, train, steps, batch, every, out):
-    """``steps`` AdamW steps on random windows of ``train``; the loss of each step."""
+def _train(mt, model, train, steps, batch, every, out, ranks=None):
+    """``steps`` AdamW steps on random characters of ``train``; the loss of each step.
+    ``ranks`` (mojo_train/_demo_distributed.py's Ranks, or None for one process): this process
+    computes its contiguous share of each batch, and the ranks' gradients and loss sums become
+    the whole batch's."""
     sched = mt.WarmupCosineLR(3e-3, warmup_steps=max(1, steps // 10), total_steps=steps + 1, min_lr=3e-4)
     opt = mt.AdamW(model.params, lr_schedule=sched, weight_decay=0.01, numeric_mode=model.mode)
     draw = mt.Generator(99, numeric_mode=model.mode)
+    rows = ranks.rows if ranks else range(batch)
     losses, t0 = [], time.time()
     for step in range(1, steps + 1):
-        pos = [int(v * (len(train) - 1)) for v in draw.uniform((batch,)).tolist()]
+        pos = [int(v * (len(train) - 1)) for v in draw.uniform((batch,)).tolist()][rows.start:rows.stop]
         ids = mt.Array.from_list([train[p] for p in pos], "int64")
         targets = mt.Array.from_list([train[p + 1] for p in pos], "int64")
-        loss, grads = model.loss_and_grads(ids, targets)
+        if ranks:
+            _, grads, loss_sum = model.loss_and_grads(ids, targets, tokens=batch, first_row=rows.start, with_sum=True)
+            loss = ranks.reduce(grads, loss_sum, batch)
+        else:
+            loss, grads = model.loss_and_grads(ids, targets)
         opt.step(grads, max_norm=1.0)
         losses.append(loss)
         if step == 1 or step % every == 0 or step == steps:
@@ -161,9 +186,12 @@ def _digest(chunks):
     return hashlib.sha256(b"".join(chunks)).hexdigest()
 
 
-def run(vendor=None, steps=None, batch=1024, svg="demo_loss.svg", every=PRINT_EVERY, out=print, model="mlp"):
+def run(vendor=None, steps=None, batch=BATCH, svg="demo_loss.svg", every=PRINT_EVERY, out=print, model="mlp",
+        ranks=None):
     """Train, evaluate on the held-out tenth, write the SVG, print the summary. ``model``: 'mlp'
     (the character MLP above) or 'gpt' (mojo_train/_demo_gpt.py; ``batch`` is then its own).
+    ``ranks``: the process group's share of the work (MLP only; mojo_train/_demo_distributed.py),
+    whose rank 0 alone prints and writes the SVG.
 
     Returns 0 when the held-out loss beats the unigram entropy, else 1.
     """
@@ -182,15 +210,22 @@ def run(vendor=None, steps=None, batch=1024, svg="demo_loss.svg", every=PRINT_EV
     else:
         steps = STEPS if steps is None else steps
         net = _Model(mt, len(chars), 48, 192, "identical")
-        losses = _train(mt, net, train, steps, batch, every, out)
+        if ranks:
+            ranks.check_same(net.params)
+            out = out if ranks.rank == 0 else (lambda line: None)
+        losses = _train(mt, net, train, steps, batch, every, out, ranks)
         held_loss, _ = net.loss_and_grads(mt.Array.from_list(held[:-1], "int64"),
                                           mt.Array.from_list(held[1:], "int64"), train=False)
         held_chars = len(held) - 1
         checkpoint = [bytes(p.tobytes()) for p in net.params]
     entropy = _unigram_entropy(train, len(chars))
-    _svg(losses, svg)
+    if ranks:
+        ranks.check_same(net.params)      # every rank ends with the same checkpoint: the claim, checked
+    if not ranks or ranks.rank == 0:
+        _svg(losses, svg)
     beaten = held_loss < entropy
-    out("summary (%s vendor, identical numeric mode, %s model)" % (mt.backend_info("identical")["vendor"], model))
+    out("summary (%s vendor, identical numeric mode, %s model%s)" % (mt.backend_info("identical")["vendor"], model,
+                                                                      ranks.describe() if ranks else ""))
     out("  held-out loss      %.4f nats on %d characters; unigram entropy of the text %.4f nats: %s"
         % (held_loss, held_chars, entropy, "beaten" if beaten else "NOT beaten"))
     out("  steps              %d of %d characters each in %.1f s (training text: %d characters)"

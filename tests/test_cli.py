@@ -45,6 +45,7 @@ MISTAKES = [    # (arguments, environment, what the error line must name)
     (["demo", "--vendor", "nvidia"], {}, "--vendor"),
     (["demo", "--svg", "{tmp}/no/such/folder/loss.svg"], {}, "--svg"),
     (["demo", "--svg", "{tmp}"], {}, "is a folder"),
+    (["demo", "--model", "gpt", "--distributed"], {}, "drop --model gpt"),
     (["info", "--numeric-mode", "exact"], {}, "--numeric-mode"),
     (["selfcheck", "--card", "nosuch"], {}, "--card 'nosuch'"),
     (["selfcheck", "--shard", "4/4"], {}, "--shard"),

@@ -13,7 +13,7 @@ import pytest
 
 from mojo_train import _demo, _native
 
-from _helpers import python_path
+from _helpers import REPO, python_path
 
 PACKAGE = os.path.dirname(os.path.abspath(_demo.__file__))
 SVG = "{http://www.w3.org/2000/svg}"
@@ -55,7 +55,7 @@ def test_the_demo_prints_a_progress_line_every_n_steps_and_at_the_first_and_last
 def test_the_demo_summary_names_steps_time_digests_and_the_svg(tmp_path):
     rc, text, digests = _run(tmp_path, 3)
     summary = text[text.index("summary"):]
-    assert re.search(r"steps +3 of 1024 characters each in [\d.]+ s", summary), summary
+    assert re.search(r"steps +3 of %d characters each in [\d.]+ s" % _demo.BATCH, summary), summary
     assert len(digests) == 2 and digests[0] != digests[1]
     assert "loss curve SVG     %s" % (tmp_path / "loss.svg") in summary
 
@@ -113,3 +113,51 @@ def test_the_demo_text_ships_inside_the_package_not_in_the_checkout(tmp_path):
     with open(os.path.join(PACKAGE, _demo.CORPUS), encoding="utf-8") as f:
         assert run.stdout == f.read() == _demo._text()
     assert len(set(run.stdout)) > 20
+
+
+# ---- torchrun --nproc_per_node=N -m mojo_train demo --distributed (issue 15 point 5) ----------
+
+def _torchrun(tmp_path, processes, steps):
+    """The demo as ``processes`` gloo ranks started by torch's launcher (torchrun's module), on
+    the cpu vendor; the completed process."""
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed has no gloo here")
+    env = dict(os.environ, PYTHONPATH=python_path(REPO), MOJO_TRAIN_VENDOR="cpu", OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=%d" % processes, "-m", "mojo_train", "demo", "--distributed",
+                           "--steps", str(steps), "--svg", str(tmp_path / "loss.svg")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_the_distributed_demo_prints_one_process_digests(tmp_path, processes):
+    """Each rank computes a contiguous quarter, half or all of every 4096-character batch; the
+    reduced gradients and loss sums give one process's loss curve and checkpoint bytes (a rank
+    that trained on its share alone, or on the whole batch, would print other digests)."""
+    (tmp_path / "one").mkdir()
+    rc, _, expected = _run(tmp_path / "one", 3)      # rc 1: 3 steps do not beat the unigram entropy
+    run = _torchrun(tmp_path, processes, 3)
+    assert run.returncode == rc and "mojo_train: error" not in run.stderr, (run.stdout + run.stderr)[-3000:]
+    assert re.findall(r"sha256  ([0-9a-f]{64})$", run.stdout, re.M) == expected, run.stdout[-2000:]
+    assert run.stdout.count("summary (") == 1           # rank 0 alone prints
+    assert "%d processes over gloo, this is rank 0" % processes in run.stdout
+    assert os.path.getsize(str(tmp_path / "loss.svg")) > 0
+
+
+def test_a_distributed_demo_that_cannot_split_the_batch_is_refused_on_every_rank(tmp_path):
+    run = _torchrun(tmp_path, 3, 2)
+    refusals = [l for l in run.stderr.splitlines() if l.startswith("mojo_train: error: --distributed: 3 processes")]
+    assert run.returncode != 0 and len(refusals) == 3, run.stderr[-3000:]
+    assert "run 1, 2 or 4 processes" in refusals[0] and "step " not in run.stdout
+    assert not os.path.exists(str(tmp_path / "loss.svg"))
+
+
+def test_the_distributed_demo_outside_torchrun_says_how_to_start_it(tmp_path):
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    run = subprocess.run([sys.executable, "-m", "mojo_train", "demo", "--distributed", "--svg",
+                          str(tmp_path / "loss.svg")], cwd=str(tmp_path), capture_output=True, text=True, timeout=120,
+                         env=dict(env, PYTHONPATH=python_path(REPO)))
+    assert run.returncode == 2 and run.stderr.startswith("mojo_train: error: --distributed runs under torchrun"), run.stderr
+    assert "torchrun --nproc_per_node=N -m mojo_train demo --distributed" in run.stderr and "step " not in run.stdout
