@@ -7,6 +7,7 @@ float32 and are never cast. See README.md for the feature table and native/contr
 the arithmetic each op is pinned to.
 """
 from ._array import Array
+from ._host_blocks import release as release_host_cache
 from ._native import BackendError, backend_info
 from .device import DeviceArray, memory_stats, to_device, transfer_bytes
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
@@ -25,7 +26,7 @@ from .accumulate import accumulate_grads, accumulation_is_aligned
 
 __version__ = "0.1.0"
 
-__all__ = ["Array", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats",
+__all__ = ["Array", "release_host_cache", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats",
            # optimizers and clipping
            "SGD", "Adam", "AdamW", "clip_grad_norm_",
            # losses

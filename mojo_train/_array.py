@@ -15,6 +15,7 @@ import operator
 import struct
 import sys
 
+from . import _host_blocks
 from ._dtypes import ARRAY_DTYPES, DTYPES, FLOAT_DTYPES
 from ._errors import where_msg
 from ._probe import contiguous_fix, probe
@@ -202,13 +203,15 @@ class Array:
     @classmethod
     def empty(cls, shape, dtype="float32"):
         """Return an Array whose content is unspecified: large ones are not zero-filled
-        (outputs a native call overwrites completely need no memset)."""
+        (outputs a native call overwrites completely need no memset), and one of 1 MiB or more
+        may reuse the block of a freed Array of the same size (mojo_train/_host_blocks.py)."""
         dtype = _check_dtype(dtype)
         shape = _check_shape(shape)
         nbytes = _nbytes(shape, dtype, "Array.empty")
         if nbytes < _NO_CLEAR_FROM:
             return cls(shape, dtype)
-        return cls._wrap(_FFI.buffer(_NO_CLEAR("char[]", nbytes)), shape, dtype)
+        new = _host_blocks.new_block if nbytes >= _host_blocks.MIN_BYTES else _NO_CLEAR
+        return cls._wrap(_FFI.buffer(new("char[]", nbytes)), shape, dtype)
 
     @classmethod
     def from_list(cls, values, dtype="float32"):
