@@ -95,16 +95,22 @@ asan: $(call with_manifests,$(ASAN_LIBS))
 # the emulation of the GPU attention kernels (a program of its own, with its own guard pages; it
 # checks the kernels' order of operations, not the library's memory), and the gloo process groups
 # of tests/test_distributed.py (their native call, mt_accumulate, runs under the sanitizer in
-# tests/test_accumulate.py; four torch processes a test under the preload take minutes).
+# tests/test_accumulate.py; four torch processes a test under the preload take minutes; the same
+# holds for the demo under torchrun). The host block cache (mojo_train/_host_blocks.py) is off:
+# a freed block it kept would hide a use after free from the sanitizer (its tests are left out).
 # ASAN_TEST_MODES=identical runs the fixtures' identical numeric mode only (CI does, to fit its time;
 # the other modes are the same C code compiled with contraction).
 ASAN_TEST_MODES ?=
 asan-test: asan
 	MOJO_TRAIN_TEST_NUMERIC_MODES=$(ASAN_TEST_MODES) \
 	LD_PRELOAD=$(ASAN_PRELOAD) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	MOJO_TRAIN_HOST_CACHE_MB=0 \
 	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/asan MOJO_TRAIN_VENDOR=cpu $(PYTHON) -m pytest -q -p no:cacheprovider \
 	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match \
-	--ignore=tests/test_attention_emulated.py --ignore=tests/test_distributed.py $(ASAN_TESTS)
+	--ignore=tests/test_attention_emulated.py --ignore=tests/test_distributed.py --ignore=tests/test_host_blocks.py \
+	--deselect tests/test_demo.py::test_the_distributed_demo_prints_one_process_digests \
+	--deselect tests/test_demo.py::test_a_distributed_demo_that_cannot_split_the_batch_is_refused_on_every_rank \
+	$(ASAN_TESTS)
 
 # ThreadSanitizer over the tests that run the thread pool or call from several threads. Left
 # out: the fork test (TSan cannot follow fork), the nvcc test, and the C host's threads test
@@ -124,10 +130,12 @@ tsan: $(call with_manifests,$(TSAN_LIBS))
 
 tsan-test: tsan
 	LD_PRELOAD=$(shell $(CC) -print-file-name=libtsan.so) TSAN_OPTIONS=halt_on_error=1:report_signal_unsafe=0 \
+	MOJO_TRAIN_HOST_CACHE_MB=0 \
 	MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUILD))/tsan MOJO_TRAIN_VENDOR=cpu $(PYTHON_EXE) -m pytest -q -p no:cacheprovider \
 	--deselect tests/test_fp_environment.py::test_a_forked_child_can_step_after_the_parent_used_the_thread_pool \
 	--deselect tests/test_pinned_math.py::test_compiles_as_cuda_and_host_bits_match \
-	--deselect tests/test_native.py::test_c_host_threads_reproduce_the_serial_bits --ignore=tests/test_sanitizers.py $(TSAN_TESTS)
+	--deselect tests/test_native.py::test_c_host_threads_reproduce_the_serial_bits --ignore=tests/test_sanitizers.py \
+	--ignore=tests/test_host_blocks.py $(TSAN_TESTS)
 
 .PHONY: asan asan-test tsan tsan-test
 

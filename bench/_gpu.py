@@ -59,12 +59,13 @@ def fp(t):
 
 def matches_cpu_oracle(torch, x, y_dev, fn, *args):
     """The first CHECK outputs of a device call equal the CPU oracle's identical numeric mode on the
-    same inputs (fn is the C entry point's name; args follow (out, x) and precede n)."""
+    same inputs (fn is the C entry point's name, one of the maps: args follow (out, x) and precede
+    n; flags 0)."""
     try:
         cpu = load("identical", "cpu")
     except mt.BackendError:
         return "no cpu library (run make)"
     xh = x[:CHECK].cpu().contiguous()
     yh = torch.empty_like(xh)
-    cpu.check(getattr(cpu.lib, fn)(fp(yh), fp(xh), *args, CHECK), fn)
+    cpu.check(getattr(cpu.lib, fn)(fp(yh), fp(xh), *args, CHECK, 0), fn)
     return bool(torch.equal(yh.view(torch.int32), y_dev[:CHECK].cpu().view(torch.int32)))

@@ -36,10 +36,10 @@ from mojo_train.embedding import embedding_backward, embedding_forward  # noqa: 
 V, D, T = 50304, 768, 16384
 
 
-def zipf_ids(torch, n, vocab, seed=0):
+def zipf_ids(torch, n, vocab, seed=0, device="cuda"):
     """The stated rule: floor((vocab + 1) ** u) - 1, u uniform in [0, 1), clamped to [0, vocab)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    u = torch.rand(n, device="cuda", generator=gen, dtype=torch.float64)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    u = torch.rand(n, device=device, generator=gen, dtype=torch.float64)
     return (torch.floor((vocab + 1.0) ** u) - 1).clamp_(0, vocab - 1).to(torch.int64)
 
 

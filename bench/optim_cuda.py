@@ -5,9 +5,12 @@
 Parameters and gradients are resident on the GPU (mojo_train DeviceArrays; torch tensors for
 torch). Every figure: median wall-clock of --repeat synchronized calls after warm-up, and the
 bytes each side must move, as a fraction of the measured device-to-device copy bandwidth.
-Bytes for ours include the finiteness pre-pass: AdamW moves 36 bytes a parameter (pre-pass
-reads p, g: 8; update reads p g m v: 16, writes p m v: 12); torch's fused AdamW 28. With
-clipping, the norm pass replaces the gradient half of the pre-pass. clip_grad_norm_ on its own:
+Bytes for ours include the finiteness pre-pass: AdamW moves 32 bytes a parameter (pre-pass
+reads g: 4; update reads p g m v: 16, writes p m v: 12); torch's fused AdamW 28. With
+clipping, the norm pass is the pre-pass. (36 bytes until 2026-12-02, when the pre-pass also
+read p: native/contracts/optim.md step 3.) Prediction for 32 bytes, before its first GPU run:
+100M in one tensor 0.923 -> ~0.82 ms (the same fraction of copy bandwidth), in 200 tensors
+1.017 -> ~0.90 ms. clip_grad_norm_ on its own:
 bench/clip_cuda.py.
 Targets (issue 3): AdamW 100M in one tensor <= 1.1x torch fused; 100M as 200 tensors <= 0.6x
 torch fused; 1,000-element AdamW step <= 20 us. Param groups (issue 13): 100M as 200 tensors in 4
@@ -45,8 +48,8 @@ def bench_adamw(torch, sizes, repeat, bw, clip=None, n_groups=0):
     n = sum(sizes)
     return {"params": n, "tensors": len(sizes), "groups": max(n_groups, 1), "clip": clip, "ours_ms": ours * 1e3,
             "torch_fused_ms": theirs * 1e3,
-            "ratio": ours / theirs, "ours_bytes": 36 * n, "torch_bytes": 28 * n,
-            "ours_of_copy_bw": 36 * n / ours / bw, "torch_of_copy_bw": 28 * n / theirs / bw}
+            "ratio": ours / theirs, "ours_bytes": 32 * n, "torch_bytes": 28 * n,
+            "ours_of_copy_bw": 32 * n / ours / bw, "torch_of_copy_bw": 28 * n / theirs / bw}
 
 
 def bench_overheads(torch, repeat=200):

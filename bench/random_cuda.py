@@ -3,14 +3,16 @@
     python bench/random_cuda.py [--log2n 28] [--repeat 40] [--write]
 
 Buffers are torch CUDA tensors of 2**log2n float32, passed to mojo_train directly (through
-__cuda_array_interface__, no copy); ours writes into a preallocated output (``out=``), torch
-allocates from its caching allocator. Every figure: the median wall-clock of --repeat
+__cuda_array_interface__, no copy); torch allocates from its caching allocator. Ours is timed
+returning a new output (``ours_api_ms``: declared fresh, MT_MAP_OUT_FRESH, so the finiteness
+check rides along in the one pass: 8 bytes an element) and into a preallocated ``out=``
+(``ours_out_ms``, and the raw C call: a pre-pass first, 12 bytes). Every figure: the median wall-clock of --repeat
 synchronized calls after warm-up (ours synchronizes before returning: it reads the refusal
 word), and the bytes each side must move as a fraction of the measured device-to-device copy
 bandwidth (torch's y.copy_(x) over the same 2**log2n floats: read + write).
-Bytes: dropout forward/backward, ours: the finiteness pre-pass reads x (nothing is written
-when x holds NaN or inf), then read x + write y = 12 per element; torch: 8 (its dropout also
-writes its 1-byte mask: 9). normal fill: write 4. Before timing, the first 2**20 outputs are
+Bytes: dropout forward/backward, ours into out=: the finiteness pre-pass reads x (nothing is
+written when x holds NaN or inf), then read x + write y = 12 per element; a new output 8;
+torch: 8 (its dropout also writes its 1-byte mask: 9). normal fill: write 4. Before timing, the first 2**20 outputs are
 checked against the CPU oracle. SiLU and add: bench/elementwise_cuda.py.
 """
 import os
@@ -35,13 +37,17 @@ def bench(torch, n, repeat, bw):
     _, key = gen.dropout(x, P, stream=0, out=y)
     torch.cuda.synchronize()
     rows = {"dropout_matches_cpu": matches_cpu_oracle(torch, x, y, "mt_dropout_forward", P, 1234, 0, 0)}
-    ours_api = timed(lambda: gen.dropout(x, P, stream=0, out=y), repeat)
-    ours_raw = timed(lambda: lib.mt_dropout_forward(fp(y), fp(x), P, 1234, 0, 0, n), repeat)
-    ours_bwd = timed(lambda: gen.dropout_backward(x, key, out=dx), repeat)
+    ours_api = timed(lambda: gen.dropout(x, P, stream=0), repeat)
+    ours_out = timed(lambda: gen.dropout(x, P, stream=0, out=y), repeat)
+    ours_raw = timed(lambda: lib.mt_dropout_forward(fp(y), fp(x), P, 1234, 0, 0, n, 0), repeat)
+    ours_bwd = timed(lambda: gen.dropout_backward(x, key), repeat)
+    fresh = gen.dropout(x, P, stream=0)[0]
+    rows["dropout_fresh_equals_out"] = bool(torch.equal(torch.as_tensor(fresh, device="cuda").view(torch.int32),
+                                                        y.view(torch.int32)))
     theirs = timed(lambda: torch.nn.functional.dropout(x, P, training=True), repeat, sync=torch.cuda.synchronize)
-    rows["dropout"] = {"elements": n, "p": P, "ours_api_ms": ours_api * 1e3, "ours_raw_c_ms": ours_raw * 1e3,
-                       "ours_backward_ms": ours_bwd * 1e3, "torch_ms": theirs * 1e3,
-                       "ours_of_copy_bw": 12 * n / ours_api / bw, "ours_raw_of_copy_bw": 12 * n / ours_raw / bw,
+    rows["dropout"] = {"elements": n, "p": P, "ours_api_ms": ours_api * 1e3, "ours_out_ms": ours_out * 1e3,
+                       "ours_raw_c_ms": ours_raw * 1e3, "ours_backward_ms": ours_bwd * 1e3, "torch_ms": theirs * 1e3,
+                       "ours_of_copy_bw": 8 * n / ours_api / bw, "ours_raw_of_copy_bw": 12 * n / ours_raw / bw,
                        "torch_of_copy_bw": 9 * n / theirs / bw}
     normal = timed(lambda: lib.mt_normal_fill(fp(y), 1234, 1, 0, 0.0, 1.0, n), repeat)
     normal_t = timed(lambda: y.normal_(), repeat, sync=torch.cuda.synchronize)
@@ -53,11 +59,12 @@ def bench(torch, n, repeat, bw):
 def main():
     args, torch, rows = over_floats(__doc__, bench)
     d, o = rows["dropout"], rows["normal"]
-    print("dropout p=%.1f over 2^%d: ours %.3f ms (%.0f%% of copy bw; raw C call %.3f ms, %.0f%%), backward %.3f ms; "
-          "torch %.3f ms (%.0f%% at 9 bytes/element); matches the cpu oracle: %s"
-          % (P, args.log2n, d["ours_api_ms"], 100 * d["ours_of_copy_bw"], d["ours_raw_c_ms"],
+    print("dropout p=%.1f over 2^%d: ours %.3f ms new output (%.0f%% of copy bw at 8 bytes), %.3f ms into out= (raw C "
+          "call %.3f ms, %.0f%% at 12), backward %.3f ms; torch %.3f ms (%.0f%% at 9 bytes/element); matches the cpu "
+          "oracle: %s, fresh equals out=: %s"
+          % (P, args.log2n, d["ours_api_ms"], 100 * d["ours_of_copy_bw"], d["ours_out_ms"], d["ours_raw_c_ms"],
              100 * d["ours_raw_of_copy_bw"], d["ours_backward_ms"], d["torch_ms"], 100 * d["torch_of_copy_bw"],
-             rows["dropout_matches_cpu"]))
+             rows["dropout_matches_cpu"], rows["dropout_fresh_equals_out"]))
     print("normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
           % (o["normal_ms"], 100 * o["normal_of_copy_bw"], o["normal_torch_ms"]))
     gpu_record(args, "random_cuda", rows, torch)

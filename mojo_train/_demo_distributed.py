@@ -34,8 +34,11 @@ class Ranks:
             import torch.distributed as dist
         except ImportError:
             raise Refusal("--distributed needs torch (pip install torch): its process groups carry the gradients")
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise Refusal("--distributed needs a torch built with torch.distributed and gloo; this one has none")
         from . import distributed
-        if not dist.is_initialized():
+        self.owned = not dist.is_initialized()      # a group this process already had is left to its owner
+        if self.owned:
             missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
                 raise Refusal("--distributed runs under torchrun, which sets %s: torchrun --nproc_per_node=N "
@@ -45,7 +48,7 @@ class Ranks:
         self.check_same = distributed.check_same_parameters
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         if not mt.accumulation_is_aligned(batch, self.world):
-            dist.destroy_process_group()
+            self.close()
             raise Refusal("--distributed: %d processes cannot split the demo's batch of %d characters into aligned "
                            "shares (each a power of two of whole %d-token leaves), so their bits could not be one "
                            "process's; run 1, 2 or 4 processes (torchrun --nproc_per_node)"
@@ -62,7 +65,8 @@ class Ranks:
         return ", %d processes over gloo, this is rank %d" % (self.world, self.rank)
 
     def close(self):
-        self.dist.destroy_process_group()
+        if self.owned:
+            self.dist.destroy_process_group()
 
 
 def _f32(x):

@@ -11,11 +11,17 @@ request of exactly its size.
 Contract: a block is handed out again only after cffi's free callback ran, i.e. after every
 Python object holding it (the Array, its memoryviews, numpy or torch views of it) is gone: the
 same moment ``free`` would have run. Its content is unspecified, as ``empty``'s always is.
-``MOJO_TRAIN_HOST_CACHE_MB`` (read at import; default 1024, 0 disables) bounds the bytes held;
-``release()`` (``mojo_train.release_host_cache()``) returns every cached block to the C
-library at once. No call ever waits: when the lock is taken (another thread, or a garbage
+``MOJO_TRAIN_HOST_CACHE_MB`` (read at import; default 1024, 0 disables) bounds the bytes held; a
+value that is not a whole number >= 0 is refused at the package's import with the other
+variables (``_native._ENVIRONMENT``; ``python -m mojo_train`` says it in one line); this module
+also keeps the error for its first large ``Array.empty`` and ``limit_bytes()``, should the
+package's check change. ``release()`` (``mojo_train.release_host_cache()``) returns every cached
+block to the C library at once; a ``malloc`` that fails releases the cache and tries once more
+before MemoryError. No call ever waits: when the lock is taken (another thread, or a garbage
 collection inside the allocator's own critical section) a request is served by ``malloc`` and a
-freed block goes straight to ``free``.
+freed block goes straight to ``free``; a child process made by ``fork`` gets a fresh lock (the
+parent's may have been held by a thread the child does not have). AddressSanitizer cannot see a
+use after free of a cached block: ``make asan-test`` and ``tsan-test`` run with the cache off.
 """
 import collections
 import os
@@ -33,18 +39,19 @@ _NULL = _ffi.NULL
 
 
 def _limit_from_environment():
+    """(bytes, None), or (0, the ValueError to raise at first use) for a bad value."""
     text = os.environ.get("MOJO_TRAIN_HOST_CACHE_MB", "1024")
     try:
         mb = int(text)
     except ValueError:
-        raise ValueError("MOJO_TRAIN_HOST_CACHE_MB must be a whole number of MiB >= 0 (0: no cache), got %r"
-                         % text) from None
-    if mb < 0:
-        raise ValueError("MOJO_TRAIN_HOST_CACHE_MB must be >= 0 (0: no cache), got %d" % mb)
-    return mb << 20
+        mb = None
+    if mb is None or mb < 0:
+        return 0, ValueError("MOJO_TRAIN_HOST_CACHE_MB must be a whole number of MiB >= 0 (0: no cache), got %r"
+                             % text)
+    return mb << 20, None
 
 
-_limit = _limit_from_environment()
+_limit, _limit_error = _limit_from_environment()
 _lock = threading.Lock()
 _sizes = {}                                   # address -> bytes, for every block handed out by _alloc
 _cached = collections.OrderedDict()           # address -> (pointer, bytes), oldest freed first
@@ -52,8 +59,19 @@ _held = [0]                                   # bytes in _cached
 
 
 def limit_bytes():
-    """The most bytes the cache holds."""
+    """The most bytes the cache holds (ValueError for a bad MOJO_TRAIN_HOST_CACHE_MB)."""
+    if _limit_error is not None:
+        raise _limit_error
     return _limit
+
+
+def _new_lock_in_child():
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def held_bytes():
@@ -62,6 +80,7 @@ def held_bytes():
 
 
 def _alloc(nbytes):
+    limit_bytes()
     if _lock.acquire(blocking=False):
         try:
             for address, (ptr, size) in _cached.items():
@@ -73,6 +92,9 @@ def _alloc(nbytes):
         finally:
             _lock.release()
     ptr = _libc.malloc(nbytes)
+    if ptr == _NULL and _held[0]:
+        release()                                 # idle cached blocks before MemoryError
+        ptr = _libc.malloc(nbytes)
     if ptr != _NULL:
         _sizes[int(_ffi.cast("uintptr_t", ptr))] = nbytes
     return ptr

@@ -75,6 +75,8 @@ _ENVIRONMENT = {
     "MOJO_TRAIN_LR_EXACT_ONLY": _one_of("0", "1"),                  # mt_schedule.c
     "MOJO_TRAIN_CE_GLOBAL": _one_of("0", "1"),                      # mt_gpu_loss.cu
     "MOJO_TRAIN_LM_ONE_STREAM": _one_of("0", "1"),                  # mt_gpu_lm_head.cu
+    "MOJO_TRAIN_HOST_CACHE_MB": (lambda v: v.isdigit() and v.isascii(),
+                                 "a whole number of MiB >= 0 (0: no cache)"),   # _host_blocks.py
 }
 # MOJO_TRAIN_LIBRARY_PATH is a list of folders; a folder that does not exist is only reported
 # by backend_info() as absent, like the package's own folders.
@@ -126,6 +128,7 @@ STATUS = _enum("mt_error_code", "MT_")
 REDUCTIONS = _enum("mt_reduction", "MT_REDUCTION_")
 SCHEDULES = _enum("mt_schedule_kind", "MT_SCHEDULE_")
 FEATURES = _enum("mt_feature", "MT_FEATURE_")
+MAP_FLAGS = _enum("mt_map_flags", "MT_MAP_")           # {'out_fresh': 1}
 # The built-in exception a torch user would catch, per status.
 _ERRORS = {STATUS["einval"]: ValueError, STATUS["enonfinite"]: ValueError, STATUS["enomem"]: MemoryError,
            STATUS["edevice"]: RuntimeError, STATUS["eunsupported"]: NotImplementedError}

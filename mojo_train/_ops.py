@@ -16,9 +16,10 @@ from . import _buffer
 from ._array import Array
 from ._dtypes import DTYPES
 from ._errors import where_msg
-from ._native import ffi, load, numeric_mode_arg
+from ._native import MAP_FLAGS, ffi, load, numeric_mode_arg
 from .device import DeviceArray
 
+_MAP_OUT_FRESH = MAP_FLAGS["out_fresh"]
 _SIGNED_NATIVE = {name: DTYPES[name].itemsize for name in ("int32", "int64")}   # ids read in place
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
 
@@ -171,6 +172,30 @@ def out_arg(where, out, shape, inputs):
                                    % (tuple(pout.shape), tuple(shape))))
     _buffer.refuse_overlap(where, ("out", pout), inputs)
     return pout
+
+
+class Fresh:
+    """``out=Fresh(buffer)``: an output buffer allocated for this one result and dropped by its
+    owner on a refusal (the torch adapter's ``torch.empty`` outputs), so a native map may fuse its
+    finiteness check into its one pass (MT_MAP_OUT_FRESH). Private: a user's ``out=`` is never
+    fresh."""
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+
+
+def unwrap_fresh(out):
+    """(the out= buffer, whether it was declared Fresh)."""
+    return (out.buffer, True) if isinstance(out, Fresh) else (out, False)
+
+
+def map_flags(pout, fresh=False):
+    """The ``flags`` of a native map (mojo_train.h, enum mt_map_flags): MT_MAP_OUT_FRESH when
+    the output is the one this call allocates (no caller ``out=``) or a ``Fresh`` one, so the
+    native finiteness check may ride along in the map's one pass; 0 keeps the pre-pass that
+    leaves a caller's ``out=`` untouched on a refusal."""
+    return _MAP_OUT_FRESH if pout is None or fresh else 0
 
 
 def int_arg(value, name, where, low, high):

@@ -20,7 +20,10 @@ is the identity: the gradient of out flows unchanged to both a and b, so there i
 add_backward. Inputs are float32 of one
 shape -- nothing is broadcast: differing shapes are refused, even of one element count --
 all on the host or all on the device. A refused call (a NaN or inf in any input, a bad
-argument) leaves every caller buffer, ``out=`` included, byte for byte as it was.
+argument) leaves every caller buffer, ``out=`` included, byte for byte as it was. Without
+``out=`` the new output is declared fresh to the native map (MT_MAP_OUT_FRESH), so the
+finiteness check rides along in its one pass (one read of each input fewer; the output is
+dropped on a refusal); with ``out=`` the check is a pre-pass.
 ``out=`` writes into a given float32 buffer of the inputs' shape: an input itself (in
 place) or a buffer disjoint from them (partial overlaps are refused); otherwise a new Array
 or DeviceArray is returned on the inputs' side.
@@ -35,7 +38,8 @@ _GELU_APPROXIMATE = _native._enum("mt_gelu_approximate", "MT_GELU_")   # {'none'
 
 
 def _map(where, fn, inputs, out, numeric_mode, extra=()):
-    """Run ``fn(out, *inputs, n, *extra)`` with inputs = [(name, buffer), ...] of one shape."""
+    """Run ``fn(out, *inputs, n, *extra, flags)`` with inputs = [(name, buffer), ...] of one shape."""
+    out, fresh = _ops.unwrap_fresh(out)
     probes = [(name, _ops.f32_in(x, name, where)) for name, x in inputs]
     first, shape, n = probes[0][0], tuple(probes[0][1].shape), probes[0][1].nelems
     for name, p in probes[1:]:
@@ -47,7 +51,7 @@ def _map(where, fn, inputs, out, numeric_mode, extra=()):
     result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode)
     target = pout if pout is not None else result
     backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n,
-                                           *extra), where)
+                                           *extra, _ops.map_flags(pout, fresh)), where)
     _buffer.wrote(pout)
     return result
 

@@ -272,11 +272,13 @@ class Generator:
         return p32
 
     def _apply(self, where, fn, px, name, out, p32, seed, stream, offset):
+        out, fresh = _ops.unwrap_fresh(out)
         pout = _ops.out_arg(where, out, px.shape, [(name, px)])
         backend, on_device = _ops.placement(where, self.numeric_mode, **{name: px, "out": pout})
         y = out if out is not None else _ops.out_f32(px.shape, on_device, self.numeric_mode)
         target = pout if pout is not None else y
-        backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), _ops.fptr_nonnull(px), p32, seed, stream, offset, px.nelems), where)
+        backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), _ops.fptr_nonnull(px), p32, seed, stream,
+                                               offset, px.nelems, _ops.map_flags(pout, fresh)), where)
         _buffer.wrote(pout)
         return y
 

@@ -41,6 +41,7 @@ REVIEWED = (
     ("reference", r"^torch\.distributed has no gloo here$"),   # a torch built without distributed or gloo
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)
+    ("reference", r"^.+ finds no C library headers for its target \(Debian: libc6-dev-\*-cross\)$"),   # .ci/run installs it
     ("reference", r"^the loader knows no ELF machine number for this host \("),   # a platform outside its table
     ("reference", r"^\S+ is not built \(make hip\)$"),
     ("reference", r"^objdump is not installed: the disassembly check needs it$"),

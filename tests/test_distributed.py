@@ -14,7 +14,9 @@ float64 gradient on one rank, ranks passing other tokens, NaN on one rank, unequ
 parameters -- are raised on every rank with the same type and text, nothing written on any
 rank, and the group goes on working after them (no deadlock: the workers have a time limit).
 Each rank sends 2 (N-1)/N of the gradient bytes. Torch's DistributedSampler interleaves ranks and
-the order it implies changes the bits.
+the order it implies changes the bits. Where the library takes device buffers and torch has a
+GPU (issue 15 point 4 on one GPU), the workers also train the torch loop on CUDA tensors, which
+reduce_gradients stages through host memory for gloo: the same bytes as one CPU process.
 
 The workers (this file, run as a script) are one gloo world of 4 processes, started once per
 identical library: groups of 4 are that world's default group, groups of 2 and 1 are
@@ -45,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, WIDTH, BLOCKS, TOKENS, SEQ, STEPS = 97, 32, 1, 4096, 64, 3
 WORKER_SECONDS = 150          # a deadlocked group is killed, and the test fails, after this
 TRAININGS = ("native", "native_microbatches", "torch_reduce", "torch_ddp")
+CUDA_TRAININGS = ("torch_reduce_cuda",)    # where the library takes device buffers and torch has a GPU
 PROCESSES, WORLDS = 4, (1, 2, 4)       # one gloo world of 4 processes; groups of 1, 2 and 4 in it
 
 
@@ -119,14 +122,14 @@ def train_native(numeric_mode, rank=0, world=1, microbatches=1, reduce=None):
     return model.state_bytes()
 
 
-def train_torch(numeric_mode, rank=0, world=1, reduce=None, wrap=None):
-    """STEPS steps of the mojo_train.torch model: ``reduce(model)`` after each backward, or the
-    forward through ``wrap(model)`` (DDP); the state bytes."""
-    model = _torch_model(numeric_mode)
+def train_torch(numeric_mode, rank=0, world=1, reduce=None, wrap=None, device="cpu"):
+    """STEPS steps of the mojo_train.torch model on ``device``: ``reduce(model)`` after each
+    backward, or the forward through ``wrap(model)`` (DDP); the state bytes."""
+    model = _torch_model(numeric_mode).to(device)
     opt = torch_optimizer(model, numeric_mode=numeric_mode)
     run = wrap(model) if wrap else model
     for s in range(STEPS):
-        ids, targets = _share(s, rank, world)
+        ids, targets = (t.to(device) for t in _share(s, rank, world))
         opt.zero_grad()
         run(ids, targets, TOKENS).backward()
         if reduce:
@@ -208,8 +211,9 @@ def _volume(rank, world, group):
 _GATHER_SIZES = (0, 500, 502, 504, 2000)
 
 
-def _scenarios(rank, world, group, mode, save):
-    """Every scenario in ``group`` (this process is its rank ``rank`` of ``world``)."""
+def _scenarios(rank, world, group, mode, save, cuda):
+    """Every scenario in ``group`` (this process is its rank ``rank`` of ``world``); with ``cuda``
+    also the torch loop on CUDA tensors."""
     report = {"refusals": _refusals(rank, world, group), "volume": _volume(rank, world, group),
               "gathered": [[b.hex() for b in D._gather_bytes(bytes([65 + rank]) * (n + 3 * rank), group)]
                            for n in _GATHER_SIZES]}
@@ -225,6 +229,9 @@ def _scenarios(rank, world, group, mode, save):
         wrapped.register_comm_hook(D.TokenRuleState(TOKENS, group), D.token_rule_hook)
         return wrapped
     save("torch_ddp", train_torch(mode, rank, world, wrap=ddp))
+    if cuda:             # CUDA tensors over gloo: staged through host memory by reduce_gradients
+        save("torch_reduce_cuda", train_torch(mode, rank, world, device="cuda", reduce=lambda model:
+                                              D.reduce_parameter_gradients(model.parameters(), TOKENS, group)))
     return report
 
 
@@ -244,7 +251,7 @@ def worker(config):
         def save(name, data):
             with open(os.path.join(out, "%s_world%d_rank%d.bin" % (name, world, rank)), "wb") as f:
                 f.write(data)
-        reports[world] = _scenarios(dist.get_rank(group), world, group, mode, save)
+        reports[world] = _scenarios(dist.get_rank(group), world, group, mode, save, config["cuda"])
     with open(os.path.join(out, "report_rank%d.json" % rank), "w") as f:
         json.dump(reports, f)
     dist.destroy_process_group()
@@ -277,7 +284,7 @@ def _launch(mode, out):
                PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     procs = []
     for rank in range(PROCESSES):
-        config = {"rank": rank, "out": out, "numeric_mode": mode.numeric_mode,
+        config = {"rank": rank, "out": out, "numeric_mode": mode.numeric_mode, "cuda": _cuda_tensors(mode),
                   "rendezvous": os.path.join(out, "rendezvous")}
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(config)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -294,6 +301,12 @@ def _launch(mode, out):
         assert p.returncode == 0, "worker %d failed:\n%s" % (rank, log[-4000:])
 
 
+def _cuda_tensors(mode):
+    """Whether the workers also train on CUDA tensors: a library taking device buffers and a
+    torch with a GPU."""
+    return bool(mode.has("device_buffers") and torch.cuda.is_available())
+
+
 def _read_outcomes(out):
     runs = {world: {"reports": [], "bytes": {}} for world in WORLDS}
     for rank in range(PROCESSES):
@@ -301,8 +314,11 @@ def _read_outcomes(out):
             reports = json.load(f)
         for world in WORLDS:
             runs[world]["reports"].append(reports[str(world)])
-            for name in TRAININGS:
-                with open(os.path.join(out, "%s_world%d_rank%d.bin" % (name, world, rank)), "rb") as f:
+            for name in TRAININGS + CUDA_TRAININGS:
+                path = os.path.join(out, "%s_world%d_rank%d.bin" % (name, world, rank))
+                if name in CUDA_TRAININGS and not os.path.exists(path):
+                    continue
+                with open(path, "rb") as f:
                     runs[world]["bytes"].setdefault(name, []).append(f.read())
     return runs
 
@@ -334,6 +350,22 @@ def test_every_rank_ends_in_one_process_bytes(identical, world, scenario, kind):
     for p, data in enumerate(got):
         assert data == want, "%s, groups of %d: process %d's parameters or AdamW state differ from one " \
                              "process's" % (scenario, world, p)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_cuda_tensors_staged_through_gloo_end_in_one_cpu_process_bytes(identical, world):
+    """Issue 15 point 4 on one GPU: ranks sharing it, their torch model on CUDA tensors, the
+    gradients staged through host memory for gloo, end in the bytes of one process on CPU tensors."""
+    _need(identical)
+    if not identical.has("device_buffers"):
+        pytest.skip("this library has no device_buffers (mt_features)")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    got = run_world(identical, world)["bytes"]["torch_reduce_cuda"]
+    want = reference(identical, "torch")
+    assert len(got) == PROCESSES
+    for p, data in enumerate(got):
+        assert data == want, "CUDA tensors, groups of %d: process %d differs from one CPU process" % (world, p)
 
 
 def test_the_torch_and_native_references_are_the_same_bytes(identical):

@@ -292,7 +292,7 @@ def test_the_c_abi_refuses_an_approximate_other_than_0_or_1_writing_nothing(elem
     x, dy, out = _fresh(n, 80), _fresh(n, 81), _sentinel(n)
     px, pdy, pout = (ffi.cast("float *", ffi.from_buffer(b)) for b in (x, dy, out))
     before = [raw(x), raw(dy), raw(out)]
-    for rc in (lib.mt_gelu_forward(pout, px, n, bad), lib.mt_gelu_backward(pout, pdy, px, n, bad)):
+    for rc in (lib.mt_gelu_forward(pout, px, n, bad, 0), lib.mt_gelu_backward(pout, pdy, px, n, bad, 0)):
         assert rc == EINVAL
         assert ffi.string(lib.mt_last_error()).decode().endswith(
             "approximate must be 0 (none) or 1 (tanh), got %d" % bad)
@@ -459,10 +459,11 @@ def test_the_c_abi_refuses_an_output_partly_overlapping_an_input_and_writes_noth
         p, q = (ffi.cast("float *", b.ptr if side == "device" else ffi.from_buffer(b)) for b in (store, other))
         before = [_bytes(store), _bytes(other)]
         for fn, args, names in _c_calls(p, q, n):
-            assert getattr(lib, fn)(*args) == EINVAL, (fn, side)
-            assert ("%s overlap without being the same buffer" % names) in ffi.string(lib.mt_last_error()).decode()
+            for flags in (0, 1):                  # a fresh output is checked for overlaps all the same
+                assert getattr(lib, fn)(*args, flags) == EINVAL, (fn, side, flags)
+                assert ("%s overlap without being the same buffer" % names) in ffi.string(lib.mt_last_error()).decode()
         assert [_bytes(store), _bytes(other)] == before, side
-        assert lib.mt_add(p, p, q, n) == 0 and lib.mt_silu_forward(p + 1, p + 1, n) == 0   # in place
+        assert lib.mt_add(p, p, q, n, 0) == 0 and lib.mt_silu_forward(p + 1, p + 1, n, 0) == 0   # in place
 
 
 def test_sizes_dtypes_and_out_are_checked_by_name(elementwise_mode):
@@ -490,9 +491,9 @@ def test_the_c_abi_refuses_null_and_negative_sizes(elementwise_mode):
     lib = elementwise_mode.backend.lib
     buf = array.array("f", [1.0, 2.0])
     p = ffi.cast("float *", ffi.from_buffer(buf))
-    assert lib.mt_silu_forward(ffi.NULL, p, 2) == EINVAL and b"y is NULL" in ffi.string(lib.mt_last_error())
-    assert lib.mt_silu_backward(p, p, ffi.NULL, 2) == EINVAL and b"x is NULL" in ffi.string(lib.mt_last_error())
-    assert lib.mt_add(p, p, p, -1) == EINVAL and b"n must be >= 0" in ffi.string(lib.mt_last_error())
+    assert lib.mt_silu_forward(ffi.NULL, p, 2, 0) == EINVAL and b"y is NULL" in ffi.string(lib.mt_last_error())
+    assert lib.mt_silu_backward(p, p, ffi.NULL, 2, 0) == EINVAL and b"x is NULL" in ffi.string(lib.mt_last_error())
+    assert lib.mt_add(p, p, p, -1, 0) == EINVAL and b"n must be >= 0" in ffi.string(lib.mt_last_error())
     assert list(buf) == [1.0, 2.0]
 
 

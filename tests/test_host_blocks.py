@@ -4,7 +4,9 @@ Contract under test: the module's docstring. A freed block of >= 1 MiB is handed
 request of exactly its size; a block still reachable from any Python object (a numpy view of
 the Array) is never handed out; the cache holds at most MAX_BLOCKS blocks and
 MOJO_TRAIN_HOST_CACHE_MB MiB; 0 disables it; a bad value is refused at import naming the
-variable; ``release_host_cache`` empties it; threads never get one block twice.
+variable (and in one line by the command line); ``release_host_cache`` empties it; a failed
+malloc releases the cache and tries again; a forked child has a lock of its own; threads never
+get one block twice.
 """
 import gc
 import os
@@ -142,7 +144,57 @@ def test_the_limit_bounds_the_bytes_held():
     assert run.returncode == 0 and run.stdout.split() == [str(9 * MIB), str(8 * MIB)], run.stderr
 
 
-@pytest.mark.parametrize("value", ["lots", "-1", "1.5"])
+@pytest.mark.parametrize("value", ["lots", "-1", "1.5", "\u0663"])
 def test_a_bad_limit_is_refused_at_import_naming_the_variable(value):
     run = _child("import mojo_train", value)
-    assert run.returncode != 0 and "MOJO_TRAIN_HOST_CACHE_MB must be" in run.stderr, run.stderr
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert "ValueError: mojo_train: the environment variable MOJO_TRAIN_HOST_CACHE_MB must be a whole number of " \
+           "MiB >= 0" in run.stderr, run.stderr
+
+
+
+def test_the_command_line_reports_a_bad_limit_in_one_line():
+    env = dict(os.environ, PYTHONPATH=python_path(REPO), MOJO_TRAIN_HOST_CACHE_MB="abc")
+    run = subprocess.run([sys.executable, "-m", "mojo_train", "info"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert run.returncode == 2 and run.stderr.startswith(
+        "mojo_train: error: the environment variable MOJO_TRAIN_HOST_CACHE_MB must be"), \
+        run.stderr
+    assert len(run.stderr.splitlines()) == 1
+
+
+def test_a_failed_malloc_releases_the_cache_and_tries_again(monkeypatch):
+    kept = mt.Array.empty((MIB,))
+    del kept
+    assert hb.held_bytes() == 4 * MIB
+    real, calls = hb._libc, []
+
+    class FailingOnce:
+        def malloc(self, n):
+            calls.append(n)
+            return hb._NULL if len(calls) == 1 else real.malloc(n)
+
+        def free(self, p):
+            real.free(p)
+
+    monkeypatch.setattr(hb, "_libc", FailingOnce())
+    got = mt.Array.empty((MIB + 5,))
+    assert calls == [4 * (MIB + 5)] * 2 and hb.held_bytes() == 0 and got.nbytes == 4 * (MIB + 5)
+
+
+def test_a_forked_child_gets_a_lock_of_its_own():
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    hb._lock.acquire()                         # as if another thread held it at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:                           # the child: release() must not wait on the parent's lock
+            try:
+                mt.release_host_cache()
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+    finally:
+        hb._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

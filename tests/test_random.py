@@ -505,10 +505,11 @@ def test_the_c_abi_refuses_dropout_output_partly_overlapping_its_input(random_mo
         before = _bytes(store)
         for fn, y, x, names in (("mt_dropout_forward", p + 1, p, "y and x"), ("mt_dropout_forward", p, p + 7, "y and x"),
                                 ("mt_dropout_backward", p + 2, p, "dx and dy")):
-            assert getattr(lib, fn)(y, x, 0.5, 1, 1, 0, n) == EINVAL, (fn, side)
+            for flags in (0, 1):
+                assert getattr(lib, fn)(y, x, 0.5, 1, 1, 0, n, flags) == EINVAL, (fn, side, flags)
             assert ("%s overlap without being the same buffer" % names) in ffi.string(lib.mt_last_error()).decode()
         assert _bytes(store) == before, side
-        assert lib.mt_dropout_forward(p + 3, p + 3, 0.5, 1, 1, 0, n) == 0      # in place
+        assert lib.mt_dropout_forward(p + 3, p + 3, 0.5, 1, 1, 0, n, 0) == 0      # in place
 
 
 def test_dropout_backward_and_out_refuse_other_shapes_of_one_element_count(random_mode):
@@ -630,9 +631,9 @@ def test_the_c_abi_refuses_without_writing(random_mode):
     assert lib.mt_normal_fill(ptr, 1, 1, 0, 0.0, -1.0, 8) == EINVAL
     assert b"std" in ffi.string(lib.mt_last_error())
     assert lib.mt_normal_fill(ptr, 1, 1, 2**64 - 4, 0.0, 1.0, 8) == EINVAL
-    assert lib.mt_dropout_forward(ptr, ptr, 1.0, 1, 1, 0, 8) == EINVAL
+    assert lib.mt_dropout_forward(ptr, ptr, 1.0, 1, 1, 0, 8, 0) == EINVAL
     assert b"p must be in [0, 1)" in ffi.string(lib.mt_last_error())
-    assert lib.mt_dropout_backward(ptr, ffi.NULL, 0.5, 1, 1, 0, 8) == EINVAL
+    assert lib.mt_dropout_backward(ptr, ffi.NULL, 0.5, 1, 1, 0, 8, 0) == EINVAL
     assert b"dy is NULL" in ffi.string(lib.mt_last_error())
     assert list(out) == [7.0] * 8
     assert lib.mt_normal_fill(ptr, 1, 1, 2**64 - 9, 0.0, 1.0, 8) == 0   # the last elements of a stream

@@ -29,7 +29,7 @@ a = array.array("f", [1.0] * 1024)
 out = mmap.mmap(-1, 4 * n)
 pa = _native.ffi.cast("float *", a.buffer_info()[0])
 pout = _native.ffi.cast("float *", _native.ffi.from_buffer(out))
-rc = b.lib.mt_add(pout, pa, pa, n)
+rc = b.lib.mt_add(pout, pa, pa, n, 0)
 print("rc", rc)
 """
 
@@ -49,7 +49,7 @@ shared = sys.argv[1] == "shared"
 def work(k):
     out = _native.ffi.cast("float *", outs[0 if shared else k].buffer_info()[0])
     for _ in range(200):
-        assert b.lib.mt_add(out, pa, pa, n) == 0
+        assert b.lib.mt_add(out, pa, pa, n, 0) == 0
 threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
 [t.start() for t in threads]
 [t.join() for t in threads]

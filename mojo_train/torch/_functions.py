@@ -28,6 +28,7 @@ from .. import linear as _linear
 from .. import lm_head as _lm_head
 from .. import loss as _loss
 from .. import rms_norm as _rms_norm
+from .._ops import Fresh
 from ._tensors import as_torch, dense, empty_like, native, probed, wait_for_torch
 
 # the native API's argument names -> the user's, per op
@@ -157,7 +158,7 @@ class GELUFunction(torch.autograd.Function):
         x = dense(input)
         y = empty_like(x)
         wait_for_torch(x.device)
-        native(where, _ROWS, _elementwise.gelu_forward, probed(x), approximate, out=probed(y),
+        native(where, _ROWS, _elementwise.gelu_forward, probed(x), approximate, out=Fresh(probed(y)),
                numeric_mode=numeric_mode)
         ctx.save_for_backward(x)
         ctx.approximate, ctx.numeric_mode, ctx.where = approximate, numeric_mode, where
@@ -169,8 +170,8 @@ class GELUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, _elementwise.gelu_backward, probed(dy), probed(x), ctx.approximate, out=probed(dx),
-                  numeric_mode=ctx.numeric_mode)
+        _backward(ctx, _ROWS, _elementwise.gelu_backward, probed(dy), probed(x), ctx.approximate,
+                  out=Fresh(probed(dx)), numeric_mode=ctx.numeric_mode)
         return dx, None, None, None
 
 
@@ -237,7 +238,8 @@ class SiLUFunction(torch.autograd.Function):
             x = x.clone()                       # the input, kept for the backward
         y = input if inplace and input.is_contiguous() and not input.is_neg() else empty_like(x)
         wait_for_torch(x.device)
-        native(where, _ROWS, _elementwise.silu_forward, probed(x), out=probed(y), numeric_mode=numeric_mode)
+        native(where, _ROWS, _elementwise.silu_forward, probed(x), out=probed(y) if y is input else Fresh(probed(y)),
+               numeric_mode=numeric_mode)
         ctx.save_for_backward(x)
         ctx.numeric_mode, ctx.where = numeric_mode, where
         return _in_place(ctx, input, y) if inplace else y
@@ -248,8 +250,8 @@ class SiLUFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, _elementwise.silu_backward, probed(dy), probed(x), out=probed(dx),
-               numeric_mode=ctx.numeric_mode)
+        _backward(ctx, _ROWS, _elementwise.silu_backward, probed(dy), probed(x), out=Fresh(probed(dx)),
+                  numeric_mode=ctx.numeric_mode)
         return dx, None, None, None
 
 
@@ -289,7 +291,8 @@ class DropoutFunction(torch.autograd.Function):
         x = dense(input)
         out = x if inplace and x is input else empty_like(x)
         wait_for_torch(x.device)
-        _, ctx.key = native(where, _ROWS, generator.dropout, probed(x), p, out=probed(out))
+        _, ctx.key = native(where, _ROWS, generator.dropout, probed(x), p,
+                            out=probed(out) if out is x else Fresh(probed(out)))
         ctx.generator, ctx.where = generator, where
         return _in_place(ctx, input, out) if inplace else out
 
@@ -298,7 +301,7 @@ class DropoutFunction(torch.autograd.Function):
     def backward(ctx, dy):
         dy = _incoming(dy)
         dx = empty_like(dy)
-        _backward(ctx, _ROWS, ctx.generator.dropout_backward, probed(dy), ctx.key, out=probed(dx))
+        _backward(ctx, _ROWS, ctx.generator.dropout_backward, probed(dy), ctx.key, out=Fresh(probed(dx)))
         return dx, None, None, None, None
 
 

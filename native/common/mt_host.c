@@ -154,6 +154,12 @@ int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const
     return MT_OK;
 }
 
+int mt_check_map_flags(uint32_t flags) {
+    if (flags & ~(uint32_t)MT_MAP_OUT_FRESH)
+        return mt_fail(MT_EINVAL, "flags 0x%x has unknown bits: 0 or MT_MAP_OUT_FRESH (1)", (unsigned)flags);
+    return MT_OK;
+}
+
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
                    const char *in_name) {
     uintptr_t o = (uintptr_t)out, i = (uintptr_t)in, bytes = (uintptr_t)n * 4;

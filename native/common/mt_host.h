@@ -46,6 +46,8 @@ int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const
                                     float eps, int64_t rows, int64_t dim);
 /* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
  * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
+/* A map's flags (mojo_train.h, enum mt_map_flags): only MT_MAP_OUT_FRESH may be set. */
+int mt_check_map_flags(uint32_t flags);
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
                    const char *in_name);
 int mt_check_finite_scalar(float x, const char *name);

@@ -68,6 +68,12 @@ int mt_nonfinite_pair(int32_t *bad_a, int32_t *bad_b, float *const *a, float *co
 
 /* Whether x[0..n) holds a NaN or an infinity (one thread; the largest exponent field). */
 int mt_cpu_any_nonfinite(const float *x, int64_t n);
+/* fn(ctx, begin, end) over [0, n) in parallel (mt_parallel_for, grain `grain`) with the
+ * finiteness check of a[0..n) and b[0..n) (b NULL or a: one input) fused in, block by block:
+ * each block of the inputs is checked, then mapped while it is in cache. Returns 1 when a NaN
+ * or inf was found (the output is then partly written), else 0. */
+int mt_cpu_parallel_checked(int64_t n, int64_t grain, const float *a, const float *b,
+                            void (*fn)(void *ctx, int64_t begin, int64_t end), void *ctx);
 
 /* Index of the first tensor holding a NaN or inf, or -1. */
 int32_t mt_first_nonfinite(float *const *table, const int32_t *offsets, int32_t n_tensors);

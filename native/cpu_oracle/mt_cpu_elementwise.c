@@ -7,6 +7,8 @@
  * nothing: an output that partly overlaps an input is refused before anything is read, and a
  * NaN or inf in any input by a finiteness pre-pass (one read of each input, mt_cpu_nonfinite)
  * before the one pass that writes the output. The output may be an input itself (in place).
+ * An output the caller declares fresh (MT_MAP_OUT_FRESH) and that is no input gets the check
+ * fused into the pass instead (mt_cpu_parallel_checked): undefined after a refusal.
  * ReLU (at the end) keeps the checks it had beside linear: counts, pointers, the pre-pass.
  */
 #include "mt_cpu.h"
@@ -80,47 +82,57 @@ static int check_args(float *out, const float *a, const float *b, int64_t n, con
     return MT_OK;
 }
 
-static int run(float *out, const float *a, const float *b, int64_t n, int op, const char *names[3]) {
+/* The map with its refusal: a pre-pass over the inputs, or -- a fresh output that is no input
+ * (MT_MAP_OUT_FRESH) -- the check fused into the pass (mt_cpu_parallel_checked), the output
+ * then undefined after a refusal. */
+static int run(float *out, const float *a, const float *b, int64_t n, int op, uint32_t flags, const char *names[3]) {
     int rc = check_args(out, a, b, n, names);
-    if (rc) return rc;
-    const char *bad = mt_cpu_nonfinite(a, n) ? names[1] : b != a && mt_cpu_nonfinite(b, n) ? names[2] : 0;
-    if (bad) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad, MT_REFUSED_CLEAN);
+    if (rc || (rc = mt_check_map_flags(flags))) return rc;
     int unary = op == OP_SILU || op == OP_GELU || op == OP_GELU_TANH;
+    int fused = (flags & MT_MAP_OUT_FRESH) && out != a && out != b;
     elt_job job = {out, a, unary ? 0 : b, op};
+    const char *bad = 0;
+    if (!fused)
+        bad = mt_cpu_nonfinite(a, n) ? names[1] : b != a && mt_cpu_nonfinite(b, n) ? names[2] : 0;
+    if (bad) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad, MT_REFUSED_CLEAN);
     mt_fp_env env;
     mt_fp_begin(&env);
-    mt_parallel_for(n, 16, run_range, &job);
+    if (!fused)
+        mt_parallel_for(n, 16, run_range, &job);
+    else if (mt_cpu_parallel_checked(n, 16, a, b, run_range, &job))
+        bad = mt_cpu_nonfinite(a, n) ? names[1] : names[2];
     mt_fp_end(&env);
+    if (bad) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad, MT_REFUSED_DIRTY);
     return MT_OK;
 }
 
-int mt_silu_forward(float *y, const float *x, int64_t n) {
+int mt_silu_forward(float *y, const float *x, int64_t n, uint32_t flags) {
     const char *names[3] = {"y", "x", "x"};
-    return run(y, x, x, n, OP_SILU, names);
+    return run(y, x, x, n, OP_SILU, flags, names);
 }
 
-int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n, uint32_t flags) {
     const char *names[3] = {"dx", "dy", "x"};
-    return run(dx, dy, x, n, OP_SILU_GRAD, names);
+    return run(dx, dy, x, n, OP_SILU_GRAD, flags, names);
 }
 
-int mt_add(float *out, const float *a, const float *b, int64_t n) {
+int mt_add(float *out, const float *a, const float *b, int64_t n, uint32_t flags) {
     const char *names[3] = {"out", "a", "b"};
-    return run(out, a, b, n, OP_ADD, names);
+    return run(out, a, b, n, OP_ADD, flags, names);
 }
 
-int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate) {
+int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
     const char *names[3] = {"y", "x", "x"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
-    return run(y, x, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH : OP_GELU, names);
+    return run(y, x, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH : OP_GELU, flags, names);
 }
 
-int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate) {
+int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
     const char *names[3] = {"dx", "dy", "x"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
-    return run(dx, dy, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH_GRAD : OP_GELU_GRAD, names);
+    return run(dx, dy, x, n, approximate == MT_GELU_TANH ? OP_GELU_TANH_GRAD : OP_GELU_GRAD, flags, names);
 }
 
 /* ---- ReLU ------------------------------------------------------------------------------------ */

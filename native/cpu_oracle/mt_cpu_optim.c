@@ -3,8 +3,9 @@
  *
  * Order of every step: check the arguments (mt_optim_groups.c); if clipping, form the norms
  * (the pinned tree, which also reads every gradient: mt_cpu_clip_total in mt_cpu_tensors.c,
- * shared with clip_grad_norm_ in mt_cpu_clip.c) and refuse a non-finite total; check params
- * (and, without clipping, grads) for NaN/inf; only then run one fused pass over every tensor of
+ * shared with clip_grad_norm_ in mt_cpu_clip.c) and refuse a non-finite total; without clipping
+ * check the grads for NaN/inf (parameters are not read before the update: a non-finite one is
+ * stepped as IEEE arithmetic says, optim.md); only then run one fused pass over every tensor of
  * every group that scales the gradient, writes it back when clipped, and updates params and
  * state by mt_pinned.h's element routines with the tensor's own host scalars. The flat calls
  * (native/common/mt_optim_groups.c) are one group whose state tables point into the flat buffers.
@@ -110,10 +111,10 @@ static int prepare(step_job *job, float *norm_out, const int32_t *offsets, int32
         job->coef = mt_clip_coefficient(max_norm, total);
         job->scale = job->coef < 1.0f;
     }
-    int32_t bp, bg;                      /* params (and, without clipping, grads): one pass */
-    mt_nonfinite_pair(&bp, &bg, job->params, clip ? 0 : job->grads, offsets, n);
-    if (bg >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)bg);
-    if (bp >= 0) return mt_fail(MT_ENONFINITE, "params[%d] holds NaN or inf; nothing was written", (int)bp);
+    if (!clip) {                         /* the grads (clipping's norms have read them already) */
+        int32_t bg = mt_first_nonfinite(job->grads, offsets, n);
+        if (bg >= 0) return mt_fail(MT_ENONFINITE, "grads[%d] holds NaN or inf; nothing was written", (int)bg);
+    }
     if (clip && norm_out) { norm_out[0] = total; norm_out[1] = job->coef; }
     return MT_OK;
 }

@@ -7,6 +7,8 @@
  * A refused dropout writes nothing: an output that partly overlaps its input is refused
  * first, and a NaN or inf in the input by a finiteness pre-pass (one read of it,
  * mt_cpu_nonfinite) before the one pass that writes. The output may be the input (in place).
+ * An output declared fresh (MT_MAP_OUT_FRESH) that is not the input gets the check fused
+ * into the pass (mt_cpu_parallel_checked) and is undefined after a refusal.
  */
 #include "mt_cpu.h"
 #include "mt_cpu_gemm.h"
@@ -108,28 +110,36 @@ MT_SIMD static void dropout_range(void *ctx, int64_t b, int64_t e) {
 
 MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p); }
 
+/* The refusal as the elementwise maps': a pre-pass, or for a fresh output that is not x
+ * (MT_MAP_OUT_FRESH) the check fused into the pass. */
 static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset,
-                          int64_t n, const char *yname, const char *xname) {
+                          int64_t n, uint32_t flags, const char *yname, const char *xname) {
     int rc;
     const char *why = mt_dropout_problem(p);
     if ((rc = mt_check_ptr(y, yname)) || (rc = mt_check_ptr(x, xname)) || (rc = span_check(offset, n))) return rc;
     if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
-    if ((rc = mt_check_alias(y, x, n, 1, yname, xname))) return rc;
-    if (mt_cpu_nonfinite(x, n)) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname, MT_REFUSED_CLEAN);
+    if ((rc = mt_check_alias(y, x, n, 1, yname, xname)) || (rc = mt_check_map_flags(flags))) return rc;
+    int fused = (flags & MT_MAP_OUT_FRESH) && y != x;
+    if (!fused && mt_cpu_nonfinite(x, n))
+        return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname, MT_REFUSED_CLEAN);
     dropout_job job = {y, x, seed, stream, offset, p, 0.0f};
     mt_fp_env env;
     mt_fp_begin(&env);
     job.scale = host_dropout_scale(p);
-    mt_parallel_for(n, 4, dropout_range, &job);
+    int bad = 0;
+    if (fused) bad = mt_cpu_parallel_checked(n, 4, x, 0, dropout_range, &job);
+    else mt_parallel_for(n, 4, dropout_range, &job);
     mt_fp_end(&env);
+    if (bad) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname, MT_REFUSED_DIRTY);
     return MT_OK;
 }
 
-int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
-    return dropout_common(y, x, p, seed, stream, offset, n, "y", "x");
+int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
+                       uint32_t flags) {
+    return dropout_common(y, x, p, seed, stream, offset, n, flags, "y", "x");
 }
 
 int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset,
-                        int64_t n) {
-    return dropout_common(dx, dy, p, seed, stream, offset, n, "dx", "dy");
+                        int64_t n, uint32_t flags) {
+    return dropout_common(dx, dy, p, seed, stream, offset, n, flags, "dx", "dy");
 }

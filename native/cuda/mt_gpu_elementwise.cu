@@ -7,7 +7,10 @@
  * output gets a device twin); the finiteness pre-pass (one read of each input), which sets a
  * refusal word per input; the map kernel, which writes nothing when a word is set; one
  * synchronizing read of the words; then the refusal (nothing written anywhere) or the
- * download of a staged output. Kernels read float4 where every pointer is 16-byte aligned;
+ * download of a staged output. When the output is no input and no caller data -- a host
+ * output's device twin, or a device output declared fresh (MT_MAP_OUT_FRESH) -- there is no
+ * pre-pass: the map kernel checks what it reads and raises the words itself (fused), and a
+ * refusal leaves the twin undownloaded (the fresh output undefined). Kernels read float4 where every pointer is 16-byte aligned;
  * the arithmetic is mt_pinned.h's, one element at a time.
  */
 #include "mt_gpu_map.h"
@@ -75,11 +78,11 @@ int prepass(const float *da, const float *db, int64_t n, const mt_gpu_flag &flag
 
 }  // namespace
 
-int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char *const names[3],
+int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[3],
                mt_map_launch launch, void *ctx) {
-    if (n == 0) return MT_OK;
-    int rc = mt_gpu_ready();
-    if (rc) return rc;
+    int rc = mt_check_map_flags(flags);
+    if (rc || n == 0) return rc;
+    if ((rc = mt_gpu_ready())) return rc;
     mt_arena arena;
     const float *da = nullptr, *db = nullptr;
     float *dout = nullptr;
@@ -91,15 +94,17 @@ int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char
     if (in_place) dout = (float *)(out == a ? da : db), sout = out == a ? sa : sb;
     else if ((rc = mt_buf_to_device((void **)&dout, &sout, &arena, out, n * 4, false))) return rc;
     mt_gpu_flag flag;
+    flag.fused = !in_place && (sout || (flags & MT_MAP_OUT_FRESH));
     int bad[2] = {0, 0};
-    if ((rc = mt_gpu_flag_init(&flag, &arena)) || (rc = prepass(da, b && b != a ? db : nullptr, n, flag)) ||
+    if ((rc = mt_gpu_flag_init(&flag, &arena)) ||
+        (!flag.fused && (rc = prepass(da, b && b != a ? db : nullptr, n, flag))) ||
         (rc = launch(ctx, dout, da, db, n, flag)))
         return rc;
     MT_GPU_CHECK(gpuGetLastError(), names[0]);
     if ((rc = mt_gpu_flag_read(&flag, bad))) return rc;
-    if (bad[0] || bad[1])
+    if (bad[0] || bad[1])   /* a staged twin is never downloaded: the caller's host output is untouched */
         return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad[0] ? names[1] : names[2],
-                       MT_REFUSED_CLEAN);
+                       flag.fused && !sout ? MT_REFUSED_DIRTY : MT_REFUSED_CLEAN);
     if (sout) {
         if ((rc = mt_buf_to_host(out, dout, n * 4))) return rc;
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
@@ -129,22 +134,33 @@ __device__ __forceinline__ float elt(float a, float b) {
 }
 
 /* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. */
-template <int OP, int VEC>
+/* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). */
+template <int OP, int VEC, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
                                                        mt_gpu_flag flag) {
-    if (mt_map_refused(flag)) return;
+    if (!FUSED && mt_map_refused(flag)) return;
+    bool bad_a = false, bad_b = false;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = VEC ? n / 4 : 0;
     for (int64_t g = start; g < groups; g += stride) {
         float4 qa = ((const float4 *)a)[g];
         float4 qb = unary(OP) ? qa : ((const float4 *)b)[g];
+        if (FUSED) {
+            bad_a |= any_bad4(qa);
+            if (!unary(OP)) bad_b |= any_bad4(qb);
+        }
         ((float4 *)out)[g] = make_float4(elt<OP>(qa.x, qb.x), elt<OP>(qa.y, qb.y), elt<OP>(qa.z, qb.z),
                                          elt<OP>(qa.w, qb.w));
     }
     for (int64_t i = 4 * groups + start; i < n; i += stride) {
-        float x = a[i];
-        out[i] = elt<OP>(x, unary(OP) ? x : b[i]);
+        float x = a[i], y = unary(OP) ? x : b[i];
+        if (FUSED) {
+            bad_a |= !mt_is_finite(x);
+            if (!unary(OP)) bad_b |= !mt_is_finite(y);
+        }
+        out[i] = elt<OP>(x, y);
     }
+    if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
 template <int OP>
@@ -153,12 +169,18 @@ int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
     int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
     mt_gpu_record_launch(threads, blocks);
-    if (vec) mt_k_elt<OP, 1><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
-    else mt_k_elt<OP, 0><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+    if (flag.fused) {
+        if (vec) mt_k_elt<OP, 1, true><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        else mt_k_elt<OP, 0, true><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+    } else {
+        if (vec) mt_k_elt<OP, 1, false><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        else mt_k_elt<OP, 0, false><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+    }
     return MT_OK;
 }
 
-int run(float *out, const float *a, const float *b, int64_t n, const char *const names[3], mt_map_launch launch) {
+int run(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[3],
+        mt_map_launch launch) {
     int rc;
     if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) || (rc = mt_check_ptr(b, names[2])))
         return rc;
@@ -166,40 +188,40 @@ int run(float *out, const float *a, const float *b, int64_t n, const char *const
     if ((rc = mt_check_alias(out, a, n, 1, names[0], names[1])) ||
         (b != a && (rc = mt_check_alias(out, b, n, 1, names[0], names[2]))))
         return rc;
-    return mt_gpu_map(out, a, b, n, names, launch, nullptr);
+    return mt_gpu_map(out, a, b, n, flags, names, launch, nullptr);
 }
 
 }  // namespace
 
 extern "C" {
 
-int mt_silu_forward(float *y, const float *x, int64_t n) {
+int mt_silu_forward(float *y, const float *x, int64_t n, uint32_t flags) {
     static const char *const names[3] = {"y", "x", "x"};
-    return run(y, x, x, n, names, launch_elt<OP_SILU>);
+    return run(y, x, x, n, flags, names, launch_elt<OP_SILU>);
 }
 
-int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n, uint32_t flags) {
     static const char *const names[3] = {"dx", "dy", "x"};
-    return run(dx, dy, x, n, names, launch_elt<OP_SILU_GRAD>);
+    return run(dx, dy, x, n, flags, names, launch_elt<OP_SILU_GRAD>);
 }
 
-int mt_add(float *out, const float *a, const float *b, int64_t n) {
+int mt_add(float *out, const float *a, const float *b, int64_t n, uint32_t flags) {
     static const char *const names[3] = {"out", "a", "b"};
-    return run(out, a, b, n, names, launch_elt<OP_ADD>);
+    return run(out, a, b, n, flags, names, launch_elt<OP_ADD>);
 }
 
-int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate) {
+int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
     static const char *const names[3] = {"y", "x", "x"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
-    return run(y, x, x, n, names, approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH> : launch_elt<OP_GELU>);
+    return run(y, x, x, n, flags, names, approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH> : launch_elt<OP_GELU>);
 }
 
-int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate) {
+int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
     static const char *const names[3] = {"dx", "dy", "x"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
-    return run(dx, dy, x, n, names,
+    return run(dx, dy, x, n, flags, names,
                approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH_GRAD> : launch_elt<OP_GELU_GRAD>);
 }
 

@@ -9,13 +9,16 @@
 #include "mt_gpu_runtime.h"
 #include "mt_pinned.h"
 
-/* The refusal words: dev[0] = 1 when input a holds a NaN or inf, dev[1] when b does (the
- * pre-pass sets them; every writer stores 1, no atomic). A map kernel calls mt_map_refused
- * first and writes nothing when it is true; its first thread then copies the words into the
- * calling thread's mapped status (when there is one), which the host reads without a copy. */
+/* The refusal words: dev[0] = 1 when input a holds a NaN or inf, dev[1] when b does (every
+ * writer stores 1, no atomic). Checked (fused false): the pre-pass sets them, and a map kernel
+ * calls mt_map_refused first and writes nothing when it is true; its first thread then copies
+ * the words into the calling thread's mapped status (when there is one), which the host reads
+ * without a copy. Fused (the output is the library's scratch or declared fresh, and no
+ * input): no pre-pass; the map kernel checks what it reads and reports by mt_map_report. */
 struct mt_gpu_flag {
     int32_t *dev = nullptr;
     mt_status *mapped = nullptr;
+    bool fused = false;
 };
 int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena);
 int mt_gpu_flag_read(const mt_gpu_flag *f, int bad[2]);   /* synchronizes the stream */
@@ -30,14 +33,29 @@ __device__ __forceinline__ bool mt_map_refused(const mt_gpu_flag &f) {
     return true;
 }
 
-/* Launch the map out[0..n) = f(a, b) on device pointers (b may equal a); the kernel returns
- * at once when mt_map_refused(flag). */
+/* A fused map kernel's report, once per thread at its end: bad_a / bad_b when what the thread
+ * read of a / b held a NaN or inf (the words and, when there is one, the mapped status). */
+__device__ __forceinline__ void mt_map_report(const mt_gpu_flag &f, bool bad_a, bool bad_b) {
+    if (bad_a) {
+        f.dev[0] = 1;
+        if (f.mapped) f.mapped->bad_params = 1;
+    }
+    if (bad_b) {
+        f.dev[1] = 1;
+        if (f.mapped) f.mapped->bad_grads = 1;
+    }
+}
+
+/* Launch the map out[0..n) = f(a, b) on device pointers (b may equal a); checked, the kernel
+ * returns at once when mt_map_refused(flag); fused, it checks its reads and reports. */
 typedef int (*mt_map_launch)(void *ctx, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag);
 
 /* The whole call on caller pointers (host or device); names = {out, a, b} for messages;
- * b may be NULL (no second input) or equal to a. Arguments, aliasing included, are checked
- * by the caller. */
-int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, const char *const names[3],
+ * b may be NULL (no second input) or equal to a; flags as mojo_train.h's maps (checked here).
+ * Fused when the output is no input and either a device twin of a host output (downloaded
+ * only on success) or declared fresh (MT_MAP_OUT_FRESH). Other arguments, aliasing included,
+ * are checked by the caller. */
+int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[3],
                mt_map_launch launch, void *ctx);
 
 MT_HD bool mt_gpu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }

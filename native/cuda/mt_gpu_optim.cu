@@ -126,14 +126,14 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam(mt_step_tabs a, cons
     mt_tiles_adam(a, st->scale ? st->coef : 1.0f, st->scale != 0);
 }
 
-/* Small steps without clipping, in one launch of one block: the pre-pass over every tile,
- * a block-wide vote, then the update (or nothing). */
+/* Small steps without clipping, in one launch of one block: the pre-pass over every tile of
+ * the grads (optim.md step 3: parameters are not read before the update), a block-wide vote,
+ * then the update (or nothing). */
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_adam_small(mt_step_tabs a, mt_status *st) {
-    bool bp = false, bg = false;
-    mt_tiles_nonfinite(a.p, a.g, a.offs, a.tstart, a.n, bp, bg);
-    int any_p = __syncthreads_or(bp), any_g = __syncthreads_or(bg);
-    if (any_p | any_g) {
-        if (threadIdx.x == 0) { st->bad_params = any_p != 0; st->bad_grads = any_g != 0; }
+    bool bg = false, unused = false;
+    mt_tiles_nonfinite(a.g, nullptr, a.offs, a.tstart, a.n, bg, unused);
+    if (__syncthreads_or(bg)) {
+        if (threadIdx.x == 0) st->bad_grads = 1;
         return;
     }
     mt_tiles_adam(a, 1.0f, false);
@@ -254,16 +254,18 @@ int stage_lists(mt_step_ctx *c, float *const *params, float *const *grads, const
 }
 
 /* The status (unless the small kernel votes itself: `fused`), the norms when clipping, the one
- * flush of everything staged, then the finiteness pre-pass (unless fused). */
+ * flush of everything staged, then, without clipping, the finiteness pre-pass over the grads
+ * (unless fused; clipping's norms refuse a non-finite grad; parameters are not read before
+ * the update, optim.md step 3). */
 int run_checks(mt_step_ctx *c, const int32_t *offsets, int32_t n, int32_t clip, float max_norm, bool fused) {
     int rc;
     if ((!fused && (rc = mt_stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4))) return rc;
     if (clip && (rc = mt_gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
-    if (fused) return MT_OK;
+    if (fused || clip) return MT_OK;
     int threads = c->p.threads, blocks = mt_elem_blocks(c->p);
-    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->p.table, clip ? nullptr : c->g.table, c->p.offsets,
-                                                      c->p.tstart, n, &c->st->bad_params, &c->st->bad_grads);
+    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, nullptr, c->p.offsets, c->p.tstart, n,
+                                                      &c->st->bad_grads, &c->st->bad_params);
     return mt_launch_check("finiteness pre-pass");
 }
 
@@ -422,7 +424,6 @@ int mt_step_finish(mt_step_ctx *c, const int32_t *offsets, int32_t clip, float *
                             : mt_fail(MT_ENONFINITE, "the total gradient norm is not finite (NaN/inf in grads, "
                                                      "or squares overflow float32); nothing was written");
     }
-    if (st.bad_params) return mt_fail(MT_ENONFINITE, "params hold NaN or inf; nothing was written");
     int rc;
     if ((rc = mt_list_to_host(&c->p, offsets))) return rc;
     if (grads_written && st.scale && (rc = mt_list_to_host(&c->g, offsets))) return rc;

@@ -7,7 +7,8 @@
  * offset a multiple of 4 and 16-byte aligned buffers a whole block is one float4 load and
  * store, otherwise element by element. Dropout runs through mt_gpu_map
  * (mt_gpu_elementwise.cu): the finiteness pre-pass reads x, then one pass reads x and writes
- * y unless the pre-pass refused; y partly overlapping x is refused first.
+ * y unless the pre-pass refused -- or, for a staged host y or one declared fresh that is not
+ * x, the one pass checks x itself; y partly overlapping x is refused first.
  */
 #include "mt_gpu_map.h"
 
@@ -82,11 +83,13 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_normal(float *out, span s
     }
 }
 
-/* Dropout: MT_RNG_UNROLL blocks' loads are issued before any Philox is computed. */
-template <int VEC>
+/* Dropout: MT_RNG_UNROLL blocks' loads are issued before any Philox is computed. FUSED: no
+ * pre-pass ran; the kernel checks what it loads (mt_gpu_map.h, mt_map_report). */
+template <int VEC, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const float *x, span s, float p, float scale,
                                                            mt_gpu_flag flag) {
-    if (mt_map_refused(flag)) return;
+    if (!FUSED && mt_map_refused(flag)) return;
+    bool bad = false;
     const int64_t tile = (int64_t)blockDim.x * MT_RNG_UNROLL;
     for (int64_t base = (int64_t)blockIdx.x * tile; base < s.blocks; base += (int64_t)gridDim.x * tile) {
         float4 q[MT_RNG_UNROLL];
@@ -96,6 +99,8 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const f
         for (int u = 0; u < MT_RNG_UNROLL; ++u) {
             int64_t t = base + (int64_t)u * blockDim.x + threadIdx.x;
             if (t < s.blocks) {
+                if (FUSED) bad |= !(mt_is_finite(q[u].x) & mt_is_finite(q[u].y) & mt_is_finite(q[u].z) &
+                                    mt_is_finite(q[u].w));
                 uint32_t w[4];
                 mt_philox_words(w, s.seed, s.stream, s.first_block + (uint64_t)t);
                 store4<VEC>(y, s, t, make_float4(mt_dropout_elem(q[u].x, w[0], p, scale),
@@ -105,6 +110,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const f
             }
         }
     }
+    if (FUSED) mt_map_report(flag, bad, false);
 }
 
 int span_check(uint64_t offset, int64_t n) {
@@ -149,15 +155,19 @@ int launch_dropout(void *vctx, float *y, const float *x, const float *, int64_t 
     int threads = mt_gpu_threads();
     int blocks = mt_gpu_blocks((s.blocks + MT_RNG_UNROLL - 1) / MT_RNG_UNROLL, threads);
     mt_gpu_record_launch(threads, blocks);
-    if (s.head == 0 && mt_gpu_aligned16(y) && mt_gpu_aligned16(x))
-        mt_k_dropout<1><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
-    else
-        mt_k_dropout<0><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
+    bool vec = s.head == 0 && mt_gpu_aligned16(y) && mt_gpu_aligned16(x);
+    if (flag.fused) {
+        if (vec) mt_k_dropout<1, true><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
+        else mt_k_dropout<0, true><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
+    } else {
+        if (vec) mt_k_dropout<1, false><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
+        else mt_k_dropout<0, false><<<blocks, threads, 0, MT_STREAM>>>(y, x, s, c->p, c->scale, flag);
+    }
     return MT_OK;
 }
 
 int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
-                   const char *const names[3]) {
+                   uint32_t flags, const char *const names[3]) {
     int rc;
     const char *why = mt_dropout_problem(p);
     if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = span_check(offset, n)))
@@ -169,7 +179,7 @@ int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t st
     mt_fp_begin(&env);
     c.scale = host_dropout_scale(p);
     mt_fp_end(&env);
-    return mt_gpu_map(y, x, nullptr, n, names, launch_dropout, &c);
+    return mt_gpu_map(y, x, nullptr, n, flags, names, launch_dropout, &c);
 }
 
 }  // namespace
@@ -210,15 +220,16 @@ int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, 
     });
 }
 
-int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n) {
+int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
+                       uint32_t flags) {
     static const char *const names[3] = {"y", "x", "x"};
-    return dropout_common(y, x, p, seed, stream, offset, n, names);
+    return dropout_common(y, x, p, seed, stream, offset, n, flags, names);
 }
 
 int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset,
-                        int64_t n) {
+                        int64_t n, uint32_t flags) {
     static const char *const names[3] = {"dx", "dy", "dy"};
-    return dropout_common(dx, dy, p, seed, stream, offset, n, names);
+    return dropout_common(dx, dy, p, seed, stream, offset, n, flags, names);
 }
 
 }  /* extern "C" */

@@ -31,8 +31,11 @@ extern "C" {
  * group structs; the flat steps are one group of them), clip norm types and torch's
  * error_if_nonfinite (mt_clip_grad_norm, mt_grad_norms gain arguments), mt_cross_entropy_nd
  * (class weights, probability targets, (N, C, d1, ...) inputs); empty tensors in tensor lists.
- * 5: attention (MT_FEATURE_ATTENTION), LayerNorm (MT_FEATURE_LAYER_NORM), GELU (elementwise). */
-#define MT_ABI_VERSION 5
+ * 5: attention (MT_FEATURE_ATTENTION), LayerNorm (MT_FEATURE_LAYER_NORM), GELU (elementwise).
+ * 6: the maps (SiLU, GELU, add, dropout) take `uint32_t flags` last (MT_MAP_OUT_FRESH: the
+ * finiteness check fused into the one pass for an output declared fresh); an optimizer step
+ * no longer refuses a non-finite parameter (optim.md step 3). */
+#define MT_ABI_VERSION 6
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -301,9 +304,10 @@ int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE *
 
 /* Embedding, random streams, schedules, accumulation, elementwise ops (contracts:
  * native/contracts/embedding.md, random.md, schedule.md, accumulate.md, elementwise.md).
- * As above: a refused call leaves inputs untouched. Dropout and the elementwise ops write
+ * As above: a refused call leaves inputs untouched. Dropout and the elementwise maps write
  * nothing at all when they refuse (their finiteness check is a pre-pass; an output is an input
- * itself, in place, or disjoint from every input: a partial overlap is refused by name). For
+ * itself, in place, or disjoint from every input: a partial overlap is refused by name), unless
+ * the caller declares the output fresh (MT_MAP_OUT_FRESH, below). For
  * the others, an output that is not also an input is undefined after a non-finite input was
  * found (the check is fused into the one pass), while an output that aliases an input (in
  * place) is checked first and never written on refusal. */
@@ -317,10 +321,16 @@ int mt_embedding_backward(float *dweight /* (vocab*dim) */, const float *dy /* (
 
 int mt_normal_fill(float *out /* (n) */, uint64_t seed, uint64_t stream, uint64_t offset,
                    double mean /* rounded to float32 inside */, double std, int64_t n);
+/* The maps (dropout, SiLU, GELU, add) take `flags`: 0, or MT_MAP_OUT_FRESH when the output is
+ * not the caller's data (a buffer just allocated for this result and dropped on a refusal).
+ * Then, unless the output is an input itself (in place), the finiteness check may ride along
+ * in the one pass instead of a pre-pass (one read of each input fewer), and after a refusal
+ * the output holds anything; without it a refusal writes nothing. Other bits are refused. */
+enum mt_map_flags { MT_MAP_OUT_FRESH = 1 };
 int mt_dropout_forward(float *y /* (n) */, const float *x /* (n) */, float p, uint64_t seed,
-                       uint64_t stream, uint64_t offset, int64_t n);
+                       uint64_t stream, uint64_t offset, int64_t n, uint32_t flags);
 int mt_dropout_backward(float *dx /* (n) */, const float *dy /* (n) */, float p, uint64_t seed,
-                        uint64_t stream, uint64_t offset, int64_t n);
+                        uint64_t stream, uint64_t offset, int64_t n, uint32_t flags);
 
 /* out[i] = the learning rate of step first_step + i (one-based), the float32 nearest the
  * exact value of the schedule for these arguments (taken as exact binary64 values). Host
@@ -332,15 +342,17 @@ int mt_lr_values(float *out /* (n) */, int32_t kind, double peak_lr, double min_
 int mt_accumulate(float *out /* (n) */, const float *const *parts /* (n_parts) -> (n) */,
                   int32_t n_parts, int64_t n);
 
-int mt_silu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
-int mt_silu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);
-int mt_add(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, int64_t n);
+int mt_silu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n, uint32_t flags);
+int mt_silu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n,
+                     uint32_t flags);
+int mt_add(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, int64_t n, uint32_t flags);
 /* GELU (elementwise.md): approximate is MT_GELU_NONE (0, erf) or MT_GELU_TANH (1); the aliasing
  * and non-finite rules are SiLU's. */
 enum mt_gelu_approximate { MT_GELU_NONE = 0, MT_GELU_TANH = 1 };
-int mt_gelu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n, int32_t approximate);
+int mt_gelu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n, int32_t approximate,
+                    uint32_t flags);
 int mt_gelu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n,
-                     int32_t approximate);
+                     int32_t approximate, uint32_t flags);
 
 /* Validation of a host buffer of optimizer state before it is loaded (every vendor; x is a
  * host pointer): *first_bad is the index of the first element that is NaN or inf, or with
