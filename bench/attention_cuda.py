@@ -43,12 +43,12 @@ def _attention_calls(lib, bufs, b, h, t, d, causal, scale):
 
     def forward():
         return lib.mt_attention_forward(out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), ffi.NULL, 0, 0, 0, 0, 0,
-                                        causal, scale, b, h, h, t, t, d)
+                                        causal, scale, b, h, h, t, t, d, 0.0, 0, 0, 0)
 
     def backward():
         return lib.mt_attention_backward(dq.ptr(), dk.ptr(), dv.ptr(), do.ptr(), q.ptr(), k.ptr(), v.ptr(),
                                          out.ptr(), lse.ptr(), ffi.NULL, 0, 0, 0, 0, 0, causal, scale, b, h, h,
-                                         t, t, d)
+                                         t, t, d, 0.0, 0, 0, 0)
     return forward, backward
 
 
@@ -67,10 +67,10 @@ def _cpu_digests(gpu_bufs, b, h, t, d, scale):
     outs = [ffi.new("float[]", n) for n in (nq, nl, nq, nq, nq)]
     q, k, v, do = ins
     out, lse, dq, dk, dv = outs
-    cpu.check(cpu.lib.mt_attention_forward(out, lse, q, k, v, ffi.NULL, 0, 0, 0, 0, 0, 1, scale, b, h, h, t, t, d),
-              "mt_attention_forward")
+    cpu.check(cpu.lib.mt_attention_forward(out, lse, q, k, v, ffi.NULL, 0, 0, 0, 0, 0, 1, scale, b, h, h, t, t, d,
+                                           0.0, 0, 0, 0), "mt_attention_forward")
     cpu.check(cpu.lib.mt_attention_backward(dq, dk, dv, do, q, k, v, out, lse, ffi.NULL, 0, 0, 0, 0, 0, 1, scale,
-                                            b, h, h, t, t, d), "mt_attention_backward")
+                                            b, h, h, t, t, d, 0.0, 0, 0, 0), "mt_attention_backward")
     return [hashlib.sha256(ffi.buffer(x)).hexdigest() for x in outs]
 
 

@@ -8,17 +8,20 @@ offset 0. ``mask=`` adds a mask: ``b2``/``f2`` of shape (Tq, Tk), ``b4``/``f4`` 
 float. A pair is kept where u < ``keep=`` (u from stream 5 in [0, 1), one per mask element);
 a float mask's kept values come from stream 4 in ``m=``, the others are -inf. ``dead=N``
 masks every query row i with i % N == 0 entirely (fully masked rows). ``causal=1``:
-is_causal. ``scale=``: the scale (default 1/sqrt(D)). One line runs the forward
-(return_lse=True) and the backward on its out and lse, and digests out, lse, dq, dk, dv.
+is_causal. ``scale=``: the scale (default 1/sqrt(D)). ``drop=``: dropout_p, drawn from stream
+6 of the case's seed (a Generator whose counter stands at 6; attention.md "Dropout"). One line
+runs the forward (return_lse=True) and the backward on its out and lse (and dropout key), and
+digests out, lse, dq, dk, dv.
 """
 from . import _card_format as _cards
 from ._array import Array
 from .device import to_device
 from .attention import scaled_dot_product_attention, scaled_dot_product_attention_backward
+from .random import Generator
 
 CONTRACT = "attention v1"
 _MODE = "identical"
-_STREAMS = {"q": 0, "k": 1, "v": 2, "do": 3, "m": 4, "keep": 5}
+_STREAMS = {"q": 0, "k": 1, "v": 2, "do": 3, "m": 4, "keep": 5, "drop": 6}
 _MASK_SHAPES = {"b2": lambda a: (a["tq"], a["tk"]), "f2": lambda a: (a["tq"], a["tk"]),
                 "b4": lambda a: (a["b"], a["h"], a["tq"], a["tk"]), "f4": lambda a: (a["b"], a["h"], a["tq"], a["tk"]),
                 "f3": lambda a: (a["h"], a["tq"], a["tk"]), "kp": lambda a: (a["b"], 1, 1, a["tk"])}
@@ -28,7 +31,8 @@ _OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 _KEYS = {"seed": _cards._count, "b": _cards._count, "h": _cards._count, "hkv": _cards._count,
          "tq": _cards._count, "tk": _cards._count, "d": _cards._count, "qk": _cards._pair, "v": _cards._pair,
          "do": _cards._pair, "causal": _cards._flag, "mask": _cards._choice(*sorted(_MASK_SHAPES)),
-         "keep": _cards._fraction, "m": _cards._pair, "dead": _cards._count, "scale": _cards._number}
+         "keep": _cards._fraction, "m": _cards._pair, "dead": _cards._count, "scale": _cards._number,
+         "drop": _cards._fraction}
 
 
 def _draw(backend, case, name, shape, bounds):
@@ -84,8 +88,15 @@ def _run(case, backend):
     v, dout = _draw(backend, case, "v", kvshape, a["v"]), _draw(backend, case, "do", qshape, a["do"])
     kw = dict(attn_mask=_mask(backend, case), is_causal=a.get("causal", False), scale=a.get("scale"),
               enable_gqa=a["h"] != a["hkv"], numeric_mode=_MODE)
-    out, lse = scaled_dot_product_attention(q, k, v, return_lse=True, **kw)
-    grads = scaled_dot_product_attention_backward(dout, q, k, v, out, lse, **kw)
+    drop = {}
+    if a.get("drop", 0.0) > 0.0:
+        g = Generator(a["seed"], numeric_mode=_MODE)
+        for _ in range(_STREAMS["drop"]):
+            g.next_stream()
+        drop = {"dropout_p": a["drop"], "generator": g}
+    out, lse, *key = scaled_dot_product_attention(q, k, v, return_lse=True, **kw, **drop)
+    grads = scaled_dot_product_attention_backward(dout, q, k, v, out, lse, dropout_key=key[0] if key else None,
+                                                  **kw)
     return {name: _cards._sha([x]) for name, x in zip(_OUTPUTS, (out, lse) + tuple(grads))}
 
 
@@ -119,6 +130,12 @@ def _attention_cases():
         "attention b=1 h=2 hkv=2 tq=50 tk=50 d=20 %s scale=-1.5 causal=1" % _UNIT,
         "attention b=1 h=2 hkv=2 tq=50 tk=50 d=20 %s scale=0" % _UNIT,
         "attention b=1 h=8 hkv=2 tq=130 tk=129 d=128 %s causal=1" % _UNIT,
+        # dropout: causal, masks with dead rows, grouped-query heads, both column groups, p near 0 and 1
+        "attention b=2 h=2 hkv=2 tq=67 tk=67 d=33 %s causal=1 drop=0.25" % _UNIT,
+        "attention b=1 h=4 hkv=2 tq=100 tk=70 d=24 %s mask=f4 m=-2,2 keep=0.8 dead=7 drop=0.5" % _UNIT,
+        "attention b=1 h=2 hkv=2 tq=65 tk=129 d=17 %s mask=b2 keep=0.7 dead=5 drop=0.1" % _UNIT,
+        "attention b=1 h=2 hkv=2 tq=40 tk=200 d=128 %s drop=0.9" % _UNIT,
+        "attention b=1 h=2 hkv=1 tq=130 tk=130 d=64 qk=-8,8 v=-1,1 do=-1,1 causal=1 drop=0.01",
     ]
     return [_cards._seeded(" ".join(s.split())) for s in specs]
 
@@ -127,5 +144,5 @@ _cards.register("attention", CONTRACT, _attention_cases, {
     "attention": (_KEYS, ("seed", "b", "h", "hkv", "tq", "tk", "d", "qk", "v", "do"), _cards._named(*_OUTPUTS), _run),
 }, ["q, k from streams 0, 1 in qk=; v from stream 2 in v=; dout from stream 3 in do= (low,high; C order from",
     "offset 0). mask= b2/f2 (Tq,Tk), b4/f4 (B,H,Tq,Tk), f3 (H,Tq,Tk), kp (B,1,1,Tk): kept where stream 5's",
-    "u < keep=, float values from stream 4 in m= (else -inf); dead=N masks rows i % N == 0. Outputs: out, lse",
-    "of the forward (return_lse=True), dq, dk, dv of the backward on them."])
+    "u < keep=, float values from stream 4 in m= (else -inf); dead=N masks rows i % N == 0. drop=p: dropout_p",
+    "from stream 6 of the seed. Outputs: out, lse of the forward (return_lse=True), dq, dk, dv of the backward."])

@@ -14,8 +14,11 @@ D)`` with ``1 <= D <= 128``; ``Hkv < H`` needs ``enable_gqa=True`` (query head h
 -inf masks), of any shape that broadcasts to ``(B, H, Tq, Tk)``. ``is_causal`` keeps key j for
 query i iff ``j <= i`` (torch's top-left alignment when Tq != Tk) and is refused together with
 a mask, as torch refuses it. A NaN or infinity in an input is refused by name (a float mask
-may hold -inf, lse may hold -inf) and nothing the caller owns is written. ``dropout_p > 0`` is
-not built yet (NotImplementedError). Outputs are new arrays on the inputs' side.
+may hold -inf, lse may hold -inf) and nothing the caller owns is written. Dropout
+(``dropout_p > 0``, attention.md "Dropout") drops pairs of the probabilities by the dropout
+rule of ``Generator.dropout``, each pair (b, h, i, j) at its own element of one stream drawn
+from ``generator``; the forward returns the ``DropoutKey`` with ``return_lse=True`` and the
+backward takes it back (``dropout_key=``). Outputs are new arrays on the inputs' side.
 """
 import math
 import numbers
@@ -24,7 +27,7 @@ import struct
 from . import _buffer, _ops
 from ._errors import where_msg
 from ._native import ffi
-from .random import Generator
+from .random import DropoutKey, Generator, _uint64
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward"]
 
@@ -112,25 +115,72 @@ def _scale(scale, d, where):
 
 
 def _dropout(dropout_p, generator, where):
+    """dropout_p as a float32 in [0, 1) (as a Python float); a generator is needed above 0."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(where_msg(where, "dropout_p must be a real number, got %r" % (dropout_p,)))
-    if not 0.0 <= float(dropout_p) <= 1.0:
-        raise ValueError(where_msg(where, "dropout_p must be in [0, 1], got %r" % (dropout_p,)))
+    try:
+        p32 = struct.unpack("<f", struct.pack("<f", float(dropout_p)))[0]
+    except OverflowError:                        # beyond a double, or beyond float32
+        p32 = 2.0
+    if not 0.0 <= p32 < 1.0:
+        raise ValueError(where_msg(where, "dropout_p must be in [0, 1) after rounding to float32, got %r (1 would "
+                                   "drop every pair)" % (dropout_p,)))
     if generator is not None and not isinstance(generator, Generator):
         raise TypeError(where_msg(where, "generator must be a mojo_train.Generator or None, got %s"
                                   % type(generator).__name__))
-    if dropout_p > 0:
-        raise NotImplementedError(where_msg(where, "dropout_p > 0 is not built yet (attention.md, Dropout); pass "
-                                            "dropout_p=0.0"))
+    return p32
+
+
+def _forward_dropout(p32, generator, where):
+    """(p, seed, stream, offset) of a forward: one stream of ``generator`` (taken on success)."""
+    if p32 == 0.0:
+        return (0.0, 0, 0, 0)
+    if generator is None:
+        raise ValueError(where_msg(where, "dropout_p > 0 needs generator=mojo_train.Generator(seed): the pairs it "
+                                   "drops are drawn from it, and the backward regenerates them"))
+    return (p32, generator.seed, generator._take(None, where, commit=False), 0)
+
+
+def _backward_dropout(p32, dropout_key, sizes, where):
+    """(p, seed, stream, offset) of a backward, from the forward's key."""
+    if dropout_key is None:
+        if p32 > 0.0:
+            raise ValueError(where_msg(where, "dropout_p > 0 needs dropout_key=, the DropoutKey the forward returned "
+                                       "(return_lse=True gives (out, lse, dropout_key)); the generator cannot "
+                                       "replay it"))
+        return (0.0, 0, 0, 0)
+    if not isinstance(dropout_key, DropoutKey):
+        raise TypeError(where_msg(where, "dropout_key must be the forward's DropoutKey, got %s"
+                                  % type(dropout_key).__name__))
+    b, h, _, tq, tk, _ = sizes
+    if dropout_key.shape is not None and tuple(dropout_key.shape) != (b, h, tq, tk):
+        raise ValueError(where_msg(where, "dropout_key is of pairs %r; this call's are (B, H, Tq, Tk) = %r"
+                                   % (tuple(dropout_key.shape), (b, h, tq, tk))))
+    if dropout_key.size != b * h * tq * tk:
+        raise ValueError(where_msg(where, "dropout_key covers %r pairs; this call has B*H*Tq*Tk = %d"
+                                   % (dropout_key.size, b * h * tq * tk)))
+    try:                                                   # a key built by hand: the forward's p rules
+        key_p = None if isinstance(dropout_key.p, bool) else struct.unpack("<f", struct.pack("<f", dropout_key.p))[0]
+    except (TypeError, struct.error, OverflowError):
+        key_p = None
+    if key_p is None or key_p != dropout_key.p or not 0.0 < key_p < 1.0:
+        raise ValueError(where_msg(where, "dropout_key's p must be a float32 in (0, 1), as the forward's, got %r"
+                                   % (dropout_key.p,)))
+    if p32 not in (0.0, key_p):
+        raise ValueError(where_msg(where, "dropout_p is %r but dropout_key's p is %r; pass the forward's"
+                                   % (p32, key_p)))
+    return (key_p,) + tuple(_uint64(getattr(dropout_key, n), "dropout_key." + n, where)
+                            for n in ("seed", "stream", "offset"))
 
 
 def _prepare(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa, generator, where):
-    """Every check that reads no tensor data: (pq, pk, pv, mask, sizes, scalars)."""
-    _dropout(dropout_p, generator, where)
+    """Every check that reads no tensor data: (pq, pk, pv, mask, sizes, scalars, dropout_p as
+    float32)."""
+    p32 = _dropout(dropout_p, generator, where)
     pq, pk, pv, sizes = _heads(q, k, v, enable_gqa, where)
     causal = _flag(is_causal, "is_causal", where)
     pm, kind, strides = _mask(attn_mask, sizes, causal, where)
-    return pq, pk, pv, pm, sizes, (kind,) + strides + (int(causal), _scale(scale, sizes[5], where))
+    return pq, pk, pv, pm, sizes, (kind,) + strides + (int(causal), _scale(scale, sizes[5], where)), p32
 
 
 def _backend(where, numeric_mode, **probes):
@@ -156,23 +206,33 @@ def scaled_dot_product_attention(q, k, v, *, attn_mask=None, dropout_p=0.0, is_c
     ``enable_gqa=True``; else ``Hkv == H``), float32, ``1 <= D <= 128``. ``attn_mask``: bool (True
     keeps a pair) or float32 (added; finite or -inf), broadcastable to ``(B, H, Tq, Tk)``.
     ``is_causal``: key j visible to query i iff ``j <= i``. ``scale``: None for ``1/sqrt(D)``
-    (rounded once to float32). ``dropout_p`` must be 0 (``> 0`` is not built yet); ``generator``
-    is the one dropout will draw from. Returns ``out`` ``(B, H, Tq, D)``, or ``(out, lse)`` with
-    ``return_lse=True`` (``lse`` ``(B, H, Tq)``: what the backward takes). A fully masked row
-    gives out 0 and lse -inf.
+    (rounded once to float32). ``dropout_p`` in [0, 1) (after rounding to float32): above 0 each
+    pair of the probabilities is dropped (+0) or kept and scaled by ``1 / (1 - p)``, by the rule
+    of ``Generator.dropout`` at its own element of one stream that ``generator`` (a
+    ``mojo_train.Generator``, required then) gives the call -- the generator's counter advances
+    once, as for ``Generator.dropout``. Returns ``out`` ``(B, H, Tq, D)``, or ``(out, lse)`` with
+    ``return_lse=True`` (``lse`` ``(B, H, Tq)``: what the backward takes), and with dropout
+    ``(out, lse, dropout_key)`` (a ``DropoutKey`` of shape ``(B, H, Tq, Tk)``: the backward's
+    ``dropout_key=``). ``lse`` is of the probabilities before dropout. A fully masked row gives
+    out 0 and lse -inf.
     """
     where = "scaled_dot_product_attention"
-    pq, pk, pv, pm, sizes, opts = _prepare(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                           generator, where)
+    pq, pk, pv, pm, sizes, opts, p32 = _prepare(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                                generator, where)
     _flag(return_lse, "return_lse", where)
+    drop = _forward_dropout(p32, generator, where)
     backend, on_device = _backend(where, numeric_mode, q=pq, k=pk, v=pv, attn_mask=pm)
-    b, h, _, tq, _, d = sizes
+    b, h, _, tq, tk, d = sizes
     out = _ops.out_f32((b, h, tq, d), on_device, numeric_mode)
     lse = _ops.out_f32((b, h, tq), on_device, numeric_mode)
     rc = backend.lib.mt_attention_forward(_ops.fptr(out), _ops.fptr(lse), _ops.fptr(pq), _ops.fptr(pk),
-                                          _ops.fptr(pv), _mask_ptr(pm), *opts, *sizes)
+                                          _ops.fptr(pv), _mask_ptr(pm), *opts, *sizes, *drop)
     _ops.check(backend, rc, where, _C_NAMES)
-    return (out, lse) if return_lse else out
+    if not p32:
+        return (out, lse) if return_lse else out
+    generator._take(None, where)                  # the stream is used: the counter advances
+    key = DropoutKey(drop[1], drop[2], drop[3], p32, b * h * tq * tk, (b, h, tq, tk))
+    return (out, lse, key) if return_lse else out
 
 
 def _saved(dout, out, lse, sizes, where):
@@ -189,17 +249,20 @@ def _saved(dout, out, lse, sizes, where):
 
 def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, *, attn_mask=None, dropout_p=0.0,
                                           is_causal=False, scale=None, enable_gqa=False, generator=None,
-                                          numeric_mode=None):
+                                          dropout_key=None, numeric_mode=None):
     """Gradients of :func:`scaled_dot_product_attention`: ``(dq, dk, dv)``.
 
     ``dout`` is the gradient of ``out``; ``out`` and ``lse`` are the forward's (``return_lse=True``),
     from the same inputs and keywords, which are passed again here. The probabilities are
     recomputed as ``exp(score - lse)``; ``dk`` and ``dv`` (``(B, Hkv, Tk, D)``) sum over the query
-    heads that share a kv head. A fully masked row contributes nothing (its dq row is 0).
+    heads that share a kv head. A fully masked row contributes nothing (its dq row is 0). With
+    dropout, ``dropout_key`` is the forward's third result (``dropout_p`` may be left 0 or given
+    as the forward's; ``generator`` is not read: the key replays the forward's stream).
     """
     where = "scaled_dot_product_attention_backward"
-    pq, pk, pv, pm, sizes, opts = _prepare(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
-                                           generator, where)
+    pq, pk, pv, pm, sizes, opts, p32 = _prepare(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                                                generator, where)
+    drop = _backward_dropout(p32, dropout_key, sizes, where)
     pdo, po, plse = _saved(dout, out, lse, sizes, where)
     backend, on_device = _backend(where, numeric_mode, dout=pdo, q=pq, k=pk, v=pv, out=po, lse=plse, attn_mask=pm)
     dq = _ops.out_f32(tuple(pq.shape), on_device, numeric_mode)
@@ -207,6 +270,6 @@ def scaled_dot_product_attention_backward(dout, q, k, v, out, lse, *, attn_mask=
     dv = _ops.out_f32(tuple(pv.shape), on_device, numeric_mode)
     rc = backend.lib.mt_attention_backward(_ops.fptr(dq), _ops.fptr(dk), _ops.fptr(dv), _ops.fptr(pdo),
                                            _ops.fptr(pq), _ops.fptr(pk), _ops.fptr(pv), _ops.fptr(po),
-                                           _ops.fptr(plse), _mask_ptr(pm), *opts, *sizes)
+                                           _ops.fptr(plse), _mask_ptr(pm), *opts, *sizes, *drop)
     _ops.check(backend, rc, where, _C_NAMES)
     return dq, dk, dv

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 from mojo_train._native import ffi
+from mojo_train.random import DropoutKey, Generator
 
 import tolerances as tol
 from _helpers import f32, fma32
@@ -96,12 +97,13 @@ def chain(us, vs):
 class Replay:
     """attention.md step by step on Python lists; keep(b, h, i, j) and add(b, h, i, j) are the masks."""
 
-    def __init__(self, x, scale, pinned, keep=None, add=None, causal=False):
+    def __init__(self, x, scale, pinned, keep=None, add=None, causal=False, drop=None):
         self.q, self.k, self.v, self.dout = (x[n].tolist() for n in ("q", "k", "v", "dout"))
         self.b, self.h, self.tq, self.d = x["q"].shape
         self.hkv, self.tk = x["k"].shape[1], x["k"].shape[2]
         self.scale, self.ex, self.lg = f32(scale), pinned.probe_exp, pinned.probe_log
         self.keep, self.add, self.causal = keep, add, causal
+        self.drop = drop or (lambda b, h, i, j, x: x)          # attention.md "Dropout": x of pair (b, h, i, j)
 
     def kv(self, b, h):
         return b, h // (self.h // self.hkv)
@@ -134,7 +136,8 @@ class Replay:
                 l = f32(l + p[j])
             acc = [f32(a * alpha) for a in acc]
             for j in live:
-                acc = [fma32(p[j], vd, a) for vd, a in zip(vrows[j], acc)]
+                pj = self.drop(b, h, i, j, p[j])
+                acc = [fma32(pj, vd, a) for vd, a in zip(vrows[j], acc)]
             m = mnew
         out = [0.0 if l == 0 else f32(a / l) for a in acc]
         return out, f32(m + self.lg(l))
@@ -152,9 +155,9 @@ class Replay:
             return None
         g = self.kv(b, h)
         p = self.ex(f32(s - lse[b][h][i]))
-        dp = chain(self.dout[b][h][i], self.v[g[0]][g[1]][j])
+        dp = self.drop(b, h, i, j, chain(self.dout[b][h][i], self.v[g[0]][g[1]][j]))
         delta = chain(self.dout[b][h][i], o[b][h][i])
-        return p, f32(p * f32(dp - delta))
+        return self.drop(b, h, i, j, p), f32(p * f32(dp - delta))
 
     def backward(self, o, lse):
         d, group = self.d, self.h // self.hkv
@@ -198,24 +201,123 @@ def _mask_for(kind, shape, seed):
     return np.where(keep, rng.uniform(-3, 3, (b, h, tq, tk)), -np.inf).astype(np.float32)
 
 
+def _replay_mask(opts, shape, seed, kw):
+    """(keep, add) of the Replay for a case's mask option (also put into kw as attn_mask)."""
+    if "mask" not in opts:
+        return None, None
+    mask = _mask_for(opts["mask"], shape, seed)
+    kw["attn_mask"] = mask
+    if mask.dtype == np.bool_:
+        return (lambda bb, hh, i, j: bool(mask[i, j])), None
+    return None, (lambda bb, hh, i, j: float(mask[bb, hh, i, j]))
+
+
 @pytest.mark.parametrize("n", range(len(REPLAYS)), ids=[str(r[0]) for r in REPLAYS])
 def test_every_output_is_the_contracts_arithmetic_step_by_step(attention_identical, pinned, n):
     (b, h, hkv, tq, tk, d), qk, opts = REPLAYS[n]
     x = inputs(b, h, hkv, tq, tk, d, 100 + n, qk)
     kw = {"is_causal": opts.get("is_causal", False), "scale": opts.get("scale")}
-    keep = add = None
-    if "mask" in opts:
-        mask = _mask_for(opts["mask"], (b, h, tq, tk), n)
-        kw["attn_mask"] = mask
-        if mask.dtype == np.bool_:
-            keep = lambda bb, hh, i, j: bool(mask[i, j])    # noqa: E731
-        else:
-            add = lambda bb, hh, i, j: float(mask[bb, hh, i, j])   # noqa: E731
+    keep, add = _replay_mask(opts, (b, h, tq, tk), n, kw)
     got = run("identical", x, **kw)
     scale = opts.get("scale", 1.0 / math.sqrt(d))
     o, lse, (dq, dk, dv) = Replay(x, scale, pinned, keep, add, kw["is_causal"]).run()
     for name, ours, ref in zip(("out", "lse", "dq", "dk", "dv"), got, (o, lse, dq, dk, dv)):
         assert np.array_equal(ours.ravel().view(np.uint32), flat(ref).view(np.uint32)), name
+
+
+# ---- dropout (attention.md, "Dropout") -----------------------------------------------------------
+
+def _replay_drop(key):
+    """The Replay's dropout of a DropoutKey: pair (b, h, i, j) kept iff the uniform Generator(seed)
+    draws at its stream element is >= p, then x * (1 / (1 - p)) in float32, else +0."""
+    b_, h_, tq, tk = key.shape
+    u = np.asarray(Generator(key.seed).uniform((key.size,), stream=key.stream, offset=key.offset))
+    scale = f32(1.0 / f32(1.0 - key.p))
+
+    def drop(b, h, i, j, x):
+        return f32(x * scale) if u[((b * h_ + h) * tq + i) * tk + j] >= key.p else 0.0
+    return drop
+
+
+DROPOUT_REPLAYS = [
+    ((1, 2, 1, 5, 70, 3), 0.3, {"is_causal": True}),
+    ((2, 2, 2, 3, 66, 5), 0.5, {"mask": "float"}),
+    ((1, 3, 3, 4, 130, 2), 0.125, {"mask": "bool"}),
+]
+
+
+@pytest.mark.parametrize("n", range(len(DROPOUT_REPLAYS)), ids=[str(r[0]) for r in DROPOUT_REPLAYS])
+def test_dropout_is_the_contracts_arithmetic_step_by_step(attention_identical, pinned, n):
+    (b, h, hkv, tq, tk, d), p, opts = DROPOUT_REPLAYS[n]
+    x = inputs(b, h, hkv, tq, tk, d, 300 + n)
+    kw = {"is_causal": opts.get("is_causal", False), "enable_gqa": h != hkv}
+    keep, add = _replay_mask(opts, (b, h, tq, tk), n, kw)
+    g = Generator(77 + n)
+    g.next_stream()                                       # a stream other than 0
+    out, lse, key = SDPA(x["q"], x["k"], x["v"], return_lse=True, dropout_p=p, generator=g, **kw)
+    assert (key.seed, key.stream, key.offset, key.p, key.shape) == (77 + n, 1, 0, f32(p), (b, h, tq, tk))
+    assert g.counter == 2                                 # the call took one stream
+    grads = SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out, lse, dropout_key=key, **kw)
+    got = [np.asarray(a).ravel() for a in (out, lse) + tuple(grads)]
+    ref = Replay(x, 1.0 / math.sqrt(d), pinned, keep, add, kw["is_causal"], _replay_drop(key)).run()
+    o, l_, (dq, dk, dv) = ref
+    for name, ours, want in zip(("out", "lse", "dq", "dk", "dv"), got, (o, l_, dq, dk, dv)):
+        assert np.array_equal(ours.view(np.uint32), flat(want).view(np.uint32)), name
+
+
+def test_dropout_zero_with_a_generator_is_attention_without_dropout_and_draws_nothing(attention_mode):
+    x, g = inputs(1, 2, 2, 5, 70, 4, 5), Generator(3)
+    plain = run(attention_mode.numeric_mode, x)
+    out, lse = SDPA(x["q"], x["k"], x["v"], return_lse=True, dropout_p=0.0, generator=g,
+                    numeric_mode=attention_mode.numeric_mode)
+    assert same((np.asarray(out), np.asarray(lse)), plain[:2]) and g.counter == 0
+
+
+def test_dropout_draws_a_new_stream_each_call_and_the_key_replays_it(attention_mode):
+    m, x, g = attention_mode.numeric_mode, inputs(1, 2, 2, 4, 9, 3, 6), Generator(9)
+    out1, lse1, key1 = SDPA(x["q"], x["k"], x["v"], return_lse=True, dropout_p=0.4, generator=g, numeric_mode=m)
+    out2, _, key2 = SDPA(x["q"], x["k"], x["v"], return_lse=True, dropout_p=0.4, generator=g, numeric_mode=m)
+    assert (key1.stream, key2.stream) == (0, 1) and np.asarray(out1).tobytes() != np.asarray(out2).tobytes()
+    again = SDPA(x["q"], x["k"], x["v"], dropout_p=0.4, generator=Generator(9), numeric_mode=m)
+    assert np.asarray(again).tobytes() == np.asarray(out1).tobytes()
+    a = SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out1, lse1, dropout_key=key1, numeric_mode=m)
+    b = SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out1, lse1, dropout_p=0.4, dropout_key=key1, numeric_mode=m)
+    assert all(np.asarray(u).tobytes() == np.asarray(w).tobytes() for u, w in zip(a, b))
+
+
+def test_a_refused_dropout_call_does_not_advance_the_generator(attention_mode):
+    x, g = inputs(1, 1, 1, 3, 4, 2, 8), Generator(4)
+    x["q"][0, 0, 1, 1] = float("nan")
+    with pytest.raises(ValueError, match="q holds NaN or inf"):
+        SDPA(x["q"], x["k"], x["v"], dropout_p=0.5, generator=g, numeric_mode=attention_mode.numeric_mode)
+    assert g.counter == 0
+
+
+def test_dropout_matches_torchs_formula_in_float64_on_the_same_mask(attention_mode):
+    """torch's dropout(softmax(s)) @ v and its autograd in float64, with our kept pairs as its
+    mask: the stated attention tolerance of tests/tolerances.py holds for every output."""
+    torch = pytest.importorskip("torch")
+    m, (b, h, tq, tk, d), p = attention_mode.numeric_mode, (2, 3, 7, 70, 8), 0.35
+    x, g = inputs(b, h, h, tq, tk, d, 12), Generator(21)
+    out, lse, key = SDPA(x["q"], x["k"], x["v"], return_lse=True, dropout_p=p, generator=g, numeric_mode=m)
+    dq, dk, dv = SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out, lse, dropout_key=key, numeric_mode=m)
+    u = np.asarray(Generator(21).uniform((key.size,), stream=key.stream)).reshape(b, h, tq, tk)
+    kept = torch.tensor((u >= np.float32(p)).astype(np.float64))
+    t = {n: torch.tensor(a, dtype=torch.float64, requires_grad=n != "dout") for n, a in x.items()}
+    probs = torch.softmax(t["q"] @ t["k"].transpose(-1, -2) / math.sqrt(d), dim=-1)
+    ref = (probs * kept / (1.0 - float(np.float32(p)))) @ t["v"]
+    ref.backward(t["dout"])
+    # tests/tolerances.py's attention units, every weight p and |v| scaled by 1 / (1 - p): a dropped
+    # attention's every term is a plain one's times at most that scale, twice (p~ = p s, dp~ = dp s)
+    sd = 1.0 / (1.0 - float(np.float32(p)))
+    units = tol.attention_units(x["q"], x["k"], x["v"] * sd, x["dout"], np.asarray(ref.detach()),
+                                probs.detach().numpy() * sd, np.ones((b, h, tq, tk), bool), 1 / math.sqrt(d), 0.0)
+    for name, ours, want in (("out", out, ref), ("dq", dq, t["q"].grad), ("dk", dk, t["k"].grad),
+                             ("dv", dv, t["v"].grad)):
+        ours, want = np.asarray(ours, dtype=np.float64), want.detach().numpy()
+        bound = tol.ATOL * units[name] + tol.RTOL * np.abs(want)
+        assert (np.abs(ours - want) <= bound).all(), (name, (np.abs(ours - want) / bound).max())
+    assert 0.25 < 1.0 - kept.mean().item() < 0.45          # about p of the pairs dropped
 
 
 def test_a_score_that_overflows_makes_its_row_the_canonical_nan(attention_identical):
@@ -358,8 +460,10 @@ def _refusals():
         (f, (q, k, v), {"attn_mask": np.ones((4, 3), bool)}, ValueError, "does not broadcast"),
         (f, (q, k, v), {"attn_mask": np.ones((1, 1, 1, 3, 4), bool)}, ValueError, "does not broadcast"),
         (f, (q, k, v), {"attn_mask": np.ones((4, 3), bool).T}, ValueError, "attn_mask must be C-contiguous"),
-        (f, (q, k, v), {"dropout_p": 0.1}, NotImplementedError, "dropout_p > 0 is not built yet"),
-        (f, (q, k, v), {"dropout_p": -0.1}, ValueError, "dropout_p must be in [0, 1]"),
+        (f, (q, k, v), {"dropout_p": 0.1}, ValueError, "dropout_p > 0 needs generator=mojo_train.Generator(seed)"),
+        (f, (q, k, v), {"dropout_p": -0.1}, ValueError, "dropout_p must be in [0, 1) after rounding"),
+        (f, (q, k, v), {"dropout_p": 1.0, "generator": Generator(1)}, ValueError, "dropout_p must be in [0, 1)"),
+        (f, (q, k, v), {"dropout_p": True}, TypeError, "dropout_p must be a real number"),
         (f, (q, k, v), {"generator": 3}, TypeError, "generator must be a mojo_train.Generator"),
         (f, (q, k, v), {"scale": float("nan")}, ValueError, "scale must be finite"),
         (f, (q, k, v), {"scale": 1e39}, ValueError, "scale must be finite"),
@@ -369,7 +473,21 @@ def _refusals():
         (f, (q.astype(np.float64), k, v), {}, TypeError, "q has dtype float64"),
         (b, (do, q, k, v, out, lse[0]), {}, ValueError, "lse must have shape (1, 2, 3)"),
         (b, (do[:, :1].copy(), q, k, v, out, lse), {}, ValueError, "dout must have shape (1, 2, 3, 5)"),
-        (b, (do, q, k, v, out, lse), {"dropout_p": 0.5}, NotImplementedError, "dropout_p > 0 is not built yet"),
+        (b, (do, q, k, v, out, lse), {"dropout_p": 0.5}, ValueError, "dropout_p > 0 needs dropout_key="),
+        (b, (do, q, k, v, out, lse), {"dropout_key": (1, 2, 0, 0.5)}, TypeError, "dropout_key must be the forward's"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.5, 24, (1, 2, 3, 3))}, ValueError,
+         "dropout_key is of pairs (1, 2, 3, 3)"),
+        (b, (do, q, k, v, out, lse), {"dropout_p": 0.25, "dropout_key": DropoutKey(1, 2, 0, 0.5, 24, (1, 2, 3, 4))},
+         ValueError, "dropout_p is 0.25 but dropout_key's p is 0.5"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.3, 24, (1, 2, 3, 4))}, ValueError,
+         "dropout_key's p must be a float32 in (0, 1)"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.5, 25, None)}, ValueError,
+         "dropout_key covers 25 pairs"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(-1, 2, 0, 0.5, 24, None)}, ValueError,
+         "dropout_key.seed must be in [0, 2**64)"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2**64, 0, 0.5, 24, None)}, ValueError,
+         "dropout_key.stream must be in [0, 2**64)"),
+        (f, (q, k, v), {"dropout_p": 10 ** 400, "generator": Generator(1)}, ValueError, "dropout_p must be in [0, 1)"),
     ]
 
 
@@ -432,8 +550,10 @@ def _c_cases(lib, keep):
     keep += [x[n] for n in ("q", "k", "v", "dout")] + [np.zeros(2, np.float32), np.ones(6, np.uint8)]
     q, k, v, do, lse, mb = (ffi.cast("float *", a.ctypes.data) for a in keep[-6:])
     N, inf = ffi.NULL, float("inf")
-    fw = lambda o, *a: lib.mt_attention_forward(o[0], o[1], q, k, v, *a)       # noqa: E731
-    bw = lambda o, *a: lib.mt_attention_backward(o[0], o[1], o[2], do, q, k, v, do, lse, *a)   # noqa: E731
+    nodrop = (0.0, 0, 0, 0)                                                  # dropout_p, seed, stream, offset
+    fw = lambda o, *a: lib.mt_attention_forward(o[0], o[1], q, k, v, *(a + nodrop[len(a) - 14:]))   # noqa: E731
+    bw = lambda o, *a: lib.mt_attention_backward(o[0], o[1], o[2], do, q, k, v, do, lse,            # noqa: E731
+                                                 *(a + nodrop[len(a) - 14:]))
     size = (1, 1, 1, 2, 3, 4)
     return [
         ("D must be in [1, 128]", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 1, 1, 1, 2, 3, 0)),
@@ -446,22 +566,26 @@ def _c_cases(lib, keep):
         ("is_causal must be 0 or 1", lambda o: fw(o, N, 0, 0, 0, 0, 0, 2, 1.0, *size)),
         ("mask_kind must be", lambda o: fw(o, mb, 3, 0, 0, 3, 1, 0, 1.0, *size)),
         ("is_causal=1 needs mask_kind MT_ATTENTION_MASK_NONE", lambda o: fw(o, mb, 1, 0, 0, 3, 1, 1, 1.0, *size)),
-        ("mask must be NULL", lambda o: fw(o, mb, 0, 0, 0, 0, 0, 0, 1.0, *size)),
+        ("mask must be NULL", lambda o: fw(o, mb, 0, 0, 0, 0, 0, 0, 1.0, *size, *nodrop)),
         ("mask is NULL", lambda o: fw(o, N, 1, 0, 0, 3, 1, 0, 1.0, *size)),
         ("mask_si must be >= 0", lambda o: fw(o, mb, 1, 0, 0, -3, 1, 0, 1.0, *size)),
         # each stride's reach below 2^60, their sum past it (the mask's byte count would overflow)
         ("reach past 2^60 elements together", lambda o: fw(o, mb, 2, 2**59, 2**59, 2**59, 2**59, 0, 1.0,
                                                            2, 2, 2, 2, 2, 4)),
-        ("out is NULL", lambda o: lib.mt_attention_forward(N, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),
-        ("q is NULL", lambda o: lib.mt_attention_forward(o[0], o[1], N, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),
-        ("out and q overlap", lambda o: lib.mt_attention_forward(q, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size)),
+        ("out is NULL", lambda o: lib.mt_attention_forward(N, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size, *nodrop)),
+        ("q is NULL", lambda o: lib.mt_attention_forward(o[0], o[1], N, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size, *nodrop)),
+        ("out and q overlap", lambda o: lib.mt_attention_forward(q, o[1], q, k, v, N, 0, 0, 0, 0, 0, 0, 1.0, *size, *nodrop)),
         ("lse is NULL", lambda o: lib.mt_attention_backward(o[0], o[1], o[2], do, q, k, v, do, N, N, 0, 0, 0, 0,
-                                                            0, 0, 1.0, *size)),
+                                                            0, 0, 1.0, *size, *nodrop)),
         ("dk and dv overlap", lambda o: lib.mt_attention_backward(o[0], o[1], o[1], do, q, k, v, do, lse, N, 0, 0,
-                                                                  0, 0, 0, 0, 1.0, *size)),
+                                                                  0, 0, 0, 0, 1.0, *size, *nodrop)),
         ("dq and dout overlap", lambda o: lib.mt_attention_backward(do, o[1], o[2], do, q, k, v, do, lse, N, 0, 0,
-                                                                    0, 0, 0, 0, 1.0, *size)),
+                                                                    0, 0, 0, 0, 1.0, *size, *nodrop)),
         ("H must be >= 1", lambda o: bw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 1, 0, 1, 2, 3, 4)),
+        ("dropout_p: p must be in [0, 1)", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, *size, 1.0, 1, 2, 0)),
+        ("dropout_p: p must be in [0, 1)", lambda o: bw(o, N, 0, 0, 0, 0, 0, 0, 1.0, *size, -0.5, 1, 2, 0)),
+        ("dropout: offset + n must be <= 2^64 - 1", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, *size, 0.5, 1, 2,
+                                                                 2**64 - 5)),
     ]
 
 

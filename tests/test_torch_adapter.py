@@ -170,6 +170,30 @@ def test_attention_and_its_gradients_are_the_native_api_bits(mode, device, kwarg
     assert [_bits(t.grad) for t in (q, k, v)] == [_bits(g) for g in grads]
 
 
+@pytest.mark.parametrize("kwargs", [dict(is_causal=True), dict(enable_gqa=True)])
+def test_attention_dropout_and_its_gradients_are_the_native_api_bits(mode, device, kwargs):
+    """dropout_p > 0 draws one stream of the given mojo_train.Generator, and the backward replays
+    it: the native API's bits with a twin generator; the default generator when none is given."""
+    _need(mode, device, "attention")
+    kv_heads = 1 if kwargs.get("enable_gqa") else 2
+    q = _leaf(_rand((2, 2, 5, 8), 19, device=device))
+    k, v = _leaf(_rand((2, kv_heads, 70, 8), 20, device=device)), _leaf(_rand((2, kv_heads, 70, 8), 21, device=device))
+    dout = _rand((2, 2, 5, 8), 22, device=device)
+    g, twin = mt.Generator(31, numeric_mode=mode.numeric_mode), mt.Generator(31, numeric_mode=mode.numeric_mode)
+    y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, generator=g, numeric_mode=mode.numeric_mode, **kwargs)
+    y.backward(dout)
+    plain = [t.detach() for t in (q, k, v)]
+    out, lse, key = mt.scaled_dot_product_attention(*plain, return_lse=True, dropout_p=0.3, generator=twin,
+                                                    numeric_mode=mode.numeric_mode, **kwargs)
+    grads = mt.scaled_dot_product_attention_backward(dout, *plain, out, lse, dropout_key=key,
+                                                     numeric_mode=mode.numeric_mode, **kwargs)
+    assert g.counter == twin.counter == 1
+    assert _bits(y) == _bits(out) and [_bits(t.grad) for t in (q, k, v)] == [_bits(x) for x in grads]
+    undropped = F.scaled_dot_product_attention(*plain, numeric_mode=mode.numeric_mode, **kwargs)
+    assert _bits(undropped) != _bits(y)
+    F.scaled_dot_product_attention(*plain, dropout_p=0.3, numeric_mode=mode.numeric_mode, **kwargs)  # default generator
+
+
 def test_attention_refuses_a_mask_that_wants_a_gradient():
     q = _rand((1, 1, 3, 4), 14)
     mask = torch.zeros(3, 3, requires_grad=True)

@@ -186,8 +186,9 @@ class AttentionFunction(torch.autograd.Function):
         q, k, v = dense(query), dense(key), dense(value)
         mask = dense(attn_mask)
         wait_for_torch(q.device)
-        out, lse = native(where, _ATTENTION, _attention.scaled_dot_product_attention, probed(q), probed(k),
-                          probed(v), attn_mask=mask, return_lse=True, numeric_mode=numeric_mode, **options)
+        res = native(where, _ATTENTION, _attention.scaled_dot_product_attention, probed(q), probed(k),
+                     probed(v), attn_mask=mask, return_lse=True, numeric_mode=numeric_mode, **options)
+        (out, lse), ctx.key = res[:2], (res[2] if len(res) == 3 else None)   # dropout: its DropoutKey
         out, lse = as_torch(out, q.device), as_torch(lse, q.device)
         ctx.save_for_backward(q, k, v, out, lse, mask)
         ctx.options, ctx.numeric_mode, ctx.where = options, numeric_mode, where
@@ -198,9 +199,10 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, mask = ctx.saved_tensors
         dout = _incoming(dout)
+        options = {n: x for n, x in ctx.options.items() if n not in ("dropout_p", "generator")}
         dq, dk, dv = _backward(ctx, _ATTENTION, _attention.scaled_dot_product_attention_backward, probed(dout),
                                probed(q), probed(k), probed(v), probed(out), probed(lse), attn_mask=mask,
-                               numeric_mode=ctx.numeric_mode, **ctx.options)
+                               dropout_key=ctx.key, numeric_mode=ctx.numeric_mode, **options)
         return as_torch(dq, q.device), as_torch(dk, q.device), as_torch(dv, q.device), None, None, None, None
 
 

@@ -15,6 +15,8 @@ call is refused. A name of torch.nn.functional without mojo_train arithmetic is 
 saying so (use torch's explicitly). The public functions are one-line calls of the private
 ones, which the modules call with their own names.
 """
+import numbers
+
 import torch
 
 from .. import embedding as _embedding
@@ -64,17 +66,23 @@ def gelu(input, approximate="none", *, numeric_mode=None):
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                 enable_gqa=False, *, numeric_mode=None):
+                                 enable_gqa=False, *, generator=None, numeric_mode=None):
     """Attention as ``torch.nn.functional.scaled_dot_product_attention``: ``softmax(q k^T * scale
     + mask) v`` over ``(B, H, T, D)`` tensors (or ``(N, T, D)``: one head), by
     mojo_train.scaled_dot_product_attention and its backward (native/contracts/attention.md: the
     same bits on CPU and CUDA, no T x T matrix stored). ``attn_mask`` bool (True keeps) or float
     (added), without gradient; ``is_causal`` is torch's top-left alignment; ``enable_gqa`` lets
     key and value have fewer heads. A fully masked row gives 0 and no gradient (as torch 2.13's
-    backends do; a plain ``softmax(s) @ v`` gives NaN). ``dropout_p > 0`` is not built yet
-    (NotImplementedError)."""
+    backends do; a plain ``softmax(s) @ v`` gives NaN). ``dropout_p > 0`` drops pairs of the
+    probabilities as torch's does, drawn by a ``mojo_train.Generator`` (``generator=``, our
+    keyword; else the numeric mode's default one, ``mojo_train.torch.manual_seed``) at one stream
+    per call, replayed by the backward (attention.md, "Dropout"): the same bits on every device,
+    not torch's random numbers. Like torch's, it drops whenever ``dropout_p > 0`` (pass 0 in
+    evaluation). Not under ``torch.utils.checkpoint`` with ``dropout_p > 0``: its re-run of the
+    forward would draw the generator's next stream, not the first one's pairs (torch restores its
+    own random state there, not a mojo_train.Generator's)."""
     return _attention_call(_HERE + "scaled_dot_product_attention", query, key, value, attn_mask, dropout_p,
-                           is_causal, scale, enable_gqa, numeric_mode)
+                           is_causal, scale, enable_gqa, numeric_mode, generator)
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
@@ -237,7 +245,8 @@ def _gelu(where, input, approximate, numeric_mode):
     return _functions.GELUFunction.apply(input, approximate, mode, where)
 
 
-def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numeric_mode):
+def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, numeric_mode,
+                    generator=None):
     mode = _floats(where, numeric_mode, query=query, key=key, value=value)
     if attn_mask is not None:
         if not isinstance(attn_mask, torch.Tensor):
@@ -250,9 +259,13 @@ def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, s
     if query.dim() == 3 and key.dim() == 3 and value.dim() == 3:       # (N, T, D): one head
         out = _attention_call(where, query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1),
                               attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1),
-                              dropout_p, is_causal, scale, enable_gqa, numeric_mode)
+                              dropout_p, is_causal, scale, enable_gqa, numeric_mode, generator)
         return out.squeeze(1)
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
+    if isinstance(dropout_p, numbers.Real) and not isinstance(dropout_p, bool) and dropout_p > 0:
+        options["generator"] = _generator(generator, mode, where)      # dropout_p itself: checked natively
+    elif generator is not None:
+        _generator(generator, mode, where)
     return _functions.AttentionFunction.apply(query, key, value, attn_mask, options, mode, where)
 
 

@@ -37,6 +37,11 @@ static int check_sizes(const mt_attn_args *a) {
 
 static int check_options(const mt_attn_args *a) {
     if (!mt_is_finite(a->scale)) return mt_fail(MT_EINVAL, "scale must be finite, got %g", (double)a->scale);
+    const char *why = mt_dropout_problem(a->dropout_p);
+    if (why) return mt_fail(MT_EINVAL, "dropout_p: %s, got %g", why, (double)a->dropout_p);
+    if (a->dropout_p > 0.0f && (why = mt_span_problem(a->offset, a->B * a->H * a->Tq * a->Tk)))
+        return mt_fail(MT_EINVAL, "dropout: %s (offset %llu, B*H*Tq*Tk = %lld pairs)", why,
+                       (unsigned long long)a->offset, (long long)(a->B * a->H * a->Tq * a->Tk));
     if (a->is_causal != 0 && a->is_causal != 1)
         return mt_fail(MT_EINVAL, "is_causal must be 0 or 1, got %d", (int)a->is_causal);
     if (a->mask_kind < MT_ATTENTION_MASK_NONE || a->mask_kind > MT_ATTENTION_MASK_FLOAT)
@@ -128,20 +133,29 @@ int mt_fail_attention_lse(void) {
                    "masked row); nothing was written");
 }
 
+/* The dropout scale, formed once on the host by the pinned routine (a p outside [0, 1) is
+ * refused by the checks before it is used). */
+MT_NOINLINE static float dropout_scale_of(float p) {
+    return p >= 0.0f && p < 1.0f ? mt_dropout_scale(p) : 1.0f;
+}
+
 int mt_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, const void *mask,
                          int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si, int64_t mask_sj,
                          int32_t is_causal, float scale, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk,
-                         int64_t D) {
+                         int64_t D, float dropout_p, uint64_t seed, uint64_t stream, uint64_t offset) {
     mt_attn_args a = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, mask, mask_kind, is_causal,
-                      mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D};
+                      mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D,
+                      dropout_p, dropout_scale_of(dropout_p), seed, stream, offset};
     return mt_attention_run(&a, 0);
 }
 
 int mt_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                           const float *v, const float *out, const float *lse, const void *mask, int32_t mask_kind,
                           int64_t mask_sb, int64_t mask_sh, int64_t mask_si, int64_t mask_sj, int32_t is_causal,
-                          float scale, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D) {
+                          float scale, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D,
+                          float dropout_p, uint64_t seed, uint64_t stream, uint64_t offset) {
     mt_attn_args a = {NULL, NULL, dq, dk, dv, q, k, v, dout, out, lse, mask, mask_kind, is_causal,
-                      mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D};
+                      mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D,
+                      dropout_p, dropout_scale_of(dropout_p), seed, stream, offset};
     return mt_attention_run(&a, 1);
 }

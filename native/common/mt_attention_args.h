@@ -19,7 +19,13 @@ typedef struct {
     int64_t sb, sh, si, sj;                    /* the mask's strides in elements */
     float scale;
     int64_t B, H, Hkv, Tq, Tk, D;
+    float dropout_p, dropout_scale;            /* p in [0, 1) and 1 / (1 - p) (mt_dropout_scale) */
+    uint64_t seed, stream, offset;             /* pair (b, h, i, j): stream element offset + ((b H + h) Tq + i) Tk + j */
 } mt_attn_args;
+
+/* The stream element of pair (b, h, i, j) of a call (attention.md, "Dropout"). */
+#define MT_ATTN_PAIR_ELEMENT(a, b, h, i, j) \
+    ((a).offset + (uint64_t)((((int64_t)(b) * (a).H + (h)) * (a).Tq + (i)) * (a).Tk + (j)))
 
 /* Every argument check of the forward (backward = 0) or the backward (1), in the oracle's
  * order: sizes, scale, is_causal and the mask's kind, the mask's strides and pointer, the

@@ -192,6 +192,18 @@ MT_SIMD static int row_scores(float *restrict s, const mt_attn_args *a, int64_t 
     return live;
 }
 
+/* Dropout (attention.md, "Dropout"): x[jj] of the live pairs of query row i against keys j0 ..
+ * j0+nk-1, after dropout (kept: x * dropout_scale, dropped: +0); masked pairs keep theirs (they
+ * take part in nothing). Nothing without dropout. */
+static void drop_row(float *x, const float *s, const mt_attn_args *a, int64_t b, int64_t h, int64_t i, int64_t j0,
+                     int64_t nk) {
+    if (a->dropout_p == 0.0f) return;
+    for (int64_t jj = 0; jj < nk; ++jj)
+        if (s[jj] != NEG_INF)
+            x[jj] = mt_attn_drop(x[jj], a->seed, a->stream, MT_ATTN_PAIR_ELEMENT(*a, b, h, i, j0 + jj), a->dropout_p,
+                                 a->dropout_scale);
+}
+
 /* p[jj] = e^(s[jj] - m) for live pairs, +0 for masked ones: mt_expf, or mt_expf_mid (the same
  * bits) when every live argument lies in its range. */
 MT_SIMD static void block_exps(float *restrict p, const float *restrict s, float m) {
@@ -375,6 +387,7 @@ MT_SIMD static void fwd_block(fwd_state *st, float *S, float *P, const float *q,
     for (int64_t r = 0; r < n; ++r) {          /* a row without a live pair: alpha 1, exact */
         float *acc = st->acc + r * D;
         for (int64_t d = 0; d < D; ++d) acc[d] = acc[d] * st->alpha[r];
+        if (st->live[r]) drop_row(P + r * KB, S + r * KB, a, b, h, i0 + r, j0, nk);   /* the acc chains' p */
     }
     chain_sets(st->acc, D, P, S, KB, 1, vb, nk, D, n);   /* every term of a dead row is skipped */
 }
@@ -425,7 +438,9 @@ MT_SIMD static int bwd_block(float *S, float *P, float *dS, const float *q, cons
         any = 1;
         block_exps(p, s, a->lse_in[row0 + r]);
         float delta = J->delta[row0 + r];
+        drop_row(ds, s, a, b, h, i0 + r, j0, nk);        /* dp after dropout */
         for (int jj = 0; jj < KB; ++jj) ds[jj] = mt_attn_ds(p[jj], ds[jj], delta);
+        drop_row(p, s, a, b, h, i0 + r, j0, nk);         /* dv's chains take p after dropout */
     }
     return any;
 }

@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
         int64_t j0;
         const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's Pt read too */
-        float s[4][4];
+        float s[4][4], pv[4][4];
         chains_over_d(s, Qs, Ks, DS, D);
         int masked = 0;
 #pragma unroll
@@ -292,9 +292,10 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
                 m[u] = mnew;
             }
 #pragma unroll
-            for (int w = 0; w < 4; ++w)
-                Pt[(tx + 16 * w) * PS + r] =
-                    s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf(s[u][w] - m[u]));
+            for (int w = 0; w < 4; ++w) {
+                pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf(s[u][w] - m[u]));
+                Pt[(tx + 16 * w) * PS + r] = pv[u][w];
+            }
             if (tx == 0) Alpha[r] = alpha;
 #pragma unroll
             for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
@@ -306,6 +307,18 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
                 float p = Pt[jj * PS + lrow];
                 if (live_bits(p)) l = l + p;
             }
+        }
+        if (a.dropout_p > 0.0f) {                           /* the acc chains take p after dropout */
+            __syncthreads();                                /* every l has read Pt */
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w)
+                    if (live_bits(pv[u][w]))
+                        Pt[(tx + 16 * w) * PS + 4 * ty + u] = mt_canonical_nan(mt_attn_drop(
+                            pv[u][w], a.seed, a.stream, MT_ATTN_PAIR_ELEMENT(a, b, h, i0 + 4 * ty + u, j0 + tx + 16 * w),
+                            a.dropout_p, a.dropout_scale));
+            __syncthreads();
         }
         chains_over_pairs_sel<NCG>(acc, Pt, Vs, nk, any_masked);
     }
@@ -333,8 +346,9 @@ __global__ void __launch_bounds__(NT) delta_kernel(mt_attn_dev d) {
     d.delta[row] = acc;
 }
 
-/* The backward's per-pair value of a pair whose chains are s (q.k) and dp (dout.v): ds, or p
- * (want_p), MASKED when the pair is masked; the score in *sc. */
+/* The backward's per-pair values of a pair whose chains are s (q.k) and dp (dout.v): p (after
+ * dropout: dv's chains take it) and ds = p (dp after dropout - delta), both MASKED when the pair
+ * is masked. */
 __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float dp, float lse, float delta, int64_t b,
                                             int64_t h, int64_t i, int64_t j, bool in, float *p_out, float *ds_out,
                                             int *masked) {
@@ -345,8 +359,15 @@ __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float
         return;
     }
     const float p = mt_expf(sc - lse);
-    *p_out = mt_canonical_nan(p);
-    *ds_out = mt_canonical_nan(mt_attn_ds(p, dp, delta));
+    float pd = p, dpd = dp;
+    const mt_attn_args &a = d.a;
+    if (a.dropout_p > 0.0f) {
+        const uint32_t word = mt_philox_word(a.seed, a.stream, MT_ATTN_PAIR_ELEMENT(a, b, h, i, j));
+        pd = mt_dropout_elem(p, word, a.dropout_p, a.dropout_scale);
+        dpd = mt_dropout_elem(dp, word, a.dropout_p, a.dropout_scale);
+    }
+    *p_out = mt_canonical_nan(pd);
+    *ds_out = mt_canonical_nan(mt_attn_ds(p, dpd, delta));
 }
 
 /* dq of a query tile: chains over the keys ascending, times scale at the end. */

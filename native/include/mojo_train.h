@@ -34,8 +34,9 @@ extern "C" {
  * 5: attention (MT_FEATURE_ATTENTION), LayerNorm (MT_FEATURE_LAYER_NORM), GELU (elementwise).
  * 6: the maps (SiLU, GELU, add, dropout) take `uint32_t flags` last (MT_MAP_OUT_FRESH: the
  * finiteness check fused into the one pass for an output declared fresh); an optimizer step
- * no longer refuses a non-finite parameter (optim.md step 3). */
-#define MT_ABI_VERSION 6
+ * no longer refuses a non-finite parameter (optim.md step 3).
+ * 7: attention takes dropout: (dropout_p, seed, stream, offset) last (attention.md, "Dropout"). */
+#define MT_ABI_VERSION 7
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -267,7 +268,10 @@ int mt_layer_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /*
  * (FLOAT: finite, or -inf to mask); element (b, h, i, j) at b*mask_sb + h*mask_sh + i*mask_si
  * + j*mask_sj (strides in elements, >= 0; 0 broadcasts). is_causal (0 or 1, never with a mask)
  * keeps key j for query i iff j <= i. scale: the scores' factor (torch's default 1/sqrt(D) is
- * the caller's to round: attention.md). lse, dq, dk, dv may be NULL (not computed). */
+ * the caller's to round: attention.md). lse, dq, dk, dv may be NULL (not computed).
+ * dropout_p in [0, 1): 0 is no dropout; above, pair (b, h, i, j) is kept or dropped by the
+ * dropout rule of random.md at stream element offset + ((b*H + h)*Tq + i)*Tk + j of (seed,
+ * stream), the forward's and the backward's the same (attention.md, "Dropout"). */
 enum mt_attention_mask_kind {
     MT_ATTENTION_MASK_NONE = 0,
     MT_ATTENTION_MASK_BOOL = 1,
@@ -279,7 +283,8 @@ int mt_attention_forward(float *out /* (B*H*Tq*D) */, float *lse /* (B*H*Tq) or 
                          const float *v /* (B*Hkv*Tk*D) */, const void *mask /* strided, or NULL */,
                          int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si,
                          int64_t mask_sj, int32_t is_causal, float scale, int64_t B, int64_t H,
-                         int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D);
+                         int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, float dropout_p, uint64_t seed,
+                         uint64_t stream, uint64_t offset);
 
 int mt_attention_backward(float *dq /* (B*H*Tq*D) or NULL */, float *dk /* (B*Hkv*Tk*D) or NULL */,
                           float *dv /* (B*Hkv*Tk*D) or NULL */, const float *dout /* (B*H*Tq*D) */,
@@ -288,7 +293,8 @@ int mt_attention_backward(float *dq /* (B*H*Tq*D) or NULL */, float *dk /* (B*Hk
                           const float *lse /* (B*H*Tq) */, const void *mask /* strided, or NULL */,
                           int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si,
                           int64_t mask_sj, int32_t is_causal, float scale, int64_t B, int64_t H,
-                          int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D);
+                          int64_t Hkv, int64_t Tq, int64_t Tk, int64_t D, float dropout_p, uint64_t seed,
+                          uint64_t stream, uint64_t offset);
 
 int mt_relu_forward(float *y /* (n) */, const float *x /* (n) */, int64_t n);
 int mt_relu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float *x /* (n) */, int64_t n);

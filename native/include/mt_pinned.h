@@ -461,7 +461,7 @@ MT_HD uint32_t mt_philox_word(uint64_t seed, uint64_t stream, uint64_t i) {
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     uint32_t out[4];
     mt_philox4x32_10_block(out, ctr, key);
-    return out[i & 3];
+    return (i & 2) ? ((i & 1) ? out[3] : out[2]) : ((i & 1) ? out[1] : out[0]);   /* out[i & 3], no indexed load */
 }
 
 /* The top 24 bits of a word as a float in [0, 1): exact, spacing 2^-24. */

@@ -179,6 +179,12 @@ MT_HD float mt_dropout_elem(float x, uint32_t word, float p, float scale) {
     return mt_math_pick(mt_u01(word) >= p, kept, 0.0f);
 }
 
+/* Attention's dropout (attention.md, "Dropout"): the value x of the pair whose stream element
+ * is `element` (MT_ATTN_PAIR_ELEMENT), kept as x * scale or dropped to +0 by dropout's rule. */
+MT_HD float mt_attn_drop(float x, uint64_t seed, uint64_t stream, uint64_t element, float p, float scale) {
+    return mt_dropout_elem(x, mt_philox_word(seed, stream, element), p, scale);
+}
+
 /* ---- SiLU and the residual add ----------------------------------------------------------
  * silu(x) = x / d with d = 1 + mt_expf(-x) (= x * sigmoid(x); e = +inf for x < -88.72
  * gives -0, never NaN). Gradient: dy * (s * (1 + x * t)) with s = 1 / d and t = 1 - s,

@@ -107,6 +107,8 @@ struct Case {
     float amp_ = 1.0f;      /* q and k are uniform in [-amp, amp] */
     Special special_ = PLAIN;
     int nulls_ = 0;
+    float drop_ = 0.0f;     /* dropout_p (attention.md, "Dropout"), from stream 5 of seed 11 at offset_ */
+    uint64_t offset_ = 0;
     Case(int64_t tq, int64_t tk, int64_t d) : Tq(tq), Tk(tk), D(d) {}
     Case &causal() { is_causal = 1; return *this; }
     Case &mask(int k, Layout l, Pattern p = RANDOM) { kind = k, layout = l, pattern = p; return *this; }
@@ -116,7 +118,10 @@ struct Case {
     Case &hkv(int64_t hkv) { Hkv = hkv; return *this; }
     Case &special(Special x) { special_ = x; return *this; }
     Case &nulls(int n) { nulls_ = n; return *this; }
+    Case &dropout(float p, uint64_t offset = 0) { drop_ = p, offset_ = offset; return *this; }
 };
+
+const uint64_t DROP_SEED = 11, DROP_STREAM = 5;
 
 const char *kind_name(int kind) { return kind == 0 ? "none" : kind == 1 ? "bool" : "float"; }
 
@@ -124,9 +129,12 @@ std::string name_of(const Case &c) {
     static const char *layouts[] = {"full", "bcast_qk", "bcast_head", "keypad", "transposed"};
     static const char *patterns[] = {"", "-band", "-nomasked"};
     static const char *specials[] = {"", "_overflow", "_scores_nan", "_madeup_saved"};
-    char buf[300], sc[32] = "default", am[32] = "";
+    char buf[340], sc[32] = "default", am[64] = "";
     if (!std::isnan(c.scale_)) snprintf(sc, sizeof sc, "%g", c.scale_);
     if (c.amp_ != 1.0f) snprintf(am, sizeof am, "_amp%g", c.amp_);
+    if (c.drop_ > 0.0f)
+        snprintf(am + strlen(am), sizeof am - strlen(am), "_dropout%g_offset%llu", c.drop_,
+                 (unsigned long long)c.offset_);
     snprintf(buf, sizeof buf, "B%lld_H%lld_Hkv%lld_Tq%lld_Tk%lld_D%lld%s_mask-%s%s%s%s_scale-%s%s%s%s%s%s%s",
              (long long)c.B, (long long)c.H, (long long)c.Hkv, (long long)c.Tq, (long long)c.Tk, (long long)c.D,
              c.is_causal ? "_causal" : "", kind_name(c.kind), c.kind ? "-" : "", c.kind ? layouts[c.layout] : "",
@@ -168,6 +176,10 @@ std::vector<Case> cases() {
         C(130, 64, 100).mask(2, BCAST_HEAD).nulls(NO_DQ | NO_DK), C(64, 65, 64).nulls(NO_LSE),
         C(130, 65, 64).causal().heads(2, 4, 2), C(65, 130, 100).mask(1, KEYPAD).heads(1, 4, 1),
         C(1, 1, 128).mask(2, BCAST_QK).heads(1, 1, 1),
+        /* dropout: causal, masks, GQA, both column groups, an offset off the Philox block's start */
+        C(130, 130, 64).causal().dropout(0.25f), C(65, 130, 33).mask(1, FULL).dropout(0.5f, 3),
+        C(130, 65, 100).mask(2, KEYPAD).hkv(1).dropout(0.1f, 1 << 20), C(64, 64, 128).heads(1, 4, 2).dropout(0.75f, 7),
+        C(5, 130, 7).amp(30).dropout(0.3f), C(65, 65, 33).causal().nulls(NO_DQ).dropout(0.2f, 2),
     };
 }
 
@@ -316,6 +328,8 @@ mt_attn_args args_of(const Case &c, const Inputs &in, float scale) {
     a.sb = in.sb, a.sh = in.sh, a.si = in.si, a.sj = in.sj;
     a.scale = scale;
     a.B = c.B, a.H = c.H, a.Hkv = c.Hkv, a.Tq = c.Tq, a.Tk = c.Tk, a.D = c.D;
+    a.dropout_p = c.drop_, a.dropout_scale = c.drop_ > 0.0f ? mt_dropout_scale(c.drop_) : 1.0f;
+    a.seed = DROP_SEED, a.stream = DROP_STREAM, a.offset = c.offset_;
     return a;
 }
 
@@ -376,7 +390,7 @@ std::string check_forward(const Oracle &O, const Case &c, const Inputs &in, floa
     mt_attn_args a = args_of(c, in, scale);
     out_o.assign((size_t)z.nq + 1, 0.0f), lse_o.assign((size_t)z.rows + 1, 0.0f);
     if (O.forward(out_o.data(), lse_o.data(), a.q, a.k, a.v, a.mask, c.kind, a.sb, a.sh, a.si, a.sj, c.is_causal,
-                  scale, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D))
+                  scale, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.drop_, DROP_SEED, DROP_STREAM, c.offset_))
         return std::string("ERROR oracle forward refused: ") + O.last_error();
     Guarded out_e((size_t)z.nq * 4), lse_e((size_t)z.rows * 4), delta((size_t)z.rows * 4), flags(MT_ATTN_FLAGS * 4);
     memset(flags.bytes(), 0, MT_ATTN_FLAGS * 4);
@@ -401,7 +415,7 @@ std::string check_backward(const Oracle &O, const Case &c, const Inputs &in, flo
     std::vector<float> dq_o((size_t)z.nq + 1), dk_o((size_t)z.nkv + 1), dv_o((size_t)z.nkv + 1);
     if (O.backward(want_dq ? dq_o.data() : nullptr, want_dk ? dk_o.data() : nullptr, want_dv ? dv_o.data() : nullptr,
                    b.dout, b.q, b.k, b.v, b.out_in, b.lse_in, b.mask, c.kind, b.sb, b.sh, b.si, b.sj, c.is_causal,
-                   scale, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D))
+                   scale, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.drop_, DROP_SEED, DROP_STREAM, c.offset_))
         return std::string("ERROR oracle backward refused: ") + O.last_error();
     Guarded dq_e((size_t)z.nq * 4), dk_e((size_t)z.nkv * 4), dv_e((size_t)z.nkv * 4), delta((size_t)z.rows * 4);
     Guarded flags(MT_ATTN_FLAGS * 4);
