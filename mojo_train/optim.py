@@ -748,7 +748,9 @@ class Adam(_Optimizer):
         With ``max_norm``, the gradients are first clipped in place to total L2 norm
         ``max_norm`` (over every group) and the pre-clip total is returned; otherwise returns
         None. A gradient listed twice, or sharing memory with a parameter or the state, is
-        refused naming both.
+        refused naming both. A gradient holding NaN or inf is refused before anything is
+        written; a parameter holding NaN or inf is not read before the update and is stepped as
+        torch steps it (NaN stays NaN: native/contracts/optim.md step 3).
         """
         where = self._WHERE + ".step"
         clip, mn = _native_max_norm(max_norm, where)
@@ -840,7 +842,7 @@ class SGD(_Optimizer):
 
     def step(self, grads, max_norm=None):
         """One update from ``grads``, every group with its own hyper-parameters in one native
-        call; clipping and return value as :meth:`Adam.step`."""
+        call; clipping, return value and non-finite values as :meth:`Adam.step`."""
         where = "SGD.step"
         clip, mn = _native_max_norm(max_norm, where)
         gtable, keep = self._grads(grads, clip == 1, where)
