@@ -16,9 +16,9 @@ every vendor (with ``--vendor cuda`` every rank stages through the process's cur
 device 0: give each rank its own GPU with CUDA_VISIBLE_DEVICES).
 """
 import os
-import struct
 
 from .accumulate import TOKEN_LEAF
+from .random import _nearest_f32
 
 
 class Refusal(Exception):
@@ -59,7 +59,9 @@ class Ranks:
         """The whole batch's gradients (in place) and mean loss, from this rank's share's."""
         total = self.mt.Array.from_list([loss_sum])
         self.reduce_gradients(grads + [total], batch)
-        return _f32(total.tolist()[0] / _f32(float(batch)))   # one float32 division, as the loss's mean
+        # one float32 division, as the loss's mean: a quotient of two float32 values rounded from
+        # double to float32 is the float32 quotient (double carries over twice float32's precision)
+        return _nearest_f32(total.tolist()[0] / _nearest_f32(batch))
 
     def describe(self):
         return ", %d processes over gloo, this is rank %d" % (self.world, self.rank)
@@ -68,8 +70,3 @@ class Ranks:
         if self.owned:
             self.dist.destroy_process_group()
 
-
-def _f32(x):
-    """``x`` rounded to float32 (a quotient of two float32 values, rounded from double to float32,
-    is the float32 quotient: double carries more than twice float32's precision)."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]

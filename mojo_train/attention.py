@@ -22,12 +22,11 @@ backward takes it back (``dropout_key=``). Outputs are new arrays on the inputs'
 """
 import math
 import numbers
-import struct
 
 from . import _buffer, _ops
 from ._errors import where_msg
 from ._native import ffi
-from .random import DropoutKey, Generator, _uint64
+from .random import DropoutKey, Generator, _nearest_f32, _uint64
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward"]
 
@@ -105,11 +104,8 @@ def _scale(scale, d, where):
         raise TypeError(where_msg(where, "scale must be a real number or None, got %r" % (scale,)))
     else:
         value = float(scale) if abs(scale) < 1e39 else float("inf")
-    try:
-        f = struct.unpack("<f", struct.pack("<f", value))[0]
-    except OverflowError:
-        f = float("inf")
-    if not math.isfinite(f):
+    f = _nearest_f32(value)
+    if f is None or not math.isfinite(f):
         raise ValueError(where_msg(where, "scale must be finite in float32, got %r" % (scale,)))
     return f
 
@@ -118,11 +114,8 @@ def _dropout(dropout_p, generator, where):
     """dropout_p as a float32 in [0, 1) (as a Python float); a generator is needed above 0."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(where_msg(where, "dropout_p must be a real number, got %r" % (dropout_p,)))
-    try:
-        p32 = struct.unpack("<f", struct.pack("<f", float(dropout_p)))[0]
-    except OverflowError:                        # beyond a double, or beyond float32
-        p32 = 2.0
-    if not 0.0 <= p32 < 1.0:
+    p32 = _nearest_f32(dropout_p)                # None: beyond a double, or beyond float32
+    if p32 is None or not 0.0 <= p32 < 1.0:
         raise ValueError(where_msg(where, "dropout_p must be in [0, 1) after rounding to float32, got %r (1 would "
                                    "drop every pair)" % (dropout_p,)))
     if generator is not None and not isinstance(generator, Generator):
@@ -159,10 +152,7 @@ def _backward_dropout(p32, dropout_key, sizes, where):
     if dropout_key.size != b * h * tq * tk:
         raise ValueError(where_msg(where, "dropout_key covers %r pairs; this call has B*H*Tq*Tk = %d"
                                    % (dropout_key.size, b * h * tq * tk)))
-    try:                                                   # a key built by hand: the forward's p rules
-        key_p = None if isinstance(dropout_key.p, bool) else struct.unpack("<f", struct.pack("<f", dropout_key.p))[0]
-    except (TypeError, struct.error, OverflowError):
-        key_p = None
+    key_p = None if isinstance(dropout_key.p, bool) else _nearest_f32(dropout_key.p)   # a key built by hand
     if key_p is None or key_p != dropout_key.p or not 0.0 < key_p < 1.0:
         raise ValueError(where_msg(where, "dropout_key's p must be a float32 in (0, 1), as the forward's, got %r"
                                    % (dropout_key.p,)))

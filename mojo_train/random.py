@@ -76,12 +76,21 @@ def _shape(shape, where):
     return tuple(int(d) for d in dims), n
 
 
+def _nearest_f32(value):
+    """The float32 nearest to the number ``value`` (as a Python float), or None where there is
+    none: beyond float32's range (or a double's), or not a number at all."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
+    except (TypeError, ValueError, OverflowError, struct.error):
+        return None
+
+
 def _f32(value, name, where):
     """The float32 nearest to ``value`` (a finite real)."""
-    try:
-        return struct.unpack("<f", struct.pack("<f", _real(value, name, where)))[0]
-    except OverflowError:
-        raise ValueError(where_msg(where, "%s is outside float32's range, got %r" % (name, value))) from None
+    f = _nearest_f32(_real(value, name, where))
+    if f is None:
+        raise ValueError(where_msg(where, "%s is outside float32's range, got %r" % (name, value)))
+    return f
 
 
 class Generator:

@@ -173,7 +173,7 @@ def test_threads_split_a_fused_map_and_its_refusal_alike(map_mode, name, cfn, ar
     the same bytes as the checked call at 1 and 4 threads, and a NaN at a block's first or last
     element (4095, 4096) or deep in another thread's range is refused with the input named."""
     lib, n = map_mode.backend.lib, 70001
-    if not hasattr(lib, "mt_set_num_threads") or map_mode.vendor != "cpu":
+    if not map_mode.has("threads"):
         pytest.skip("the vendor has no thread pool")
     ins = [array.array("f", f32_array(4099, 31 + k, -6.0, 6.0)) * 18 for k in range(arity)]   # 73,782 >= n
     for buf in ins:
