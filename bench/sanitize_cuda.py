@@ -78,6 +78,22 @@ def build(canary_only=False):
             sys.exit("build failed: %s\n%s" % (" ".join(cmd), (p.stdout + p.stderr)[-3000:]))
 
 
+RECORD = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
+
+
+def ok_at_this_commit():
+    """{(tool, run)} recorded ok by the record's sections at this commit (not the canaries)."""
+    done, here = set(), False
+    if os.path.exists(RECORD):
+        for line in open(RECORD):
+            if line.startswith("## "):
+                here = re.search(r"commit (\S+)", line) is not None and re.search(r"commit (\S+)", line).group(1) == commit()
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if here and len(cells) == 5 and cells[4] == "ok" and not cells[1].startswith("canary"):
+                done.add((cells[0], cells[1]))
+    return done
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tools", default=",".join(TOOLS))
@@ -88,6 +104,9 @@ def main():
                     help="seconds for the whole command: runs still going then are killed and recorded "
                          "as unfinished, so the record is written inside one 10-minute GPU call")
     ap.add_argument("--no-build", action="store_true", help="use the libraries and canary already built")
+    ap.add_argument("--resume", action="store_true",
+                    help="leave out the card runs this file's earlier sections at this commit record ok (the same "
+                         "libraries and shards; the canaries always run)")
     ap.add_argument("--shard-factor", type=int, default=1,
                     help="cut each slow card into this many times its shards (more, shorter runs side by side)")
     args = ap.parse_args()
@@ -108,6 +127,9 @@ def main():
             jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
                       [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)])
                      for k in range(n)]
+    done = ok_at_this_commit() if args.resume else set()
+    resumed = len([j for j in jobs if (j[1], j[0]) in done])
+    jobs = [j for j in jobs if (j[1], j[0]) not in done]
     # The canaries first (is each tool live?), then the shards of the slow cards, then the rest.
     jobs.sort(key=lambda j: (not j[0].startswith("canary"), j[0].split()[0] not in SHARDS))
     deadline = t_start + args.deadline
@@ -137,10 +159,12 @@ def main():
               for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
     record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
               "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
-              "errors (the tool is live); a clean canary and every card must report 0."
+              "errors (the tool is live); a clean canary and every card must report 0.%s"
               % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),
-                 len(jobs), args.jobs, time.time() - t_start), ""] + table
-    path = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
+                 len(jobs), args.jobs, time.time() - t_start,
+                 " Resumed: %d runs left out, recorded ok in earlier sections at this commit." % resumed if resumed else ""),
+              ""] + table
+    path = RECORD
     if not os.path.exists(path):
         record = ["# compute-sanitizer over the cards (make sanitize-cuda)", "",
                   "Appended by bench/sanitize_cuda.py, one section per run."] + record
