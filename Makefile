@@ -83,7 +83,7 @@ $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 ASAN_LIBS := $(foreach m,$(NUMERIC_MODES),$(BUILD)/asan/libmojo_train_cpu_$(m).$(SO))
 ASAN_PRELOAD = $(shell $(CC) -print-file-name=libasan.so):$(shell $(CC) -print-file-name=libubsan.so)
-ASAN_TESTS ?= tests
+ASAN_TESTS ?= $(XDIST) tests
 
 $(BUILD)/asan/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
 	$(call cpu_lib,$(MODE_FLAGS_$*) $(SANITIZE_FLAGS))
@@ -180,8 +180,14 @@ $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS)
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
 
+# The suite runs on every core when pytest-xdist is installed (README's set-up command installs
+# it): one worker process per core (TEST_WORKERS=1 runs it in this process). The tests keep no
+# state between files that a worker could miss, and the GPU machine's runs use it too.
+TEST_WORKERS ?= auto
+XDIST = $(shell $(PYTHON) -c "import xdist" 2>/dev/null && test "$(TEST_WORKERS)" != 1 && echo "-n $(TEST_WORKERS)")
+
 test: all
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q $(XDIST) tests
 
 selfcheck: all
 	$(PYTHON) -m mojo_train selfcheck

@@ -133,8 +133,15 @@ __device__ __forceinline__ float elt(float a, float b) {
     }
 }
 
-/* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. */
+/* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. A
+ * thread loads MT_MAP_UNROLL groups (a grid stride apart, so a warp's loads stay coalesced)
+ * before it computes and stores any: the compiler cannot move a load above a store to `out`
+ * (it may alias an input), so one group per trip would leave one load in flight per thread,
+ * too few to cover the memory latency. Each element is still read before the same thread
+ * writes it, so an in-place call (out == a) reads what it was given. The empty asm statement
+ * after the loads stops the compiler from sinking each load to its first use. */
 /* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). */
+#define MT_MAP_UNROLL 4
 template <int OP, int VEC, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
                                                        mt_gpu_flag flag) {
@@ -142,7 +149,26 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     bool bad_a = false, bad_b = false;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = VEC ? n / 4 : 0;
-    for (int64_t g = start; g < groups; g += stride) {
+    int64_t g = start;
+    for (; g + (MT_MAP_UNROLL - 1) * stride < groups; g += MT_MAP_UNROLL * stride) {
+        float4 qa[MT_MAP_UNROLL], qb[MT_MAP_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MT_MAP_UNROLL; u++) {
+            qa[u] = ((const float4 *)a)[g + u * stride];
+            qb[u] = unary(OP) ? qa[u] : ((const float4 *)b)[g + u * stride];
+        }
+        asm volatile("" ::: "memory");   /* keeps the loads ahead of the arithmetic (nvcc sinks them) */
+#pragma unroll
+        for (int u = 0; u < MT_MAP_UNROLL; u++) {
+            if (FUSED) {
+                bad_a |= any_bad4(qa[u]);
+                if (!unary(OP)) bad_b |= any_bad4(qb[u]);
+            }
+            ((float4 *)out)[g + u * stride] = make_float4(elt<OP>(qa[u].x, qb[u].x), elt<OP>(qa[u].y, qb[u].y),
+                                                          elt<OP>(qa[u].z, qb[u].z), elt<OP>(qa[u].w, qb[u].w));
+        }
+    }
+    for (; g < groups; g += stride) {
         float4 qa = ((const float4 *)a)[g];
         float4 qb = unary(OP) ? qa : ((const float4 *)b)[g];
         if (FUSED) {
