@@ -100,7 +100,9 @@ asan: $(call with_manifests,$(ASAN_LIBS))
 # a freed block it kept would hide a use after free from the sanitizer (its tests are left out).
 # ASAN_TEST_MODES=identical runs the fixtures' identical numeric mode only (CI does, to fit its time;
 # the other modes are the same C code compiled with contraction).
+# ASAN_LEAVE_OUT: tests CI leaves out of its run (the long command `make asan-test` runs them all).
 ASAN_TEST_MODES ?=
+ASAN_LEAVE_OUT ?=
 asan-test: asan
 	MOJO_TRAIN_TEST_NUMERIC_MODES=$(ASAN_TEST_MODES) \
 	LD_PRELOAD=$(ASAN_PRELOAD) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -110,7 +112,7 @@ asan-test: asan
 	--ignore=tests/test_attention_emulated.py --ignore=tests/test_distributed.py --ignore=tests/test_host_blocks.py \
 	--deselect tests/test_demo.py::test_the_distributed_demo_prints_one_process_digests \
 	--deselect tests/test_demo.py::test_a_distributed_demo_that_cannot_split_the_batch_is_refused_on_every_rank \
-	$(ASAN_TESTS)
+	$(ASAN_LEAVE_OUT) $(ASAN_TESTS)
 
 # ThreadSanitizer over the tests that run the thread pool or call from several threads. Left
 # out: the fork test (TSan cannot follow fork), the nvcc test, and the C host's threads test

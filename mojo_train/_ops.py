@@ -8,9 +8,11 @@ the native call fills them, and on refusal they are dropped, so nothing the call
 ever written. A refusal from the native library is raised by ``check``, naming the arguments
 as the caller spelled them where the C names differ (``hidden`` -> ``input``, ...).
 """
+import contextlib
 import numbers
 import operator
 import re
+import threading
 
 from . import _buffer
 from ._array import Array
@@ -128,9 +130,32 @@ def placement(where, numeric_mode, **probes):
     return backend, on_device
 
 
+_DEVICE_OUTPUTS = threading.local()
+
+
+@contextlib.contextmanager
+def device_outputs(allocate):
+    """Within this block, on this thread, every device output an entry point allocates is
+    ``allocate(shape, numeric_mode)`` (an uninitialised float32 DeviceArray of that shape) instead
+    of a DeviceArray of the library's own memory: the torch adapter passes torch's caching
+    allocator, so a result is a torch tensor already -- no allocation and synchronization of
+    ours, no DLPack capsule, no device-wide synchronization when torch drops it. Private."""
+    previous = getattr(_DEVICE_OUTPUTS, "allocate", None)
+    _DEVICE_OUTPUTS.allocate = allocate
+    try:
+        yield
+    finally:
+        _DEVICE_OUTPUTS.allocate = previous
+
+
 def out_f32(shape, on_device, numeric_mode):
-    """An uninitialised float32 output on the chosen side."""
+    """An uninitialised float32 output on the chosen side (device_outputs' allocator within one,
+    for a non-empty device output: an empty torch tensor's address is NULL, which some entry
+    points refuse for an output)."""
     if on_device:
+        allocate = getattr(_DEVICE_OUTPUTS, "allocate", None)
+        if allocate is not None and all(shape):     # an empty one keeps a non-null address of ours
+            return allocate(tuple(shape), numeric_mode)
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
     return Array.empty(shape, "float32")
 

@@ -46,6 +46,16 @@ class _Allocation:
             pass
 
 
+class _Borrowed:
+    """Device memory another library allocated (``owner``, e.g. a torch tensor, keeps it alive
+    for as long as an array views it); never freed here."""
+
+    __slots__ = ("backend", "ptr", "nbytes", "owner")
+
+    def __init__(self, backend, ptr, nbytes, owner):
+        self.backend, self.ptr, self.nbytes, self.owner = backend, int(ptr), nbytes, owner
+
+
 def _checked_shape(shape, dtype):
     """(shape tuple, element count) of a DeviceArray of ``dtype``, refused by name when bad."""
     if dtype not in _TYPESTR:
@@ -79,6 +89,21 @@ class DeviceArray:
         shape, n = _checked_shape(shape, dtype)
         alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), n * _ITEMSIZE[dtype])
         return cls(shape, dtype, _alloc=alloc)
+
+    @classmethod
+    def _borrowing(cls, shape, ptr, owner, dtype="float32", numeric_mode=None):
+        """An uninitialised DeviceArray over device memory at ``ptr`` that ``owner`` allocated
+        (at least the array's bytes) and keeps alive: the torch adapter's outputs, made by
+        torch's caching allocator (mojo_train._ops.device_outputs). Private."""
+        shape, n = _checked_shape(shape, dtype)
+        alloc = _Borrowed(gpu_backend(numeric_mode, "DeviceArray"), ptr, n * _ITEMSIZE[dtype], owner)
+        return cls(shape, dtype, _alloc=alloc)
+
+    def _borrowed_from(self):
+        """The object whose memory this array is, from its first byte to its last (the owner
+        given to ``_borrowing``), or None: memory of our own, or a part of borrowed memory."""
+        a = self._alloc
+        return a.owner if isinstance(a, _Borrowed) and self._offset == 0 and self.nbytes == a.nbytes else None
 
     def _zero(self):
         """Zero-fill on the device (a kernel; nothing crosses the bus)."""

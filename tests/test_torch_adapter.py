@@ -11,6 +11,7 @@ nodes in decreasing creation order), bit for bit the native ``add`` of the nativ
 a tiny model's ``loss.backward()`` gives the bytes of a hand-written native version, the
 same in a fresh process, and on CUDA the CPU oracle's.
 """
+import gc
 import hashlib
 import os
 import re
@@ -772,6 +773,67 @@ def test_cuda_outputs_stay_on_the_device_without_crossing_the_bus(identical):
     after = mt.transfer_bytes("identical")
     assert y.device == cuda and x.grad.device == cuda and layer.weight.grad.device == cuda
     assert sum(after) - sum(before) <= 1024             # status words only: no tensor (32 KiB) is staged
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_results_can_be_modified_in_place_as_torchs_can(identical, device_type):
+    """No result is a view made inside a Function (autograd forbids modifying those in place):
+    RMSNorm's and Linear's outputs modified in place, then SiLU in place, give the bits and
+    gradients of the same model written out of place."""
+    device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
+    _need(identical, device, "linear", "rms_norm", "elementwise")
+    layer = nn.Linear(16, 8, numeric_mode="identical").to(device)
+    norm = nn.RMSNorm(16, numeric_mode="identical").to(device)
+    x0 = _rand((2, 3, 16), 59, device=device)
+
+    def run(inplace):
+        layer.zero_grad()
+        norm.zero_grad()
+        x = _leaf(x0)
+        h = norm(x)
+        h = h.mul_(2.0) if inplace else h * 2.0
+        y = layer(h)
+        y = F.silu(y.add_(1.0), inplace=True, numeric_mode="identical") if inplace else \
+            F.silu(y + 1.0, numeric_mode="identical")
+        y.sum().backward()
+        return [_bits(t) for t in (y, x.grad, layer.weight.grad, layer.bias.grad, norm.weight.grad)]
+
+    assert run(True) == run(False)
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_an_empty_batch_gives_torchs_empty_per_row_losses(identical, device_type):
+    """reduction='none' over zero rows: an empty (0,) loss on the inputs' device, as torch gives
+    (on CUDA the empty output keeps an address of the library's own: an empty torch tensor's is
+    NULL, which the native call would refuse)."""
+    device = torch.device("cuda:0" if device_type == "cuda" else "cpu")
+    _need(identical, device, "loss")
+    logits, targets = torch.zeros((0, 5), device=device), torch.zeros((0,), dtype=torch.long, device=device)
+    got = F.cross_entropy(logits, targets, reduction="none", numeric_mode="identical")
+    want = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    assert got.shape == want.shape == (0,) and got.device == device
+
+
+def test_cuda_results_are_torch_tensors_of_torchs_allocator_not_dlpack_imports(identical):
+    """On CUDA the outputs a native call allocates are torch.empty tensors (mojo_train._ops.
+    device_outputs): torch's allocator counts them, and nothing is exported through DLPack."""
+    from mojo_train import _dlpack
+    cuda = torch.device("cuda:0")
+    _need(identical, cuda, "linear", "rms_norm")
+    layer = nn.Linear(256, 512, numeric_mode="identical").to(cuda)
+    norm = nn.RMSNorm(256, numeric_mode="identical").to(cuda)
+    x = _leaf(_rand((1024, 256), 58, device=cuda))
+    gc.collect()                    # earlier tests' garbage is not freed inside the measured calls
+    torch.cuda.synchronize()
+    exports, held = _dlpack.live_exports(), torch.cuda.memory_allocated(cuda)
+    y = layer(norm(x))
+    assert torch.cuda.memory_allocated(cuda) - held >= y.numel() * 4 + x.numel() * 4   # y and norm(x)
+    assert y.untyped_storage().nbytes() == y.numel() * 4
+    y.backward(torch.ones_like(y))
+    assert _dlpack.live_exports() == exports
+    want_y = F.linear(F.rms_norm(x.detach().cpu(), (256,), norm.weight.detach().cpu(), numeric_mode="identical"),
+                      layer.weight.detach().cpu(), layer.bias.detach().cpu(), numeric_mode="identical")
+    assert _bits(y.detach().cpu()) == _bits(want_y)
 
 
 # ---- the default generator, the README ----------------------------------------------------------

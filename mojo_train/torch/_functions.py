@@ -9,8 +9,10 @@ contiguous here (``_tensors.dense``: a copy, as torch's own kernels make) and ha
 native API as the Probes ``_tensors.probed`` reads from torch's metadata, the ones its own checks
 would make (the embedding's ids, a loss's class targets and an attention mask go as tensors: the
 native API probes those itself). Outputs are torch tensors: ``torch.empty`` passed as ``out=``
-where the native call takes one (SiLU, dropout), otherwise the array the native call allocated,
-wrapped without a copy (``_tensors.as_torch``).
+where the native call takes one (SiLU, GELU, dropout); otherwise what the native call allocated:
+on CUDA torch tensors already (``_tensors.native`` lends it torch's allocator), on the CPU its
+Array wrapped without a copy (``_tensors.as_torch``). No output is a view (in-place ops on it
+stay allowed).
 Saved for backward: linear's input and weight, RMSNorm's input and weight, the embedding's ids,
 SiLU's input, ReLU's output, dropout's key (never its mask), and the losses' gradients, which
 the native losses return from the forward call. A loss's backward multiplies those by the
@@ -106,7 +108,7 @@ def _norm_forward(ctx, fn, input, params, normalized_shape, eps, numeric_mode, w
     ctx.save_for_backward(rows, *flat)
     ctx.eps, ctx.numeric_mode, ctx.where = eps, numeric_mode, where
     ctx.shape, ctx.normalized_shape = x.shape, normalized_shape
-    return as_torch(y, x.device).view(x.shape)
+    return as_torch(y, x.device).view(x.shape).detach()   # not a view: in-place ops on it stay allowed
 
 
 def _norm_backward(ctx, fn, dy):
@@ -278,9 +280,10 @@ class ReLUFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        y = dense(y)            # a copy (if any) on torch's stream, before the wait for it
         dy = _incoming(dy)
         dx = _backward(ctx, {"x": "the output", "dy": "grad_output"}, _elementwise.relu_backward,
-                    probed(dy), probed(dense(y)), numeric_mode=ctx.numeric_mode)
+                    probed(dy), probed(y), numeric_mode=ctx.numeric_mode)
         return as_torch(dx, dy.device), None, None, None
 
 

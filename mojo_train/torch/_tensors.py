@@ -8,18 +8,20 @@ every tensor of a call on one device: the CPU, or cuda:0 (the GPU vendor's one d
 what torch's own kernels make of a strided input. ``native`` makes a native call, its refusal
 worded for the adapter's caller (``where``, the user's argument names). ``as_torch`` wraps what
 a native call returned as a torch tensor without copying: a ``mojo_train.Array`` through
-``torch.frombuffer`` over its own memory, a ``DeviceArray`` through DLPack (the tensor keeps
-the array alive); a loss returned as a Python float becomes a 0-d tensor on the inputs' device
-(4 bytes copied there).
+``torch.frombuffer`` over its own memory; on CUDA the outputs a native call allocates are
+``torch.empty`` tensors already (``native`` lends it torch's caching allocator), returned as
+they are, and any other ``DeviceArray`` goes through DLPack (the tensor keeps the array alive);
+a loss returned as a Python float becomes a 0-d tensor on the inputs' device (4 bytes copied
+there). No result is a view (in-place ops on it stay allowed in autograd).
 
 ``probed`` hands the native API, in place of a tensor, the ``Probe`` its own ``_buffer.probe``
 would make of it (dtype, shape, sizes, address, contiguity, side, the tensor as ``obj`` and
 ``versioned``; on the CPU a memoryview over the memory, kept alive by the tensor), read from
 torch's metadata -- ``data_ptr``, ``shape``, ``dtype``, ``numel`` -- instead of through a DLPack
 capsule (CPU) or ``__cuda_array_interface__`` (CUDA): the same fields, so the same checks, bits
-and refusals, at a fraction of the cost (on the CPU 3 us against 25 or more). Anything unusual -- another dtype or layout, a strided,
-empty or negated view, a tensor subclass, another device type -- is handed over as the tensor
-itself, which the native API probes as before.
+and refusals, at a fraction of the cost (on the CPU 3 us against 25 or more). Anything unusual
+-- another dtype or layout, a strided, empty or negated view, a tensor subclass, another device
+type -- is handed over as the tensor itself, which the native API probes as before.
 
 Streams (CUDA). Every native CUDA entry point runs on the calling thread's per-thread default
 stream (``cudaStreamPerThread``) and synchronizes it before returning (it reads back its
@@ -29,15 +31,25 @@ is ordered before ours only when that stream is the legacy default stream (the p
 stream is a blocking stream: its work waits for the legacy stream's, by CUDA's rule), not when it
 is a stream of torch's pool (``torch.cuda.Stream()`` creates non-blocking ones). So
 ``wait_for_torch`` does nothing on torch's default stream (handle 0) and, on any other stream,
-synchronizes it on the host before the native call: correct on every stream, no event, no copy. A ``DeviceArray`` output is freed through
-``mt_device_free``, which synchronizes the device first (so no stream still reads it).
+synchronizes it on the host before the native call: correct on every stream, no event, no
+copy. The outputs a native call allocates on CUDA are ``torch.empty`` tensors made on torch's
+current stream (torch's caching allocator): any earlier use of that memory was torch work on
+that stream, finished before the call (by the rule above or the host synchronization), and the
+call is complete when torch gets the tensor, so torch may reuse the memory at once when it drops
+it. Under torch's deterministic algorithms torch.empty also queues a NaN fill, waited for
+(``new_tensor``) where CUDA's rule does not order it. An error inside a call (not a refusal,
+which comes after the call's synchronization) synchronizes the device before the outputs go back
+to torch. (torch's ``cudaMallocAsync`` allocator backend on a non-default stream is not covered:
+its reuse dependency is a stream wait that the per-thread stream does not see.) A
+``DeviceArray`` of our own is freed through ``mt_device_free``, which synchronizes the device
+first (so no stream still reads it).
 """
 import torch
 
 from .._array import Array
 from .._buffer import Probe
 from .._errors import where_msg
-from .._ops import rename_arguments
+from .._ops import device_outputs, rename_arguments
 from .._probe import _owned_view
 from ..device import DeviceArray
 
@@ -103,11 +115,43 @@ def device_of(where, **tensors):
     return dev
 
 
+def _cuda_device(args, kwargs):
+    """The CUDA device of the first CUDA tensor (or Probe of one) among a native call's
+    arguments, or None: a call on the CPU."""
+    for a in args + tuple(kwargs.values()):
+        t = a.obj if isinstance(a, Probe) else a
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            return t.device
+    return None
+
+
+def _torch_outputs(device):
+    """device_outputs' allocator: each output a float32 ``torch.empty`` on ``device`` (torch's
+    caching allocator, on torch's current stream), viewed as a DeviceArray that keeps it alive."""
+    def allocate(shape, numeric_mode):
+        t = new_tensor(shape, torch.float32, device)
+        return DeviceArray._borrowing(shape, t.data_ptr(), t, numeric_mode=numeric_mode)
+    return allocate
+
+
 def native(where, names, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` (a mojo_train entry point); its refusal is raised again as from
-    ``where``, with its argument names replaced by the user's (``names``: native -> user)."""
+    ``where``, with its argument names replaced by the user's (``names``: native -> user). On
+    CUDA, the outputs the call allocates are torch tensors (``_torch_outputs``), which
+    ``as_torch`` returns as they are."""
+    device = _cuda_device(args, kwargs)
     try:
-        return fn(*args, **kwargs)
+        if device is None:
+            return fn(*args, **kwargs)
+        try:
+            with device_outputs(_torch_outputs(device)):
+                return fn(*args, **kwargs)
+        except BaseException:
+            # A refusal comes after the call's synchronization, but an internal error (a scratch
+            # allocation failing after a launch) may leave kernels writing into the torch outputs,
+            # which go back to torch's allocator now: let them finish first.
+            torch.cuda.synchronize(device)
+            raise
     except (ValueError, TypeError, IndexError, NotImplementedError) as exc:
         text = str(exc)
         if not text.startswith("mojo_train."):
@@ -173,9 +217,29 @@ def wait_for_torch(device):
             stream.synchronize()
 
 
+def _fills_new_memory():
+    """Whether torch.empty queues a fill of the new memory (deterministic algorithms with
+    ``torch.utils.deterministic.fill_uninitialized_memory``, on by default there)."""
+    if not torch.are_deterministic_algorithms_enabled():
+        return False
+    deterministic = getattr(torch.utils, "deterministic", None)
+    return bool(getattr(deterministic, "fill_uninitialized_memory", True))
+
+
+def new_tensor(shape, dtype, device):
+    """``torch.empty(shape)`` for a native call to write. Under torch's deterministic algorithms
+    torch.empty queues a NaN fill on torch's current stream; on a stream other than the legacy
+    default one (whose work ours waits for by CUDA's rule) that fill is waited for here, so it
+    cannot land after the native call's writes."""
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if t.is_cuda and _fills_new_memory():
+        wait_for_torch(t.device)
+    return t
+
+
 def empty_like(t):
     """A new C-contiguous tensor shaped like ``t`` on its device, for a native ``out=``."""
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return new_tensor(t.shape, t.dtype, t.device)
 
 
 def as_torch(result, device):
@@ -186,9 +250,13 @@ def as_torch(result, device):
     if isinstance(result, float):
         return torch.tensor(result, dtype=torch.float32, device=device)
     if isinstance(result, DeviceArray):
+        owner = result._borrowed_from()        # a torch tensor made by _torch_outputs: itself
+        if isinstance(owner, torch.Tensor):
+            return owner if tuple(owner.shape) == tuple(result.shape) else owner.view(result.shape).detach()
         return torch.from_dlpack(result)
     if isinstance(result, Array):
         if result.nbytes == 0:
             return torch.empty(result.shape, dtype=torch.float32)
-        return torch.frombuffer(result.memview().cast("B"), dtype=torch.float32).view(result.shape)
+        # detached: a view made inside a Function's forward could not be modified in place later
+        return torch.frombuffer(result.memview().cast("B"), dtype=torch.float32).view(result.shape).detach()
     return result       # already a torch tensor (an out= the call wrote)
