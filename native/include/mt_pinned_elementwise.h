@@ -185,12 +185,25 @@ MT_HD float mt_attn_drop(float x, uint64_t seed, uint64_t stream, uint64_t eleme
     return mt_dropout_elem(x, mt_philox_word(seed, stream, element), p, scale);
 }
 
+/* mt_expf(x), the same bits for every x (mt_expf_mid is mt_expf on its range, checked for
+ * every float there by bench/expf_identity.c). GPU device code takes the branch: a warp whose
+ * lanes all lie in the range -- almost every warp of real data -- skips the clamp and the
+ * subnormal scaling. The CPU keeps the branch-free mt_expf, which its loops vectorize. */
+MT_HD float mt_expf_ranged(float x) {
+    return (x >= MT_EXPF_MID_LO && x <= MT_EXPF_MID_HI) ? mt_expf_mid(x) : mt_expf(x);
+}
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define MT_ELT_EXPF mt_expf_ranged
+#else
+#define MT_ELT_EXPF mt_expf
+#endif
+
 /* ---- SiLU and the residual add ----------------------------------------------------------
  * silu(x) = x / d with d = 1 + mt_expf(-x) (= x * sigmoid(x); e = +inf for x < -88.72
  * gives -0, never NaN). Gradient: dy * (s * (1 + x * t)) with s = 1 / d and t = 1 - s,
  * formed as e * s for x > 0 (no cancellation) and as 1 - s otherwise. */
 MT_HD float mt_silu(float x) {
-    float d = 1.0f + mt_expf(-x);
+    float d = 1.0f + MT_ELT_EXPF(-x);
 #if MT_SAB_ELEMENTWISE
     return x * (1.0f / d);
 #else
@@ -199,7 +212,7 @@ MT_HD float mt_silu(float x) {
 }
 
 MT_HD float mt_silu_grad(float dy, float x) {
-    float e = mt_expf(-x);
+    float e = MT_ELT_EXPF(-x);
     float s = 1.0f / (1.0f + e);
     float t = mt_math_pick(x > 0.0f, e * s, 1.0f - s);
     return dy * (s * MT_ELT_MADD(x, t, 1.0f));
@@ -241,7 +254,7 @@ MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * (1.0f + mt_erff(mt_gelu_u
 
 MT_HD float mt_gelu_erf_grad(float dy, float x) {
     float cdf = 0.5f * (1.0f + mt_erff(mt_gelu_u(x)));
-    float pdf = MT_GELU_PDF * mt_expf((x * x) * -0.5f);
+    float pdf = MT_GELU_PDF * MT_ELT_EXPF((x * x) * -0.5f);
     return dy * MT_ELT_MADD(x, pdf, cdf);
 }
 
