@@ -8,9 +8,14 @@ MOJO_TRAIN_VENDOR=cuda: each card's cases on host buffers and on device buffers,
 identical library. The tool x card runs go in parallel (the sanitizers are bound by the host CPU).
 Every run must end with compute-sanitizer's ``ERROR SUMMARY: 0 errors`` and the card passing.
 The record (GPU, commit, per tool x card: errors and seconds) is appended to
-bench/results/sanitize-cuda.md (and copied to $OUT when set).
+bench/results/sanitize-cuda.md (and copied to $OUT when set). One GPU call cannot hold every
+run (a racecheck shard of lm_head takes 4-5 minutes): runs start longest first by the times the
+record holds, a run the record says cannot finish before --deadline is not started (its slot goes
+to a shorter one), and --resume leaves out what a record at the same commit already holds, so
+that successive calls complete the matrix.
 
     python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
+                                  [--resume] [--deadline S]
 """
 import argparse
 import concurrent.futures
@@ -94,6 +99,17 @@ def ok_at_this_commit():
     return done
 
 
+def recorded_seconds():
+    """{(tool, run): the longest time a finished run of it took}, over every section of the record."""
+    took = {}
+    if os.path.exists(RECORD):
+        for line in open(RECORD):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 5 and cells[4] == "ok" and cells[3].isdigit():
+                took[(cells[0], cells[1])] = max(took.get((cells[0], cells[1]), 0), int(cells[3]))
+    return took
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tools", default=",".join(TOOLS))
@@ -130,13 +146,23 @@ def main():
     done = ok_at_this_commit() if args.resume else set()
     resumed = len([j for j in jobs if (j[1], j[0]) in done])
     jobs = [j for j in jobs if (j[1], j[0]) not in done]
-    # The canaries first (is each tool live?), then the shards of the slow cards, then the rest.
-    jobs.sort(key=lambda j: (not j[0].startswith("canary"), j[0].split()[0] not in SHARDS))
+    # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
+    # time for first), so that the last ones to start are the short ones.
+    took = recorded_seconds()
+    jobs.sort(key=lambda j: (not j[0].startswith("canary"), -took.get((j[1], j[0]), float("inf"))))
     deadline = t_start + args.deadline
+
+    def start(job):
+        what, tool, cmd = job
+        left = min(args.timeout, deadline - time.time())
+        if took.get((tool, what), 0) > left:     # it could not finish: leave the slot to another run
+            return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
+                took[(tool, what)], left)
+        return (what, tool) + sanitized(tool, cmd, left)
+
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        futures = [pool.submit(lambda j: (j[0], j[1]) + sanitized(j[1], j[2], min(args.timeout, deadline - time.time())), j)
-                   for j in jobs]
+        futures = [pool.submit(start, j) for j in jobs]
         for f in concurrent.futures.as_completed(futures):   # each line as it ends
             what, tool, errors, seconds, rc, out = f.result()
             results.append(f.result())
