@@ -287,14 +287,18 @@ run_cards = export MOJO_TRAIN_VENDOR=cpu MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUI
 	sys.exit(None if p.startswith('$(abspath $(BUILD))/$(1)/') else 'that is not the $(1) build')" && \
 	$(2) -m mojo_train selfcheck
 
+# The builds use both cores, and the three card runs go side by side (each one process; the two
+# under qemu take the longest), each run's output kept together (--output-sync).
+AARCH64_RUN = qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11
 portability:
-	$(MAKE) --no-print-directory CC="$(CLANG)" BUILD=$(BUILD)/clang
-	$(MAKE) --no-print-directory CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
-	$(MAKE) --no-print-directory CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang
+	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang
+	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
+	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang
 	sh tests/cross/aarch64_python.sh $(AARCH64_PY)
-	$(call run_cards,clang,$(PYTHON))
-	$(call run_cards,aarch64-gcc,qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11)
-	$(call run_cards,aarch64-clang,qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11)
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(addprefix portable-cards-,$(PORTABLE_BUILDS))
+
+portable-cards-%:
+	$(call run_cards,$*,$(if $(filter aarch64-%,$*),$(AARCH64_RUN),$(PYTHON)))
 
 .PHONY: portability
 
