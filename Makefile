@@ -273,7 +273,8 @@ example: $(BUILD)/train_xor
 # under qemu-aarch64 (user mode), with Debian's interpreter fetched into $(AARCH64_PY) by
 # tests/cross/aarch64_python.sh. The one card reader (python -m mojo_train selfcheck) checks each
 # build; any differing line fails the target. Needs clang, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user
-# (Debian's packages; .ci/run installs them). Not part of `all`: about a minute and a half here.
+# (Debian's packages; .ci/run installs them). Not part of `all`: 3 min 21 s here from nothing
+# (the interpreter fetched, the 9 libraries built, 3 x 13 cards).
 CLANG ?= clang
 AARCH64_GCC ?= aarch64-linux-gnu-gcc
 AARCH64_CLANG ?= $(CLANG) --target=aarch64-linux-gnu
