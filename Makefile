@@ -183,10 +183,13 @@ check-cuda:
 	$(PYTHON) bench/check_cuda.py
 
 # The suite runs on every core when pytest-xdist is installed (README's set-up command installs
-# it): one worker process per core (TEST_WORKERS=1 runs it in this process). The tests keep no
-# state between files that a worker could miss, and the GPU machine's runs use it too.
-TEST_WORKERS ?= auto
-XDIST = $(shell $(PYTHON) -c "import xdist" 2>/dev/null && test "$(TEST_WORKERS)" != 1 && echo "-n $(TEST_WORKERS)")
+# it): one worker process per logical core (xdist's `auto` counts physical cores where psutil is
+# installed: one on a 2-vCPU hyperthreaded runner); TEST_WORKERS=1 (or empty) runs it in this
+# process. The tests keep no state between files that a worker could miss, and the GPU machine's
+# runs use it too.
+TEST_WORKERS ?= logical
+XDIST = $(shell $(PYTHON) -c "import xdist" 2>/dev/null && test -n "$(TEST_WORKERS)" && test "$(TEST_WORKERS)" != 1 \
+	&& echo "-n $(TEST_WORKERS)")
 
 test: all
 	$(PYTHON) -m pytest -q $(XDIST) tests
@@ -296,12 +299,14 @@ portability:
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang
 	sh tests/cross/aarch64_python.sh $(AARCH64_PY)
-	$(MAKE) --no-print-directory -j3 --output-sync=target $(addprefix portable-cards-,$(PORTABLE_BUILDS))
+	$(MAKE) --no-print-directory -j3 --output-sync=target $(PORTABLE_CARDS)
 
-portable-cards-%:
+# A static pattern rule, so that the card runs can be phony (a file of that name cannot skip one).
+PORTABLE_CARDS := $(addprefix portable-cards-,$(PORTABLE_BUILDS))
+$(PORTABLE_CARDS): portable-cards-%:
 	$(call run_cards,$*,$(if $(filter aarch64-%,$*),$(AARCH64_RUN),$(PYTHON)))
 
-.PHONY: portability
+.PHONY: portability $(PORTABLE_CARDS)
 
 # ---- GPU sanitizers (make sanitize-cuda): compute-sanitizer's memcheck, racecheck, initcheck and
 # synccheck over every card on host and device buffers, each tool first shown live on a planted

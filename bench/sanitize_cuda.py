@@ -87,26 +87,38 @@ RECORD = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
 
 
 def ok_at_this_commit():
-    """{(tool, run)} recorded ok by the record's sections at this commit (not the canaries)."""
-    done, here = set(), False
+    """{(tool, run)} recorded ok by the record's sections at this commit (not the canaries), each
+    counted only from a section where that tool's canary and clean canary were ok (the tool was
+    shown live there)."""
+    here = commit()
+    if here == "unknown":
+        sys.exit("--resume needs the commit (run from a git checkout, or set MT_COMMIT)")
+    done, sections = set(), []
     if os.path.exists(RECORD):
         for line in open(RECORD):
             if line.startswith("## "):
-                here = re.search(r"commit (\S+)", line) is not None and re.search(r"commit (\S+)", line).group(1) == commit()
+                m = re.search(r"commit (\S+)", line)
+                sections.append((m is not None and m.group(1) == here, []))
+                continue
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if here and len(cells) == 5 and cells[4] == "ok" and not cells[1].startswith("canary"):
-                done.add((cells[0], cells[1]))
+            if sections and len(cells) == 5 and cells[4] in ("ok", "FAILED", "not finished"):
+                sections[-1][1].append(cells)
+    for at_commit, rows in sections:
+        if not at_commit:
+            continue
+        live = {t for t in TOOLS if {(r[0], r[1], r[4]) for r in rows} >= {(t, "canary", "ok"), (t, "canary clean", "ok")}}
+        done |= {(r[0], r[1]) for r in rows if r[4] == "ok" and r[0] in live and not r[1].startswith("canary")}
     return done
 
 
 def recorded_seconds():
-    """{(tool, run): the longest time a finished run of it took}, over every section of the record."""
+    """{(tool, run): the time its latest finished run took}, over every section of the record."""
     took = {}
     if os.path.exists(RECORD):
         for line in open(RECORD):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if len(cells) == 5 and cells[4] == "ok" and cells[3].isdigit():
-                took[(cells[0], cells[1])] = max(took.get((cells[0], cells[1]), 0), int(cells[3]))
+                took[(cells[0], cells[1])] = int(cells[3])     # the latest finished run's time
     return took
 
 
@@ -155,10 +167,14 @@ def main():
     def start(job):
         what, tool, cmd = job
         left = min(args.timeout, deadline - time.time())
-        if took.get((tool, what), 0) > left:     # it could not finish: leave the slot to another run
+        before = took.get((tool, what))
+        if before is not None and before > left:     # it could not finish: leave the slot to another run
             return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
-                took[(tool, what)], left)
-        return (what, tool) + sanitized(tool, cmd, left)
+                before, left)
+        try:
+            return (what, tool) + sanitized(tool, cmd, left)   # left <= 0: not started, by sanitized
+        except Exception as exc:        # recorded as a failed run: the record is written whatever happens
+            return what, tool, None, 0.0, None, "[could not run: %r]" % (exc,)
 
     results = []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:

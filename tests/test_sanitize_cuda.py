@@ -1,0 +1,107 @@
+"""bench/sanitize_cuda.py's scheduling and --resume, with compute-sanitizer stubbed (no GPU here).
+
+Contract under test: its docstring. A run the record says cannot finish before the deadline is
+not started (recorded "not finished"); a run with no recorded time is started, and one started
+after the deadline is recorded "not finished" (not a crash: the record is always written); an
+exception in a run is a FAILED row; --resume leaves out only the card runs a section at this
+commit recorded ok with that tool's canary and clean canary ok in the same section, and refuses
+to guess an unknown commit.
+"""
+import os
+import sys
+
+import pytest
+
+from _helpers import REPO
+
+sys.path.insert(0, os.path.join(REPO, "bench"))
+import sanitize_cuda as S  # noqa: E402
+
+HEADER = "| tool | run | errors reported | seconds | outcome |\n| --- | --- | --- | --- | --- |\n"
+
+
+def _run(monkeypatch, tmp_path, record, argv, sanitized, commit="abc1234"):
+    """main() over ``record`` (the text of an earlier record file); (exit code, rows {(tool, run):
+    outcome} of the section it appended, the runs started)."""
+    path = tmp_path / "sanitize-cuda.md"
+    path.write_text(record)
+    started = []
+
+    def fake(tool, cmd, timeout):
+        started.append((tool, cmd[-1]))
+        return sanitized(tool, cmd, timeout)
+
+    monkeypatch.setattr(S, "RECORD", str(path))
+    monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(S, "sanitized", fake)
+    monkeypatch.setattr(S, "commit", lambda: commit)
+    monkeypatch.setattr(S, "gpu_name", lambda: "stub GPU")
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(sys, "argv", ["sanitize_cuda.py", "--no-build"] + argv)
+    with pytest.raises(SystemExit) as exit_:
+        S.main()
+    appended = path.read_text()[len(record):]
+    rows = {}
+    for line in appended.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in S.TOOLS:
+            rows[(cells[0], cells[1])] = cells[4]
+    return exit_.value.code, rows, started
+
+
+def _clean(tool, cmd, timeout):
+    """A live tool: the canary reports an error, everything else is clean."""
+    planted = cmd[0] == S.CANARY and cmd[-1] != "clean"
+    return (1 if planted else 0), 0.01, 0, ""
+
+
+def test_a_run_the_record_says_cannot_finish_is_not_started_and_the_rest_run(monkeypatch, tmp_path):
+    record = "## x, commit old\n\n" + HEADER + "| racecheck | optim 0/4 | 0 | 900 | ok |\n"
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--tools", "racecheck", "--cards", "optim",
+                                                               "--deadline", "100"], _clean)
+    assert rows[("racecheck", "optim 0/4")] == "not finished"
+    assert ("racecheck", "0/4") not in started and ("racecheck", "1/4") in started
+    assert rows[("racecheck", "optim 3/4")] == "ok" and code == 1
+
+
+def test_runs_after_the_deadline_are_recorded_unfinished_not_a_crash(monkeypatch, tmp_path):
+    def slow(tool, cmd, timeout):
+        if timeout <= 0:
+            return None, 0.0, None, "[not started: the deadline had passed]"
+        return _clean(tool, cmd, timeout)
+
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule,random",
+                                                     "--deadline", "-1", "--jobs", "1"], slow)
+    assert rows[("memcheck", "schedule")] == rows[("memcheck", "random")] == "not finished"
+    assert code == 1
+
+
+def test_an_exception_in_a_run_is_a_failed_row_and_the_record_is_written(monkeypatch, tmp_path):
+    def broken(tool, cmd, timeout):
+        if cmd[-1] == "1/2":
+            raise OSError("no such file")
+        return _clean(tool, cmd, timeout)
+
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss"], broken)
+    assert rows[("racecheck", "loss 1/2")] == "FAILED" and rows[("racecheck", "loss 0/2")] == "ok"
+    assert code == 1
+
+
+def test_resume_trusts_only_sections_at_this_commit_whose_tool_was_shown_live(monkeypatch, tmp_path):
+    live = ("| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+            "| initcheck | canary | 0 | 1 | FAILED |\n| initcheck | canary clean | 0 | 1 | ok |\n")
+    record = ("## x, commit abc1234\n\n" + HEADER + live +
+              "| racecheck | loss 0/2 | 0 | 5 | ok |\n| initcheck | loss 0/2 | 0 | 5 | ok |\n"
+              "## y, commit other99\n\n" + HEADER + live + "| racecheck | loss 1/2 | 0 | 5 | ok |\n")
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck,initcheck",
+                                                               "--cards", "loss"], _clean)
+    assert ("racecheck", "loss 0/2") not in rows                   # left out: ok here, tool live
+    assert rows[("initcheck", "loss 0/2")] == "ok"                  # run again: its canary failed there
+    assert rows[("racecheck", "loss 1/2")] == "ok"                  # run again: another commit's record
+    assert code == 0 and "Resumed: 1 runs left out" in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_resume_refuses_an_unknown_commit(monkeypatch, tmp_path):
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--resume", "--tools", "racecheck", "--cards", "loss"],
+                               _clean, commit="unknown")
+    assert str(code).startswith("--resume needs the commit") and rows == {} and started == []
