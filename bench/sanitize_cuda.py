@@ -86,6 +86,21 @@ def build(canary_only=False):
 RECORD = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
 
 
+def record_sections():
+    """The record's sections as [(commit, [(tool, run, seconds or None, outcome), ...])], in file order."""
+    sections = []
+    if os.path.exists(RECORD):
+        for line in open(RECORD):
+            if line.startswith("## "):
+                m = re.search(r"commit (\S+)", line)
+                sections.append((m.group(1) if m else None, []))
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if sections and len(cells) == 5 and cells[0] in TOOLS:
+                sections[-1][1].append((cells[0], cells[1], int(cells[3]) if cells[3].isdigit() else None, cells[4]))
+    return sections
+
+
 def ok_at_this_commit():
     """{(tool, run)} recorded ok by the record's sections at this commit (not the canaries), each
     counted only from a section where that tool's canary and clean canary were ok (the tool was
@@ -93,33 +108,20 @@ def ok_at_this_commit():
     here = commit()
     if here == "unknown":
         sys.exit("--resume needs the commit (run from a git checkout, or set MT_COMMIT)")
-    done, sections = set(), []
-    if os.path.exists(RECORD):
-        for line in open(RECORD):
-            if line.startswith("## "):
-                m = re.search(r"commit (\S+)", line)
-                sections.append((m is not None and m.group(1) == here, []))
-                continue
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if sections and len(cells) == 5 and cells[4] in ("ok", "FAILED", "not finished"):
-                sections[-1][1].append(cells)
-    for at_commit, rows in sections:
-        if not at_commit:
+    done = set()
+    for at, rows in record_sections():
+        if at != here:
             continue
-        live = {t for t in TOOLS if {(r[0], r[1], r[4]) for r in rows} >= {(t, "canary", "ok"), (t, "canary clean", "ok")}}
-        done |= {(r[0], r[1]) for r in rows if r[4] == "ok" and r[0] in live and not r[1].startswith("canary")}
+        ok = {(tool, run) for tool, run, _, outcome in rows if outcome == "ok"}
+        live = {t for t in TOOLS if (t, "canary") in ok and (t, "canary clean") in ok}
+        done |= {(tool, run) for tool, run in ok if tool in live and not run.startswith("canary")}
     return done
 
 
 def recorded_seconds():
     """{(tool, run): the time its latest finished run took}, over every section of the record."""
-    took = {}
-    if os.path.exists(RECORD):
-        for line in open(RECORD):
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 5 and cells[4] == "ok" and cells[3].isdigit():
-                took[(cells[0], cells[1])] = int(cells[3])     # the latest finished run's time
-    return took
+    return {(tool, run): seconds for _, rows in record_sections() for tool, run, seconds, outcome in rows
+            if outcome == "ok" and seconds is not None}
 
 
 def main():
