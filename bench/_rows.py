@@ -12,14 +12,15 @@ CPU_SHAPES = [(4096, 1024), (1024, 4096), (16384, 256)]
 GPU_SHAPE = (16384, 4096)
 
 
-def cpu_figures(rows, dim, fns, repeat):
+def cpu_figures(rows, dim, fns, repeat, prepass=True):
     """Figures of fns = (ours forward, torch's forward, ours forward+backward, torch's), timed in
-    alternation; the finiteness pre-pass's bytes (x forward; dy and x backward) as prepass_MB."""
+    alternation; the finiteness pre-pass's bytes (x forward; dy and x backward) as prepass_MB
+    (0 with prepass=False: the check rides along with the pass that writes)."""
     fwd, tfwd, both, tboth = paired_medians(fns, repeat)
     return {"rows": rows, "dim": dim, "forward_ms": fwd * 1e3, "torch_forward_ms": tfwd * 1e3,
             "forward_vs_torch": tfwd / fwd, "fwd_bwd_ms": both * 1e3, "torch_fwd_bwd_ms": tboth * 1e3,
             "fwd_bwd_vs_torch": tboth / both,
-            "prepass_MB": {"forward": 4 * rows * dim / 1e6, "backward": 8 * rows * dim / 1e6}}
+            "prepass_MB": {"forward": 4 * rows * dim / 1e6 * prepass, "backward": 8 * rows * dim / 1e6 * prepass}}
 
 
 def cpu_main(doc, op, bench):

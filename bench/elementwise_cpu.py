@@ -10,7 +10,7 @@ for call; bench/linear_cpu.py's paired_medians), with the same thread count on b
 ``torch.ops.aten.gelu_backward``, the kernel its autograd calls); ``fwd_bwd_vs_torch`` is torch's
 forward + backward time over ours (above 1: ours faster). Bytes per element: ours 12 forward and
 20 backward (the finiteness pre-pass reads every input once more before anything is written),
-torch 8 and 12. OMP_WAIT_POLICY defaults to PASSIVE here: with libgomp's default, torch's idle
+torch 8 and 12. OMP_WAIT_POLICY defaults to PASSIVE (bench/_timing.py): with libgomp's default, torch's idle
 OpenMP threads spin on both cores for a while after each of its calls, and ours, timed next,
 ran 1.7x slower (measured in this session: forward 5.3 ms against 3.05 ms alone). Records go
 to bench/results/elementwise_cpu.jsonl.
@@ -26,7 +26,6 @@ and whose backward adds our mt_expf. First record (bench/results/elementwise_cpu
 import os
 import sys
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch is imported (see above)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,8 +6,8 @@ Figures: medians of --repeat calls after warm-up, ours and torch's timed in alte
 for call; bench/linear_cpu.py's paired_medians), through the public API on both sides, with
 the same thread count on both sides (torch.set_num_threads = mt_num_threads), at RMSNorm's CPU
 shapes (bench/_rows.py's CPU_SHAPES). Weight and bias are given; the backward computes dx, dweight
-and dbias. Our finiteness pre-pass reads every input once more before any output is written:
-its bytes are listed (``prepass_MB``). Target (issue 14): forward+backward at most torch's time.
+and dbias. The finiteness check rides along with the pass that writes y and dx (layer_norm.md,
+"Refusals"; ``prepass_MB`` 0); until 2026-12-02 a pre-pass read every input once more. Target (issue 14): forward+backward at most torch's time.
 Records go to bench/results/layer_norm_cpu.jsonl.
 """
 import os
@@ -41,7 +41,7 @@ def bench_ln(rows, dim, repeat, mode):
 
     return cpu_figures(rows, dim, [
         lambda: mt.layer_norm_forward(x, w, b, 1e-5, numeric_mode=mode),
-        lambda: F.layer_norm(tx.detach(), (dim,), tw.detach(), tb.detach(), 1e-5), ours, theirs], repeat)
+        lambda: F.layer_norm(tx.detach(), (dim,), tw.detach(), tb.detach(), 1e-5), ours, theirs], repeat, prepass=False)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ TOOL_OPTIONS = {"memcheck": ["--leak-check", "full", "--padding", "64"], "racech
 CANARY = os.path.join(ROOT, "native", "build", "sanitizer_canaries")
 # The cards that take minutes under a sanitizer are split into shards (selfcheck --shard K/N) that
 # run side by side; a first full run at 017eeb6 (host backtraces on) took 4-8 minutes for these.
-SHARDS = {"clip": 8, "lm_head": 6, "accumulate": 4, "optim": 4, "linear": 2, "loss": 2}
+# racecheck costs ~70 ms a launch (probes of the seventh session): clip's many-tensor lines and
+# lm_head's many-chunk lines (up to 45 s each) get about one line of those a shard.
+SHARDS = {"clip": 32, "lm_head": 22, "accumulate": 4, "optim": 4, "linear": 2, "loss": 2}
 # The count of findings each tool prints last (racecheck its own summary: errors and warnings).
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 

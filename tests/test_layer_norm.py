@@ -22,8 +22,8 @@ from mojo_train import Array
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import _lane_tree, _tree_fold, add32, f32, fma32
-from _layer_helpers import LEAF, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
+from _helpers import ENONFINITE, _lane_tree, _tree_fold, add32, f32, fma32
+from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values
 from _layer_helpers import HYPOTHESIS, outputs_sha as sha
@@ -161,6 +161,56 @@ def _c_cases(lib, keep):
 def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(layer_norm_mode):
     keep = []
     assert_c_refusals_write_nothing(layer_norm_mode.backend.lib, _c_cases(layer_norm_mode.backend.lib, keep))
+
+
+def _poisoned(shape, seed, bad):
+    """mat(shape, seed) with NaN at element 3 of its last row when ``bad``."""
+    a = mat(shape, seed)
+    if bad:
+        ffi.cast("float *", a.address)[(shape[0] - 1) * shape[1] + 3] = float("nan")
+    return a
+
+
+@pytest.mark.parametrize("rows", [40, 2 * LEAF + 552])     # one leaf (two passes), three (one pass)
+def test_a_nonfinite_row_found_during_the_pass_is_refused_by_name_writing_no_input(layer_norm_mode, rows):
+    """layer_norm.md, "Refusals": NaN in the last row of x (forward), of dy or of x (backward),
+    found while the outputs are computed: refused naming that input, every input's bytes as
+    they were, dweight and dbias never written (y and dx are undefined)."""
+    lib, dim = layer_norm_mode.backend.lib, 37
+    for bad in ("x", "dy"):
+        x, dy = _poisoned((rows, dim), 41, bad == "x"), _poisoned((rows, dim), 42, bad == "dy")
+        w, b = mat((dim,), 43), mat((dim,), 44)
+        before = [a.tobytes() for a in (x, dy, w, b)]
+        y = ffi.new("float[]", rows * dim)
+        if bad == "x":
+            assert lib.mt_layer_norm_forward(y, c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
+            assert "x holds NaN or inf" in ffi.string(lib.mt_last_error()).decode()
+        dw, db = (ffi.new("float[]", [SENTINEL] * dim) for _ in range(2))
+        assert lib.mt_layer_norm_backward(y, dw, db, c_in(dy), c_in(x), c_in(w), 1e-5, rows, dim) == ENONFINITE
+        assert ffi.string(lib.mt_last_error()).decode().startswith(bad + " holds NaN or inf"), bad
+        assert list(dw) == [SENTINEL] * dim and list(db) == [SENTINEL] * dim
+        assert [a.tobytes() for a in (x, dy, w, b)] == before, bad
+
+
+def test_a_refusal_leaves_an_input_that_is_also_the_output_untouched(layer_norm_mode):
+    """An output overlapping an input (y = x, dx = dy in place) gets the refusal before anything
+    is written, as does a non-finite weight, which is named after x (the order x, weight, bias)."""
+    lib, rows, dim = layer_norm_mode.backend.lib, 40, 37
+    x, w, b = _poisoned((rows, dim), 45, True), mat((dim,), 46), mat((dim,), 47)
+    before = x.tobytes()
+    assert lib.mt_layer_norm_forward(c_in(x), c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
+    assert x.tobytes() == before
+    dy, clean = _poisoned((rows, dim), 48, True), mat((rows, dim), 49)
+    before = dy.tobytes()
+    assert lib.mt_layer_norm_backward(c_in(dy), ffi.NULL, ffi.NULL, c_in(dy), c_in(clean), c_in(w), 1e-5, rows,
+                                      dim) == ENONFINITE
+    assert dy.tobytes() == before
+    ffi.cast("float *", w.address)[0] = float("inf")
+    y = ffi.new("float[]", rows * dim)
+    assert lib.mt_layer_norm_forward(y, c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
+    assert ffi.string(lib.mt_last_error()).decode().startswith("x holds NaN or inf")
+    assert lib.mt_layer_norm_forward(y, c_in(clean), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
+    assert ffi.string(lib.mt_last_error()).decode().startswith("weight holds NaN or inf")
 
 
 def test_the_c_backward_computes_any_subset_of_its_outputs_alike(layer_norm_mode):

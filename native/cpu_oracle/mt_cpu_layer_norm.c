@@ -2,13 +2,15 @@
  * layer_norm.md).
  *
  * Every entry checks its arguments (RMSNorm's checks: rows, dim, eps, pointers), then refuses a
- * NaN or infinity in any input, naming it, before any output is written (a pre-pass), then
- * computes per row the chunk trees of x and of (x - mu)^2 (and, backward, of g and g * xhat)
+ * NaN or infinity in any input, naming it: found row by row during the pass that writes y (dx),
+ * which is then undefined, dweight and dbias never written; or, when an output overlaps an input
+ * or the weight/bias is not finite, by a pre-pass before anything is written. It computes per row the chunk trees of x and of (x - mu)^2 (and, backward, of g and g * xhat)
  * and the pinned scalar steps of mt_pinned.h (mt_ln_mean, mt_rms_rstd, mt_ln_y, mt_ln_dx);
  * dweight and dbias by the token rule over rows. Without weight (NULL) there is no scale and
  * dweight must be NULL too; without bias no shift (the backward never reads a bias). The
  * backward's outputs (dx, dweight, dbias) are skipped when NULL. MT_ENOMEM may leave outputs
- * partly written (callers treat them as undefined); refusals never do.
+ * partly written (callers treat them as undefined); a refusal leaves y or dx undefined, never an
+ * input or dweight/dbias.
  */
 #include "mt_cpu.h"
 #include "mt_cpu_gemm.h"
@@ -59,7 +61,24 @@ static ln_row ln_stats(const float *x, int64_t dim, float dimf, float eps) {
 
 typedef struct {
     float *y; const float *x, *dy, *w, *b; float *stats; float eps, dimf; int64_t dim;
+    int check;      /* refuse by row, fused: a row of x (or dy) holding NaN or inf raises bad */
+    int bad;
 } ln_job;
+
+/* Whether the row's inputs (x; dy too when given) hold NaN or inf, read while the row is
+ * fetched into the cache that its folds then hit (with job->check; else 0: a pre-pass ran). */
+static int ln_row_refused(ln_job *job, const float *x, const float *dy) {
+    if (!job->check || !(mt_cpu_nonfinite(x, job->dim) || (dy && mt_cpu_nonfinite(dy, job->dim)))) return 0;
+    __atomic_store_n(&job->bad, 1, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* Whether [a, a + na) and [b, b + nb) share a float (NULL or empty: no). */
+static int ln_overlap(const float *a, int64_t na, const float *b, int64_t nb) {
+    if (!a || !b || na <= 0 || nb <= 0) return 0;
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + 4 * (uintptr_t)nb && b0 < a0 + 4 * (uintptr_t)na;
+}
 
 /* y = fma(xhat, w, b); no weight: w = 1, no bias: b = -0.0 (layer_norm.md). */
 MT_SIMD MT_FLAT static void ln_y_row(float *restrict y, const float *restrict x, const float *restrict w,
@@ -74,19 +93,28 @@ static void ln_forward_range(void *ctx, int64_t b, int64_t e) {
     ln_job *job = (ln_job *)ctx;
     for (int64_t i = b; i < e; ++i) {
         const float *x = job->x + i * job->dim;
+        if (ln_row_refused(job, x, NULL)) continue;
         ln_row a = ln_stats(x, job->dim, job->dimf, job->eps);
         ln_y_row(job->y + i * job->dim, x, job->w, job->b, a.mu, a.r, job->dim);
     }
 }
 
+/* The refusal of a NaN or infinity in x rides along with the one pass (layer_norm.md,
+ * "Refusals": y is then undefined, as on a GPU) when y overlaps no input and weight and bias
+ * are finite; otherwise a pre-pass refuses, in the order x, weight, bias, before y is written. */
 MT_NOINLINE static int ln_forward_body(float *y, const float *x, const float *weight, const float *bias, float eps,
                                        int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = mt_cpu_rms_norm_forward_refusals(y, x, weight, eps, rows, dim)) ||
-        (rc = mt_cpu_refuse_nonfinite(bias, dim, "bias")))
+    if ((rc = mt_check_rms_norm_forward_args(y, x, eps, rows, dim))) return rc;
+    int64_t n = rows * dim;
+    int fused = !ln_overlap(y, n, x, n) && !ln_overlap(y, n, weight, dim) && !ln_overlap(y, n, bias, dim) &&
+                !(weight && mt_cpu_nonfinite(weight, dim)) && !(bias && mt_cpu_nonfinite(bias, dim));
+    if (!fused && ((rc = mt_cpu_rms_norm_forward_refusals(y, x, weight, eps, rows, dim)) ||
+                   (rc = mt_cpu_refuse_nonfinite(bias, dim, "bias"))))
         return rc;
-    ln_job job = {y, x, NULL, weight, bias, NULL, eps, (float)dim, dim};
-    mt_parallel_for_work(rows, 1, rows * dim, ln_forward_range, &job);
+    ln_job job = {y, x, NULL, weight, bias, NULL, eps, (float)dim, dim, fused, 0};
+    mt_parallel_for_work(rows, 1, n, ln_forward_range, &job);
+    if (job.bad) return mt_fail(MT_ENONFINITE, "x holds NaN or inf; refused %s", MT_REFUSED_DIRTY);
     return MT_OK;
 }
 
@@ -103,9 +131,10 @@ MT_SIMD MT_FLAT static void ln_dx_row(float *restrict dx, const float *restrict 
 
 /* Row i of the backward: its mu and r (returned; kept in job->stats when that is not NULL) and,
  * unless job->y (dx) is NULL, its dx. */
-static ln_row ln_backward_row(const ln_job *job, int64_t i) {
+static ln_row ln_backward_row(ln_job *job, int64_t i) {
     int64_t dim = job->dim;
     const float *x = job->x + i * dim, *dy = job->dy + i * dim;
+    if (ln_row_refused(job, x, dy)) return (ln_row){x, dy, job->w, 0.0f, 0.0f};
     ln_row a = ln_stats(x, dim, job->dimf, job->eps);
     if (job->stats) {
         job->stats[2 * i] = a.mu;
@@ -122,7 +151,7 @@ static ln_row ln_backward_row(const ln_job *job, int64_t i) {
 
 /* Rows in parallel: dx and (mu, r) of each row (the first of two passes). */
 static void ln_backward_range(void *ctx, int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) ln_backward_row((const ln_job *)ctx, i);
+    for (int64_t i = b; i < e; ++i) ln_backward_row((ln_job *)ctx, i);
 }
 
 /* One row's steps of both chains (aw or ab NULL: that chain is not wanted), dy read once. */
@@ -203,15 +232,17 @@ static void ln_leaf_blocks_range(void *ctx, int64_t b, int64_t e) {
     }
 }
 
-static int ln_two_passes(const ln_job *rows_job, const ln_params *p, int64_t rows) {
-    int64_t dim = rows_job->dim, sbytes = p->pw ? 2 * rows * (int64_t)sizeof(float) : 0;
+/* (A row refused in pass 1 raises job->bad and pass 2, the only writer of dweight and dbias
+ * here, does not run.) */
+static int ln_two_passes(ln_job *job, const ln_params *p, int64_t rows) {
+    int64_t dim = job->dim, sbytes = p->pw ? 2 * rows * (int64_t)sizeof(float) : 0;
     float *stats = sbytes ? (float *)mt_scratch_alloc(sbytes, "LayerNorm row means and scales") : NULL;
     if (sbytes && !stats) return MT_ENOMEM;
-    ln_job job = *rows_job;
-    job.stats = stats;
-    if (job.y || stats) mt_parallel_for_work(rows, 1, rows * dim * 2, ln_backward_range, &job);
-    ln_leaf_job leaf = {p, job.dy, job.x, stats, rows, dim, (dim + LN_COLS - 1) / LN_COLS};
-    mt_parallel_for_work(p->leaves * leaf.blocks, 1, rows * dim, ln_leaf_blocks_range, &leaf);
+    job->stats = stats;
+    if (job->y || stats) mt_parallel_for_work(rows, 1, rows * dim * 2, ln_backward_range, job);
+    job->stats = NULL;
+    ln_leaf_job leaf = {p, job->dy, job->x, stats, rows, dim, (dim + LN_COLS - 1) / LN_COLS};
+    if (!job->bad) mt_parallel_for_work(p->leaves * leaf.blocks, 1, rows * dim, ln_leaf_blocks_range, &leaf);
     mt_scratch_free(stats, sbytes);
     return MT_OK;
 }
@@ -219,7 +250,7 @@ static int ln_two_passes(const ln_job *rows_job, const ln_params *p, int64_t row
 /* One pass, leaves in parallel (when there are leaves for every thread): each leaf's rows in
  * ascending order, dx and both chains while the row is in cache. The same bits: only who
  * computes what differs. */
-typedef struct { const ln_job *job; const ln_params *p; int64_t rows; } ln_fused_job;
+typedef struct { ln_job *job; const ln_params *p; int64_t rows; } ln_fused_job;
 
 static void ln_fused_range(void *ctx, int64_t b, int64_t e) {
     const ln_fused_job *f = (const ln_fused_job *)ctx;
@@ -236,23 +267,46 @@ static void ln_fused_range(void *ctx, int64_t b, int64_t e) {
     }
 }
 
+/* After a pass with the fused refusal: the refusal of the first input found holding NaN or inf
+ * (dy, then x, the pre-pass's order), dx undefined, dweight and dbias not written. */
+static int ln_backward_refusal(const ln_job *job, int64_t rows) {
+    if (!job->bad) return MT_OK;
+    const char *name = mt_cpu_nonfinite(job->dy, rows * job->dim) ? "dy" : "x";
+    return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused; dweight and dbias were not written %s", name,
+                   MT_REFUSED_DIRTY);
+}
+
+/* The refusal of a NaN or infinity in dy or x rides along with the pass that computes dx when
+ * there is a dx overlapping no input and the weight is finite (layer_norm.md, "Refusals"): dx is
+ * then undefined after a refusal, as on a GPU, and dweight and dbias are written only after the
+ * pass. Otherwise a pre-pass refuses (dy, x, weight) before anything is written. */
 MT_NOINLINE static int ln_backward_body(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
                                         const float *weight, float eps, int64_t rows, int64_t dim) {
     int rc;
-    if ((rc = mt_cpu_rms_norm_backward_refusals(dweight, dy, x, weight, eps, rows, dim))) return rc;
-    ln_job job = {dx, x, dy, weight, NULL, NULL, eps, (float)dim, dim};
+    if ((rc = mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim))) return rc;
+    int64_t n = rows * dim;
+    int fused = dx && !ln_overlap(dx, n, dy, n) && !ln_overlap(dx, n, x, n) && !ln_overlap(dx, n, weight, dim) &&
+                !(weight && mt_cpu_nonfinite(weight, dim));
+    if (!fused && (rc = mt_cpu_rms_norm_backward_refusals(dweight, dy, x, weight, eps, rows, dim))) return rc;
+    ln_job job = {dx, x, dy, weight, NULL, NULL, eps, (float)dim, dim, fused, 0};
     if (!dweight && !dbias) {
-        if (dx) mt_parallel_for_work(rows, 1, rows * dim * 2, ln_backward_range, &job);
-        return MT_OK;
+        if (dx) mt_parallel_for_work(rows, 1, n * 2, ln_backward_range, &job);
+        return ln_backward_refusal(&job, rows);
     }
     ln_params p;
     if ((rc = ln_params_begin(&p, dweight, dbias, rows, dim))) return rc;
-    if (p.leaves >= mt_pool_threads()) {
+    /* One leaf without scratch writes its chains into dweight/dbias during the pass: only
+     * without the fused refusal. */
+    if (p.leaves >= mt_pool_threads() && (p.scratch || !fused)) {
         ln_fused_job f = {&job, &p, rows};
-        mt_parallel_for_work(p.leaves, 1, rows * dim * 3, ln_fused_range, &f);
+        mt_parallel_for_work(p.leaves, 1, n * 3, ln_fused_range, &f);
     } else if ((rc = ln_two_passes(&job, &p, rows))) {
         mt_scratch_free(p.scratch, p.bytes);
         return rc;
+    }
+    if (job.bad) {
+        mt_scratch_free(p.scratch, p.bytes);
+        return ln_backward_refusal(&job, rows);
     }
     ln_params_end(&p, dweight, dbias, dim);
     return MT_OK;

@@ -3,7 +3,7 @@
  * Every function returns int: 0 (MT_OK) or an error code, and on error leaves a message
  * for mt_last_error() (thread-local). A refused call never writes an input or a caller's
  * state (optimizer moments, step counts); it writes no output either, except that the ops
- * whose finiteness check rides along their one pass (below: losses, dense layers, embedding,
+ * whose finiteness check rides along their one pass (below: losses, dense layers, LayerNorm, embedding,
  * LM head, accumulation) leave outputs that are not also inputs undefined after a NaN or inf.
  * Arguments: outputs first, then inputs, then scalars, sizes last; gradients start with d.
  * A tensor list is a pointer table plus an int32 offsets registry: tensor j holds
@@ -251,7 +251,9 @@ int mt_rms_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /* (
                          const float *weight /* (dim) or NULL */, float eps, int64_t rows, int64_t dim);
 
 /* LayerNorm over the last dimension (contract: native/contracts/layer_norm.md); bias is never
- * read by the backward (dbias does not depend on it). */
+ * read by the backward (dbias does not depend on it). After a NaN or inf, y and dx are
+ * undefined (an input, dweight and dbias are never written; an output overlapping an input is
+ * checked first). */
 int mt_layer_norm_forward(float *y /* (rows*dim) */, const float *x /* (rows*dim) */,
                           const float *weight /* (dim) or NULL */, const float *bias /* (dim) or NULL */,
                           float eps, int64_t rows, int64_t dim);
