@@ -171,30 +171,56 @@ def _poisoned(shape, seed, bad):
     return a
 
 
-@pytest.mark.parametrize("rows", [40, 2 * LEAF + 552])     # one leaf (two passes), three (one pass)
+def _thread_counts(mode):
+    """Yields under 1, 2, 3 and 5 threads for a library with a thread pool (its count restored
+    after), else once under its own launch geometry: the oracle's paths (one leaf in two passes
+    or in one, several leaves in one) depend on leaves against threads."""
+    lib = mode.backend.lib
+    if not mode.has("threads"):
+        yield None
+        return
+    before = lib.mt_num_threads()
+    try:
+        for n in (1, 2, 3, 5):
+            assert lib.mt_set_num_threads(n) == 0
+            yield n
+    finally:
+        assert lib.mt_set_num_threads(before) == 0
+
+
+@pytest.mark.parametrize("rows", [40, 2 * LEAF + 552])     # one leaf, three leaves
 def test_a_nonfinite_row_found_during_the_pass_is_refused_by_name_writing_no_input(layer_norm_mode, rows):
     """layer_norm.md, "Refusals": NaN in the last row of x (forward), of dy or of x (backward),
     found while the outputs are computed: refused naming that input, every input's bytes as
-    they were, dweight and dbias never written (y and dx are undefined)."""
+    they were, dweight and dbias never written (y and dx are undefined); also with dx only and
+    with dbias only, and with x bad in row 0 and dy in the last row (dy is named: the order)."""
     lib, dim = layer_norm_mode.backend.lib, 37
-    for bad in ("x", "dy"):
-        x, dy = _poisoned((rows, dim), 41, bad == "x"), _poisoned((rows, dim), 42, bad == "dy")
-        w, b = mat((dim,), 43), mat((dim,), 44)
-        before = [a.tobytes() for a in (x, dy, w, b)]
-        y = ffi.new("float[]", rows * dim)
-        if bad == "x":
-            assert lib.mt_layer_norm_forward(y, c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
-            assert "x holds NaN or inf" in ffi.string(lib.mt_last_error()).decode()
-        dw, db = (ffi.new("float[]", [SENTINEL] * dim) for _ in range(2))
-        assert lib.mt_layer_norm_backward(y, dw, db, c_in(dy), c_in(x), c_in(w), 1e-5, rows, dim) == ENONFINITE
-        assert ffi.string(lib.mt_last_error()).decode().startswith(bad + " holds NaN or inf"), bad
-        assert list(dw) == [SENTINEL] * dim and list(db) == [SENTINEL] * dim
-        assert [a.tobytes() for a in (x, dy, w, b)] == before, bad
+    for threads in _thread_counts(layer_norm_mode):
+        for bad in ("x", "dy", "both"):
+            x, dy = _poisoned((rows, dim), 41, bad == "x"), _poisoned((rows, dim), 42, bad != "x")
+            if bad == "both":
+                ffi.cast("float *", x.address)[1] = float("-inf")
+            w, b = mat((dim,), 43), mat((dim,), 44)
+            before = [a.tobytes() for a in (x, dy, w, b)]
+            y = ffi.new("float[]", rows * dim)
+            if bad == "x":
+                assert lib.mt_layer_norm_forward(y, c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE
+                assert "x holds NaN or inf" in ffi.string(lib.mt_last_error()).decode()
+            named = "x" if bad == "x" else "dy"
+            for want in ("dx dweight dbias", "dx", "dx dbias"):
+                dw, db = (ffi.new("float[]", [SENTINEL] * dim) if k in want else ffi.NULL
+                          for k in ("dweight", "dbias"))
+                rc = lib.mt_layer_norm_backward(y, dw, db, c_in(dy), c_in(x), c_in(w), 1e-5, rows, dim)
+                assert rc == ENONFINITE, (threads, bad, want)
+                assert ffi.string(lib.mt_last_error()).decode().startswith(named + " holds NaN or inf"), bad
+                assert all(list(o) == [SENTINEL] * dim for o in (dw, db) if o != ffi.NULL), (threads, bad, want)
+            assert [a.tobytes() for a in (x, dy, w, b)] == before, (threads, bad)
 
 
 def test_a_refusal_leaves_an_input_that_is_also_the_output_untouched(layer_norm_mode):
-    """An output overlapping an input (y = x, dx = dy in place) gets the refusal before anything
-    is written, as does a non-finite weight, which is named after x (the order x, weight, bias)."""
+    """An output overlapping an input (y = x, dx = dy in place; dx over dweight) gets the refusal
+    before anything is written, as does a non-finite weight, which is named after x (the order
+    x, weight, bias). Host buffers: a GPU stages them and downloads only on success."""
     lib, rows, dim = layer_norm_mode.backend.lib, 40, 37
     x, w, b = _poisoned((rows, dim), 45, True), mat((dim,), 46), mat((dim,), 47)
     before = x.tobytes()
@@ -205,6 +231,10 @@ def test_a_refusal_leaves_an_input_that_is_also_the_output_untouched(layer_norm_
     assert lib.mt_layer_norm_backward(c_in(dy), ffi.NULL, ffi.NULL, c_in(dy), c_in(clean), c_in(w), 1e-5, rows,
                                       dim) == ENONFINITE
     assert dy.tobytes() == before
+    dx = ffi.new("float[]", [SENTINEL] * (rows * dim))        # dweight is dx's first row: outputs overlap
+    db = ffi.new("float[]", [SENTINEL] * dim)
+    assert lib.mt_layer_norm_backward(dx, dx, db, c_in(dy), c_in(clean), c_in(w), 1e-5, rows, dim) == ENONFINITE
+    assert list(dx) == [SENTINEL] * (rows * dim) and list(db) == [SENTINEL] * dim
     ffi.cast("float *", w.address)[0] = float("inf")
     y = ffi.new("float[]", rows * dim)
     assert lib.mt_layer_norm_forward(y, c_in(x), c_in(w), c_in(b), 1e-5, rows, dim) == ENONFINITE

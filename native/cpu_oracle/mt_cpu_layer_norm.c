@@ -3,9 +3,11 @@
  *
  * Every entry checks its arguments (RMSNorm's checks: rows, dim, eps, pointers), then refuses a
  * NaN or infinity in any input, naming it: found row by row during the pass that writes y (dx),
- * which is then undefined, dweight and dbias never written; or, when an output overlaps an input
- * or the weight/bias is not finite, by a pre-pass before anything is written. It computes per row the chunk trees of x and of (x - mu)^2 (and, backward, of g and g * xhat)
- * and the pinned scalar steps of mt_pinned.h (mt_ln_mean, mt_rms_rstd, mt_ln_y, mt_ln_dx);
+ * which is then undefined, dweight and dbias never written; or by a pre-pass before anything is
+ * written when an output overlaps an input (or dx overlaps dweight or dbias), when the weight or
+ * bias is not finite, and for a backward without dx. It computes per row the chunk trees of x
+ * and of (x - mu)^2 (and, backward, of g and g * xhat) and the pinned scalar steps of
+ * mt_pinned.h (mt_ln_mean, mt_rms_rstd, mt_ln_y, mt_ln_dx);
  * dweight and dbias by the token rule over rows. Without weight (NULL) there is no scale and
  * dweight must be NULL too; without bias no shift (the backward never reads a bias). The
  * backward's outputs (dx, dweight, dbias) are skipped when NULL. MT_ENOMEM may leave outputs
@@ -269,11 +271,11 @@ static void ln_fused_range(void *ctx, int64_t b, int64_t e) {
 
 /* After a pass with the fused refusal: the refusal of the first input found holding NaN or inf
  * (dy, then x, the pre-pass's order), dx undefined, dweight and dbias not written. */
-static int ln_backward_refusal(const ln_job *job, int64_t rows) {
+static int ln_backward_refusal(const ln_job *job, int64_t rows, int params) {
     if (!job->bad) return MT_OK;
     const char *name = mt_cpu_nonfinite(job->dy, rows * job->dim) ? "dy" : "x";
-    return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused; dweight and dbias were not written %s", name,
-                   MT_REFUSED_DIRTY);
+    return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused%s %s", name,
+                   params ? "; dweight and dbias were not written" : "", MT_REFUSED_DIRTY);
 }
 
 /* The refusal of a NaN or infinity in dy or x rides along with the pass that computes dx when
@@ -286,12 +288,13 @@ MT_NOINLINE static int ln_backward_body(float *dx, float *dweight, float *dbias,
     if ((rc = mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim))) return rc;
     int64_t n = rows * dim;
     int fused = dx && !ln_overlap(dx, n, dy, n) && !ln_overlap(dx, n, x, n) && !ln_overlap(dx, n, weight, dim) &&
+                !ln_overlap(dx, n, dweight, dim) && !ln_overlap(dx, n, dbias, dim) &&
                 !(weight && mt_cpu_nonfinite(weight, dim));
     if (!fused && (rc = mt_cpu_rms_norm_backward_refusals(dweight, dy, x, weight, eps, rows, dim))) return rc;
     ln_job job = {dx, x, dy, weight, NULL, NULL, eps, (float)dim, dim, fused, 0};
     if (!dweight && !dbias) {
         if (dx) mt_parallel_for_work(rows, 1, n * 2, ln_backward_range, &job);
-        return ln_backward_refusal(&job, rows);
+        return ln_backward_refusal(&job, rows, 0);
     }
     ln_params p;
     if ((rc = ln_params_begin(&p, dweight, dbias, rows, dim))) return rc;
@@ -306,7 +309,7 @@ MT_NOINLINE static int ln_backward_body(float *dx, float *dweight, float *dbias,
     }
     if (job.bad) {
         mt_scratch_free(p.scratch, p.bytes);
-        return ln_backward_refusal(&job, rows);
+        return ln_backward_refusal(&job, rows, 1);
     }
     ln_params_end(&p, dweight, dbias, dim);
     return MT_OK;

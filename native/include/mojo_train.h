@@ -252,8 +252,8 @@ int mt_rms_norm_backward(float *dx /* (rows*dim) or NULL */, float *dweight /* (
 
 /* LayerNorm over the last dimension (contract: native/contracts/layer_norm.md); bias is never
  * read by the backward (dbias does not depend on it). After a NaN or inf, y and dx are
- * undefined (an input, dweight and dbias are never written; an output overlapping an input is
- * checked first). */
+ * undefined and dweight, dbias never written; the CPU checks an output overlapping an input
+ * first, a GPU given device buffers does not (an input aliased by y or dx is then undefined). */
 int mt_layer_norm_forward(float *y /* (rows*dim) */, const float *x /* (rows*dim) */,
                           const float *weight /* (dim) or NULL */, const float *bias /* (dim) or NULL */,
                           float eps, int64_t rows, int64_t dim);
