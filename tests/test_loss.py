@@ -252,6 +252,44 @@ def test_the_c_entry_refuses_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
     assert list(x)[4] == float("inf")
 
 
+def _thread_counts(mode):
+    """1, 2, 3 and 5 threads for a library with a thread pool (its count restored after), else
+    its own launch geometry once."""
+    lib = mode.backend.lib
+    if not mode.has("threads"):
+        yield None
+        return
+    before = lib.mt_num_threads()
+    try:
+        for n in (1, 2, 3, 5):
+            assert lib.mt_set_num_threads(n) == 0
+            yield n
+    finally:
+        assert lib.mt_set_num_threads(before) == 0
+
+
+def test_a_nonfinite_row_found_during_the_gradient_pass_is_refused_naming_the_first(mode):
+    """loss.md, refusal 4: the check rides along with the gradient pass when dlogits overlaps no
+    input; the first bad row is named whichever thread found which, loss_out is untouched, the
+    logits and targets keep their bytes (dlogits, row_loss: undefined). dlogits on the logits
+    (in place) is refused before anything is written."""
+    _need(mode)
+    lib, rows, vocab = mode.backend.lib, 40, 300
+    logits = ffi.new("float[]", [float((i * 7919) % 23) - 11.0 for i in range(rows * vocab)])
+    logits[29 * vocab + 5], logits[7 * vocab + 299] = float("nan"), float("-inf")
+    targets = ffi.new("int64_t[]", [i % vocab for i in range(rows)])
+    before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
+    for threads in _thread_counts(mode):
+        loss, dlogits = ffi.new("float[1]", [7.0]), ffi.new("float[]", rows * vocab)
+        rc = lib.mt_cross_entropy(loss, ffi.NULL, dlogits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
+        msg = ffi.string(lib.mt_last_error()).decode()
+        assert rc == ENONFINITE and msg.startswith("logits row 7 holds NaN or inf"), (threads, msg)
+        assert loss[0] == 7.0 and (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before, threads
+    rc = lib.mt_cross_entropy(loss, ffi.NULL, logits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
+    assert rc == ENONFINITE and "nothing was written" in ffi.string(lib.mt_last_error()).decode()
+    assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
+
+
 def test_the_c_entry_without_outputs_to_compute_is_fine(mode):
     _need(mode)
     rc, outs, _ = _native_call(mode.backend.lib, row_loss=ffi.NULL, dlogits=ffi.NULL)

@@ -392,15 +392,26 @@ void mt_logits_of_lm_head(int64_t row0, int has_bias) {
     g_lm_bias = has_bias;
 }
 
-int mt_fail_nonfinite_logits(int64_t row) {
+/* The refusal of logits row `row` holding NaN or inf; `written`: what the caller may find
+ * written (NULL: nothing). Inside the LM head the logits and their gradient are its scratch. */
+static int fail_nonfinite_logits(int64_t row, const char *written) {
+    char tail[96];
+    if (written)
+        snprintf(tail, sizeof tail, "%s and row_loss are undefined, loss_out was not written", written);
+    else
+        snprintf(tail, sizeof tail, "nothing was written");
     if (g_lm_row0 < 0)
         return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored rows "
-                       "too); nothing was written", (long long)row);
+                       "too); %s", (long long)row, tail);
     return mt_fail(MT_ENONFINITE, "the logits of hidden row %lld (hidden @ weight.T%s) overflow float32 to inf or "
                    "NaN although %s are finite; scale hidden or weight down; nothing was written",
                    (long long)(g_lm_row0 + row), g_lm_bias ? " + bias" : "",
-                   g_lm_bias ? "hidden, weight and bias" : "hidden and weight");
+                   g_lm_bias ? "hidden, weight and bias" : "hidden and weight");   /* its logits are its own */
 }
+
+int mt_fail_nonfinite_logits(int64_t row) { return fail_nonfinite_logits(row, NULL); }
+
+int mt_fail_nonfinite_logits_after(int64_t row, const char *written) { return fail_nonfinite_logits(row, written); }
 
 float mt_token_sum(const float *x, int64_t rows, float *partials) {
     int64_t leaves = mt_token_leaves(rows);

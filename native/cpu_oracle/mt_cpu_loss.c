@@ -47,6 +47,7 @@ typedef struct {
     float *row_loss;   /* (n_rows): the caller's row_loss or our scratch */
     float *dlogits;    /* (n_rows * vocab) or NULL */
     mt_ce_scalars c;
+    int fused;         /* the gradient pass finds each row's max (and its finiteness) itself */
 } ce_job;
 
 
@@ -128,18 +129,24 @@ static void max_rows(void *ctx, int64_t b, int64_t e) {
     }
 }
 
-/* ---- pass 2 (after every refusal): the gradient rows, then the row losses ---- */
+/* ---- the gradient rows, then the row losses ---- */
 /* e_j (kept in d) becomes (e_j / s - off) * g: every class as a non-target. */
 CE_FLAT MT_SIMD static void grad_from_kept(float *d, int64_t n, float s, const mt_ce_scalars *cp) {
     mt_ce_scalars c = *cp;
     for (int64_t j = 0; j < n; ++j) d[j] = mt_ce_grad(d[j], s, 0, &c);
 }
 
+/* Rows b..e: (fused) each row's max first, a row holding NaN or inf skipped (its max tells the
+ * refusal after the pass); then the row's e_j, kept in its dlogits row, and its gradient. */
 static void grad_rows(void *ctx, int64_t b, int64_t e) {
     ce_job *job = (ce_job *)ctx;
     int64_t v = job->vocab;
     for (int64_t i = b; i < e; ++i) {
         float *d = job->dlogits + i * v;
+        if (job->fused) {
+            job->row_max[i] = row_max(job->logits + i * v, v, &job->row_min[i]);
+            if (!mt_is_finite(job->row_max[i])) continue;
+        }
         if (row_ignored(job, i)) {
             memset(d, 0, sizeof(float) * (size_t)v);   /* +0.0 is all zero bits */
             continue;
@@ -150,6 +157,13 @@ static void grad_rows(void *ctx, int64_t b, int64_t e) {
         grad_from_kept(d, v, s, &job->c);
         d[t] = mt_ce_grad(et, s, 1, &job->c);
     }
+}
+
+/* Whether [a, a + na) and [b, b + nb) (bytes) share a byte (NULL: no). */
+static int ce_overlap(const void *a, int64_t na, const void *b, int64_t nb) {
+    if (!a || !b || na <= 0 || nb <= 0) return 0;
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + (uintptr_t)nb && b0 < a0 + (uintptr_t)na;
 }
 
 static void loss_rows(const ce_job *job) {
@@ -186,13 +200,20 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     ce_job job = {logits, targets, target_bytes, n_rows, vocab, ignore_index, scratch, scratch + 3 * n_rows,
                   scratch + n_rows, scratch + 2 * n_rows, row_loss ? row_loss : scratch + 4 * n_rows, dlogits,
                   mt_ce_scalars_for(label_smoothing, vocab, reduction == MT_REDUCTION_MEAN, divisor)};
-    mt_parallel_for_work(n_rows, 1, n_rows * vocab, max_rows, &job);
-    int64_t bad = first_nonfinite_row(job.row_max, n_rows);
+    /* With a gradient that overlaps neither the logits nor the targets, the finiteness check
+     * rides along with the gradient pass (loss.md: dlogits and row_loss are then undefined after
+     * a refusal); otherwise a first pass reads every row before anything is written. */
+    int64_t grad_bytes = (int64_t)sizeof(float) * n_rows * vocab;
+    job.fused = dlogits && !ce_overlap(dlogits, grad_bytes, logits, grad_bytes) &&
+                !ce_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes);
+    if (!job.fused) mt_parallel_for_work(n_rows, 1, n_rows * vocab, max_rows, &job);
+    int64_t bad = job.fused ? -1 : first_nonfinite_row(job.row_max, n_rows);
+    if (bad < 0 && dlogits) mt_parallel_for_work(n_rows, 1, n_rows * vocab, grad_rows, &job);
+    if (job.fused) bad = first_nonfinite_row(job.row_max, n_rows);
     if (bad >= 0) {
         mt_scratch_free(scratch, (int64_t)sizeof(float) * floats);
-        return mt_fail_nonfinite_logits(bad);
+        return job.fused ? mt_fail_nonfinite_logits_after(bad, "dlogits") : mt_fail_nonfinite_logits(bad);
     }
-    if (dlogits) mt_parallel_for_work(n_rows, 1, n_rows * vocab, grad_rows, &job);
     loss_rows(&job);
     if (reduction != MT_REDUCTION_NONE) {
         float total = mt_token_sum(job.row_loss, n_rows, scratch + floats - leaves);
