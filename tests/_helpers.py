@@ -88,6 +88,22 @@ def wide_array(n, seed, low_exp=-14, high_exp=4):
                              for _ in range(n)))
 
 
+def thread_counts(mode, counts=(1, 2, 3, 5)):
+    """Yields under each of ``counts`` threads for a library with a thread pool (its own count
+    restored after), else once (None) under its own launch geometry."""
+    lib = mode.backend.lib
+    if not mode.has("threads"):
+        yield None
+        return
+    before = lib.mt_num_threads()
+    try:
+        for n in counts:
+            assert lib.mt_set_num_threads(n) == 0
+            yield n
+    finally:
+        assert lib.mt_set_num_threads(before) == 0
+
+
 def sha(*buffers):
     h = hashlib.sha256()
     for b in buffers:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck
 from mojo_train import Array, DeviceArray
 from mojo_train._native import ffi
 
-from _helpers import EINVAL, _tree_fold, bits, f32_array, wide_array
+from _helpers import EINVAL, _tree_fold, bits, f32_array, thread_counts, wide_array
 
 LEAF = 1024          # MT_TOKEN_LEAF: rows of a leaf of the token rule
 SENTINEL = 1234.5    # what a C output holds until something writes it
@@ -106,15 +106,7 @@ def digests_over_thread_counts(mode, digest):
     count again, as a set; the library's thread count is restored."""
     if not mode.has("threads"):
         pytest.skip("no thread pool in this library")
-    lib = mode.backend.lib
-    before = lib.mt_num_threads()
-    try:
-        digests = []
-        for n_threads in (1, 2, 3, 5):
-            assert lib.mt_set_num_threads(n_threads) == 0
-            digests.append(digest())
-    finally:
-        assert lib.mt_set_num_threads(before) == 0
+    digests = [digest() for _ in thread_counts(mode)]
     digests.append(digest())
     return set(digests)
 

@@ -22,7 +22,7 @@ from mojo_train import Array
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import ENONFINITE, _lane_tree, _tree_fold, add32, f32, fma32
+from _helpers import ENONFINITE, _lane_tree, _tree_fold, add32, f32, fma32, thread_counts
 from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values
@@ -171,23 +171,6 @@ def _poisoned(shape, seed, bad):
     return a
 
 
-def _thread_counts(mode):
-    """Yields under 1, 2, 3 and 5 threads for a library with a thread pool (its count restored
-    after), else once under its own launch geometry: the oracle's paths (one leaf in two passes
-    or in one, several leaves in one) depend on leaves against threads."""
-    lib = mode.backend.lib
-    if not mode.has("threads"):
-        yield None
-        return
-    before = lib.mt_num_threads()
-    try:
-        for n in (1, 2, 3, 5):
-            assert lib.mt_set_num_threads(n) == 0
-            yield n
-    finally:
-        assert lib.mt_set_num_threads(before) == 0
-
-
 @pytest.mark.parametrize("rows", [40, 2 * LEAF + 552])     # one leaf, three leaves
 def test_a_nonfinite_row_found_during_the_pass_is_refused_by_name_writing_no_input(layer_norm_mode, rows):
     """layer_norm.md, "Refusals": NaN in the last row of x (forward), of dy or of x (backward),
@@ -195,7 +178,7 @@ def test_a_nonfinite_row_found_during_the_pass_is_refused_by_name_writing_no_inp
     they were, dweight and dbias never written (y and dx are undefined); also with dx only and
     with dbias only, and with x bad in row 0 and dy in the last row (dy is named: the order)."""
     lib, dim = layer_norm_mode.backend.lib, 37
-    for threads in _thread_counts(layer_norm_mode):
+    for threads in thread_counts(layer_norm_mode):
         for bad in ("x", "dy", "both"):
             x, dy = _poisoned((rows, dim), 41, bad == "x"), _poisoned((rows, dim), 42, bad != "x")
             if bad == "both":

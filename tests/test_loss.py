@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 import tolerances as tol
-from _helpers import CHUNK, EINVAL, ENONFINITE, LANES, _lane_tree, _tree_fold, f32, fma32
+from _helpers import CHUNK, EINVAL, ENONFINITE, LANES, _lane_tree, _tree_fold, f32, fma32, thread_counts
 from mojo_train._native import ffi
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -252,22 +252,6 @@ def test_the_c_entry_refuses_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
     assert list(x)[4] == float("inf")
 
 
-def _thread_counts(mode):
-    """1, 2, 3 and 5 threads for a library with a thread pool (its count restored after), else
-    its own launch geometry once."""
-    lib = mode.backend.lib
-    if not mode.has("threads"):
-        yield None
-        return
-    before = lib.mt_num_threads()
-    try:
-        for n in (1, 2, 3, 5):
-            assert lib.mt_set_num_threads(n) == 0
-            yield n
-    finally:
-        assert lib.mt_set_num_threads(before) == 0
-
-
 def test_a_nonfinite_row_found_during_the_gradient_pass_is_refused_naming_the_first(mode):
     """loss.md, refusal 4: the check rides along with the gradient pass when dlogits overlaps no
     input; the first bad row is named whichever thread found which, loss_out is untouched, the
@@ -279,7 +263,7 @@ def test_a_nonfinite_row_found_during_the_gradient_pass_is_refused_naming_the_fi
     logits[29 * vocab + 5], logits[7 * vocab + 299] = float("nan"), float("-inf")
     targets = ffi.new("int64_t[]", [i % vocab for i in range(rows)])
     before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
-    for threads in _thread_counts(mode):
+    for threads in thread_counts(mode):
         loss, dlogits = ffi.new("float[1]", [7.0]), ffi.new("float[]", rows * vocab)
         rc = lib.mt_cross_entropy(loss, ffi.NULL, dlogits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
         msg = ffi.string(lib.mt_last_error()).decode()
