@@ -253,25 +253,61 @@ def test_the_c_entry_refuses_a_nonfinite_logit_and_leaves_loss_out_alone(mode):
 
 
 def test_a_nonfinite_row_found_during_the_gradient_pass_is_refused_naming_the_first(mode):
-    """loss.md, refusal 4: the check rides along with the gradient pass when dlogits overlaps no
-    input; the first bad row is named whichever thread found which, loss_out is untouched, the
-    logits and targets keep their bytes (dlogits, row_loss: undefined). dlogits on the logits
-    (in place) is refused before anything is written."""
+    """loss.md, refusal 4: the check rides along with the gradient pass; the first bad row is
+    named whichever thread found which (40 x 2000 logits: the pool splits the rows; bad rows
+    20, an ignored one, and 39), loss_out is untouched, the logits and targets keep their bytes
+    (dlogits: undefined). A dlogits on the logits or the targets is refused before anything is
+    written (the oracle never computes in place; a GPU may: either way the inputs stay)."""
     _need(mode)
-    lib, rows, vocab = mode.backend.lib, 40, 300
+    lib, rows, vocab = mode.backend.lib, 40, 2000
     logits = ffi.new("float[]", [float((i * 7919) % 23) - 11.0 for i in range(rows * vocab)])
-    logits[29 * vocab + 5], logits[7 * vocab + 299] = float("nan"), float("-inf")
+    logits[39 * vocab + 5], logits[20 * vocab + 1999] = float("nan"), float("-inf")
     targets = ffi.new("int64_t[]", [i % vocab for i in range(rows)])
     before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
-    for threads in thread_counts(mode):
-        loss, dlogits = ffi.new("float[1]", [7.0]), ffi.new("float[]", rows * vocab)
-        rc = lib.mt_cross_entropy(loss, ffi.NULL, dlogits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
-        msg = ffi.string(lib.mt_last_error()).decode()
-        assert rc == ENONFINITE and msg.startswith("logits row 7 holds NaN or inf"), (threads, msg)
-        assert loss[0] == 7.0 and (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before, threads
-    rc = lib.mt_cross_entropy(loss, ffi.NULL, logits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
-    assert rc == ENONFINITE and "nothing was written" in ffi.string(lib.mt_last_error()).decode()
-    assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
+    for first, ignored in ((20, None), (13, 13)):
+        if first == 13:
+            logits[13 * vocab + 7] = float("inf")
+            targets[13] = -100                         # an ignored row is refused all the same
+            before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
+        for threads in thread_counts(mode):
+            loss, dlogits = ffi.new("float[1]", [7.0]), ffi.new("float[]", rows * vocab)
+            rc = lib.mt_cross_entropy(loss, ffi.NULL, dlogits, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
+            msg = ffi.string(lib.mt_last_error()).decode()
+            assert rc == ENONFINITE and msg.startswith("logits row %d holds NaN or inf" % first), (threads, msg)
+            assert loss[0] == 7.0 and (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before, threads
+            assert msg.endswith(("dlogits left undefined, loss_out not written", "nothing was written")), msg
+    for out in (logits, ffi.cast("float *", targets)):
+        rc = lib.mt_cross_entropy(loss, ffi.NULL, out, logits, targets, 8, rows, vocab, -100, 2, 0.0, 0)
+        assert rc in (EINVAL, ENONFINITE) and loss[0] == 7.0
+        assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before
+
+
+def test_a_gradient_over_the_logits_is_refused_by_name_or_computed_in_place_exactly(mode):
+    """dlogits on the logits (in place), partly over them, or over the targets: refused with
+    EINVAL naming the overlap before anything is written (the CPU oracle refuses all three),
+    or -- exactly in place only, which a GPU's own LM head uses -- the loss and gradient bits
+    of a buffer of its own. (Before 2026-12-02 the oracle gave a wrong loss in place, and an
+    overlap with the targets could crash.)"""
+    _need(mode)
+    lib, rows, vocab = mode.backend.lib, 4, 6
+    values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab + vocab)]
+    targets = ffi.new("int32_t[]", [1, 2, 3, 4] + [0] * 24)
+    want_loss, want_grad = ffi.new("float[1]"), ffi.new("float[]", rows * vocab)
+    ref = ffi.new("float[]", values)
+    assert lib.mt_cross_entropy(want_loss, ffi.NULL, want_grad, ref, targets, 4, rows, vocab, -100, 2, 0.0, 0) == 0
+    for where, text in ((0, "dlogits is logits"), (vocab, "dlogits and logits overlap"),
+                        (None, "dlogits overlaps targets")):
+        logits, loss = ffi.new("float[]", values), ffi.new("float[1]", [7.0])
+        out = ffi.cast("float *", targets) if where is None else logits + where
+        before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
+        rc = lib.mt_cross_entropy(loss, ffi.NULL, out, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0)
+        if rc == EINVAL:
+            assert text in ffi.string(lib.mt_last_error()).decode(), text
+            assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
+        else:
+            assert (rc, where) == (0, 0), (rc, text)            # only exact in place may be computed
+            assert bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss))
+            assert bytes(ffi.buffer(logits))[:4 * rows * vocab] == bytes(ffi.buffer(want_grad))
 
 
 def test_the_c_entry_without_outputs_to_compute_is_fine(mode):

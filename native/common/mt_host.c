@@ -397,7 +397,7 @@ void mt_logits_of_lm_head(int64_t row0, int has_bias) {
 static int fail_nonfinite_logits(int64_t row, const char *written) {
     char tail[96];
     if (written)
-        snprintf(tail, sizeof tail, "%s and row_loss are undefined, loss_out was not written", written);
+        snprintf(tail, sizeof tail, "%s left undefined, loss_out not written", written);
     else
         snprintf(tail, sizeof tail, "nothing was written");
     if (g_lm_row0 < 0)

@@ -148,7 +148,7 @@ int mt_fail_target(int64_t row, int64_t value, int64_t vocab, int64_t ignore_ind
  * caller passed finite inputs and no logits). Thread-local, like the message. */
 void mt_logits_of_lm_head(int64_t row0, int has_bias);
 int mt_fail_nonfinite_logits(int64_t row);
-/* The same after a pass that wrote `written` (e.g. "dlogits"): it and row_loss undefined. */
+/* The same after a pass that wrote `written` (e.g. "dlogits"), left undefined. */
 int mt_fail_nonfinite_logits_after(int64_t row, const char *written);
 
 /* The token rule over rows of single terms (linear.md): each leaf of MT_TOKEN_LEAF rows folds

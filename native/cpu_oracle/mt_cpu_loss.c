@@ -1,15 +1,18 @@
 /* mt_cpu_loss.c -- cross-entropy on the CPU oracle (contract: native/contracts/loss.md).
  *
  * Order of a call: check the arguments; read every target (the smallest bad row is named)
- * and count the rows that are not ignored. Pass 1, rows in parallel, writes only our
- * scratch: each row's max (exact, so any order) and whether it holds a NaN or an infinity,
- * in one read; without a gradient also, the row now in cache, its softmax denominator and
- * smoothing sum by the chunk tree (mt_chunk_sum_exp, mt_chunk_sum). The first non-finite row
- * is refused. Only then is anything written. With a gradient, pass 2 (rows in parallel)
- * forms the sums there instead, keeping each e_j = mt_expf(x_j - m) in the dlogits row as
- * it is folded, then turns the row into (e_j / s - y_j) * g in place (mt_ce_grad): one exp
- * per logit, two reads of the logits and one write of dlogits in all. Then the row losses
- * (mt_ce_row_loss) and the token rule over them; loss_out is written last.
+ * and count the rows that are not ignored; a dlogits overlapping the logits or the targets is
+ * refused (the oracle never computes in place). Without a gradient, one pass, rows in
+ * parallel, writes only our scratch: each row's max (exact, so any order) and whether it
+ * holds a NaN or an infinity, then, the row now in cache, its softmax denominator and
+ * smoothing sum by the chunk tree (mt_chunk_sum_exp, mt_chunk_sum). With a gradient, the one
+ * pass (rows in parallel) takes each row's max and finiteness the same way, skips a row
+ * holding NaN or inf, and forms the sums keeping each e_j = mt_expf(x_j - m) in the dlogits
+ * row as it is folded, then turns the row into (e_j / s - y_j) * g in place (mt_ce_grad):
+ * one exp per logit, one read of the logits and one write of dlogits in all. Then the first
+ * non-finite row is refused (dlogits undefined, as loss.md allows; row_loss and loss_out not
+ * yet written); else the row losses (mt_ce_row_loss) and the token rule over them;
+ * loss_out is written last.
  * With reduction NONE, loss_out (if given) is not written and dlogits must be NULL. The mean
  * of no rows (every row ignored) is 0/0: written as the canonical NaN 0x7fc00000 of
  * math.md, since the bits of a NaN from 0/0 differ between vendors.
@@ -40,18 +43,17 @@ typedef struct {
     const void *targets;
     int32_t target_bytes;
     int64_t n_rows, vocab, ignore_index;
-    float *row_max;    /* (n_rows) pass 1: the max, or NaN for a row holding NaN or inf */
-    float *row_min;    /* (n_rows) pass 1: the min (min - max >= MT_EXPF_MID_LO: mt_expf_mid) */
+    float *row_max;    /* (n_rows): the max, or NaN for a row holding NaN or inf */
+    float *row_min;    /* (n_rows): the min (min - max >= MT_EXPF_MID_LO: mt_expf_mid) */
     float *row_sum;    /* (n_rows): the softmax denominator s of each row not ignored */
     float *row_x;      /* (n_rows): the tree sum of its logits (smoothing only) */
     float *row_loss;   /* (n_rows): the caller's row_loss or our scratch */
     float *dlogits;    /* (n_rows * vocab) or NULL */
     mt_ce_scalars c;
-    int fused;         /* the gradient pass finds each row's max (and its finiteness) itself */
 } ce_job;
 
 
-/* ---- pass 1 (reads only): per row, the max and its finiteness in one read ----
+/* ---- per row, the max and its finiteness in one read ----
  * The max runs on integer keys that order like the floats (negative ones with their
  * magnitude bits flipped), so it vectorizes as an integer max; NaN and inf show as an
  * all-ones exponent field. Without a gradient, the row's sums follow while it is in cache. */
@@ -136,17 +138,15 @@ CE_FLAT MT_SIMD static void grad_from_kept(float *d, int64_t n, float s, const m
     for (int64_t j = 0; j < n; ++j) d[j] = mt_ce_grad(d[j], s, 0, &c);
 }
 
-/* Rows b..e: (fused) each row's max first, a row holding NaN or inf skipped (its max tells the
+/* Rows b..e: each row's max first, a row holding NaN or inf skipped (its max tells the
  * refusal after the pass); then the row's e_j, kept in its dlogits row, and its gradient. */
 static void grad_rows(void *ctx, int64_t b, int64_t e) {
     ce_job *job = (ce_job *)ctx;
     int64_t v = job->vocab;
     for (int64_t i = b; i < e; ++i) {
         float *d = job->dlogits + i * v;
-        if (job->fused) {
-            job->row_max[i] = row_max(job->logits + i * v, v, &job->row_min[i]);
-            if (!mt_is_finite(job->row_max[i])) continue;
-        }
+        job->row_max[i] = row_max(job->logits + i * v, v, &job->row_min[i]);
+        if (!mt_is_finite(job->row_max[i])) continue;
         if (row_ignored(job, i)) {
             memset(d, 0, sizeof(float) * (size_t)v);   /* +0.0 is all zero bits */
             continue;
@@ -192,6 +192,11 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
                          label_smoothing, num_items)) ||
         (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
         return rc;
+    int64_t grad_bytes = (int64_t)sizeof(float) * n_rows * vocab;
+    if (dlogits && ((rc = mt_check_alias(dlogits, logits, n_rows * vocab, 0, "dlogits", "logits")) ||
+                    (ce_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes) &&
+                     (rc = mt_fail(MT_EINVAL, "dlogits overlaps targets; pass a buffer of its own for dlogits")))))
+        return rc;
     int64_t leaves = mt_token_leaves(n_rows);
     int64_t floats = 4 * n_rows + (row_loss ? 0 : n_rows) + leaves;
     float *scratch = (float *)mt_scratch_alloc((int64_t)sizeof(float) * floats, "cross_entropy row scratch");
@@ -200,19 +205,13 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     ce_job job = {logits, targets, target_bytes, n_rows, vocab, ignore_index, scratch, scratch + 3 * n_rows,
                   scratch + n_rows, scratch + 2 * n_rows, row_loss ? row_loss : scratch + 4 * n_rows, dlogits,
                   mt_ce_scalars_for(label_smoothing, vocab, reduction == MT_REDUCTION_MEAN, divisor)};
-    /* With a gradient that overlaps neither the logits nor the targets, the finiteness check
-     * rides along with the gradient pass (loss.md: dlogits and row_loss are then undefined after
-     * a refusal); otherwise a first pass reads every row before anything is written. */
-    int64_t grad_bytes = (int64_t)sizeof(float) * n_rows * vocab;
-    job.fused = dlogits && !ce_overlap(dlogits, grad_bytes, logits, grad_bytes) &&
-                !ce_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes);
-    if (!job.fused) mt_parallel_for_work(n_rows, 1, n_rows * vocab, max_rows, &job);
-    int64_t bad = job.fused ? -1 : first_nonfinite_row(job.row_max, n_rows);
-    if (bad < 0 && dlogits) mt_parallel_for_work(n_rows, 1, n_rows * vocab, grad_rows, &job);
-    if (job.fused) bad = first_nonfinite_row(job.row_max, n_rows);
+    /* One pass; its finiteness check refuses after it (loss.md: dlogits and row_loss are then
+     * undefined), the first non-finite row by index whichever thread found it. */
+    mt_parallel_for_work(n_rows, 1, n_rows * vocab, dlogits ? grad_rows : max_rows, &job);
+    int64_t bad = first_nonfinite_row(job.row_max, n_rows);
     if (bad >= 0) {
         mt_scratch_free(scratch, (int64_t)sizeof(float) * floats);
-        return job.fused ? mt_fail_nonfinite_logits_after(bad, "dlogits") : mt_fail_nonfinite_logits(bad);
+        return dlogits ? mt_fail_nonfinite_logits_after(bad, "dlogits") : mt_fail_nonfinite_logits(bad);
     }
     loss_rows(&job);
     if (reduction != MT_REDUCTION_NONE) {
