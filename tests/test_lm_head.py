@@ -218,8 +218,12 @@ def test_logits_that_overflow_name_the_callers_row_in_every_chunk(head, chunk_ro
         loss.linear_cross_entropy(h, big, t, linear_bias=b, return_grad=True, chunk_rows=chunk_rows,
                                   numeric_mode=head.numeric_mode)
     with pytest.raises(ValueError, match=r"chunked_lm_head_loss: the logits of hidden row 5 \(hidden @ "
-                       r"weight.T\) overflow float32"):
+                       r"weight.T\) overflow float32") as refused:
         loss.chunked_lm_head_loss(h, big, t, chunk_rows=chunk_rows, numeric_mode=head.numeric_mode)
+    # what may have been written: nothing when row 5 is in the first chunk; else the earlier chunks'
+    assert str(refused.value).endswith("nothing was written" if chunk_rows is None else
+                                       "d_hidden, d_weight, d_bias and row_loss left undefined (earlier chunks "
+                                       "were computed), loss_out not written"), str(refused.value)
 
 
 def test_agrees_with_torch_linear_cross_entropy_in_float64(head):

@@ -137,6 +137,13 @@ REFUSALS = [
     ("an inf logit at a position", dict(logits=np.where(np.arange(24).reshape(2, 3, 4) == 6, np.inf, 0.0)
                                         .astype(np.float32), targets=np.zeros((2, 4), np.int64)), ValueError,
      "logits[0, :, 2] holds NaN or inf"),
+    ("an inf logit at a position: what is undefined", dict(
+        logits=np.where(np.arange(24).reshape(2, 3, 4) == 6, np.inf, 0.0).astype(np.float32),
+        targets=np.zeros((2, 4), np.int64)), ValueError, "; dlogits and row_loss left undefined, loss_out not written"),
+    ("a NaN logit with a weight: what is undefined", dict(logits=np.array([[0, 1, 2], [0, np.nan, 0]], np.float32),
+                                                           weight=np.ones(3, np.float32)), ValueError,
+     "logits row 1 holds NaN or inf (every logit must be finite, ignored rows too); dlogits and row_loss left "
+     "undefined, loss_out not written"),
     ("bool targets", dict(targets=np.array([True, False])), TypeError, "targets has dtype bool"),
     ("a list of bools", dict(targets=[True, False]), TypeError, "targets must hold integers"),
     ("a list of floats", dict(targets=[0.0, 1.0]), TypeError, "targets must hold integers"),

@@ -393,7 +393,8 @@ void mt_logits_of_lm_head(int64_t row0, int has_bias) {
 }
 
 /* The refusal of logits row `row` holding NaN or inf; `written`: what the caller may find
- * written (NULL: nothing). Inside the LM head the logits and their gradient are its scratch. */
+ * written (NULL: nothing). Inside the LM head the logits and their gradient are its scratch;
+ * what it may have written is the chunks before the bad one. */
 static int fail_nonfinite_logits(int64_t row, const char *written) {
     char tail[96];
     if (written)
@@ -404,9 +405,12 @@ static int fail_nonfinite_logits(int64_t row, const char *written) {
         return mt_fail(MT_ENONFINITE, "logits row %lld holds NaN or inf (every logit must be finite, ignored rows "
                        "too); %s", (long long)row, tail);
     return mt_fail(MT_ENONFINITE, "the logits of hidden row %lld (hidden @ weight.T%s) overflow float32 to inf or "
-                   "NaN although %s are finite; scale hidden or weight down; nothing was written",
+                   "NaN although %s are finite; scale hidden or weight down; %s",
                    (long long)(g_lm_row0 + row), g_lm_bias ? " + bias" : "",
-                   g_lm_bias ? "hidden, weight and bias" : "hidden and weight");   /* its logits are its own */
+                   g_lm_bias ? "hidden, weight and bias" : "hidden and weight",
+                   g_lm_row0 > 0 ? "d_hidden, d_weight, d_bias and row_loss left undefined (earlier chunks "
+                                   "were computed), loss_out not written"
+                                 : "nothing was written");   /* its logits are its own scratch */
 }
 
 int mt_fail_nonfinite_logits(int64_t row) { return fail_nonfinite_logits(row, NULL); }

@@ -58,17 +58,20 @@ int mt_fail_nonfinite_weight(int64_t j) {
                    "written", (long long)j);
 }
 
+/* After the one pass that finds it (the oracle's and a GPU's): dlogits and row_loss may hold
+ * partial results, loss_out was not written. */
 int mt_fail_nonfinite_nd(int probs, int64_t row, int64_t inner) {
     const char *what = probs ? "target_probs" : "logits";
+    const char *tail = "dlogits and row_loss left undefined, loss_out not written";
     if (inner == 1) {
-        if (!probs) return mt_fail_nonfinite_logits(row);
-        return mt_fail(MT_ENONFINITE, "%s row %lld holds NaN or inf (every probability must be finite); nothing "
-                       "was written", what, (long long)row);
+        if (!probs) return mt_fail_nonfinite_logits_after(row, "dlogits and row_loss");
+        return mt_fail(MT_ENONFINITE, "%s row %lld holds NaN or inf (every probability must be finite); %s", what,
+                       (long long)row, tail);
     }
     return mt_fail(MT_ENONFINITE, "%s[%lld, :, %lld] holds NaN or inf (batch entry %lld, position %lld of %lld, "
-                   "positions flattened in row-major order; every value must be finite); nothing was written",
+                   "positions flattened in row-major order; every value must be finite); %s",
                    what, (long long)(row / inner), (long long)(row % inner), (long long)(row / inner),
-                   (long long)(row % inner), (long long)inner);
+                   (long long)(row % inner), (long long)inner, tail);
 }
 
 int64_t mt_first_nonfinite_float(const float *x, int64_t n) {
