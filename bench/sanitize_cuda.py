@@ -7,7 +7,7 @@ the defect to be clean -- so a zero below means the tool looked. Then it runs
 MOJO_TRAIN_VENDOR=cuda: each card's cases on host buffers and on device buffers, the CUDA
 identical library. The tool x card runs go in parallel (the sanitizers are bound by the host CPU).
 Every run must end with compute-sanitizer's ``ERROR SUMMARY: 0 errors`` and the card passing.
-The record (GPU, commit, per tool x card: errors and seconds) is appended to
+The record (GPU, commit, the library's digest, per tool x card: errors and seconds) is appended to
 bench/results/sanitize-cuda.md (and copied to $OUT when set). One GPU call cannot hold every
 run (a racecheck shard of lm_head takes 4-5 minutes): runs start longest first by the times the
 record holds, a run the record says cannot finish before --deadline is not started (its slot goes
@@ -86,6 +86,18 @@ def build(canary_only=False):
 
 
 RECORD = os.path.join(ROOT, "bench", "results", "sanitize-cuda.md")
+LIBRARY_MANIFEST = os.path.join(ROOT, "native", "build", "libmojo_train_cuda_identical.so.sha256")
+
+
+def library_digest():
+    """The first 16 hex digits of the CUDA identical library's sha256 (its manifest, written by
+    the Makefile next to it), or "unknown": sections at different commits with the same digest
+    ran the same library."""
+    try:
+        with open(LIBRARY_MANIFEST) as f:
+            return f.read().split()[0][:16]
+    except (OSError, IndexError):
+        return "unknown"
 
 
 def record_sections():
@@ -94,7 +106,7 @@ def record_sections():
     if os.path.exists(RECORD):
         for line in open(RECORD):
             if line.startswith("## "):
-                m = re.search(r"commit (\S+)", line)
+                m = re.search(r"commit ([^\s,]+)", line)
                 sections.append((m.group(1) if m else None, []))
                 continue
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -203,7 +215,8 @@ def main():
     table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else
                                                  ("not finished" if "[killed" in o or "[not started" in o else "FAILED"))
               for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
-    record = ["", "## %s, %s, commit %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit()),
+    record = ["", "## %s, %s, commit %s, library %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(),
+                                                         commit(), library_digest()),
               "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
               "errors (the tool is live); a clean canary and every card must report 0.%s"
               % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),

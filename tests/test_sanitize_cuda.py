@@ -105,3 +105,19 @@ def test_resume_refuses_an_unknown_commit(monkeypatch, tmp_path):
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--resume", "--tools", "racecheck", "--cards", "loss"],
                                _clean, commit="unknown")
     assert str(code).startswith("--resume needs the commit") and rows == {} and started == []
+
+
+def test_a_section_names_its_library_and_resume_reads_the_commit_before_it(monkeypatch, tmp_path):
+    """The header carries the CUDA library's digest (its Makefile manifest), so sections at two
+    commits can be shown to have run one library; --resume still keys on the commit."""
+    manifest = tmp_path / "lib.sha256"
+    manifest.write_text("0123456789abcdef" + "0" * 48 + "  libmojo_train_cuda_identical.so\n")
+    monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(manifest))
+    live = "| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+    record = "## x, commit abc1234, library 0123456789abcdef\n\n" + HEADER + live + "| racecheck | loss 0/2 | 0 | 5 | ok |\n"
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    assert ("racecheck", "loss 0/2") not in rows and rows[("racecheck", "loss 1/2")] == "ok"
+    assert ", commit abc1234, library 0123456789abcdef\n" in (tmp_path / "sanitize-cuda.md").read_text()[len(record):]
+    monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(tmp_path / "absent"))
+    assert S.library_digest() == "unknown"
