@@ -252,11 +252,19 @@ MT_HD float mt_gelu_u(float x) {
 
 MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * (1.0f + mt_erff(mt_gelu_u(x))); }
 
-MT_HD float mt_gelu_erf_grad(float dy, float x) {
-    float cdf = 0.5f * (1.0f + mt_erff(mt_gelu_u(x)));
-    float pdf = MT_GELU_PDF * MT_ELT_EXPF((x * x) * -0.5f);
-    return dy * MT_ELT_MADD(x, pdf, cdf);
-}
+/* The gradient's one formula with its exp as a parameter: mt_gelu_erf_grad takes MT_ELT_EXPF;
+ * mt_gelu_erf_grad_mid takes mt_expf_mid, the same bits wherever |x| < MT_GELU_MID_X, since
+ * -x*x/2 then lies in mt_expf_mid's range (above -85.81 >= MT_EXPF_MID_LO), where it equals
+ * mt_expf for every float (bench/expf_identity.c). A caller tests the range first. */
+#define MT_GELU_MID_X 13.1f
+#define MT_GELU_ERF_GRAD(MT_EXP)                                                                    \
+    {                                                                                              \
+        float cdf = 0.5f * (1.0f + mt_erff(mt_gelu_u(x)));                                          \
+        float pdf = MT_GELU_PDF * MT_EXP((x * x) * -0.5f);                                          \
+        return dy * MT_ELT_MADD(x, pdf, cdf);                                                      \
+    }
+MT_HD float mt_gelu_erf_grad(float dy, float x) MT_GELU_ERF_GRAD(MT_ELT_EXPF)
+MT_HD float mt_gelu_erf_grad_mid(float dy, float x) MT_GELU_ERF_GRAD(mt_expf_mid)
 
 MT_HD float mt_gelu_tanh_t(float x, float xx) {
     return mt_tanhf(MT_GELU_BETA * MT_ELT_MADD(MT_GELU_KAPPA, xx * x, x));
