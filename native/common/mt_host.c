@@ -160,10 +160,16 @@ int mt_check_map_flags(uint32_t flags) {
     return MT_OK;
 }
 
+int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
+    if (!a || !b || a_bytes <= 0 || b_bytes <= 0) return 0;
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a0 < b0 + (uintptr_t)b_bytes && b0 < a0 + (uintptr_t)a_bytes;
+}
+
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
                    const char *in_name) {
-    uintptr_t o = (uintptr_t)out, i = (uintptr_t)in, bytes = (uintptr_t)n * 4;
-    if (n <= 0 || o + bytes <= i || i + bytes <= o || (in_place_ok && o == i)) return MT_OK;
+    uintptr_t o = (uintptr_t)out, i = (uintptr_t)in;
+    if (!mt_bytes_overlap(out, n * 4, in, n * 4) || (in_place_ok && o == i)) return MT_OK;
     if (o == i) return mt_fail(MT_EINVAL, "%s is %s; %s must be a buffer of its own", out_name, in_name, out_name);
     return mt_fail(MT_EINVAL, "%s and %s overlap without being the same buffer (%s starts %llu bytes %s %s); pass %s",
                    out_name, in_name, out_name, (unsigned long long)(o > i ? o - i : i - o), o > i ? "after" : "before",

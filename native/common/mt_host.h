@@ -48,6 +48,8 @@ int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const
  * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
 /* A map's flags (mojo_train.h, enum mt_map_flags): only MT_MAP_OUT_FRESH may be set. */
 int mt_check_map_flags(uint32_t flags);
+/* Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (NULL or empty: no). */
+int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes);
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
                    const char *in_name);
 int mt_check_finite_scalar(float x, const char *name);

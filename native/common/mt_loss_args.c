@@ -23,8 +23,7 @@ static int check_target_kind(const void *targets, const float *target_probs, int
 }
 
 static int overlaps(const float *out, const float *in, int64_t n) {
-    uintptr_t o = (uintptr_t)out, i = (uintptr_t)in, bytes = (uintptr_t)n * sizeof(float);
-    return out && in && n > 0 && o < i + bytes && i < o + bytes;
+    return mt_bytes_overlap(out, n * (int64_t)sizeof(float), in, n * (int64_t)sizeof(float));
 }
 
 int mt_check_ce_nd_args(int64_t *rows, const float *loss_out, const float *row_loss, const float *dlogits,

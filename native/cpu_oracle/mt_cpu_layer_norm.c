@@ -77,9 +77,7 @@ static int ln_row_refused(ln_job *job, const float *x, const float *dy) {
 
 /* Whether [a, a + na) and [b, b + nb) share a float (NULL or empty: no). */
 static int ln_overlap(const float *a, int64_t na, const float *b, int64_t nb) {
-    if (!a || !b || na <= 0 || nb <= 0) return 0;
-    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
-    return a0 < b0 + 4 * (uintptr_t)nb && b0 < a0 + 4 * (uintptr_t)na;
+    return mt_bytes_overlap(a, 4 * na, b, 4 * nb);
 }
 
 /* y = fma(xhat, w, b); no weight: w = 1, no bias: b = -0.0 (layer_norm.md). */

@@ -127,7 +127,7 @@ static void max_rows(void *ctx, int64_t b, int64_t e) {
     ce_job *job = (ce_job *)ctx;
     for (int64_t i = b; i < e; ++i) {
         job->row_max[i] = row_max(job->logits + i * job->vocab, job->vocab, &job->row_min[i]);
-        if (!job->dlogits && mt_is_finite(job->row_max[i]) && !row_ignored(job, i)) row_sums(job, i, 0);
+        if (mt_is_finite(job->row_max[i]) && !row_ignored(job, i)) row_sums(job, i, 0);
     }
 }
 
@@ -159,13 +159,6 @@ static void grad_rows(void *ctx, int64_t b, int64_t e) {
     }
 }
 
-/* Whether [a, a + na) and [b, b + nb) (bytes) share a byte (NULL: no). */
-static int ce_overlap(const void *a, int64_t na, const void *b, int64_t nb) {
-    if (!a || !b || na <= 0 || nb <= 0) return 0;
-    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
-    return a0 < b0 + (uintptr_t)nb && b0 < a0 + (uintptr_t)na;
-}
-
 static void loss_rows(const ce_job *job) {
     for (int64_t i = 0; i < job->n_rows; ++i) {
         int64_t t = mt_index_at(job->targets, job->target_bytes, i);
@@ -194,7 +187,7 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
         return rc;
     int64_t grad_bytes = (int64_t)sizeof(float) * n_rows * vocab;
     if (dlogits && ((rc = mt_check_alias(dlogits, logits, n_rows * vocab, 0, "dlogits", "logits")) ||
-                    (ce_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes) &&
+                    (mt_bytes_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes) &&
                      (rc = mt_fail(MT_EINVAL, "dlogits overlaps targets; pass a buffer of its own for dlogits")))))
         return rc;
     int64_t leaves = mt_token_leaves(n_rows);
