@@ -42,8 +42,9 @@ CANARY = os.path.join(ROOT, "native", "build", "sanitizer_canaries")
 # The cards that take minutes under a sanitizer are split into shards (selfcheck --shard K/N) that
 # run side by side; a first full run at 017eeb6 (host backtraces on) took 4-8 minutes for these.
 # racecheck costs ~70 ms a launch (probes of the seventh session): clip's many-tensor lines and
-# lm_head's many-chunk lines (up to 45 s each) get about one line of those a shard.
-SHARDS = {"clip": 32, "lm_head": 22, "accumulate": 4, "optim": 4, "linear": 2, "loss": 2}
+# lm_head's many-chunk and wide-vocabulary lines (45 s alone, over 560 s two at a time among
+# a dozen racecheck runs, eighth session) get one line a shard.
+SHARDS = {"clip": 32, "lm_head": 44, "accumulate": 4, "optim": 4, "linear": 2, "loss": 2}
 # The count of findings each tool prints last (racecheck its own summary: errors and warnings).
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 
@@ -115,21 +116,47 @@ def record_sections():
     return sections
 
 
-def ok_at_this_commit():
-    """{(tool, run)} recorded ok by the record's sections at this commit (not the canaries), each
-    counted only from a section where that tool's canary and clean canary were ok (the tool was
-    shown live there)."""
+def card_line_count(card):
+    """The case lines of fixtures/<card>.card (what selfcheck --shard K/N divides)."""
+    with open(os.path.join(ROOT, "fixtures", card + ".card")) as f:
+        return sum(1 for line in f if line.strip() and not line.startswith("#"))
+
+
+def run_lines(run, count):
+    """(card, the card's line indices) that a run label covers: "card" every line, "card K/N" the
+    lines whose index is K modulo N (selfcheck's --shard)."""
+    m = re.fullmatch(r"(\S+) (\d+)/(\d+)", run)
+    if not m:
+        return run, set(range(count(run)))
+    card, k, n = m.group(1), int(m.group(2)), int(m.group(3))
+    return card, set(range(k, count(card), n))
+
+
+def ok_at_this_commit(count=card_line_count):
+    """{(tool, card): the card's line indices} that sections at this commit recorded ok (not the
+    canaries), each counted only from a section where that tool's canary and clean canary were ok
+    (the tool was shown live there). Lines, not run labels: a card re-cut into more shards keeps
+    what shards of another cut already covered."""
     here = commit()
     if here == "unknown":
         sys.exit("--resume needs the commit (run from a git checkout, or set MT_COMMIT)")
-    done = set()
+    done = {}
     for at, rows in record_sections():
         if at != here:
             continue
         ok = {(tool, run) for tool, run, _, outcome in rows if outcome == "ok"}
         live = {t for t in TOOLS if (t, "canary") in ok and (t, "canary clean") in ok}
-        done |= {(tool, run) for tool, run in ok if tool in live and not run.startswith("canary")}
+        for tool, run in ok:
+            if tool in live and not run.startswith("canary"):
+                card, lines = run_lines(run, count)
+                done.setdefault((tool, card), set()).update(lines)
     return done
+
+
+def covered(done, tool, run, count=card_line_count):
+    """Whether the lines of ``run`` under ``tool`` are all in ``done`` (ok_at_this_commit's map)."""
+    card, lines = run_lines(run, count)
+    return lines <= done.get((tool, card), set())
 
 
 def recorded_seconds():
@@ -171,9 +198,9 @@ def main():
             jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
                       [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)])
                      for k in range(n)]
-    done = ok_at_this_commit() if args.resume else set()
-    resumed = len([j for j in jobs if (j[1], j[0]) in done])
-    jobs = [j for j in jobs if (j[1], j[0]) not in done]
+    done = ok_at_this_commit() if args.resume else {}
+    resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
+    jobs = [j for j in jobs if j[0].startswith("canary") or not covered(done, j[1], j[0])]
     # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
     # time for first), so that the last ones to start are the short ones.
     took = recorded_seconds()
@@ -221,7 +248,7 @@ def main():
               "errors (the tool is live); a clean canary and every card must report 0.%s"
               % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),
                  len(jobs), args.jobs, time.time() - t_start,
-                 " Resumed: %d runs left out, recorded ok in earlier sections at this commit." % resumed if resumed else ""),
+                 " Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit." % resumed if resumed else ""),
               ""] + table
     path = RECORD
     if not os.path.exists(path):

@@ -101,6 +101,20 @@ def test_resume_trusts_only_sections_at_this_commit_whose_tool_was_shown_live(mo
     assert code == 0 and "Resumed: 1 runs left out" in (tmp_path / "sanitize-cuda.md").read_text()
 
 
+def test_resume_counts_card_lines_so_a_card_cut_into_more_shards_keeps_what_was_covered(monkeypatch, tmp_path):
+    """optim is cut in 4; a section cut it in 2 and recorded 0/2 ok (its even lines): 0/4 and 2/4
+    are covered, 1/4 and 3/4 are not; a whole-card row covers every shard."""
+    live = "| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+    record = "## x, commit abc1234\n\n" + HEADER + live + "| racecheck | optim 0/2 | 0 | 5 | ok |\n"
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "optim"],
+                               _clean)
+    assert sorted(r for t, r in rows if r.startswith("optim")) == ["optim 1/4", "optim 3/4"] and code == 0
+    assert "Resumed: 2 runs left out" in (tmp_path / "sanitize-cuda.md").read_text()
+    assert S.card_line_count("optim") > 4
+    done = {("racecheck", "optim"): set(range(S.card_line_count("optim")))}
+    assert S.covered(done, "racecheck", "optim 3/4") and not S.covered(done, "memcheck", "optim 3/4")
+
+
 def test_resume_refuses_an_unknown_commit(monkeypatch, tmp_path):
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--resume", "--tools", "racecheck", "--cards", "loss"],
                                _clean, commit="unknown")
