@@ -1,9 +1,9 @@
-/* math_sweep.c -- exhaustive check of mt_pinned.h's mt_expf, mt_logf, mt_log1pf, mt_erff and
- * mt_tanhf over all 2^32 float32 bit patterns (native/contracts/math.md states the bounds this
- * measures).
+/* math_sweep.c -- exhaustive check of mt_pinned.h's mt_expf, mt_logf, mt_log1pf, mt_erff,
+ * mt_tanhf and mt_one_plus_erff over all 2^32 float32 bit patterns (native/contracts/math.md
+ * states the bounds this measures).
  *
  *   gcc -O2 -ffp-contract=off -Inative/include -pthread bench/math_sweep.c -o math_sweep -lm
- *   ./math_sweep [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh]      (make math-sweep)
+ *   ./math_sweep [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh] [one_plus_erf]   (make math-sweep)
  *
  * Reference: glibc's double exp/log/log1p/erf/tanh of the (exactly converted) input, rounded once to
  * float. glibc documents these double routines within 1 ulp of double (in practice < 0.52
@@ -14,7 +14,10 @@
  * x87 long double expl/logl/log1pl/erfl/tanhl (64-bit significand, 2^-40 float ulp); an input still
  * ambiguous at 2^5 long double ulps is counted as "unresolved" (none expected).
  * Error in ulps: |y - ref| / ulp(ref), ulp(v) = 2^(max(floor(log2 |v|), -126) - 23),
- * with ref the unrounded reference (double or long double).
+ * with ref the unrounded reference (double or long double). mt_one_plus_erff (reference erfc(-x))
+ * is held to an absolute error where its value is small: its error is counted in ulps of
+ * max(|ref|, 1/4) (the routine's "floor"), its pass bound is its own (math.md), and a 0 where
+ * the reference is a tiny positive value is not a special-value failure.
  * A result is correct when its bits equal the correctly rounded float's bits; every NaN
  * result must be the canonical 0x7fc00000. -STEP > 1 samples every STEP-th pattern (quick
  * runs); the default is the exhaustive sweep.
@@ -38,6 +41,8 @@ typedef struct {
     fn_f f;
     ref_d rd;
     ref_ld rl;
+    double floor;   /* errors in ulps of max(|ref|, floor); 0: of |ref| */
+    double bound;   /* the pass bound in those ulps; 0: 1 ulp */
 } routine;
 
 static float call_exp(float x) { return mt_expf(x); }
@@ -45,6 +50,9 @@ static float call_log(float x) { return mt_logf(x); }
 static float call_log1p(float x) { return mt_log1pf(x); }
 static float call_erf(float x) { return mt_erff(x); }
 static float call_tanh(float x) { return mt_tanhf(x); }
+static float call_one_plus_erf(float x) { return mt_one_plus_erff(x); }
+static double erfc_neg(double x) { return erfc(-x); }
+static long double erfcl_neg(long double x) { return erfcl(-x); }
 
 static const routine ROUTINES[] = {
     {"exp", call_exp, exp, expl},
@@ -52,6 +60,7 @@ static const routine ROUTINES[] = {
     {"log1p", call_log1p, log1p, log1pl},
     {"erf", call_erf, erf, erfl},
     {"tanh", call_tanh, tanh, tanhl},
+    {"one_plus_erf", call_one_plus_erf, erfc_neg, erfcl_neg, 0.25, 1.891},
 };
 #define N_ROUTINES (sizeof ROUTINES / sizeof ROUTINES[0])
 
@@ -114,13 +123,14 @@ static void check_one(const routine *r, uint32_t u, tally *t) {
         t->correct++;
     } else {
         t->wrong++;
-        if (isnan(y) || isinf(y) || isinf(want) || y == 0.0f || want == 0.0f) t->inf_zero_wrong++;
+        if (isnan(y) || isinf(y) || isinf(want) || (r->floor == 0 && (y == 0.0f || want == 0.0f))) t->inf_zero_wrong++;
     }
     double err;
     if (isinf(want) || isinf(y) || isnan(y)) {
         err = (bits_of(y) == bits_of(want)) ? 0.0 : INFINITY;
     } else {
-        err = (double)(fabsl((long double)y - ref) / ulp_of(ref));
+        long double scale = fabsl(ref) > r->floor ? fabsl(ref) : (long double)r->floor;
+        err = (double)(fabsl((long double)y - ref) / ulp_of(scale));
     }
     if (err > t->max_err) {
         t->max_err = err;
@@ -185,6 +195,14 @@ static const special SPECIAL_ERF[] = {
     {"erf(1)", 0x3f800000u, 0x3f57bb3du}, {"erf(0.6875)", 0x3f300000u, 0x3f2b4922u},
     {"erf(4) = 1 (the clamp)", 0x40800000u, 0x3f800000u}, {"erf(-FLT_MAX)", 0xff7fffffu, 0xbf800000u},
 };
+static const special SPECIAL_ONE_PLUS_ERF[] = {
+    {"one_plus_erf(+qNaN)", 0x7fc00000u, MT_MATH_QNAN}, {"one_plus_erf(-sNaN)", 0xff800001u, MT_MATH_QNAN},
+    {"one_plus_erf(+inf)", 0x7f800000u, 0x40000000u}, {"one_plus_erf(-inf)", 0xff800000u, 0x00000000u},
+    {"one_plus_erf(+0)", 0x00000000u, 0x3f800000u}, {"one_plus_erf(-0)", 0x80000000u, 0x3f800000u},
+    {"one_plus_erf(4) = 2 (the clamp)", 0x40800000u, 0x40000000u},
+    {"one_plus_erf(-4) = +0 (the clamp)", 0xc0800000u, 0x00000000u},
+    {"one_plus_erf(-FLT_MAX)", 0xff7fffffu, 0x00000000u}, {"one_plus_erf(FLT_MAX)", 0x7f7fffffu, 0x40000000u},
+};
 static const special SPECIAL_TANH[] = {
     {"tanh(+qNaN)", 0x7fc00000u, MT_MATH_QNAN}, {"tanh(-sNaN)", 0xff800001u, MT_MATH_QNAN},
     {"tanh(+inf)", 0x7f800000u, 0x3f800000u}, {"tanh(-inf)", 0xff800000u, 0xbf800000u},
@@ -201,7 +219,8 @@ static int check_specials(const routine *r) {
     else if (!strcmp(r->name, "log")) { s = SPECIAL_LOG; n = sizeof SPECIAL_LOG / sizeof *s; }
     else if (!strcmp(r->name, "log1p")) { s = SPECIAL_LOG1P; n = sizeof SPECIAL_LOG1P / sizeof *s; }
     else if (!strcmp(r->name, "erf")) { s = SPECIAL_ERF; n = sizeof SPECIAL_ERF / sizeof *s; }
-    else { s = SPECIAL_TANH; n = sizeof SPECIAL_TANH / sizeof *s; }
+    else if (!strcmp(r->name, "tanh")) { s = SPECIAL_TANH; n = sizeof SPECIAL_TANH / sizeof *s; }
+    else { s = SPECIAL_ONE_PLUS_ERF; n = sizeof SPECIAL_ONE_PLUS_ERF / sizeof *s; }
     int bad = 0;
     for (size_t i = 0; i < n; ++i) {
         uint32_t got = bits_of(r->f(mt_bits_f32(s[i].in)));
@@ -225,7 +244,7 @@ int main(int argc, char **argv) {
             for (k = 0; k < N_ROUTINES; ++k)
                 if (!strcmp(argv[i], ROUTINES[k].name)) { want[k] = 1; any = 1; break; }
             if (k == N_ROUTINES) {
-                fprintf(stderr, "usage: %s [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh]\n", argv[0]);
+                fprintf(stderr, "usage: %s [-t THREADS] [-s STEP] [exp] [log] [log1p] [erf] [tanh] [one_plus_erf]\n", argv[0]);
                 return 2;
             }
         }
@@ -282,8 +301,8 @@ int main(int argc, char **argv) {
             printf("  %s unresolved (within 2^5 long double ulps of a float rounding boundary): input 0x%08x (%.9g) -> 0x%08x (%.9g), counted by the long double rounding\n",
                    g_r->name, un_in[i], mt_bits_f32(un_in[i]), mt_f32_bits(un_y[i]), un_y[i]);
         fflush(stdout);
-        if (bad_specials || t.nan_wrong || t.inf_zero_wrong || !(t.max_err < 1.0)) failed = 1;
+        if (bad_specials || t.nan_wrong || t.inf_zero_wrong || !(t.max_err < (g_r->bound > 0 ? g_r->bound : 1.0))) failed = 1;
     }
-    printf("%s\n", failed ? "math_sweep: FAILED (special value or error >= 1 ulp)" : "math_sweep: ok (every error < 1 ulp, specials exact)");
+    printf("%s\n", failed ? "math_sweep: FAILED (special value or error >= its bound)" : "math_sweep: ok (every error within its bound, specials exact)");
     return failed;
 }

@@ -110,7 +110,7 @@ def _gelu_specs():
     return specs
 
 
-_cards.register("elementwise", "elementwise v1", _elementwise_cases, _ELEMENTWISE_OPS,
+_cards.register("elementwise", "elementwise v2", _elementwise_cases, _ELEMENTWISE_OPS,
                 ["silu: x from stream 0, dy from stream 1 of the seed (x=/dy= low,high); outputs",
                  "y = silu_forward(x) and dx = silu_backward(dy, x). add: a from stream 0, b from stream 1.",
                  "gelu: as silu, y = gelu_forward(x, approximate), dx = gelu_backward(dy, x, approximate).",

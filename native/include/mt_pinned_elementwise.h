@@ -9,7 +9,7 @@
 /* ==== random draws and elementwise ops (contracts: native/contracts/random.md, elementwise.md)
  * Normal draws (Box-Muller through mt_logf, sqrtf and the pinned sin/cos of pi*x below),
  * dropout's keep rule and scaling, SiLU and its gradient through mt_expf, the residual add,
- * GELU and its gradient through mt_erff / mt_tanhf.
+ * GELU and its gradient through mt_one_plus_erff / mt_tanhf.
  * Every value is a function of (seed, stream, element index) and the element's own inputs:
  * never of threads, blocks or launch geometry. Host checks live here too, so that every
  * vendor refuses the same arguments in the same words. */
@@ -228,8 +228,8 @@ MT_HD float mt_add_elem(float a, float b) {
 }
 
 /* ---- GELU (elementwise.md, "GELU"): torch's formulas in torch's order, these constants -----
- * approximate='none': u = x * SQRT1_2, y = (x * 0.5) * (1 + mt_erff(u));
- *   dx = dy * (cdf + x * pdf), cdf = 0.5 * (1 + mt_erff(u)), pdf = PDF * mt_expf((x * x) * -0.5).
+ * approximate='none' (contract version 2): u = x * SQRT1_2, c = mt_one_plus_erff(u) (1 + erf u),
+ *   y = (x * 0.5) * c; dx = dy * (cdf + x * pdf), cdf = 0.5 * c, pdf = PDF * mt_expf((x * x) * -0.5).
  * approximate='tanh': v = BETA * (x + KAPPA * ((x * x) * x)), t = mt_tanhf(v),
  *   y = (0.5 * x) * (1 + t); dx = dy * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) *
  *   (BETA * (1 + KAPPA3 * (x * x)))), the last product taken as +0 where 1 - t * t is 0 (the
@@ -250,7 +250,7 @@ MT_HD float mt_gelu_u(float x) {
 #endif
 }
 
-MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * (1.0f + mt_erff(mt_gelu_u(x))); }
+MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_u(x)); }
 
 /* The gradient's one formula with its exp as a parameter: mt_gelu_erf_grad takes MT_ELT_EXPF;
  * mt_gelu_erf_grad_mid takes mt_expf_mid, the same bits wherever |x| < MT_GELU_MID_X, since
@@ -259,7 +259,7 @@ MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * (1.0f + mt_erff(mt_gelu_u
 #define MT_GELU_MID_X 13.1f
 #define MT_GELU_ERF_GRAD(MT_EXP)                                                                    \
     {                                                                                              \
-        float cdf = 0.5f * (1.0f + mt_erff(mt_gelu_u(x)));                                          \
+        float cdf = 0.5f * mt_one_plus_erff(mt_gelu_u(x));                                          \
         float pdf = MT_GELU_PDF * MT_EXP((x * x) * -0.5f);                                          \
         return dy * MT_ELT_MADD(x, pdf, cdf);                                                      \
     }

@@ -219,6 +219,23 @@ MT_HD float mt_log1pf(float x) {
  * of mt_math_exp_pair (2^-31 relative) rather than a rounded mt_expf, so the one rounding that
  * matters is the last. */
 
+/* erf(a)/a - 1 ~ EA(s), s = a*a, a < 0.6875: the polynomial piece of mt_erff and
+ * mt_one_plus_erff, degree 5 by Horner with fmaf (math.md, "mt_erff" step 2). */
+MT_HD_INLINE float mt_math_erf_small(float s) {
+    const float EA0 = 0.128379166126251220703125f;          /* 0x3e0375d4 */
+    const float EA1 = -0.37612628936767578125f;             /* 0xbec093a0 */
+    const float EA2 = 0.11283566057682037353515625f;        /* 0x3de71662 */
+    const float EA3 = -0.02684639580547809600830078125f;    /* 0xbcdbecf9 */
+    const float EA4 = 0.0051435814239084720611572265625f;   /* 0x3ba88b7d */
+    const float EA5 = -0.0007000532350502908229827880859375f; /* 0xba3783c7 */
+    float p = EA5;
+    p = fmaf(p, s, EA4);
+    p = fmaf(p, s, EA3);
+    p = fmaf(p, s, EA2);
+    p = fmaf(p, s, EA1);
+    return fmaf(p, s, EA0);
+}
+
 /* erf(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| is clamped to 4 first, where the tail gives
  * exactly 1 (erf a rounds to 1 from 3.9192059; this gives 1 from 3.9223275 on, and 1 or
  * 1 - 2^-24 between, both within its bound). a < 0.6875: erf = a + a p (one fmaf), p = EA(s)
@@ -228,12 +245,6 @@ MT_HD float mt_log1pf(float x) {
  * exactly into rh + rl, their product a pair, and 1 - product by Fast2Sum: one final
  * rounding. Measured: < 0.625 ulp (math.md). */
 MT_HD_INLINE float mt_erff(float x) {
-    const float EA0 = 0.128379166126251220703125f;          /* 0x3e0375d4 */
-    const float EA1 = -0.37612628936767578125f;             /* 0xbec093a0 */
-    const float EA2 = 0.11283566057682037353515625f;        /* 0x3de71662 */
-    const float EA3 = -0.02684639580547809600830078125f;    /* 0xbcdbecf9 */
-    const float EA4 = 0.0051435814239084720611572265625f;   /* 0x3ba88b7d */
-    const float EA5 = -0.0007000532350502908229827880859375f; /* 0xba3783c7 */
     const float EB0 = 0.42758357524871826171875f;           /* 0x3edaec3c */
     const float EB1 = -0.2732120454311370849609375f;        /* 0xbe8be273 */
     const float EB2 = 0.15437136590480804443359375f;        /* 0x3e1e1387 */
@@ -251,12 +262,9 @@ MT_HD_INLINE float mt_erff(float x) {
     a = mt_math_pick(a < 4.0f, a, 4.0f);             /* NaN and inf too; a select, not a branch */
     float s = a * a;
     float slo = fmaf(a, a, -s);                      /* a^2 = s + slo */
-    float p = EA5;                                   /* a < 0.6875 */
-    p = fmaf(p, s, EA4);
-    p = fmaf(p, s, EA3);
-    p = fmaf(p, s, EA2);
-    p = fmaf(p, s, EA1);
-    p = fmaf(p, s, EA0);
+    float p = mt_math_erf_small(s);                  /* a < 0.6875 */
+    const float EA1 = -0.37612628936767578125f;             /* 0xbec093a0: mt_math_erf_small's */
+    const float EA2 = 0.11283566057682037353515625f;        /* 0x3de71662 */
     p = fmaf(slo, fmaf(2.0f * EA2, s, EA1), p);
     float ysmall = fmaf(a, p, a);
     float kf, lo;                                    /* a >= 0.6875: e^-s = (s2 + lo) 2^k */
@@ -290,6 +298,73 @@ MT_HD_INLINE float mt_erff(float x) {
     float y = mt_math_pick(a < 0.6875f, ysmall, ytail);
     y = mt_bits_f32(mt_f32_bits(y) | (u & 0x80000000u));
     return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), y);
+}
+
+/* 1 + erf(x) = erfc(-x), GELU's cdf doubled (math.md, "mt_one_plus_erff"): about half
+ * mt_erff's operations, to an absolute error (what 1 + erf needs) rather than erf's relative
+ * one. Special: NaN -> NaN; a = |x| >= 4 (+-inf too) -> 2 for x > 0, +0 for x < 0. a < 0.6875:
+ * 1 + e or 1 - e with e = a + a p, p = EA(s) of mt_erff (the rounding of s = a*a dropped: it
+ * moves e by under 2^-27 there). 0.6875 <= a < 4: q = e^-(a^2) G(a) ~ erfc(a), G ~ e^(a^2)
+ * erfc(a) of degree 9 in d = a - 1 (weight e^-(a^2): erfc's absolute error), e^-(a^2) as
+ * 2^k e^r, r = -s - k ln2 - slo, e^r = 1 + r + r^2 X(r) with X of degree 4, and the result q
+ * (x < 0) or 2 - q (x > 0). Measured over every float (bench/math_sweep.c): within 1.891 ulp
+ * of max(1 + erf x, 1/4), i.e. under 1.891 * 2^-25 absolute where 1 + erf x < 1/4. */
+MT_HD_INLINE float mt_one_plus_erff(float x) {
+    const float GB0 = 0.4275836050510406494140625f; /* 0x3edaec3d */
+    const float GB1 = -0.2732119858264923095703125f; /* 0xbe8be271 */
+    const float GB2 = 0.1543692052364349365234375f; /* 0x3e1e12f6 */
+    const float GB3 = -0.07922662794589996337890625f; /* 0xbda24192 */
+    const float GB4 = 0.0376115627586841583251953125f; /* 0x3d1a0e95 */
+    const float GB5 = -0.01671712100505828857421875f; /* 0xbc88f258 */
+    const float GB6 = 0.006825336255133152008056640625f; /* 0x3bdfa712 */
+    const float GB7 = -0.0023080254904925823211669921875f; /* 0xbb17423e */
+    const float GB8 = 0.0005256526055745780467987060546875f; /* 0x3a09cbf3 */
+    const float GB9 = -0.00005584420068771578371524810791015625f; /* 0xb86a3a41 */
+    const float GX0 = 0.5f; /* 0x3f000000 */
+    const float GX1 = 0.16666509211063385009765625f; /* 0x3e2aaa41 */
+    const float GX2 = 0.041666448116302490234375f; /* 0x3d2aaa70 */
+    const float GX3 = 0.008369930088520050048828125f; /* 0x3c092208 */
+    const float GX4 = 0.001393659971654415130615234375f; /* 0x3ab6ab78 */
+    const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
+    const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
+    uint32_t u = mt_f32_bits(x);
+    int is_nan = (u & 0x7fffffffu) > 0x7f800000u;
+    int neg = (u >> 31) != 0u;
+    float a0 = mt_bits_f32(u & 0x7fffffffu);
+    int inside = a0 < 4.0f;                          /* false for inf and NaN */
+    float a = mt_math_pick(inside, a0, 4.0f);
+    float s = a * a;
+    float slo = fmaf(a, a, -s);                      /* a^2 = s + slo */
+    float p = mt_math_erf_small(s);                  /* a < 0.6875 */
+    float e = fmaf(a, p, a);                         /* erf(a) */
+    float csmall = mt_math_pick(neg, 1.0f - e, 1.0f + e);
+    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* a >= 0.6875: k in [-24, 0] */
+    float r = fmaf(-kf, MT_LN2_HI, -s);              /* exact */
+    r = fmaf(-kf, MT_LN2_LO, r) - slo;
+    float xr = GX4;
+    xr = fmaf(xr, r, GX3);
+    xr = fmaf(xr, r, GX2);
+    xr = fmaf(xr, r, GX1);
+    xr = fmaf(xr, r, GX0);
+    xr = fmaf(xr, r, 1.0f);
+    xr = fmaf(xr, r, 1.0f);                          /* e^r */
+    float ex = xr * mt_math_pow2i((int)kf);          /* e^-(a^2), exact scaling */
+    float d = a - 1.0f;                              /* exact */
+    float g = GB9;
+    g = fmaf(g, d, GB8);
+    g = fmaf(g, d, GB7);
+    g = fmaf(g, d, GB6);
+    g = fmaf(g, d, GB5);
+    g = fmaf(g, d, GB4);
+    g = fmaf(g, d, GB3);
+    g = fmaf(g, d, GB2);
+    g = fmaf(g, d, GB1);
+    g = fmaf(g, d, GB0);
+    float q = ex * g;                                /* erfc(a) */
+    float ctail = mt_math_pick(neg, q, 2.0f - q);
+    float c = mt_math_pick(a < 0.6875f, csmall, ctail);
+    c = mt_math_pick(inside, c, mt_math_pick(neg, 0.0f, 2.0f));
+    return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), c);
 }
 
 /* tanh(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| >= 9.0109133 rounds to 1 (a is clamped to
