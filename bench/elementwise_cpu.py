@@ -10,7 +10,9 @@ for call; bench/linear_cpu.py's paired_medians), with the same thread count on b
 ``torch.ops.aten.gelu_backward``, the kernel its autograd calls); ``fwd_bwd_vs_torch`` is torch's
 forward + backward time over ours (above 1: ours faster). Bytes per element: ours 12 forward and
 20 backward (the finiteness pre-pass reads every input once more before anything is written),
-torch 8 and 12. OMP_WAIT_POLICY defaults to PASSIVE (bench/_timing.py): with libgomp's default, torch's idle
+torch 8 and 12. Ours is also timed as torch is called, returning a new output (``fresh_*``: the
+output declared fresh, MT_MAP_OUT_FRESH, so the finiteness check rides along in the one pass and
+the bytes are torch's). OMP_WAIT_POLICY defaults to PASSIVE (bench/_timing.py): with libgomp's default, torch's idle
 OpenMP threads spin on both cores for a while after each of its calls, and ours, timed next,
 ran 1.7x slower (measured in this session: forward 5.3 ms against 3.05 ms alone). Records go
 to bench/results/elementwise_cpu.jsonl.
@@ -49,15 +51,19 @@ def bench_gelu(n, approximate, repeat, mode):
     x, dy = _uniform(n, 0, backend), _uniform(n, 1, backend)
     y, dx = mt.Array((n,), "float32"), mt.Array((n,), "float32")
     tx, tdy = torch_of(x), torch_of(dy)
-    fwd, tfwd, bwd, tbwd = paired_medians([
+    fwd, tfwd, bwd, tbwd, ffwd, fbwd = paired_medians([
         lambda: mt.gelu_forward(x, approximate, out=y, numeric_mode=mode),
         lambda: torch.nn.functional.gelu(tx, approximate=approximate),
         lambda: mt.gelu_backward(dy, x, approximate, out=dx, numeric_mode=mode),
-        lambda: torch.ops.aten.gelu_backward(tdy, tx, approximate=approximate)], repeat)
+        lambda: torch.ops.aten.gelu_backward(tdy, tx, approximate=approximate),
+        lambda: mt.gelu_forward(x, approximate, numeric_mode=mode),
+        lambda: mt.gelu_backward(dy, x, approximate, numeric_mode=mode)], repeat)
     return {"elements": n, "approximate": approximate, "forward_ms": fwd * 1e3, "torch_forward_ms": tfwd * 1e3,
             "backward_ms": bwd * 1e3, "torch_backward_ms": tbwd * 1e3, "forward_vs_torch": tfwd / fwd,
             "fwd_bwd_vs_torch": (tfwd + tbwd) / (fwd + bwd), "prepass_MB": {"forward": 4 * n / 1e6,
-                                                                            "backward": 8 * n / 1e6}}
+                                                                            "backward": 8 * n / 1e6},
+            "fresh_forward_ms": ffwd * 1e3, "fresh_backward_ms": fbwd * 1e3,
+            "fresh_fwd_bwd_vs_torch": (tfwd + tbwd) / (ffwd + fbwd)}
 
 
 def main():
@@ -66,9 +72,11 @@ def main():
     rows = [bench_gelu(1 << args.log2n, a, args.repeat, args.mode) for a in ("none", "tanh")]
     for r in rows:
         print("gelu %s over 2^%d (%d threads): forward %.2f ms (torch %.2f) = %.2fx torch; backward %.2f ms "
-              "(torch %.2f); forward+backward %.2fx torch" % (
+              "(torch %.2f); forward+backward %.2fx torch; new outputs as torch's: forward %.2f, backward %.2f ms, "
+              "%.2fx torch" % (
                   r["approximate"], args.log2n, threads, r["forward_ms"], r["torch_forward_ms"],
-                  r["forward_vs_torch"], r["backward_ms"], r["torch_backward_ms"], r["fwd_bwd_vs_torch"]))
+                  r["forward_vs_torch"], r["backward_ms"], r["torch_backward_ms"], r["fwd_bwd_vs_torch"],
+                  r["fresh_forward_ms"], r["fresh_backward_ms"], r["fresh_fwd_bwd_vs_torch"]))
     cpu_record(args, "elementwise_cpu", {"gelu": rows}, torch)
 
 

@@ -276,7 +276,11 @@ def test_gelu_backward_gives_each_element_the_same_bits_in_any_block(elementwise
     whole = [bits(v) for v in floats(ew.gelu_backward(dy, x, "none", numeric_mode=t))]
     same = [i for i in range(1024) if i != 17]
     assert [whole[i] for i in same] == [whole[1024 + i] for i in same]
-    assert any(0 < w & 0x7fffffff < 0x00800000 for w in whole)       # the subnormal pdfs are there
+    subnormal = [0 < w & 0x7fffffff < 0x00800000 for w in whole]     # the pdf alone makes the gradient
+    if elementwise_mode.has("approximate"):     # a mode that flushes subnormals (CUDA fast) has none
+        assert not any(subnormal)
+    else:
+        assert any(subnormal)
     alone = [bits(floats(ew.gelu_backward(array.array("f", [dy[i]]), array.array("f", [x[i]]), "none",
                                           numeric_mode=t))[0]) for i in range(0, 2048, 7)]
     assert alone == whole[::7]

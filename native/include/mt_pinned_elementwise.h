@@ -250,7 +250,7 @@ MT_HD float mt_gelu_u(float x) {
 #endif
 }
 
-MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_u(x)); }
+MT_HD_INLINE float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_u(x)); }
 
 /* The gradient's one formula with its exp as a parameter: mt_gelu_erf_grad takes MT_ELT_EXPF;
  * mt_gelu_erf_grad_mid takes mt_expf_mid, the same bits wherever |x| < MT_GELU_MID_X, since
@@ -263,8 +263,8 @@ MT_HD float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_
         float pdf = MT_GELU_PDF * MT_EXP((x * x) * -0.5f);                                          \
         return dy * MT_ELT_MADD(x, pdf, cdf);                                                      \
     }
-MT_HD float mt_gelu_erf_grad(float dy, float x) MT_GELU_ERF_GRAD(MT_ELT_EXPF)
-MT_HD float mt_gelu_erf_grad_mid(float dy, float x) MT_GELU_ERF_GRAD(mt_expf_mid)
+MT_HD_INLINE float mt_gelu_erf_grad(float dy, float x) MT_GELU_ERF_GRAD(MT_ELT_EXPF)
+MT_HD_INLINE float mt_gelu_erf_grad_mid(float dy, float x) MT_GELU_ERF_GRAD(mt_expf_mid)
 
 MT_HD float mt_gelu_tanh_t(float x, float xx) {
     return mt_tanhf(MT_GELU_BETA * MT_ELT_MADD(MT_GELU_KAPPA, xx * x, x));
