@@ -242,8 +242,8 @@ $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) 
 
 .PHONY: hip
 
-# ---- math sweep (make math-sweep): mt_expf / mt_logf / mt_log1pf over all 2^32 floats ------
-# An exhaustive check of mt_pinned.h's pinned exp, log and log1p against glibc's double (long
+# ---- math sweep (make math-sweep): the pinned math routines over all 2^32 floats -------------
+# An exhaustive check of mt_pinned.h's pinned exp, log, log1p, erf, tanh and 1 + erf against glibc's double (long
 # double near rounding boundaries), multithreaded (MATH_SWEEP_THREADS); prints one table row per
 # routine: max ulp error, inputs not correctly rounded, the worst input, special values.
 # Record runs in bench/results/math_sweep.md. Not part of `all`: a few minutes on two cores.

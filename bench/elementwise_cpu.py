@@ -17,12 +17,13 @@ OpenMP threads spin on both cores for a while after each of its calls, and ours,
 ran 1.7x slower (measured in this session: forward 5.3 ms against 3.05 ms alone). Records go
 to bench/results/elementwise_cpu.jsonl.
 
-What to expect, from the cost of one element (mt_erff and mt_tanhf take both of their pieces,
-~75 operations, vectorized 16 wide on AVX-512): 'tanh' near torch's time (torch's vectorized tanh
-is as dear), 'none' about twice torch's, whose CPU erf is the Abramowitz-Stegun 7.1.26 formula
-(1.5e-7 absolute error: one division, a degree-5 polynomial, an exp) against our 0.625-ulp one,
-and whose backward adds our mt_expf. First record (bench/results/elementwise_cpu.jsonl, 2**22,
-2 threads, AMD EPYC, load ~1): 'none' forward 3.03 ms (torch 1.93), backward 6.96 (2.82);
+What to expect, from the cost of one element (vectorized 16 wide on AVX-512): 'tanh' near
+torch's time (mt_tanhf takes both of its pieces, ~75 operations; torch's vectorized tanh is as
+dear); 'none' since elementwise v2 through mt_one_plus_erff (~45 operations) against torch's CPU
+erf, the Abramowitz-Stegun 7.1.26 formula (~20 operations with one division, 1.5e-7 absolute
+error), and its backward adds our mt_expf: 0.61-0.68x torch's speed forward + backward at
+d5ef5d0 (0.46-0.51x through v1's mt_erff). First record (bench/results/elementwise_cpu.jsonl,
+2**22, 2 threads, AMD EPYC, load ~1): 'none' forward 3.03 ms (torch 1.93), backward 6.96 (2.82);
 'tanh' 3.07 (3.42) and 3.96 (4.22).
 """
 import os

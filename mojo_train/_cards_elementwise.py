@@ -98,7 +98,7 @@ def _gelu_specs():
         specs += [gelu % (n, "-6,6", _cards.UNIT) for n in ("1", "3", "1023", "4099", str(BIG))]
         specs += [
             gelu % (4099, "-1.5,1.5", _cards.UNIT),           # erf's polynomial piece and its tail meet at 0.97
-            gelu % (4099, "-12,-3", _cards.UNIT),             # 1 + erf (1 + tanh) cancels, then rounds to 0
+            gelu % (4099, "-12,-3", _cards.UNIT),             # the small tail (1 + tanh cancels), then 0
             gelu % (4099, "-120,120", _cards.UNIT),           # saturation: y = x or -0
             gelu % (4099, "-1.5e38,1.5e38", _cards.UNIT),     # x * x and x**3 overflow (tanh's guard)
             gelu % (4099, "-1e20,1e20", _cards.UNIT),         # x * x overflows from 1.8e19

@@ -15,7 +15,7 @@ function of the same element of the inputs, identical on every vendor's identica
     relu_forward    y  = x if x > 0 else +0.0
     relu_backward   dx = dy if x > 0 else +0.0
 
-with exp, erf and tanh the pinned mt_expf, mt_erff and mt_tanhf. The residual add's backward
+with exp, 1 + erf and tanh the pinned mt_expf, mt_one_plus_erff and mt_tanhf. The residual add's backward
 is the identity: the gradient of out flows unchanged to both a and b, so there is no
 add_backward. Inputs are float32 of one
 shape -- nothing is broadcast: differing shapes are refused, even of one element count --
@@ -77,10 +77,10 @@ def _approximate(value, where):
 
 def gelu_forward(x, approximate="none", *, out=None, numeric_mode=None):
     """GELU of float32 ``x``, as ``torch.nn.functional.gelu``: ``approximate='none'`` is
-    ``(x * 0.5) * (1 + erf(x * 0.70710677))`` through the pinned erf; ``'tanh'`` is
+    ``(x * 0.5) * (1 + erf(x * 0.70710677))`` with ``1 + erf`` one pinned routine; ``'tanh'`` is
     ``(0.5 * x) * (1 + tanh(0.7978846 * (x + 0.044715 * x**3)))`` through the pinned tanh.
-    Never NaN for a finite ``x``; ``-0.0`` below about x = -5.5 (erf) or -10 (tanh), where
-    ``1 + erf`` (``1 + tanh``) rounds to 0."""
+    Never NaN for a finite ``x``; ``-0.0`` from x = -5.657 down ('none': ``x * 0.70710677`` at its
+    clamp, -4) or below -5.158 ('tanh', where ``1 + tanh`` rounds to 0)."""
     where = "gelu_forward"
     code = _approximate(approximate, where)
     return _map(where, "mt_gelu_forward", [("x", x)], out, numeric_mode, (code,))

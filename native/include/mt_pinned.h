@@ -25,7 +25,8 @@
 #else
 #define MT_HD static inline
 #endif
-/* MT_HD, always inlined on the host (mt_erff, mt_tanhf): as a call, a routine that long is
+/* MT_HD, always inlined on the host (mt_erff, mt_tanhf, mt_one_plus_erff, the GELU functions
+ * that call them): as a call, a routine that long is
  * compiled once for the baseline x86-64 target, where fmaf is a libm call, instead of inside the
  * CPU oracle's vectorized target clones, which have hardware fma. */
 #if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)

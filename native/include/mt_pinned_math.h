@@ -1,4 +1,4 @@
-/* mt_pinned_math.h -- part of mt_pinned.h (the one definition of every pinned routine): exp, log, log1p, erf and tanh, float32 only (contract: native/contracts/math.md).
+/* mt_pinned_math.h -- part of mt_pinned.h (the one definition of every pinned routine): exp, log, log1p, erf, tanh and 1 + erf, float32 only (contract: native/contracts/math.md).
  * Included by mt_pinned.h after its core (bits, trees, optimizer updates, Philox), in the order
  * math, layers, elementwise, each part using only what comes before it; including a part alone
  * includes mt_pinned.h first. */
@@ -11,8 +11,8 @@
  * rounded binary32 + - * / or fmaf in the order written, IEEE gradual underflow. Measured by
  * the exhaustive sweep `make math-sweep` (bench/results/math_sweep.md) over all 2^32 inputs:
  * max error 0.5203 ulp (exp), 0.5419 (log), 0.5551 (log1p) -- stated bounds 0.521, 0.542,
- * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs; erf and
- * tanh (at the end of the section, for GELU) have their own bounds in math.md. Special
+ * 0.556 ulp (math.md) -- and correctly rounded for 99.993% to 99.995% of inputs; erf, tanh
+ * and 1 + erf (at the end of the section, for GELU) have their own bounds in math.md. Special
  * values are deterministic on every vendor; every NaN result is the one canonical quiet NaN
  * 0x7fc00000 (a vendor's own NaN bits differ).
  * Coefficients: weighted least squares on Chebyshev points in 60-digit mpmath, each rounded
@@ -212,12 +212,13 @@ MT_HD float mt_log1pf(float x) {
     return mt_math_log_core((float)e, m - 1.0f, flo);
 }
 
-/* ---- erf and tanh (math.md, "mt_erff", "mt_tanhf") -------------------------------------
- * Both are odd: computed on a = |x| and given x's sign bit (exact, so f(-x) = -f(x) bit for
+/* ---- erf, tanh and 1 + erf (math.md, "mt_erff", "mt_tanhf", "mt_one_plus_erff") --------
+ * erf and tanh are odd: computed on a = |x| and given x's sign bit (exact, so f(-x) = -f(x) bit for
  * bit and f(-0) = -0). Branch-free like mt_expf: both pieces are formed and mt_math_pick
  * chooses, so that a loop of them vectorizes. Their tails take e^v as the unevaluated pair
  * of mt_math_exp_pair (2^-31 relative) rather than a rounded mt_expf, so the one rounding that
- * matters is the last. */
+ * matters is the last. mt_one_plus_erff (GELU's 1 + erf) is neither odd nor carried in pairs:
+ * it is held to an absolute error, at about half the cost. */
 
 /* erf(a)/a - 1 ~ EA(s), s = a*a, a < 0.6875: the polynomial piece of mt_erff and
  * mt_one_plus_erff, degree 5 by Horner with fmaf (math.md, "mt_erff" step 2). */
@@ -338,7 +339,7 @@ MT_HD_INLINE float mt_one_plus_erff(float x) {
     float p = mt_math_erf_small(s);                  /* a < 0.6875 */
     float e = fmaf(a, p, a);                         /* erf(a) */
     float csmall = mt_math_pick(neg, 1.0f - e, 1.0f + e);
-    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* a >= 0.6875: k in [-24, 0] */
+    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* a >= 0.6875: k in [-23, 0] (s < 16) */
     float r = fmaf(-kf, MT_LN2_HI, -s);              /* exact */
     r = fmaf(-kf, MT_LN2_LO, r) - slo;
     float xr = GX4;
