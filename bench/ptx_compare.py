@@ -1,0 +1,100 @@
+"""Whether two commits compile to the same CUDA device code, file by file (no GPU needed).
+
+    python bench/ptx_compare.py <commit> [<other commit, default: the working tree>] [--mode identical]
+
+Each native/cuda/*.cu is compiled to PTX (compute_90) with the numeric mode's nvcc flags of the
+Makefile, at each commit (a temporary git worktree), and the two are compared after the names
+that only say where a file was compiled are normalized: the anonymous-namespace hash (which
+nvcc derives from the file's path) and the register and label numbers. A file is "same" when
+nothing else differs, i.e. the kernels it defines are the same code. Used to show that a
+compute-sanitizer record taken with one library covers a card run by another
+(bench/results/sanitize-cuda.md): records are per library, and a sanitizer sees device code.
+"""
+import argparse
+import concurrent.futures
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODE_FLAGS = {  # the Makefile's NVCC_MODE_<mode>
+    "identical": ["-DMT_NUMERIC_MODE=0", "--fmad=false", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
+    "deterministic": ["-DMT_NUMERIC_MODE=1", "--fmad=true", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
+    "fast": ["-DMT_NUMERIC_MODE=2", "--use_fast_math"],
+}
+_NAMES = [(re.compile(r"_GLOBAL__N__[0-9a-f]{8}_"), "_GLOBAL__N__X_"),
+          (re.compile(r"%(f|rd|r|p|fd|rs|h)[0-9]+"), r"%\1N"),
+          (re.compile(r"\$L__BB[0-9_]+"), "LBB")]
+
+
+def normalized(text):
+    """PTX with the path-derived namespace hash and the register and label numbers taken out."""
+    for pattern, repl in _NAMES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def ptx_of(tree, mode):
+    """{file name: normalized PTX} of every native/cuda/*.cu in ``tree``."""
+    sources = sorted(f for f in os.listdir(os.path.join(tree, "native", "cuda")) if f.endswith(".cu"))
+
+    def one(name):
+        out = os.path.join(tree, name + ".ptx")
+        cmd = ["nvcc", "-O3", "-std=c++17", "-arch=compute_90", "-Inative/include", "-Inative/common",
+               "-Inative/cuda"] + MODE_FLAGS[mode] + ["-ptx", os.path.join("native", "cuda", name), "-o", out]
+        done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+        if done.returncode != 0:
+            return name, None
+        with open(out) as f:
+            return name, normalized(f.read())
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        return dict(pool.map(one, sources))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("commit")
+    ap.add_argument("other", nargs="?", help="default: the working tree")
+    ap.add_argument("--mode", default="identical", choices=sorted(MODE_FLAGS))
+    args = ap.parse_args()
+    if not shutil.which("nvcc"):
+        sys.exit("nvcc is not on PATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = []
+        for i, commit in enumerate([args.commit, args.other]):
+            if commit is None:
+                trees.append(ROOT)
+                continue
+            path = os.path.join(tmp, "tree%d" % i)
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", path, commit], cwd=ROOT, check=True)
+            trees.append(path)
+        try:
+            a, b = ptx_of(trees[0], args.mode), ptx_of(trees[1], args.mode)
+        finally:
+            for path in trees:
+                if path != ROOT:
+                    subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ROOT)
+    print("device code (%s mode, compute_90 PTX), %s against %s:" % (args.mode, args.commit, args.other or "the working tree"))
+    differing = 0
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) is None or b.get(name) is None:
+            print("  %-26s %s" % (name, "absent or not compiling on one side"))
+            differing += 1
+            continue
+        lines_a, lines_b = a[name].splitlines(), b[name].splitlines()
+        same = lines_a == lines_b
+        differing += not same
+        changed = 0 if same else sum(1 for line in difflib.unified_diff(lines_a, lines_b, lineterm="", n=0)
+                                     if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+        print("  %-26s %s" % (name, "same" if same else "differs (%d lines added or removed, of %d)" % (
+            changed, len(lines_a))))
+    return 1 if differing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
