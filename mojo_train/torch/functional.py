@@ -60,8 +60,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, num
 
 
 def gelu(input, approximate="none", *, numeric_mode=None):
-    """GELU as ``torch.nn.functional.gelu`` (``approximate`` 'none': erf, through mojo_train's
-    pinned erf; 'tanh': torch's tanh formula); mojo_train.gelu_forward / gelu_backward."""
+    """GELU as ``torch.nn.functional.gelu`` (``approximate`` 'none': erf, with ``1 + erf`` one
+    pinned routine of mojo_train's; 'tanh': torch's tanh formula); mojo_train.gelu_forward /
+    gelu_backward."""
     return _gelu(_HERE + "gelu", input, approximate, numeric_mode)
 
 
