@@ -244,27 +244,32 @@ int upload_tables(mt_group_step *s, std::initializer_list<const mt_dev_list *> l
     return MT_OK;
 }
 
-/* Stage params and grads (one device registry; its tiles and offsets serve every list). */
-int stage_lists(mt_step_ctx *c, float *const *params, float *const *grads, const int32_t *offsets, int32_t n) {
+/* Stage the grads first: their list carries the tiles and offsets every list of the step
+ * shares, so the checks over them (run_checks) go out before the params and the state are
+ * staged, and the GPU runs the pre-pass while the host stages the rest (stage_params). */
+int stage_grads(mt_step_ctx *c, float *const *grads, const int32_t *offsets, int32_t n) {
     int rc;
-    if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, nullptr)) ||
-        (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, &c->p)))
+    if ((rc = mt_gpu_ready()) || (rc = mt_list_to_device(&c->g, &c->arena, grads, offsets, n, true, nullptr)))
         return rc;
     return MT_OK;
 }
 
-/* The status (unless the small kernel votes itself: `fused`), the norms when clipping, the one
- * flush of everything staged, then, without clipping, the finiteness pre-pass over the grads
- * (unless fused; clipping's norms refuse a non-finite grad; parameters are not read before
- * the update, optim.md step 3). */
+int stage_params(mt_step_ctx *c, float *const *params, const int32_t *offsets, int32_t n) {
+    return mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, &c->g);
+}
+
+/* The status (unless the small kernel votes itself: `fused`), the norms when clipping, a
+ * flush of what is staged so far, then, without clipping, the finiteness pre-pass over the
+ * grads (unless fused; clipping's norms refuse a non-finite grad; parameters are not read
+ * before the update, optim.md step 3). Only the grads are staged yet (stage_grads). */
 int run_checks(mt_step_ctx *c, const int32_t *offsets, int32_t n, int32_t clip, float max_norm, bool fused) {
     int rc;
     if ((!fused && (rc = mt_stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4))) return rc;
     if (clip && (rc = mt_gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
     if (fused || clip) return MT_OK;
-    int threads = c->p.threads, blocks = mt_elem_blocks(c->p);
-    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, nullptr, c->p.offsets, c->p.tstart, n,
+    int threads = c->g.threads, blocks = mt_elem_blocks(c->g);
+    mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, nullptr, c->g.offsets, c->g.tstart, n,
                                                       &c->st->bad_grads, &c->st->bad_params);
     return mt_launch_check("finiteness pre-pass");
 }
@@ -326,17 +331,18 @@ int adam_groups(float *const *params, float *const *grads, float *const *exp_avg
     std::vector<int32_t> var_of;
     int32_t k = adam_plan(&var, &var_of, groups, tensor_group, steps, n);
     void *dvar = nullptr;
-    if ((rc = stage_lists(&c, params, grads, offsets, n)) ||
+    if ((rc = stage_grads(&c, grads, offsets, n))) return rc;
+    mt_status *mapped = mt_mapped_status();
+    bool small = !clip && c.g.tiles <= MT_SMALL_TILES && mapped;
+    if ((rc = run_checks(&c, offsets, n, clip, max_norm, small)) || (rc = stage_params(&c, params, offsets, n)) ||
         (rc = stage_state(&s.m, &c.arena, exp_avg, offsets, n, all)) ||
         (rc = stage_state(&s.v, &c.arena, exp_avg_sq, offsets, n, all)) ||
         (rc = stage_state(&s.w, &c.arena, max_exp_avg_sq, offsets, n,
                           tensors_that(uses_max, groups, tensor_group, offsets, n))) ||
         (rc = upload_tables(&s, {&s.m, &s.v, &s.w}, {var_of.data()}, n)) ||
-        (rc = c.arena.stage(&dvar, var.data(), (int64_t)k * (int64_t)sizeof(mt_adam_scalars))))
+        (rc = c.arena.stage(&dvar, var.data(), (int64_t)k * (int64_t)sizeof(mt_adam_scalars))) ||
+        (rc = c.arena.flush()))
         return rc;
-    mt_status *mapped = mt_mapped_status();
-    bool small = !clip && c.p.tiles <= MT_SMALL_TILES && mapped;
-    if ((rc = run_checks(&c, offsets, n, clip, max_norm, small))) return rc;
     mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], (float *const *)s.dev[1],
                       (float *const *)s.dev[2], c.p.offsets, (const int32_t *)s.dev[3], nullptr, c.p.tstart, dvar, n};
     int threads = c.p.threads;
@@ -369,12 +375,13 @@ int sgd_groups(float *const *params, float *const *grads, float *const *momentum
     mt_sgd_plan(var.data(), groups, n_groups);
     mt_fp_end(&env);
     void *dvar = nullptr;
-    if ((rc = stage_lists(&c, params, grads, offsets, n)) ||
+    if ((rc = stage_grads(&c, grads, offsets, n)) || (rc = run_checks(&c, offsets, n, clip, max_norm, false)) ||
+        (rc = stage_params(&c, params, offsets, n)) ||
         (rc = stage_state(&s.m, &c.arena, momentum_buffer, offsets, n,
                           tensors_that(uses_buf, groups, tensor_group, offsets, n))) ||
         (rc = upload_tables(&s, {&s.m}, {tensor_group, buf_initialized}, n)) ||
         (rc = c.arena.stage(&dvar, var.data(), (int64_t)n_groups * (int64_t)sizeof(mt_sgd_scalars))) ||
-        (rc = run_checks(&c, offsets, n, clip, max_norm, false)))
+        (rc = c.arena.flush()))
         return rc;
     mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], nullptr, nullptr, c.p.offsets,
                       (const int32_t *)s.dev[1], (const int32_t *)s.dev[2], c.p.tstart, dvar, n};
@@ -414,6 +421,10 @@ int mt_step_finish(mt_step_ctx *c, const int32_t *offsets, int32_t clip, float *
     if (c->st == mt_mapped_status()) {          /* the kernel wrote it across the bus itself */
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");
         st = *c->st;   /* pinned memory; the stream synchronized after the kernel wrote it */
+    } else if (mt_status *pin = mt_mapped_status()) {   /* free in this call: a copy into pinned memory is a */
+        MT_GPU_CHECK(gpuMemcpyAsync(pin, c->st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");   /* plain DMA, no pageable staging */
+        st = *pin;
     } else {
         MT_GPU_CHECK(gpuMemcpyAsync(&st, c->st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "step");

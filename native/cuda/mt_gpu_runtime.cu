@@ -84,6 +84,37 @@ bool mt_gpu_is_device(const void *p) {
     return MT_PTR_TYPE(attr) == gpuMemoryTypeDevice || MT_PTR_TYPE(attr) == gpuMemoryTypeManaged;
 }
 
+/* is_dev[j] = mt_gpu_is_device(table[j]) for every j with want[j] (else 0), under one hold of
+ * the registry's lock: a list of n tensors costs one lock, not n, and the tensors of one
+ * allocation (a flat buffer's views) one lookup between them. The runtime is asked only about
+ * pointers outside our allocations, after the lock is released. */
+static void mt_gpu_classify(float *const *table, const std::vector<char> &want, std::vector<char> &is_dev) {
+    size_t n = want.size();
+    is_dev.assign(n, 0);
+    std::vector<size_t> ask;
+    {
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        uintptr_t lo = 1, hi = 0;    /* the last allocation found: empty at first */
+        for (size_t j = 0; j < n; ++j) {
+            if (!want[j]) continue;
+            uintptr_t a = (uintptr_t)table[j];
+            if (a >= lo && a < hi) { is_dev[j] = 1; continue; }
+            auto it = g_own.upper_bound(a);
+            if (it != g_own.begin()) {
+                --it;
+                if (a < it->first + it->second) {
+                    lo = it->first;
+                    hi = it->first + it->second;
+                    is_dev[j] = 1;
+                    continue;
+                }
+            }
+            ask.push_back(j);
+        }
+    }
+    for (size_t j : ask) is_dev[j] = mt_gpu_is_device(table[j]);
+}
+
 void mt_gpu_count_h2d(int64_t bytes) { g_h2d += bytes; }
 void mt_gpu_count_d2h(int64_t bytes) { g_d2h += bytes; }
 
@@ -277,10 +308,13 @@ int mt_list_stage(mt_dev_list *out, mt_arena *arena, float *const *table, const 
     out->dev_ptr.assign(n, nullptr);
     out->staged.assign(n, 0);
     int64_t host_floats = 0;
+    /* NULL: absent, stays NULL; an empty tensor is never staged nor copied (its pointer, host
+     * or not, is never dereferenced), so a list of empty host tensors needs no region. */
+    std::vector<char> want(n), is_dev;
+    for (int32_t j = 0; j < n; ++j) want[j] = offsets[j + 1] > offsets[j] && table[j];
+    mt_gpu_classify(table, want, is_dev);
     for (int32_t j = 0; j < n; ++j) {
-        /* NULL: absent, stays NULL; an empty tensor is never staged nor copied (its pointer, host
-         * or not, is never dereferenced), so a list of empty host tensors needs no region. */
-        out->staged[j] = offsets[j + 1] > offsets[j] && table[j] && !mt_gpu_is_device(table[j]);
+        out->staged[j] = want[j] && !is_dev[j];
         if (out->staged[j]) host_floats += offsets[j + 1] - offsets[j];
     }
     float *region = nullptr;
