@@ -5,10 +5,11 @@
  * one update launch covers every tensor of every group, each tile reading its tensor's host
  * scalars from a small device table (per (group, step) run for Adam, per group for SGD) staged
  * with the step's other uploads, the state tables and tensor map in one cached upload.
- * A step is: stage (host buffers are uploaded; device buffers are used in place), norms when
- * clipping (mt_gpu_norms, mt_gpu_clip.cu), the finiteness pre-pass, the update kernel (which
- * does nothing if the device status says refused), one synchronizing download of the status,
- * and -- only on success -- the download of staged host outputs. Argument checks run on the
+ * A step is: stage the grads (host buffers are uploaded; device buffers are used in place),
+ * norms when clipping (mt_gpu_norms, mt_gpu_clip.cu) or the finiteness pre-pass, then -- while
+ * the GPU runs those -- stage the params, the state and the tables (a second flush), the update
+ * kernel (which does nothing if the device status says refused), one synchronizing download of
+ * the status, and -- only on success -- the download of staged host outputs. Argument checks run on the
  * host before any of it. The tile walk and the staging/finishing glue are shared with
  * clip_grad_norm_ through mt_gpu_optim.cuh.
  */
@@ -258,6 +259,16 @@ int stage_params(mt_step_ctx *c, float *const *params, const int32_t *offsets, i
     return mt_list_to_device(&c->p, &c->arena, params, offsets, n, true, &c->g);
 }
 
+/* A failure once the checks are launched (staging after them ran out of memory): the call
+ * still returns with nothing of its own running on the stream (mt_gpu_runtime.h). */
+int drained(int rc) {
+    if (rc) {
+        gpuStreamSynchronize(MT_STREAM);
+        gpuGetLastError();
+    }
+    return rc;
+}
+
 /* The status (unless the small kernel votes itself: `fused`), the norms when clipping, a
  * flush of what is staged so far, then, without clipping, the finiteness pre-pass over the
  * grads (unless fused; clipping's norms refuse a non-finite grad; parameters are not read
@@ -334,15 +345,15 @@ int adam_groups(float *const *params, float *const *grads, float *const *exp_avg
     if ((rc = stage_grads(&c, grads, offsets, n))) return rc;
     mt_status *mapped = mt_mapped_status();
     bool small = !clip && c.g.tiles <= MT_SMALL_TILES && mapped;
-    if ((rc = run_checks(&c, offsets, n, clip, max_norm, small)) || (rc = stage_params(&c, params, offsets, n)) ||
-        (rc = stage_state(&s.m, &c.arena, exp_avg, offsets, n, all)) ||
+    if ((rc = run_checks(&c, offsets, n, clip, max_norm, small))) return drained(rc);
+    if ((rc = stage_params(&c, params, offsets, n)) || (rc = stage_state(&s.m, &c.arena, exp_avg, offsets, n, all)) ||
         (rc = stage_state(&s.v, &c.arena, exp_avg_sq, offsets, n, all)) ||
         (rc = stage_state(&s.w, &c.arena, max_exp_avg_sq, offsets, n,
                           tensors_that(uses_max, groups, tensor_group, offsets, n))) ||
         (rc = upload_tables(&s, {&s.m, &s.v, &s.w}, {var_of.data()}, n)) ||
         (rc = c.arena.stage(&dvar, var.data(), (int64_t)k * (int64_t)sizeof(mt_adam_scalars))) ||
         (rc = c.arena.flush()))
-        return rc;
+        return drained(rc);
     mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], (float *const *)s.dev[1],
                       (float *const *)s.dev[2], c.p.offsets, (const int32_t *)s.dev[3], nullptr, c.p.tstart, dvar, n};
     int threads = c.p.threads;
@@ -375,14 +386,15 @@ int sgd_groups(float *const *params, float *const *grads, float *const *momentum
     mt_sgd_plan(var.data(), groups, n_groups);
     mt_fp_end(&env);
     void *dvar = nullptr;
-    if ((rc = stage_grads(&c, grads, offsets, n)) || (rc = run_checks(&c, offsets, n, clip, max_norm, false)) ||
-        (rc = stage_params(&c, params, offsets, n)) ||
+    if ((rc = stage_grads(&c, grads, offsets, n))) return rc;
+    if ((rc = run_checks(&c, offsets, n, clip, max_norm, false))) return drained(rc);
+    if ((rc = stage_params(&c, params, offsets, n)) ||
         (rc = stage_state(&s.m, &c.arena, momentum_buffer, offsets, n,
                           tensors_that(uses_buf, groups, tensor_group, offsets, n))) ||
         (rc = upload_tables(&s, {&s.m}, {tensor_group, buf_initialized}, n)) ||
         (rc = c.arena.stage(&dvar, var.data(), (int64_t)n_groups * (int64_t)sizeof(mt_sgd_scalars))) ||
         (rc = c.arena.flush()))
-        return rc;
+        return drained(rc);
     mt_step_tabs a = {c.p.table, c.g.table, (float *const *)s.dev[0], nullptr, nullptr, c.p.offsets,
                       (const int32_t *)s.dev[1], (const int32_t *)s.dev[2], c.p.tstart, dvar, n};
     mt_k_sgd<<<mt_elem_blocks(c.p), c.p.threads, 0, MT_STREAM>>>(a, c.st);
