@@ -66,7 +66,7 @@ def _named_files(folder, pattern):
 ])
 def test_every_family_named_file_belongs_to_a_family(folder, pattern):
     """No file carries a family-like name that is not a family (a second name for one op)."""
-    shared = {"gemm", "tensors", "vendor", "pool", "runtime", "cross_device", "check", "sanitize",
+    shared = {"gemm", "tensors", "vendor", "pool", "runtime", "cross_device", "check", "sanitize", "profile",
               "torch_adapter", "distributed"}   # not ops: shared parts (distributed: the collective around every op)
     strays = [n for n in _named_files(folder, pattern) if n not in FAMILIES and n not in shared]
     assert not strays, "%s: %s" % ("/".join(folder), strays)
