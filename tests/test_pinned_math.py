@@ -43,13 +43,14 @@ PINF, NINF = 0x7F800000, 0xFF800000
 
 # The stated bounds (native/contracts/math.md), in ulps of the exact value.
 # one_plus_erf (1 + erf x, GELU's) in ulps of max(|exact|, 1/4): absolute below 1/4 (FLOOR).
-BOUND = {"exp": 0.521, "log": 0.542, "log1p": 0.556, "erf": 0.625, "tanh": 0.529, "one_plus_erf": 1.891}
+BOUND = {"exp": 0.521, "log": 0.542, "log1p": 0.556, "erf": 0.625, "tanh": 0.529, "one_plus_erf": 11.21}
 ROUTINES = ("exp", "log", "log1p", "erf", "tanh", "one_plus_erf")
 FLOOR = {"one_plus_erf": Fraction(1, 4)}
 ZERO_ONLY_BELOW = 1.56e-8     # one_plus_erf gives 0 only past its clamp, where erfc(-x) <= erfc(4) = 1.5417e-8
 # The share of the stratified sample allowed not to be correctly rounded (math.md's sweep: exp, log,
-# log1p and tanh under 1e-4 of all inputs; erf 0.66% of all inputs, its polynomial piece's roundings)
-NOT_CR = {"exp": 1e-4, "log": 1e-4, "log1p": 1e-4, "erf": 1e-2, "tanh": 1e-4, "one_plus_erf": 1.5e-2}
+# log1p and tanh under 1e-4 of all inputs; erf 0.66% of all inputs, its polynomial piece's roundings;
+# one_plus_erf 8.6%, held to an absolute error: 8.63% of this sample)
+NOT_CR = {"exp": 1e-4, "log": 1e-4, "log1p": 1e-4, "erf": 1e-2, "tanh": 1e-4, "one_plus_erf": 0.09}
 
 PROGRAM_C = r"""
 #include "mt_pinned.h"
@@ -339,10 +340,10 @@ SPECIALS = {
         (0x00000000, 0x3F800000), (0x80000000, 0x3F800000), (0x00000001, 0x3F800000),
         (0x40800000, 0x40000000), (0xC0800000, 0x00000000), (0x7F7FFFFF, 0x40000000),
         (0xFF7FFFFF, 0x00000000),
-        # the last float inside the clamp and -3.9 (absolute error there: no bound pins them), the
-        # pieces' meeting point from both sides, -2
-        (0xC07FFFFF, 0x326823A8), (0xC079999A, 0x330B07FC), (0x3F300000, 0x3FD5A491),
-        (0xBF300000, 0x3EA96DBC), (0xC0000000, 0x3B9947B3),
+        # the last float inside the clamp and -3.9 (absolute error there: no bound pins them),
+        # +-0.6875 (version 2's pieces met there) and -2
+        (0xC07FFFFF, 0x3284CD9E), (0xC079999A, 0x3315CDFB), (0x3F300000, 0x3FD5A491),
+        (0xBF300000, 0x3EA96DBC), (0xC0000000, 0x3B9948BD),
     ],
 }
 
@@ -574,15 +575,27 @@ def _exp_rest(mp, r):
     return mp.mpf(1) / 2 if r == 0 else (mp.exp(r) - 1 - r) / r ** 2
 
 
-# mt_one_plus_erff's: GB the same function and weight as EB, of degree 9; GX ~ (e^r - 1 - r)/r^2
-# on |r| <= 0.35, weight r^2 (e^r's relative error).
+# mt_one_plus_erff's: GX ~ (e^r - 1 - r)/r^2 on |r| <= 0.35, weight r^2 (e^r's relative error);
+# its P and A1..A5 are published constants (test_one_plus_erf_constants_are_the_published_ones).
 ERF_TANH_FITS = {
     "EA": (6, _erf_small, (0, "0.47265625"), lambda mp, s: 1),
     "EB": (11, _erfcx_at, ("-0.3125", 3), lambda mp, d: mp.exp(-(d + 1) ** 2)),
-    "GB": (10, _erfcx_at, ("-0.3125", 3), lambda mp, d: mp.exp(-(d + 1) ** 2)),
     "GX": (5, _exp_rest, ("-0.35", "0.35"), lambda mp, r: r ** 2),
     "TH": (4, _tanh_small, (0, "0.0625"), lambda mp, s: s),
 }
+
+
+def test_one_plus_erf_constants_are_the_published_ones():
+    """mt_one_plus_erff's P and A1..A5 (math.md version 3) are Abramowitz and Stegun 7.1.26's, each
+    the float32 nearest the published decimal."""
+    published = {"P": "0.3275911", "A1": "0.254829592", "A2": "-0.284496736", "A3": "1.421413741",
+                 "A4": "-1.453152027", "A5": "1.061405429"}
+    text = math_section()
+    for name, decimal in published.items():
+        m = re.search(r"const float %s = ([0-9.eE+-]+)f;" % name, text)
+        assert m, name
+        assert array("f", [float(m.group(1))])[0] == float(m.group(1)), name + " is not a float32"
+        assert float(m.group(1)) == array("f", [float(decimal)])[0], name
 
 
 @pytest.mark.parametrize("prefix", sorted(ERF_TANH_FITS))

@@ -41,29 +41,8 @@ MT_SIMD static void gelu_range(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = mt_gelu_erf(x[i]);
 }
 
-MT_SIMD static void gelu_grad_run(float *dx, const float *dy, const float *x, int64_t n) {
+MT_SIMD static void gelu_grad_range(float *dx, const float *dy, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; ++i) dx[i] = mt_gelu_erf_grad(dy[i], x[i]);
-}
-
-MT_SIMD static void gelu_grad_mid_run(float *dx, const float *dy, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; ++i) dx[i] = mt_gelu_erf_grad_mid(dy[i], x[i]);
-}
-
-/* Whether every |x[i]| < MT_GELU_MID_X (a NaN is not). */
-MT_SIMD static int gelu_mid_block(const float *x, int64_t n) {
-    int ok = 1;
-    for (int64_t i = 0; i < n; ++i) ok &= fabsf(x[i]) < MT_GELU_MID_X;
-    return ok;
-}
-
-/* Blocks of 1024 (in cache after the test): the backward's exp through mt_expf_mid where the
- * whole block is in its range (the same bits, fewer operations), else through mt_expf. */
-static void gelu_grad_range(float *dx, const float *dy, const float *x, int64_t n) {
-    for (int64_t b = 0; b < n; b += 1024) {
-        int64_t m = n - b < 1024 ? n - b : 1024;
-        if (gelu_mid_block(x + b, m)) gelu_grad_mid_run(dx + b, dy + b, x + b, m);
-        else gelu_grad_run(dx + b, dy + b, x + b, m);
-    }
 }
 
 MT_SIMD static void gelu_tanh_range(float *y, const float *x, int64_t n) {

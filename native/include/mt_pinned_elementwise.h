@@ -228,8 +228,9 @@ MT_HD float mt_add_elem(float a, float b) {
 }
 
 /* ---- GELU (elementwise.md, "GELU"): torch's formulas in torch's order, these constants -----
- * approximate='none' (contract version 2): u = x * SQRT1_2, c = mt_one_plus_erff(u) (1 + erf u),
- *   y = (x * 0.5) * c; dx = dy * (cdf + x * pdf), cdf = 0.5 * c, pdf = PDF * mt_expf((x * x) * -0.5).
+ * approximate='none' (contract version 3): u = x * SQRT1_2, c = mt_one_plus_erf_exp(u, &ex)
+ *   (1 + erf u, and ex = e^-(u * u)), y = (x * 0.5) * c; dx = dy * (cdf + x * pdf),
+ *   cdf = 0.5 * c, pdf = PDF * ex.
  * approximate='tanh': v = BETA * (x + KAPPA * ((x * x) * x)), t = mt_tanhf(v),
  *   y = (0.5 * x) * (1 + t); dx = dy * (0.5 * (1 + t) + ((0.5 * x) * (1 - t * t)) *
  *   (BETA * (1 + KAPPA3 * (x * x)))), the last product taken as +0 where 1 - t * t is 0 (the
@@ -252,19 +253,14 @@ MT_HD float mt_gelu_u(float x) {
 
 MT_HD_INLINE float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_u(x)); }
 
-/* The gradient's one formula with its exp as a parameter: mt_gelu_erf_grad takes MT_ELT_EXPF;
- * mt_gelu_erf_grad_mid takes mt_expf_mid, the same bits wherever |x| < MT_GELU_MID_X, since
- * -x*x/2 then lies in mt_expf_mid's range (above -85.81 >= MT_EXPF_MID_LO), where it equals
- * mt_expf for every float (bench/expf_identity.c). A caller tests the range first. */
-#define MT_GELU_MID_X 13.1f
-#define MT_GELU_ERF_GRAD(MT_EXP)                                                                    \
-    {                                                                                              \
-        float cdf = 0.5f * mt_one_plus_erff(mt_gelu_u(x));                                          \
-        float pdf = MT_GELU_PDF * MT_EXP((x * x) * -0.5f);                                          \
-        return dy * MT_ELT_MADD(x, pdf, cdf);                                                      \
-    }
-MT_HD_INLINE float mt_gelu_erf_grad(float dy, float x) MT_GELU_ERF_GRAD(MT_ELT_EXPF)
-MT_HD_INLINE float mt_gelu_erf_grad_mid(float dy, float x) MT_GELU_ERF_GRAD(mt_expf_mid)
+/* The gradient takes its pdf from the e^-(u^2) that 1 + erf(u) forms (u = x * SQRT1_2, so
+ * u^2 ~ x^2 / 2): one exp an element, +0 past the clamp |u| >= 4 (where |x * pdf| < 2.5e-7). */
+MT_HD_INLINE float mt_gelu_erf_grad(float dy, float x) {
+    float ex;
+    float cdf = 0.5f * mt_one_plus_erf_exp(mt_gelu_u(x), &ex);
+    float pdf = MT_GELU_PDF * ex;
+    return dy * MT_ELT_MADD(x, pdf, cdf);
+}
 
 MT_HD float mt_gelu_tanh_t(float x, float xx) {
     return mt_tanhf(MT_GELU_BETA * MT_ELT_MADD(MT_GELU_KAPPA, xx * x, x));

@@ -218,10 +218,10 @@ MT_HD float mt_log1pf(float x) {
  * chooses, so that a loop of them vectorizes. Their tails take e^v as the unevaluated pair
  * of mt_math_exp_pair (2^-31 relative) rather than a rounded mt_expf, so the one rounding that
  * matters is the last. mt_one_plus_erff (GELU's 1 + erf) is neither odd nor carried in pairs:
- * it is held to an absolute error, at about half the cost. */
+ * one formula, no pieces, held to an absolute error, at about a third of mt_erff's cost. */
 
-/* erf(a)/a - 1 ~ EA(s), s = a*a, a < 0.6875: the polynomial piece of mt_erff and
- * mt_one_plus_erff, degree 5 by Horner with fmaf (math.md, "mt_erff" step 2). */
+/* erf(a)/a - 1 ~ EA(s), s = a*a, a < 0.6875: the polynomial piece of mt_erff, degree 5 by
+ * Horner with fmaf (math.md, "mt_erff" step 2). */
 MT_HD_INLINE float mt_math_erf_small(float s) {
     const float EA0 = 0.128379166126251220703125f;          /* 0x3e0375d4 */
     const float EA1 = -0.37612628936767578125f;             /* 0xbec093a0 */
@@ -301,26 +301,26 @@ MT_HD_INLINE float mt_erff(float x) {
     return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), y);
 }
 
-/* 1 + erf(x) = erfc(-x), GELU's cdf doubled (math.md, "mt_one_plus_erff"): about half
- * mt_erff's operations, to an absolute error (what 1 + erf needs) rather than erf's relative
- * one. Special: NaN -> NaN; a = |x| >= 4 (+-inf too) -> 2 for x > 0, +0 for x < 0. a < 0.6875:
- * 1 + e or 1 - e with e = a + a p, p = EA(s) of mt_erff (the rounding of s = a*a dropped: it
- * moves e by under 2^-27 there). 0.6875 <= a < 4: q = e^-(a^2) G(a) ~ erfc(a), G ~ e^(a^2)
- * erfc(a) of degree 9 in d = a - 1 (weight e^-(a^2): erfc's absolute error), e^-(a^2) as
- * 2^k e^r, r = -s - k ln2 - slo, e^r = 1 + r + r^2 X(r) with X of degree 4, and the result q
- * (x < 0) or 2 - q (x > 0). Measured over every float (bench/math_sweep.c): within 1.891 ulp
- * of max(1 + erf x, 1/4), i.e. under 1.891 * 2^-25 absolute where 1 + erf x < 1/4. */
-MT_HD_INLINE float mt_one_plus_erff(float x) {
-    const float GB0 = 0.4275836050510406494140625f; /* 0x3edaec3d */
-    const float GB1 = -0.2732119858264923095703125f; /* 0xbe8be271 */
-    const float GB2 = 0.1543692052364349365234375f; /* 0x3e1e12f6 */
-    const float GB3 = -0.07922662794589996337890625f; /* 0xbda24192 */
-    const float GB4 = 0.0376115627586841583251953125f; /* 0x3d1a0e95 */
-    const float GB5 = -0.01671712100505828857421875f; /* 0xbc88f258 */
-    const float GB6 = 0.006825336255133152008056640625f; /* 0x3bdfa712 */
-    const float GB7 = -0.0023080254904925823211669921875f; /* 0xbb17423e */
-    const float GB8 = 0.0005256526055745780467987060546875f; /* 0x3a09cbf3 */
-    const float GB9 = -0.00005584420068771578371524810791015625f; /* 0xb86a3a41 */
+/* 1 + erf(x) = erfc(-x), GELU's cdf doubled, and e^-(a^2) beside it (math.md,
+ * "mt_one_plus_erff", version 3): Abramowitz and Stegun 7.1.26, the form torch's own CPU
+ * erf takes, held to an absolute error. Special: NaN -> NaN; a = |x| >= 4 (+-inf too) -> 2
+ * for x > 0, +0 for x < 0, and *ex = +0. Otherwise t = 1 / (1 + P a) (fmaf, one IEEE
+ * division), q = A1 + t (A2 + t (A3 + t (A4 + t A5))) by Horner with fmaf, s = a * a,
+ * e^-s as 2^k e^r with k = nearest integer to -s / ln2 (in [-23, 0] for s < 16),
+ * r = -s - k ln2 (two fmaf steps with MT_LN2_HI and MT_LN2_LO), e^r = 1 + r (1 + r X(r)),
+ * X of degree 4 (GX, fitted to (e^r - 1 - r) / r^2), scaled by 2^k exactly;
+ * erfc(a) ~ (q * t) * e^-s, and the result erfc (x < 0) or 2 - erfc (x >= 0).
+ * P and A1..A5 are the published constants, each rounded to the nearest float32.
+ * Measured over every float (bench/math_sweep.c): within 11.21 ulp of max(1 + erf x, 1/4) (3.4e-7);
+ * relative to erfc(a) within 0.28% where x < 0. *ex is e^-s (what GELU's gradient takes for
+ * its pdf), +0 past the clamp. */
+MT_HD_INLINE float mt_one_plus_erf_exp(float x, float *ex) {
+    const float P = 0.3275910913944244384765625f;       /* 0x3ea7ba05: float(0.3275911) */
+    const float A1 = 0.2548295855522155761718750f;      /* 0x3e827906: float(0.254829592) */
+    const float A2 = -0.2844967246055603027343750f;     /* 0xbe91a98e: float(-0.284496736) */
+    const float A3 = 1.4214137792587280273437500f;      /* 0x3fb5f0e3: float(1.421413741) */
+    const float A4 = -1.4531520605087280273437500f;     /* 0xbfba00e3: float(-1.453152027) */
+    const float A5 = 1.0614054203033447265625000f;      /* 0x3f87dc22: float(1.061405429) */
     const float GX0 = 0.5f; /* 0x3f000000 */
     const float GX1 = 0.16666509211063385009765625f; /* 0x3e2aaa41 */
     const float GX2 = 0.041666448116302490234375f; /* 0x3d2aaa70 */
@@ -334,14 +334,16 @@ MT_HD_INLINE float mt_one_plus_erff(float x) {
     float a0 = mt_bits_f32(u & 0x7fffffffu);
     int inside = a0 < 4.0f;                          /* false for inf and NaN */
     float a = mt_math_pick(inside, a0, 4.0f);
+    float t = 1.0f / fmaf(P, a, 1.0f);
+    float q = A5;
+    q = fmaf(q, t, A4);
+    q = fmaf(q, t, A3);
+    q = fmaf(q, t, A2);
+    q = fmaf(q, t, A1);
     float s = a * a;
-    float slo = fmaf(a, a, -s);                      /* a^2 = s + slo */
-    float p = mt_math_erf_small(s);                  /* a < 0.6875 */
-    float e = fmaf(a, p, a);                         /* erf(a) */
-    float csmall = mt_math_pick(neg, 1.0f - e, 1.0f + e);
-    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* a >= 0.6875: k in [-23, 0] (s < 16) */
+    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* k in [-23, 0] (s < 16) */
     float r = fmaf(-kf, MT_LN2_HI, -s);              /* exact */
-    r = fmaf(-kf, MT_LN2_LO, r) - slo;
+    r = fmaf(-kf, MT_LN2_LO, r);
     float xr = GX4;
     xr = fmaf(xr, r, GX3);
     xr = fmaf(xr, r, GX2);
@@ -349,23 +351,17 @@ MT_HD_INLINE float mt_one_plus_erff(float x) {
     xr = fmaf(xr, r, GX0);
     xr = fmaf(xr, r, 1.0f);
     xr = fmaf(xr, r, 1.0f);                          /* e^r */
-    float ex = xr * mt_math_pow2i((int)kf);          /* e^-(a^2), exact scaling */
-    float d = a - 1.0f;                              /* exact */
-    float g = GB9;
-    g = fmaf(g, d, GB8);
-    g = fmaf(g, d, GB7);
-    g = fmaf(g, d, GB6);
-    g = fmaf(g, d, GB5);
-    g = fmaf(g, d, GB4);
-    g = fmaf(g, d, GB3);
-    g = fmaf(g, d, GB2);
-    g = fmaf(g, d, GB1);
-    g = fmaf(g, d, GB0);
-    float q = ex * g;                                /* erfc(a) */
-    float ctail = mt_math_pick(neg, q, 2.0f - q);
-    float c = mt_math_pick(a < 0.6875f, csmall, ctail);
+    float e = xr * mt_math_pow2i((int)kf);           /* e^-(a^2), exact scaling */
+    float erfc = (q * t) * e;
+    float c = mt_math_pick(neg, erfc, 2.0f - erfc);
     c = mt_math_pick(inside, c, mt_math_pick(neg, 0.0f, 2.0f));
+    *ex = mt_math_pick(inside, e, 0.0f);
     return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), c);
+}
+
+MT_HD_INLINE float mt_one_plus_erff(float x) {
+    float ex;
+    return mt_one_plus_erf_exp(x, &ex);
 }
 
 /* tanh(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| >= 9.0109133 rounds to 1 (a is clamped to
