@@ -251,7 +251,11 @@ MT_HD float mt_gelu_u(float x) {
 #endif
 }
 
-MT_HD_INLINE float mt_gelu_erf(float x) { return (x * 0.5f) * mt_one_plus_erff(mt_gelu_u(x)); }
+/* 1 + erf(u) without mt_one_plus_erff's NaN canonicalization: GELU refuses a NaN x. */
+MT_HD_INLINE float mt_gelu_erf(float x) {
+    float ex;
+    return (x * 0.5f) * mt_one_plus_erf_exp(mt_gelu_u(x), &ex);
+}
 
 /* The gradient takes its pdf from the e^-(u^2) that 1 + erf(u) forms (u = x * SQRT1_2, so
  * u^2 ~ x^2 / 2): one exp an element, +0 past the clamp |u| >= 4 (where |x * pdf| < 2.5e-7). */

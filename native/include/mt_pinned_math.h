@@ -313,7 +313,9 @@ MT_HD_INLINE float mt_erff(float x) {
  * P and A1..A5 are the published constants, each rounded to the nearest float32.
  * Measured over every float (bench/math_sweep.c): within 11.21 ulp of max(1 + erf x, 1/4) (3.4e-7);
  * relative to erfc(a) within 0.28% where x < 0. *ex is e^-s (what GELU's gradient takes for
- * its pdf), +0 past the clamp. */
+ * its pdf), +0 past the clamp. Past the clamp only e is cut to +0 (erfc = (q * t) * 0), so
+ * that a loop takes two selects: mt_one_plus_erf_exp gives a NaN (its payload unspecified)
+ * for a NaN x, which GELU, refusing NaN, never returns; mt_one_plus_erff makes it canonical. */
 MT_HD_INLINE float mt_one_plus_erf_exp(float x, float *ex) {
     const float P = 0.3275910913944244384765625f;       /* 0x3ea7ba05: float(0.3275911) */
     const float A1 = 0.2548295855522155761718750f;      /* 0x3e827906: float(0.254829592) */
@@ -329,19 +331,16 @@ MT_HD_INLINE float mt_one_plus_erf_exp(float x, float *ex) {
     const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
     const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
     uint32_t u = mt_f32_bits(x);
-    int is_nan = (u & 0x7fffffffu) > 0x7f800000u;
-    int neg = (u >> 31) != 0u;
-    float a0 = mt_bits_f32(u & 0x7fffffffu);
-    int inside = a0 < 4.0f;                          /* false for inf and NaN */
-    float a = mt_math_pick(inside, a0, 4.0f);
-    float t = 1.0f / fmaf(P, a, 1.0f);
+    float a = mt_bits_f32(u & 0x7fffffffu);
+    int inside = a < 4.0f;                           /* false for inf and NaN */
+    float t = 1.0f / fmaf(P, a, 1.0f);               /* +0 for inf; no clamp needed here */
     float q = A5;
     q = fmaf(q, t, A4);
     q = fmaf(q, t, A3);
     q = fmaf(q, t, A2);
     q = fmaf(q, t, A1);
-    float s = a * a;
-    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* k in [-23, 0] (s < 16) */
+    float s = mt_math_pick(inside, a * a, 16.0f);    /* the exp's input stays in range */
+    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* k in [-23, 0] (s <= 16) */
     float r = fmaf(-kf, MT_LN2_HI, -s);              /* exact */
     r = fmaf(-kf, MT_LN2_LO, r);
     float xr = GX4;
@@ -351,17 +350,18 @@ MT_HD_INLINE float mt_one_plus_erf_exp(float x, float *ex) {
     xr = fmaf(xr, r, GX0);
     xr = fmaf(xr, r, 1.0f);
     xr = fmaf(xr, r, 1.0f);                          /* e^r */
-    float e = xr * mt_math_pow2i((int)kf);           /* e^-(a^2), exact scaling */
-    float erfc = (q * t) * e;
-    float c = mt_math_pick(neg, erfc, 2.0f - erfc);
-    c = mt_math_pick(inside, c, mt_math_pick(neg, 0.0f, 2.0f));
-    *ex = mt_math_pick(inside, e, 0.0f);
-    return mt_math_pick(is_nan, mt_bits_f32(MT_MATH_QNAN), c);
+    float e = mt_math_pick(inside, xr * mt_math_pow2i((int)kf), 0.0f);   /* e^-(a^2), exact scaling */
+    float erfc = (q * t) * e;                        /* +0 past the clamp (NaN for a NaN x) */
+    *ex = e;
+    /* erfc (x < 0) or 2 - erfc, as 0 + erfc or 2 + (-erfc): the same one rounding, no select */
+    float base = mt_bits_f32(((u >> 31) - 1u) & 0x40000000u);
+    return base + mt_bits_f32(mt_f32_bits(erfc) ^ (~u & 0x80000000u));
 }
 
 MT_HD_INLINE float mt_one_plus_erff(float x) {
     float ex;
-    return mt_one_plus_erf_exp(x, &ex);
+    float c = mt_one_plus_erf_exp(x, &ex);
+    return mt_math_pick((mt_f32_bits(x) & 0x7fffffffu) > 0x7f800000u, mt_bits_f32(MT_MATH_QNAN), c);
 }
 
 /* tanh(x). Special: NaN -> NaN; +-inf -> +-1; a = |x| >= 9.0109133 rounds to 1 (a is clamped to
