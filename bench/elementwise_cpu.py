@@ -19,10 +19,11 @@ to bench/results/elementwise_cpu.jsonl.
 
 What to expect, from the cost of one element (vectorized 16 wide on AVX-512): 'tanh' near
 torch's time (mt_tanhf takes both of its pieces, ~75 operations; torch's vectorized tanh is as
-dear); 'none' since elementwise v2 through mt_one_plus_erff (~45 operations) against torch's CPU
-erf, the Abramowitz-Stegun 7.1.26 formula (~20 operations with one division, 1.5e-7 absolute
-error), and its backward adds our mt_expf: 0.61-0.68x torch's speed forward + backward at
-d5ef5d0 (0.46-0.51x through v1's mt_erff). First record (bench/results/elementwise_cpu.jsonl,
+dear); 'none' since elementwise v3 through Abramowitz-Stegun 7.1.26 (torch's own CPU erf formula:
+one division, a degree-5 polynomial and a plain exp; ~44 AVX-512 instructions per 16 elements with
+GELU's product), its backward taking the pdf from the same exp: 1.02-1.04x torch's speed forward +
+backward (0.61-0.68x through v2's two-piece 1 + erf, 0.46-0.51x through v1's mt_erff).
+First record (bench/results/elementwise_cpu.jsonl,
 2**22, 2 threads, AMD EPYC, load ~1): 'none' forward 3.03 ms (torch 1.93), backward 6.96 (2.82);
 'tanh' 3.07 (3.42) and 3.96 (4.22).
 """
