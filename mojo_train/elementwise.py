@@ -15,7 +15,9 @@ function of the same element of the inputs, identical on every vendor's identica
     relu_forward    y  = x if x > 0 else +0.0
     relu_backward   dx = dy if x > 0 else +0.0
 
-with exp, 1 + erf and tanh the pinned mt_expf, mt_one_plus_erff and mt_tanhf. The residual add's backward
+with exp, 1 + erf and tanh the pinned mt_expf, mt_one_plus_erff and mt_tanhf ('none': 1 + erf by
+Abramowitz and Stegun 7.1.26, torch's own CPU formula, and the pdf from the exp it forms, e^-(u*u)
+with u = x * 0.70710677; elementwise.md version 3). The residual add's backward
 is the identity: the gradient of out flows unchanged to both a and b, so there is no
 add_backward. Inputs are float32 of one
 shape -- nothing is broadcast: differing shapes are refused, even of one element count --
