@@ -363,8 +363,8 @@ the test's inputs (binades 2**-30..2**7 of both signs, a dense run over [-12, 12
 elementwise.md; dy in [-2, 2]), ``PYTHONPATH=. python tests/test_elementwise.py``, CPU, torch 2.13:
 
                    ours identical   ours fast   torch float32
-    'none'  y           0.043            0.043         0.141   (elementwise v2: 1 + erf one routine;
-            dx          0.073            0.073         0.118    v1's 1 + mt_erff gave 0.046, 0.076)
+    'none'  y           0.121            0.121         0.141   (elementwise v3: A&S 7.1.26, torch's own
+            dx          0.117            0.117         0.118    formula; v2 0.043, 0.073; v1 0.046, 0.076)
     'tanh'  y           0.046            0.046         0.046
             dx          0.274            0.274         0.482   (17.4 * 2**-24 * |dy|, at x = 5.06)
 

@@ -9,7 +9,7 @@
 /* ==== random draws and elementwise ops (contracts: native/contracts/random.md, elementwise.md)
  * Normal draws (Box-Muller through mt_logf, sqrtf and the pinned sin/cos of pi*x below),
  * dropout's keep rule and scaling, SiLU and its gradient through mt_expf, the residual add,
- * GELU and its gradient through mt_one_plus_erff / mt_tanhf.
+ * GELU and its gradient through mt_one_plus_erf_exp (1 + erf and e^-(u^2)) / mt_tanhf.
  * Every value is a function of (seed, stream, element index) and the element's own inputs:
  * never of threads, blocks or launch geometry. Host checks live here too, so that every
  * vendor refuses the same arguments in the same words. */
@@ -258,7 +258,7 @@ MT_HD_INLINE float mt_gelu_erf(float x) {
 }
 
 /* The gradient takes its pdf from the e^-(u^2) that 1 + erf(u) forms (u = x * SQRT1_2, so
- * u^2 ~ x^2 / 2): one exp an element, +0 past the clamp |u| >= 4 (where |x * pdf| < 2.5e-7). */
+ * u^2 ~ x^2 / 2): one exp an element, +0 past the clamp |u| >= 4 (where |x * pdf| < 2.6e-7). */
 MT_HD_INLINE float mt_gelu_erf_grad(float dy, float x) {
     float ex;
     float cdf = 0.5f * mt_one_plus_erf_exp(mt_gelu_u(x), &ex);
