@@ -261,6 +261,28 @@ def test_gelu_is_finite_for_every_finite_input_and_exact_where_it_saturates(elem
     assert [bits(v) for v in dx[half + 1:]] == [0] * len(far)     # +0.0 (+0 + -0 = +0)
 
 
+def test_gelu_backward_gives_each_element_the_same_bits_in_any_block(elementwise_mode):
+    """An element's bits must not depend on its neighbours, nor on whether it falls in the
+    vectorized loop or its remainder: blocks 0 and 1 hold the same inputs around the clamp
+    (|x| = 5.657), the saturation (5.420) and far past them, block 1 one 20.0 more, and a tail of
+    5 elements follows; each element is also computed alone. (Version 2's oracle switched exps by
+    block; version 3 takes one path, and this keeps that true.)"""
+    t = elementwise_mode.numeric_mode
+    near = [5.6568542, -5.6568542, 5.65685463, -5.65685463, 5.42039585, 5.42039633, -5.3, -3.0, 0.25,
+            0.0414, -0.49, -13.3, 13.5, 1e30]
+    block = [near[i % len(near)] * (1.0 - (i % 7) * 1e-4) for i in range(1024)]
+    x = array.array("f", block + block + block[:5])
+    x[1024 + 17] = 20.0
+    dy = array.array("f", [1.0 + (i % 1024 % 5) * 0.25 for i in range(len(x))])
+    whole = [bits(v) for v in floats(ew.gelu_backward(dy, x, "none", numeric_mode=t))]
+    same = [i for i in range(1024) if i != 17]
+    assert [whole[i] for i in same] == [whole[1024 + i] for i in same]
+    assert whole[2048:] == whole[:5]
+    alone = [bits(floats(ew.gelu_backward(array.array("f", [dy[i]]), array.array("f", [x[i]]), "none",
+                                          numeric_mode=t))[0]) for i in range(0, len(x), 7)]
+    assert alone == whole[::7]
+
+
 def test_gelu_gradient_drops_its_pdf_term_at_the_clamp(elementwise_mode):
     """'none' (elementwise.md v3): the pdf is +0 from |u| = 4 on (|x| >= 5.65685463), so dx jumps
     there by x * pdf, about 2.5e-7 |dy|: just inside, dy * (cdf + x * pdf) is -2.46e-7 (x < 0) and

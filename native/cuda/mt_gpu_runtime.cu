@@ -63,13 +63,20 @@ int mt_gpu_ready(void) {
 static std::mutex g_own_lock;
 static std::map<uintptr_t, size_t> g_own;
 
-bool mt_gpu_own_range(const void *p, int64_t bytes) {
-    uintptr_t a = (uintptr_t)p;
-    std::lock_guard<std::mutex> hold(g_own_lock);
+/* The allocation of ours holding address a, as [*lo, *hi), or false (g_own_lock held). */
+static bool mt_own_find(uintptr_t a, uintptr_t *lo, uintptr_t *hi) {
     auto it = g_own.upper_bound(a);
     if (it == g_own.begin()) return false;
     --it;
-    return a + (uintptr_t)bytes <= it->first + it->second;
+    *lo = it->first;
+    *hi = it->first + it->second;
+    return a < *hi;
+}
+
+bool mt_gpu_own_range(const void *p, int64_t bytes) {
+    uintptr_t a = (uintptr_t)p, lo, hi;
+    std::lock_guard<std::mutex> hold(g_own_lock);
+    return mt_own_find(a, &lo, &hi) && a + (uintptr_t)bytes <= hi;
 }
 
 static bool mt_own_allocation(const void *p) { return mt_gpu_own_range(p, 1); }
@@ -94,22 +101,13 @@ static void mt_gpu_classify(float *const *table, const std::vector<char> &want, 
     std::vector<size_t> ask;
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
-        uintptr_t lo = 1, hi = 0;    /* the last allocation found: empty at first */
+        uintptr_t lo = 1, hi = 0;    /* the last allocation looked at: empty at first */
         for (size_t j = 0; j < n; ++j) {
             if (!want[j]) continue;
             uintptr_t a = (uintptr_t)table[j];
             if (a >= lo && a < hi) { is_dev[j] = 1; continue; }
-            auto it = g_own.upper_bound(a);
-            if (it != g_own.begin()) {
-                --it;
-                if (a < it->first + it->second) {
-                    lo = it->first;
-                    hi = it->first + it->second;
-                    is_dev[j] = 1;
-                    continue;
-                }
-            }
-            ask.push_back(j);
+            if (mt_own_find(a, &lo, &hi)) is_dev[j] = 1;   /* [lo, hi): a live allocation either way */
+            else ask.push_back(j);
         }
     }
     for (size_t j : ask) is_dev[j] = mt_gpu_is_device(table[j]);
