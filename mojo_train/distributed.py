@@ -46,7 +46,9 @@ place; otherwise they are copied into one flat buffer and back. Scratch, kept be
 needed.
 
 Transport: gloo (host memory). CUDA torch tensors are staged through host memory (copied to the
-CPU, reduced there, copied back) -- a path NOT TESTED here (no GPU on the machine that wrote it).
+CPU, reduced there, copied back): run on one H200 by groups of 1, 2 and 4 ranks of four
+processes sharing it (tenth session; ``tests/test_distributed.py -k cuda``), ending in one CPU
+process's bytes.
 A group whose backend has no gloo (NCCL alone) is refused: issue 15 point 4, not built.
 
 This module is the only one of mojo_train that imports torch; ``import mojo_train`` does not import
@@ -224,7 +226,7 @@ def _misaligned(world, tokens, problem):
 
 
 def _staged(x, name, where):
-    """(host buffer, the CUDA torch tensor it stages or None). UNTESTED for CUDA (no GPU here)."""
+    """(host buffer, the CUDA torch tensor it stages or None)."""
     if isinstance(x, DeviceArray):
         raise TypeError(where_msg(where, "%s is a DeviceArray; pass host buffers (x.to_host(), then "
                                   "mojo_train.to_device of the result) or CUDA torch tensors, which are "
@@ -389,7 +391,7 @@ class _Share:
 
     def write_back(self):
         """After the gather: unstage CUDA tensors, bump torch versions."""
-        for device_tensor, host in self.staged:       # UNTESTED: no GPU on the machine that wrote it
+        for device_tensor, host in self.staged:
             device_tensor.copy_(host)
         _buffer.wrote(self.probes)
 
@@ -479,7 +481,7 @@ def reduce_gradients(grads, tokens, group=None, *, numeric_mode=None):
     every rank of ``group`` (None: the default process group): the bits one process computes.
 
     grads : a float32 C-contiguous buffer or a list of them (mojo_train Arrays, torch CPU tensors,
-        numpy arrays...; CUDA torch tensors are staged through host memory, UNTESTED), the
+        numpy arrays...; CUDA torch tensors are staged through host memory), the
         gradients of this rank's tokens ``contiguous_shard(tokens)``, the same shapes on every
         rank. A ``DeviceArray`` is refused. Written in place; returned.
     tokens : the whole batch's token count (all ranks together), the same on every rank. Ranks
