@@ -269,16 +269,18 @@ int drained(int rc) {
     return rc;
 }
 
-/* The status (unless the small kernel votes itself: `fused`), the norms when clipping, a
- * flush of what is staged so far, then, without clipping, the finiteness pre-pass over the
- * grads (unless fused; clipping's norms refuse a non-finite grad; parameters are not read
- * before the update, optim.md step 3). Only the grads are staged yet (stage_grads). */
+/* The status, the norms when clipping, a flush of what is staged so far, then, without
+ * clipping, the finiteness pre-pass over the grads (clipping's norms refuse a non-finite grad;
+ * parameters are not read before the update, optim.md step 3). Only the grads are staged yet
+ * (stage_grads). `fused` (the small kernel votes itself, never with clipping): nothing here
+ * but the norms' room; the grads go up with the params in the step's one flush. */
 int run_checks(mt_step_ctx *c, const int32_t *offsets, int32_t n, int32_t clip, float max_norm, bool fused) {
     int rc;
     if ((!fused && (rc = mt_stage_status(c))) || (rc = c->arena.alloc((void **)&c->norms, (int64_t)n * 4))) return rc;
+    if (fused) return MT_OK;   /* nothing to launch yet: the one flush after the params serves (one upload) */
     if (clip && (rc = mt_gpu_norms(&c->arena, &c->g, offsets, c->st, c->norms, clip, max_norm))) return rc;
     if ((rc = c->arena.flush())) return rc;
-    if (fused || clip) return MT_OK;
+    if (clip) return MT_OK;
     int threads = c->g.threads, blocks = mt_elem_blocks(c->g);
     mt_k_nonfinite<<<blocks, threads, 0, MT_STREAM>>>(c->g.table, nullptr, c->g.offsets, c->g.tstart, n,
                                                       &c->st->bad_grads, &c->st->bad_params);
