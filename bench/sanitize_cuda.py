@@ -14,8 +14,17 @@ record holds, a run the record says cannot finish before --deadline is not start
 to a shorter one), and --resume leaves out what a record at the same commit already holds, so
 that successive calls complete the matrix.
 
+A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
+vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
+K times, run k checking only launches [kW, (k+1)W) (compute-sanitizer's --launch-skip and
+--launch-count; the launches outside run unchecked) and the last every launch from (K-1)W on,
+so the K runs check every launch of the run between them, whatever its launch count. A run is
+covered when windows recorded ok at one commit join from launch 0 to the open end. Each tool's
+windowing is first shown to work: a canary with its defect in launch 3 must be reported by the
+window [3, 4) and by no window that leaves launch 3 out.
+
     python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
-                                  [--resume] [--deadline S]
+                                  [--resume] [--deadline S] [--windows K --window-launches W]
 """
 import argparse
 import concurrent.futures
@@ -49,14 +58,15 @@ SHARDS = {"clip": 32, "lm_head": 44, "accumulate": 4, "optim": 4, "linear": 2, "
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error|RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) errors?, (\d+) warnings?\)")
 
 
-def sanitized(tool, cmd, timeout):
+def sanitized(tool, cmd, timeout, opts=()):
     """(errors reported or None when no summary came, seconds, exit status, output) of ``cmd``
-    under compute-sanitizer's ``tool``; a run still going after ``timeout`` seconds is killed."""
+    under compute-sanitizer's ``tool`` with the options ``opts`` (a launch window); a run still
+    going after ``timeout`` seconds is killed."""
     # Device backtraces only: a host backtrace captures the Python stack at every allocation and
     # launch, and keeps those frames -- with every array they hold -- alive until exit, so each
     # DeviceArray would read as a leak (and the cards with thousands of tensors crawl).
     full = ["compute-sanitizer", "--tool", tool, "--print-limit", "20", "--show-backtrace", "device"] \
-        + TOOL_OPTIONS[tool] + cmd
+        + TOOL_OPTIONS[tool] + list(opts) + cmd
     t0 = time.time()
     if timeout <= 0:
         return None, 0.0, None, "[not started: the deadline had passed]"
@@ -122,6 +132,41 @@ def card_line_count(card):
         return sum(1 for line in f if line.strip() and not line.startswith("#"))
 
 
+WINDOW = re.compile(r"(.*) launches (\d+)-(\d*)")
+# The windowed canary: its defect in launch CANARY_AT, clean launches before and after it.
+CANARY_AT = 3
+
+
+def windows(k, w):
+    """[(first launch, launch count or None for every launch after)] of ``k`` windows of ``w``."""
+    return [(i * w, w if i < k - 1 else None) for i in range(k)]
+
+
+# The windowed canary's three runs: the window holding the defect, the windows before and after.
+CANARY_WINDOWS = ((0, CANARY_AT), (CANARY_AT, 1), (CANARY_AT + 1, None))
+
+
+def window_label(run, first, count):
+    return "%s launches %d-%s" % (run, first, "" if count is None else first + count - 1)
+
+
+def window_options(first, count):
+    """compute-sanitizer's options checking launches [first, first + count) (count None: all after)."""
+    return ["--launch-skip", str(first), "--launch-count", "0" if count is None else str(count)]
+
+
+def joined(spans):
+    """Whether the spans [(first, last or None for open)] cover every launch from 0 on."""
+    reach = 0
+    for first, last in sorted(spans, key=lambda x: x[0]):
+        if first > reach:
+            return False
+        if last is None:
+            return True
+        reach = max(reach, last + 1)
+    return False
+
+
 def run_lines(run, count):
     """(card, the card's line indices) that a run label covers: "card" every line, "card K/N" the
     lines whose index is K modulo N (selfcheck's --shard)."""
@@ -132,24 +177,39 @@ def run_lines(run, count):
     return card, set(range(k, count(card), n))
 
 
-def ok_at_this_commit(count=card_line_count):
+def ok_at_this_commit(count=card_line_count, windows_ok=None):
     """{(tool, card): the card's line indices} that sections at this commit recorded ok (not the
     canaries), each counted only from a section where that tool's canary and clean canary were ok
     (the tool was shown live there). Lines, not run labels: a card re-cut into more shards keeps
-    what shards of another cut already covered."""
+    what shards of another cut already covered. ``windows_ok`` (a set), when given, receives the
+    (tool, label) of every launch window recorded ok from a section where windowing was shown live."""
     here = commit()
     if here == "unknown":
         sys.exit("--resume needs the commit (run from a git checkout, or set MT_COMMIT)")
-    done = {}
+    done, spans = {}, {}
     for at, rows in record_sections():
         if at != here:
             continue
         ok = {(tool, run) for tool, run, _, outcome in rows if outcome == "ok"}
         live = {t for t in TOOLS if (t, "canary") in ok and (t, "canary clean") in ok}
+        windowed = {t for t in live if all((t, window_label("canary", a, n)) in ok for a, n in CANARY_WINDOWS)}
         for tool, run in ok:
-            if tool in live and not run.startswith("canary"):
-                card, lines = run_lines(run, count)
-                done.setdefault((tool, card), set()).update(lines)
+            if tool not in live or run.startswith("canary"):
+                continue
+            m = WINDOW.fullmatch(run)
+            if m:                     # a launch window: counted once the windows join (below)
+                if tool in windowed:
+                    if windows_ok is not None:
+                        windows_ok.add((tool, run))
+                    spans.setdefault((tool, m.group(1)), []).append(
+                        (int(m.group(2)), int(m.group(3)) if m.group(3) else None))
+                continue
+            card, lines = run_lines(run, count)
+            done.setdefault((tool, card), set()).update(lines)
+    for (tool, run), got in spans.items():
+        if joined(got):
+            card, lines = run_lines(run, count)
+            done.setdefault((tool, card), set()).update(lines)
     return done
 
 
@@ -180,27 +240,46 @@ def main():
                          "libraries and shards; the canaries always run)")
     ap.add_argument("--shard-factor", type=int, default=1,
                     help="cut each slow card into this many times its shards (more, shorter runs side by side)")
+    ap.add_argument("--windows", type=int, default=1,
+                    help="split each card run into this many launch windows (the last open-ended)")
+    ap.add_argument("--window-launches", type=int, default=0, help="kernel launches a window checks")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     cards = [c for c in args.cards.split(",") if c]
     unknown = sorted(set(tools) - set(TOOLS)) + sorted(set(cards) - set(CARDS))
     if unknown:
         ap.error("unknown tool(s) or card(s): %s" % ", ".join(unknown))
+    if args.windows < 1 or (args.windows > 1 and args.window_launches < 1):
+        ap.error("--windows K needs K >= 1, and --window-launches W >= 1 when K > 1")
+    if args.windows > 1 and "synccheck" in tools:
+        ap.error("--windows does not serve synccheck (its canary's defect may hang when run unchecked, so "
+                 "windowing cannot be shown live for it); run synccheck without --windows")
     if not shutil.which("compute-sanitizer"):
         sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     t_start = time.time()
     if not args.no_build:
         build()
-    jobs = [("canary", t, [CANARY, t]) for t in tools] + [("canary clean", t, [CANARY, "clean"]) for t in tools]
+    # (run label, tool, command, compute-sanitizer's launch-window options)
+    jobs = [("canary", t, [CANARY, t], ()) for t in tools] + [("canary clean", t, [CANARY, "clean"], ()) for t in tools]
+    if args.windows > 1:
+        jobs += [(window_label("canary", a, n), t, [CANARY, t, str(CANARY_AT)], window_options(a, n))
+                 for t in tools for a, n in CANARY_WINDOWS]
     for t in tools:
         for c in cards:
             n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
             jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
-                      [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)])
+                      [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)], ())
                      for k in range(n)]
-    done = ok_at_this_commit() if args.resume else {}
+    windows_ok = set()       # with --resume: windows already recorded ok are not run again
+    done = ok_at_this_commit(windows_ok=windows_ok) if args.resume else {}
     resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
     jobs = [j for j in jobs if j[0].startswith("canary") or not covered(done, j[1], j[0])]
+    if args.windows > 1:      # each card run left becomes its windows
+        jobs = [j for j in jobs if j[0].startswith("canary")] + [
+            (window_label(what, a, n), tool, cmd, window_options(a, n))
+            for what, tool, cmd, _ in jobs if not what.startswith("canary")
+            for a, n in windows(args.windows, args.window_launches)
+            if (tool, window_label(what, a, n)) not in windows_ok]
     # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
     # time for first), so that the last ones to start are the short ones.
     took = recorded_seconds()
@@ -208,14 +287,14 @@ def main():
     deadline = t_start + args.deadline
 
     def start(job):
-        what, tool, cmd = job
+        what, tool, cmd, opts = job
         left = min(args.timeout, deadline - time.time())
         before = took.get((tool, what))
         if before is not None and before > left:     # it could not finish: leave the slot to another run
             return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
                 before, left)
         try:
-            return (what, tool) + sanitized(tool, cmd, left)   # left <= 0: not started, by sanitized
+            return (what, tool) + sanitized(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
         except Exception as exc:        # recorded as a failed run: the record is written whatever happens
             return what, tool, None, 0.0, None, "[could not run: %r]" % (exc,)
 
@@ -228,9 +307,11 @@ def main():
             print("%-9s %-16s errors=%-5s %5.0f s rc=%s" % (tool, what, errors, seconds, rc), flush=True)
     rows, ok = [], True
     for what, tool, errors, seconds, rc, out in results:
-        if what == "canary":          # the planted defect must be reported
-            good = errors is not None and errors > 0
-        elif what == "canary clean":
+        window = WINDOW.fullmatch(what)
+        if what == "canary" or (window and window.group(1) == "canary" and int(window.group(2)) == CANARY_AT):
+            good = errors is not None and errors > 0     # the planted defect must be reported
+        elif what == "canary clean" or (window and window.group(1) == "canary"):   # the defect left out
+            good = errors == 0 and rc == 0
             good = errors == 0 and rc == 0
         else:                         # a card: no finding, every case passed, no FAIL line
             good = errors == 0 and rc == 0 and "FAIL " not in out
@@ -248,7 +329,11 @@ def main():
               "errors (the tool is live); a clean canary and every card must report 0.%s"
               % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),
                  len(jobs), args.jobs, time.time() - t_start,
-                 " Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit." % resumed if resumed else ""),
+                 (" Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit." % resumed
+                  if resumed else "") +
+                 (" Launch windows: each card run in %d runs of %d kernel launches (the last: every launch after); the "
+                  "canary's window holding its defect (launch %d) must report it, the others 0."
+                  % (args.windows, args.window_launches, CANARY_AT) if args.windows > 1 else "")),
               ""] + table
     path = RECORD
     if not os.path.exists(path):

@@ -8,7 +8,11 @@
 //   initcheck  a kernel reads device memory nothing ever wrote
 //   synccheck  __syncthreads reached by the first warp of a two-warp block only; __syncwarp
 //              with a mask that leaves out the calling lane; __syncwarp(full) in half a warp
+// `sanitizer_canaries <tool> <k>` (memcheck, racecheck, initcheck; the tests of launch windows):
+// k clean launches, that tool's one defective launch (launch k, counting from 0), then two more
+// clean launches. synccheck has no such form: its defect may hang when run unchecked.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cuda_runtime.h>
 
@@ -49,6 +53,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     cudaMemset(a, 0, N * sizeof(float));
+    int at = argc > 2 ? std::atoi(argv[2]) : 0;
+    if (argc > 2 && (at < 0 || !std::strcmp(tool, "synccheck") || !std::strcmp(tool, "clean"))) {
+        std::fprintf(stderr, "usage: sanitizer_canaries memcheck|racecheck|initcheck <clean launches before>\n");
+        return 2;
+    }
+    for (int i = 0; i < at; ++i) write_past_end<<<1, N>>>(a, N - 1);             // clean: in bounds, no shared
     if (!std::strcmp(tool, "memcheck")) write_past_end<<<1, N + 6>>>(a, N);
     else if (!std::strcmp(tool, "racecheck")) shared_race<<<1, 128>>>(a);
     else if (!std::strcmp(tool, "initcheck")) copy<<<1, N>>>(a, b, N);       // b was never written
@@ -63,6 +73,8 @@ int main(int argc, char **argv) {
         copy<<<1, N + 6>>>(a, b, N);
         divergent_barrier<<<1, 32>>>(a);                                       // one warp: all arrive
     }
+    if (argc > 2)
+        for (int i = 0; i < 2; ++i) write_past_end<<<1, N>>>(a, N - 1);
     cudaError_t err = cudaDeviceSynchronize();
     std::printf("canary %s ran: %s\n", tool, cudaGetErrorString(err));
     cudaFree(a);

@@ -27,9 +27,9 @@ def _run(monkeypatch, tmp_path, record, argv, sanitized, commit="abc1234"):
     path.write_text(record)
     started = []
 
-    def fake(tool, cmd, timeout):
-        started.append((tool, cmd[-1]))
-        return sanitized(tool, cmd, timeout)
+    def fake(tool, cmd, timeout, opts=()):
+        started.append((tool, cmd[-1]) + ((tuple(opts),) if opts else ()))
+        return sanitized(tool, cmd, timeout, opts) if opts else sanitized(tool, cmd, timeout)
 
     monkeypatch.setattr(S, "RECORD", str(path))
     monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
@@ -135,3 +135,90 @@ def test_a_section_names_its_library_and_resume_reads_the_commit_before_it(monke
     assert ", commit abc1234, library 0123456789abcdef\n" in (tmp_path / "sanitize-cuda.md").read_text()[len(record):]
     monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(tmp_path / "absent"))
     assert S.library_digest() == "unknown"
+
+
+def _windowed_clean(tool, cmd, timeout, opts=()):
+    """A live tool whose windows work: the windowed canary is reported only by a window that
+    holds launch CANARY_AT."""
+    if cmd[0] == S.CANARY and len(cmd) == 3:
+        first, count = int(opts[opts.index("--launch-skip") + 1]), int(opts[opts.index("--launch-count") + 1])
+        holds = first <= S.CANARY_AT and (count == 0 or S.CANARY_AT < first + count)
+        return (1 if holds else 0), 0.01, 0, ""
+    return _clean(tool, cmd, timeout)
+
+
+def test_windows_split_each_run_by_launches_and_check_every_launch_between_them(monkeypatch, tmp_path):
+    """--windows 3 --window-launches 50: launches [0, 50), [50, 100) and [100, end) of each run,
+    through compute-sanitizer's --launch-skip/--launch-count; the canary's windows show it live."""
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "schedule",
+                                                           "--windows", "3", "--window-launches", "50"],
+                               _windowed_clean)
+    assert code == 0
+    for label in ("schedule launches 0-49", "schedule launches 50-99", "schedule launches 100-",
+                  "canary launches 0-2", "canary launches 3-3", "canary launches 4-"):
+        assert rows[("racecheck", label)] == "ok", label
+    assert ("racecheck", "schedule") not in rows
+    opts = sorted(o for t, last, *o in started if last == "0/1" for o in o)
+    assert opts == [("--launch-skip", "0", "--launch-count", "50"), ("--launch-skip", "100", "--launch-count", "0"),
+                    ("--launch-skip", "50", "--launch-count", "50")]
+    assert "Launch windows: each card run in 3 runs of 50" in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_a_window_canary_that_does_not_see_its_defect_or_sees_it_outside_fails(monkeypatch, tmp_path):
+    def unwindowed(tool, cmd, timeout, opts=()):     # the options ignored: every window sees the defect
+        if cmd[0] == S.CANARY and len(cmd) == 3:
+            return 1, 0.01, 0, ""
+        return _clean(tool, cmd, timeout)
+
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "schedule",
+                                                     "--windows", "2", "--window-launches", "10"], unwindowed)
+    assert rows[("racecheck", "canary launches 3-3")] == "ok"
+    assert rows[("racecheck", "canary launches 0-2")] == rows[("racecheck", "canary launches 4-")] == "FAILED"
+    assert code == 1
+
+
+def test_resume_counts_a_run_whose_windows_join_across_sections_and_not_one_with_a_gap(monkeypatch, tmp_path):
+    live = ("| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+            "| racecheck | canary launches 0-2 | 0 | 1 | ok |\n| racecheck | canary launches 3-3 | 1 | 1 | ok |\n"
+            "| racecheck | canary launches 4- | 0 | 1 | ok |\n")
+    record = ("## x, commit abc1234\n\n" + HEADER + live +
+              "| racecheck | loss 0/2 launches 0-9 | 0 | 5 | ok |\n| racecheck | loss 1/2 launches 0-9 | 0 | 5 | ok |\n"
+              "## y, commit abc1234\n\n" + HEADER + live +
+              "| racecheck | loss 0/2 launches 10- | 0 | 5 | ok |\n| racecheck | loss 1/2 launches 20- | 0 | 5 | ok |\n")
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    assert ("racecheck", "loss 0/2") not in rows          # [0, 10) + [10, end): joined
+    assert rows[("racecheck", "loss 1/2")] == "ok"         # [0, 10) + [20, end): launches 10-19 unchecked
+    assert code == 0
+
+
+def test_windows_that_were_not_shown_live_do_not_count(monkeypatch, tmp_path):
+    live = "| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+    record = ("## x, commit abc1234\n\n" + HEADER + live +
+              "| racecheck | loss 0/2 launches 0- | 0 | 5 | ok |\n")
+    code, rows, _ = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"], _clean)
+    assert rows[("racecheck", "loss 0/2")] == "ok"
+
+
+def test_joined_spans():
+    assert S.joined([(0, 9), (10, None)]) and S.joined([(10, None), (0, 12)]) and S.joined([(0, None)])
+    assert not S.joined([(0, 9), (11, None)]) and not S.joined([(0, 9), (10, 19)]) and not S.joined([(1, None)])
+    assert S.windows(3, 50) == [(0, 50), (50, 50), (100, None)]
+
+
+def test_windows_refuse_synccheck_and_a_missing_window_size(monkeypatch, tmp_path):
+    for argv in (["--tools", "synccheck", "--windows", "2", "--window-launches", "5"], ["--windows", "2"]):
+        code, rows, started = _run(monkeypatch, tmp_path, "", argv, _clean)
+        assert code == 2 and rows == {} and started == []
+
+
+def test_resume_runs_only_the_windows_a_partly_covered_run_lacks(monkeypatch, tmp_path):
+    live = ("| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+            "| racecheck | canary launches 0-2 | 0 | 1 | ok |\n| racecheck | canary launches 3-3 | 1 | 1 | ok |\n"
+            "| racecheck | canary launches 4- | 0 | 1 | ok |\n")
+    record = "## x, commit abc1234\n\n" + HEADER + live + "| racecheck | loss 0/2 launches 0-9 | 0 | 5 | ok |\n"
+    code, rows, _ = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss",
+                                                         "--windows", "2", "--window-launches", "10"], _windowed_clean)
+    assert sorted(r for t, r in rows if r.startswith("loss")) == ["loss 0/2 launches 10-", "loss 1/2 launches 0-9",
+                                                                  "loss 1/2 launches 10-"]
+    assert code == 0
