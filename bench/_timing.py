@@ -104,3 +104,23 @@ def _machine():
     except OSError:
         pass
     return "%s, %d cores, %s" % (cpu, os.cpu_count() or 0, platform.platform())
+
+
+def worker_figures(script, envs, common, out, timeout=300):
+    """Run ``script --rank r`` + ``common`` with ``envs[r]`` for each rank (the data-parallel
+    benchmarks' workers), wait for all (a stuck run is killed after ``timeout`` seconds), exit
+    on any failure, and return the figures rank 0 wrote to ``out`` (JSON)."""
+    import json
+    import subprocess
+    procs = [subprocess.Popen([sys.executable, script, "--rank", str(r)] + common, env=env)
+             for r, env in enumerate(envs)]
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        sys.exit("the workers did not finish in %d s (a deadlock?)" % timeout)
+    if any(codes):
+        sys.exit("a worker failed: exit codes %s" % codes)
+    with open(out) as f:
+        return json.load(f)

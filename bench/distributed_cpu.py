@@ -42,7 +42,6 @@ process CPU times are given beside them):
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _timing import bench_args, cpu_record  # noqa: E402
+from _timing import bench_args, cpu_record, worker_figures  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -158,13 +157,7 @@ def main():
         common = ["--elements", str(args.elements), "--world", str(args.world), "--tensors", str(args.tensors),
                   "--threads", str(args.threads), "--repeat", str(args.repeat), "--mode", args.mode,
                   "--rendezvous", rendezvous, "--out", out]
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r)] + common, env=env)
-                 for r in range(args.world)]
-        codes = [p.wait() for p in procs]
-        if any(codes):
-            sys.exit("a worker failed: exit codes %s" % codes)
-        with open(out) as f:
-            figures = json.load(f)
+        figures = worker_figures(os.path.abspath(__file__), [env] * args.world, common, out)
     figures = dict({"elements": args.elements, "world": args.world, "tensors": args.tensors}, **figures)
     print(json.dumps(figures, indent=1))
     torch.set_num_threads(args.threads)

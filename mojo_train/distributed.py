@@ -45,11 +45,23 @@ place; otherwise they are copied into one flat buffer and back. Scratch, kept be
 ``(N - 1) n / N`` floats received, ``n / N`` combined, plus ``n`` for the flat copy when one is
 needed.
 
-Transport: gloo (host memory). CUDA torch tensors are staged through host memory (copied to the
-CPU, reduced there, copied back): run on one H200 by groups of 1, 2 and 4 ranks of four
-processes sharing it (tenth session; ``tests/test_distributed.py -k cuda``), ending in one CPU
-process's bytes.
-A group whose backend has no gloo (NCCL alone) is refused: issue 15 point 4, not built.
+Transports. Host buffers go over gloo as above. CUDA torch tensors take NCCL when the group has
+it (``nccl``, or ``cpu:gloo,cuda:nccl`` with a GPU library loaded; with a CPU library they are
+staged for gloo as below), all on cuda:0 (each rank's own GPU made its first visible one; another
+index is refused, as by the torch adapter): the batched transport, which moves whole shards, each
+step's sends and receives as one ``batch_isend_irecv`` (NCCL runs a batch's operations together,
+so no send waits on a receive posted after it), the combine by the GPU library's
+``mt_accumulate`` on the received shards in place (MOJO_TRAIN_VENDOR=cuda; torch's stream is
+synchronized first), the outcome agreed, then the combined shards gathered straight into the
+gradients (several tensors: packed into one flat copy on the device and back). The same bytes
+travel as by gloo; the scratch lies on the GPU. Written for issue 15 point 4; its logic runs
+in the CPU tests on CPU tensors over gloo (``_BATCHED_ON_CPU_FOR_TESTS``); NCCL itself needs two
+GPUs (``tests/test_distributed_nccl.py``), NOT YET RUN: no machine with two GPUs has been lent.
+Under gloo alone CUDA torch tensors are staged through host memory (copied to the CPU, reduced
+there, copied back): run on one H200 by groups of 1, 2 and 4 ranks of four processes sharing it
+(tenth session; ``tests/test_distributed.py -k cuda``), ending in one CPU process's bytes. Host
+buffers under NCCL alone are refused (TypeError naming the fix); a group with neither gloo nor
+NCCL is refused (NotImplementedError).
 
 This module is the only one of mojo_train that imports torch; ``import mojo_train`` does not import
 it (tests/test_imports.py).
@@ -58,6 +70,7 @@ import hashlib
 import json
 import re
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -154,17 +167,26 @@ class ContiguousBatchSampler:
 
 # ---- agreement: every rank learns every rank's outcome before anything is sent ----------------
 
+def _backend(group):
+    return str(dist.get_backend(group)).lower()
+
+
 def _group_checked(group, where):
     """(world, rank) of ``group``, refusing (the same on every rank, so without a collective) a
-    missing process group or a backend without gloo."""
+    missing process group or a backend with neither gloo nor NCCL."""
     world, rank = _world_and_rank(group, where)
-    backend = str(dist.get_backend(group)).lower()
-    if "gloo" not in backend:
-        raise NotImplementedError(where_msg(where, "the process group's backend is %r; this module sends host "
-                                            "memory over gloo (NCCL is issue 15 point 4, not built): create the "
-                                            "group with backend='gloo' or 'cpu:gloo,cuda:nccl' (CUDA tensors are "
-                                            "then staged through host memory)" % backend))
+    backend = _backend(group)
+    if "gloo" not in backend and "nccl" not in backend:
+        raise NotImplementedError(where_msg(where, "the process group's backend is %r; this module moves "
+                                            "gradients over gloo (host memory) or NCCL (CUDA tensors): create the "
+                                            "group with backend='gloo', 'nccl' or 'cpu:gloo,cuda:nccl'" % backend))
     return world, rank
+
+
+def _agreement_device(group):
+    """Where the agreement's small tensors live: the CPU when the group has gloo, else (NCCL
+    alone, which moves CUDA tensors only) the current CUDA device."""
+    return torch.device("cpu") if "gloo" in _backend(group) else torch.device("cuda", torch.cuda.current_device())
 
 
 _SLOT = 512      # bytes of one rank's outcome in the agreement's one fixed-size all_gather
@@ -174,22 +196,22 @@ def _gather_bytes(payload, group):
     """Every rank's ``payload`` (bytes), in rank order: one all_gather of a fixed slot (the length
     and the first bytes), and a second one only when some rank's payload does not fit (every rank
     sees every length, so all take the same branch)."""
-    world = dist.get_world_size(group)
+    world, device = dist.get_world_size(group), _agreement_device(group)
     slot = torch.zeros(_SLOT, dtype=torch.uint8)
     head = len(payload).to_bytes(8, "little") + payload[:_SLOT - 8]
     slot[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-    gathered = [torch.empty_like(slot) for _ in range(world)]
-    dist.all_gather(gathered, slot, group=group)
-    raw = [bytes(t.tolist()) for t in gathered]
+    gathered = [torch.empty_like(slot, device=device) for _ in range(world)]
+    dist.all_gather(gathered, slot.to(device), group=group)
+    raw = [bytes(row) for row in torch.stack(gathered).cpu().tolist()]
     sizes = [int.from_bytes(r[:8], "little") for r in raw]
     if max(sizes) <= _SLOT - 8:
         return [r[8:8 + n] for r, n in zip(raw, sizes)]
     mine = torch.zeros(max(sizes), dtype=torch.uint8)
     if payload:
         mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
-    return [bytes(t[:size].tolist()) for t, size in zip(gathered, sizes)]
+    gathered = [torch.empty_like(mine, device=device) for _ in range(world)]
+    dist.all_gather(gathered, mine.to(device), group=group)
+    return [bytes(row[:size]) for row, size in zip(torch.stack(gathered).cpu().tolist(), sizes)]
 
 
 def _kind(exc):
@@ -236,8 +258,9 @@ def _staged(x, name, where):
     return x, None
 
 
-def _host_probes(tensors, name, where, inplace):
-    """(Probes of host copies or the buffers themselves, [(device tensor, host copy)])."""
+def _items(tensors, name, where, inplace):
+    """(whether ``tensors`` is one buffer, its buffers as a list, each one's argument name); with
+    ``inplace``, a torch tensor requiring grad is refused (it is not a gradient)."""
     single = _buffer._is_buffer(tensors)
     if single:
         items = [tensors]
@@ -248,14 +271,21 @@ def _host_probes(tensors, name, where, inplace):
         items = list(tensors)
         if not items:
             raise ValueError(where_msg(where, "%s is an empty list" % name))
+    names = [name] if single else ["%s[%d]" % (name, i) for i in range(len(items))]
     if inplace:
-        for i, x in enumerate(items):
+        for x, n in zip(items, names):
             if _buffer.is_torch_tensor(x) and x.requires_grad:
                 raise ValueError(where_msg(where, "%s requires grad: it is a parameter or a result of autograd, "
                                            "not a gradient (reduce_gradients writes it in place); pass the "
                                            "gradients (p.grad), or reduce_parameter_gradients(parameters, tokens)"
-                                           % (name if single else "%s[%d]" % (name, i))))
-    pairs = [_staged(x, name if single else "%s[%d]" % (name, i), where) for i, x in enumerate(items)]
+                                           % n))
+    return single, items, names
+
+
+def _host_probes(tensors, name, where, inplace):
+    """(Probes of host copies or the buffers themselves, [(device tensor, host copy)])."""
+    single, items, names = _items(tensors, name, where, inplace)
+    pairs = [_staged(x, n, where) for x, n in zip(items, names)]
     hosts = [h for h, _ in pairs]
     probes = _buffer.tensor_list(hosts[0] if single else hosts, name, where, inplace=inplace, allow_empty=True)
     return probes, [(d, h) for h, d in pairs if d is not None]
@@ -268,24 +298,45 @@ _LOCAL = threading.local()
 PIECE_ELEMENTS = 1 << 20      # a shard travels in pieces of 4 MB, each combined as soon as it arrived
 
 
+class _Space(dict):
+    """One thread's scratch buffers by (name, device) (a dict that a weak set can hold: hashed
+    by identity)."""
+    __hash__ = object.__hash__
+
+
+# Every live thread's _Space, so that release_workspace reaches them all (DDP's hook runs on
+# autograd's device threads); weak, so that a thread's buffers go with it.
+_EVERY_WORKSPACE, _EVERY_LOCK = weakref.WeakSet(), threading.Lock()
+
+
 def _workspace():
-    return _LOCAL.__dict__.setdefault("buffers", {})
+    space = _LOCAL.__dict__.get("buffers")
+    if space is None:
+        space = _LOCAL.buffers = _Space()
+        with _EVERY_LOCK:
+            _EVERY_WORKSPACE.add(space)
+    return space
 
 
-def _scratch(name, numel):
-    space = _workspace()
-    t = space.get(name)
+def _scratch(name, numel, device=None):
+    """``numel`` float32 of the named scratch buffer on ``device`` (None: the CPU)."""
+    space, key = _workspace(), (name, str(device or "cpu"))
+    t = space.get(key)
     if t is None or t.numel() < numel:
-        space.pop(name, None)
-        t = space[name] = torch.empty(max(numel, 1), dtype=torch.float32)
+        space.pop(key, None)
+        t = space[key] = torch.empty(max(numel, 1), dtype=torch.float32, device=device or "cpu")
     return t[:numel]
 
 
 def release_workspace():
-    """Free the scratch buffers ``reduce_gradients`` keeps between calls on the calling thread
-    (for gradients of ``n`` floats over ``N`` ranks: ``n`` floats, plus ``n`` more when they do
-    not lie end to end)."""
-    _workspace().clear()
+    """Free the scratch buffers ``reduce_gradients`` keeps between calls, every thread's (DDP's
+    hook runs on autograd's threads), in host memory and on the GPU (for gradients of ``n``
+    floats over ``N`` ranks: ``n`` floats, plus ``n`` more when they do not lie end to end). A
+    call running meanwhile keeps the buffers it holds until it returns."""
+    with _EVERY_LOCK:
+        spaces = list(_EVERY_WORKSPACE)
+    for space in spaces:
+        space.clear()
 
 
 class _Share:
@@ -293,21 +344,30 @@ class _Share:
     over them (their own memory when they lie end to end, else a packed copy), the shard bounds."""
 
     def __init__(self, where, grads, name, tokens, world, rank):
+        self._common(where, tokens, world, rank)
+        self.probes, self.staged = _host_probes(grads, name, where, inplace=True)
+        self._shape(", pieces of %d" % PIECE_ELEMENTS)
+        self._reserve()
+
+    def _common(self, where, tokens, world, rank):
+        """The checks and fields both transports share (before the gradients are read)."""
         if tokens is not None:
             tokens = _ops.int_arg(tokens, "tokens", where, 1, _MAX_TOKENS)
             problem = _alignment_problem(tokens, world)
             if problem:
                 raise ValueError(where_msg(where, _misaligned(world, tokens, problem)))
-        self.where, self.world, self.rank = where, world, rank
-        self.probes, self.staged = _host_probes(grads, name, where, inplace=True)
+        self.where, self.world, self.rank, self.tokens = where, world, rank, tokens
+        self.packed = self._combine = None
+
+    def _shape(self, transport):
+        """n, the shard bounds and the signature every rank must agree on, from ``self.probes``."""
         self.n = sum(p.nelems for p in self.probes)
         shapes = [list(p.shape) for p in self.probes]
-        self.signature = "tokens=%s, %d tensors of %d elements (shapes digest %s)" % (
-            tokens, len(shapes), self.n, hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12])
-        self.signature += ", pieces of %d" % PIECE_ELEMENTS
-        self.bounds = [j * self.n // world for j in range(world + 1)]
-        self.packed = self._combine = None
-        self._reserve()
+        self.signature = "tokens=%s, %d tensors of %d elements (shapes digest %s)%s" % (
+            self.tokens, len(shapes), self.n, hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:12], transport)
+        self.bounds = [j * self.n // self.world for j in range(self.world + 1)]
+
+    device = None      # where the scratch lies (None: host memory)
 
     def _reserve(self):
         """Every scratch buffer the exchange will take, allocated now -- before the agreement --
@@ -315,11 +375,15 @@ class _Share:
         from the messages the others wait for."""
         lo, hi = self.bounds[self.rank], self.bounds[self.rank + 1]
         if self.world > 1 and self.n:
-            _scratch("received", (self.world - 1) * (hi - lo))
-            _scratch("combined", hi - lo)
+            _scratch("received", (self.world - 1) * (hi - lo), self.device)
+            _scratch("combined", hi - lo, self.device)
+        if self.n and self._packs():
+            _scratch("packed", self.n, self.device)
+
+    def _packs(self):
+        """Whether the gradients are copied into one flat buffer (they do not lie end to end)."""
         probes = [p for p in self.probes if p.nbytes]
-        if self.n and not (len(probes) == 1 or _buffer.lie_end_to_end(probes)):
-            _scratch("packed", self.n)
+        return not (len(probes) == 1 or _buffer.lie_end_to_end(probes))
 
     def flat(self):
         """The flat float32 view: the buffers' own memory when they lie end to end, else a scratch
@@ -396,6 +460,112 @@ class _Share:
         _buffer.wrote(self.probes)
 
 
+class _TensorShare(_Share):
+    """One rank's gradients for the batched transport (module docstring: NCCL): torch tensors,
+    all on one device, read and written by torch ops; one flat view (the tensor itself when
+    there is one, else a packed copy in a scratch buffer on that device); whole shards move."""
+
+    def __init__(self, where, grads, name, tokens, world, rank, numeric_mode):
+        self._common(where, tokens, world, rank)
+        single, self.tensors, names = _items(grads, name, where, inplace=True)
+        self.probes = _buffer.tensor_list(grads if single else self.tensors, name, where, inplace=True,
+                                          allow_empty=True)
+        # one device, and on CUDA the GPU library's one device, cuda:0 (the adapter's own rule)
+        from .torch._tensors import device_of
+        self.device = device_of(where, **dict(zip(names, self.tensors)))
+        self._shape(", whole shards on %s" % self.device.type)
+        backend, _ = _ops.placement(where, numeric_mode, grads=self.probes[0])
+        self._combine = (backend, ffi.new("float *[]", world))
+        self._reserve()
+
+    def _packs(self):
+        return len([t for t in self.tensors if t.numel()]) > 1
+
+    def flat(self):
+        """The tensor itself (flattened) when it is the only nonempty one, else the packed copy."""
+        if not self._packs():
+            return next(t for t in self.tensors if t.numel()).view(-1)
+        self.packed = _scratch("packed", self.n, self.device)
+        torch.cat([t.reshape(-1) for t in self.tensors], out=self.packed)
+        return self.packed
+
+    def combine(self, parts, out, numeric_mode):
+        if self.device.type == "cuda":     # what torch queued (NCCL's receives) is done before ours runs
+            torch.cuda.current_stream(self.device).synchronize()
+        _Share.combine(self, parts, out, numeric_mode)
+
+    def write_back(self):
+        """After the gather: the packed copy into the tensors, torch versions bumped."""
+        if self.packed is not None:
+            start = 0
+            for t in self.tensors:
+                t.view(-1).copy_(self.packed[start:start + t.numel()])
+                start += t.numel()
+        _buffer.wrote(self.probes)
+
+
+# torch's own point-to-point functions, as P2POp requires them (taken once: P2POp refuses any other).
+_ISEND, _IRECV = dist.isend, dist.irecv
+
+
+def _batched(ops):
+    """Run the point-to-point ``ops`` (P2POp) as one batch (NCCL groups them, so no send waits
+    for a receive posted later) and wait for all of them."""
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+
+def _p2p(pairs, group):
+    """The P2POps of ``pairs`` [(tensor, torch's isend or irecv, group rank)], empties skipped."""
+    return [dist.P2POp(op, tensor, _peer(group, j), group) for tensor, op, j in pairs if tensor.numel()]
+
+
+def _reduce_batched(share, group, numeric_mode):
+    """Steps 2 to 4 by the batched transport: whole shards exchanged in one batch, the combine,
+    the agreement on its outcome, the combined shards gathered in a second batch."""
+    world, rank, where = share.world, share.rank, share.where
+    lo, hi = share.bounds[rank], share.bounds[rank + 1]
+    flat = share.flat()
+    received = _scratch("received", (world - 1) * (hi - lo), share.device).view(world - 1, hi - lo)
+    combined = _scratch("combined", hi - lo, share.device)
+    peers = [j for j in range(world) if j != rank]
+    _batched(_p2p([pair for i, j in enumerate(peers)
+                   for pair in ((share.shard(flat, j), _ISEND, j), (received[i], _IRECV, j))], group))
+    failure = None
+    try:
+        if hi > lo:
+            parts = [flat[lo:hi] if j == rank else received[peers.index(j)] for j in range(world)]
+            share.combine(parts, combined, numeric_mode)
+    except Exception as exc:       # agreed below: every rank refuses, nothing written
+        failure = exc
+    _agree(where, group, failure)
+    if world == 1:        # the tree of one part is that part: the gradients already hold the result
+        return
+    _batched(_p2p([pair for j in peers for pair in ((combined, _ISEND, j), (share.shard(flat, j), _IRECV, j))],
+                  group))
+    flat[lo:hi].copy_(combined)
+    share.write_back()
+
+
+# Private: tests set it (in their worker processes) to run the batched transport on CPU torch
+# tensors over gloo, so that its logic is tested where no two GPUs are.
+_BATCHED_ON_CPU_FOR_TESTS = False
+
+
+def _takes_batched(where, grads, group, numeric_mode):
+    """Whether a call takes the batched transport: every gradient a CUDA torch tensor, the group
+    has NCCL, and the loaded library takes device buffers (with gloo in the group and a CPU
+    library, CUDA tensors are staged through host memory instead); or, for tests, every gradient
+    a CPU torch tensor. ``grads``: one buffer or a list."""
+    items = [grads] if _buffer._is_buffer(grads) else grads
+    if not isinstance(items, list) or not items or not all(_buffer.is_torch_tensor(t) for t in items):
+        return False
+    if all(t.device.type == "cuda" for t in items) and "nccl" in _backend(group):
+        return "gloo" not in _backend(group) or _ops.load(_ops.numeric_mode_arg(numeric_mode, where)).vendor != "cpu"
+    return _BATCHED_ON_CPU_FOR_TESTS and all(t.device.type == "cpu" for t in items)
+
+
 def _peer(group, j):
     return j if group is None else dist.get_global_rank(group, j)
 
@@ -446,7 +616,18 @@ def _reduce(where, collect, name, tokens, group, numeric_mode):
     world, rank = _group_checked(group, where)
     share, failure = None, None
     try:
-        share = _Share(where, collect(), name, tokens, world, rank)
+        grads = collect()
+        if not _buffer._is_buffer(grads) and not isinstance(grads, (str, bytes)) and hasattr(grads, "__iter__"):
+            grads = list(grads)            # once: a generator is read here, not by each step below
+        if _takes_batched(where, grads, group, numeric_mode):
+            share = _TensorShare(where, grads, name, tokens, world, rank, numeric_mode)
+        elif "gloo" not in _backend(group):
+            raise TypeError(where_msg(where, "the process group's backend is %r, which moves CUDA tensors only, "
+                                      "and %s are not all CUDA torch tensors: pass the CUDA tensors themselves, "
+                                      "or create the group with backend='cpu:gloo,cuda:nccl' (host buffers then "
+                                      "go over gloo)" % (_backend(group), name)))
+        else:
+            share = _Share(where, grads, name, tokens, world, rank)
     except Exception as exc:     # any local refusal goes through the agreement: no rank waits alone
         failure = exc
     outcomes = _agree(where, group, failure, signature=share and share.signature)
@@ -454,9 +635,13 @@ def _reduce(where, collect, name, tokens, group, numeric_mode):
         if outcome["signature"] != outcomes[0]["signature"]:
             raise ValueError(where_msg(where, "the ranks disagree, so every rank refuses and nothing was written: "
                                        "rank 0 passes %s, rank %d passes %s; every rank passes the whole batch's "
-                                       "tokens and gradients of the same shapes"
+                                       "tokens and gradients of the same shapes, of one kind (host buffers, or "
+                                       "torch tensors on the same kind of device)"
                                        % (outcomes[0]["signature"], j, outcome["signature"])))
     if not share.n:
+        return
+    if isinstance(share, _TensorShare):
+        _reduce_batched(share, group, numeric_mode)
         return
     flat = share.flat()
     combined, failure = _exchange_and_combine(share, flat, group, numeric_mode)    # 2. and 3.
@@ -481,7 +666,8 @@ def reduce_gradients(grads, tokens, group=None, *, numeric_mode=None):
     every rank of ``group`` (None: the default process group): the bits one process computes.
 
     grads : a float32 C-contiguous buffer or a list of them (mojo_train Arrays, torch CPU tensors,
-        numpy arrays...; CUDA torch tensors are staged through host memory), the
+        numpy arrays...; CUDA torch tensors, over NCCL when the group has it, else staged
+        through host memory for gloo: module docstring), the
         gradients of this rank's tokens ``contiguous_shard(tokens)``, the same shapes on every
         rank. A ``DeviceArray`` is refused. Written in place; returned.
     tokens : the whole batch's token count (all ranks together), the same on every rank. Ranks
@@ -531,7 +717,7 @@ def check_same_parameters(params, group=None):
     """Refuse, on every rank, parameters that are not the same bytes on every rank of ``group``.
 
     params : a float32 buffer or an iterable of them (``model.parameters()``, Arrays; CUDA tensors
-        are read through host memory, UNTESTED). Compares the SHA-256 of each tensor's bytes and
+        are read through host memory: not yet run on a GPU). Compares the SHA-256 of each tensor's bytes and
         its shape with rank 0's; ValueError naming the first rank and tensor that differ. Call it
         once before training: data-parallel bits equal one process's only from equal starts.
     Returns the SHA-256 (hex) over every tensor's digest, the same on every rank.

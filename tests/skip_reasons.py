@@ -41,6 +41,8 @@ REVIEWED = (
     ("reference", r"^the docstring's counts are torch [\d.]+'s inputs; torch \S+ has others$"),
     ("reference", r"^(torch has no CUDA here|no CUDA/ROCm device for torch)$"),
     ("reference", r"^torch\.distributed has no gloo here$"),   # a torch built without distributed or gloo
+    ("reference", r"^torch\.distributed has no NCCL here$"),   # a torch built without NCCL (CPU builds)
+    ("reference", r"^this machine has fewer than two CUDA GPUs for torch \(NCCL needs one a rank\)$"),
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)
     ("reference", r"^.+ finds no C library headers for its target \(Debian: libc6-dev-\*-cross\)$"),   # .ci/run installs it

@@ -16,7 +16,10 @@ rank, and the group goes on working after them (no deadlock: the workers have a 
 Each rank sends 2 (N-1)/N of the gradient bytes. Torch's DistributedSampler interleaves ranks and
 the order it implies changes the bits. Where the library takes device buffers and torch has a
 GPU (issue 15 point 4 on one GPU), the workers also train the torch loop on CUDA tensors, which
-reduce_gradients stages through host memory for gloo: the same bytes as one CPU process.
+reduce_gradients stages through host memory for gloo: the same bytes as one CPU process. The
+batched transport NCCL takes (whole shards, ``batch_isend_irecv``) runs here on CPU tensors
+over gloo (``D._BATCHED_ON_CPU_FOR_TESTS``): the same bytes, two batches and no single send, the
+same volume and refusals; on two GPUs over NCCL: tests/test_distributed_nccl.py.
 
 The workers (this file, run as a script) are one gloo world of 4 processes, started once per
 identical library: groups of 4 are that world's default group, groups of 2 and 1 are
@@ -46,7 +49,7 @@ from _torch_model import NativeLM, TorchLM, batch, torch_optimizer, torch_state_
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, WIDTH, BLOCKS, TOKENS, SEQ, STEPS = 97, 32, 1, 4096, 64, 3
 WORKER_SECONDS = 150          # a deadlocked group is killed, and the test fails, after this
-TRAININGS = ("native", "native_microbatches", "torch_reduce", "torch_ddp")
+TRAININGS = ("native", "native_microbatches", "torch_reduce", "torch_ddp", "torch_reduce_batched")
 CUDA_TRAININGS = ("torch_reduce_cuda",)    # where the library takes device buffers and torch has a GPU
 PROCESSES, WORLDS = 4, (1, 2, 4)       # one gloo world of 4 processes; groups of 1, 2 and 4 in it
 
@@ -183,28 +186,54 @@ def _refusals(rank, world, group):
 def _volume(rank, world, group):
     """Bytes this rank sends point to point (and in small all_gathers) reducing 100,003 floats in
     two tensors (shards of unequal sizes when 2 or 4 ranks share them), and whether the result is
-    the tree over every rank's gradients."""
-    dist, sent, small = torch.distributed, [], []
-    isend, all_gather = dist.isend, dist.all_gather
+    the tree over every rank's gradients. The sends are counted one by one (``isend``) and in
+    batches (``batch_isend_irecv``: the batched transport)."""
+    dist, sent, small, batches, singles = torch.distributed, [], [], [], []
+    isend, all_gather, batch = dist.isend, dist.all_gather, dist.batch_isend_irecv
 
     def counted_isend(tensor, *args, **kw):
         sent.append(tensor.numel() * tensor.element_size())
+        singles.append(1)
         return isend(tensor, *args, **kw)
 
     def counted_all_gather(outputs, tensor, *args, **kw):
         small.append(tensor.numel() * tensor.element_size())
         return all_gather(outputs, tensor, *args, **kw)
 
+    def counted_batch(ops):
+        batches.append(len(ops))
+        sent.extend(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is isend)
+        return batch(ops)
+
     every = [[torch.randn(70001, generator=torch.Generator().manual_seed(j)),
               torch.randn(30002, generator=torch.Generator().manual_seed(50 + j))] for j in range(world)]
     mine = [t.clone() for t in every[rank]]
-    dist.isend, dist.all_gather = counted_isend, counted_all_gather
+    dist.isend, dist.all_gather, dist.batch_isend_irecv = counted_isend, counted_all_gather, counted_batch
     try:
         D.reduce_gradients(mine, 1024 * world, group)
     finally:
-        dist.isend, dist.all_gather = isend, all_gather
+        dist.isend, dist.all_gather, dist.batch_isend_irecv = isend, all_gather, batch
     want = [mt.accumulate_grads([every[j][i] for j in range(world)], 1024 * world).tobytes() for i in range(2)]
-    return {"sent": sum(sent), "small": max(small), "tree": want == [t.numpy().tobytes() for t in mine]}
+    return {"sent": sum(sent), "small": max(small), "tree": want == [t.numpy().tobytes() for t in mine],
+            "batches": len(batches), "single_sends": len(singles)}
+
+
+def _batched_refusals(rank, world, group):
+    """Refusals through the batched transport: NaN on the last rank (after the exchange), other
+    tokens on the last rank (before), and the host transport on the others with the batched one
+    on the last rank (the ranks' signatures differ)."""
+    last, out = world - 1, {}
+    nan = _grads(rank)
+    if rank == last:
+        nan[0][0, 0] = float("nan")
+    out["nan_on_one_rank"] = _outcome(lambda: D.reduce_gradients(nan, 1024 * world, group), nan)
+    grads = _grads(rank)
+    out["other_tokens_on_one_rank"] = _outcome(
+        lambda: D.reduce_gradients(grads, 1024 * world * (2 if rank == last else 1), group), grads)
+    if world > 1:    # the others pass numpy arrays (the host transport), the last rank torch tensors
+        mixed = [g.numpy() for g in grads] if rank != last else grads
+        out["transports_differ"] = _outcome(lambda: D.reduce_gradients(mixed, 1024 * world, group), grads)
+    return out
 
 
 # payload lengths around the agreement's slot (504 bytes after the length): one all_gather, or two
@@ -229,6 +258,13 @@ def _scenarios(rank, world, group, mode, save, cuda):
         wrapped.register_comm_hook(D.TokenRuleState(TOKENS, group), D.token_rule_hook)
         return wrapped
     save("torch_ddp", train_torch(mode, rank, world, wrap=ddp))
+    D._BATCHED_ON_CPU_FOR_TESTS = True     # the batched transport (NCCL's) on CPU tensors over gloo
+    try:
+        save("torch_reduce_batched", train_torch(mode, rank, world, reduce=lambda model:
+                                                 D.reduce_parameter_gradients(model.parameters(), TOKENS, group)))
+        report["batched"] = {"volume": _volume(rank, world, group), "refusals": _batched_refusals(rank, world, group)}
+    finally:
+        D._BATCHED_ON_CPU_FOR_TESTS = False
     if cuda:             # CUDA tensors over gloo: staged through host memory by reduce_gradients
         save("torch_reduce_cuda", train_torch(mode, rank, world, device="cuda", reduce=lambda model:
                                               D.reduce_parameter_gradients(model.parameters(), TOKENS, group)))
@@ -341,7 +377,8 @@ def reference(mode, kind):
 
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("scenario, kind", [("native", "native"), ("native_microbatches", "native"),
-                                            ("torch_reduce", "torch"), ("torch_ddp", "torch")])
+                                            ("torch_reduce", "torch"), ("torch_ddp", "torch"),
+                                            ("torch_reduce_batched", "torch")])
 def test_every_rank_ends_in_one_process_bytes(identical, world, scenario, kind):
     _need(identical)
     got = run_world(identical, world)["bytes"][scenario]
@@ -447,7 +484,75 @@ def test_each_rank_sends_a_ring_all_reduces_volume(identical, world):
         v = report["volume"]
         assert v["tree"], "process %d's result is not the tree over its group's gradients" % p
         assert v["sent"] == 4 * ((n - shard) + (world - 1) * shard)    # about 2 (N-1)/N of 4n bytes
+        assert v["batches"] == 0                                        # host buffers: pieces, one by one
         assert v["small"] < 4096                                        # the agreements: a few bytes
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_batched_transport_sends_a_ring_all_reduces_volume_and_refuses_alike(identical, world):
+    """NCCL's transport (whole shards, batch_isend_irecv), run on CPU tensors over gloo: the same
+    volume, the same tree, and its refusals on every rank with nothing written."""
+    _need(identical)
+    n = 100003
+    reports = run_world(identical, world)["reports"]
+    for p, report in enumerate(reports):
+        rank = p % world
+        shard = (rank + 1) * n // world - rank * n // world
+        v = report["batched"]["volume"]
+        assert v["tree"], "process %d's result is not the tree over its group's gradients" % p
+        assert v["sent"] == 4 * ((n - shard) + (world - 1) * shard)
+        assert (v["batches"], v["single_sends"]) == ((2, 0) if world > 1 else (0, 0)), v   # the batched path ran
+    outcomes = lambda name: [r["batched"]["refusals"][name] for r in reports]  # noqa: E731
+    _same_refusal_everywhere(outcomes("nan_on_one_rank"), "ValueError",
+                             "rank %d's gradients hold NaN or inf" % (world - 1))
+    if world > 1:
+        _same_refusal_everywhere(outcomes("other_tokens_on_one_rank"), "ValueError", "the ranks disagree")
+        _same_refusal_everywhere(outcomes("transports_differ"), "ValueError", "the ranks disagree",
+                                 "whole shards on cpu")
+
+
+def _one_rank_group(monkeypatch, backend):
+    """A stand-in process group of one rank with ``backend`` (no messages: world 1), its
+    agreement returning this rank's outcome or raising its refusal; the refusals agreed."""
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "get_world_size", lambda group=None: 1)
+    monkeypatch.setattr(D.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(D.dist, "get_backend", lambda group=None: backend)
+    agreed = []
+
+    def agree(where, group, failure, **mine):
+        agreed.append(failure)
+        if failure:
+            raise failure
+        return [dict(mine, error=None)]
+    monkeypatch.setattr(D, "_agree", agree)
+    return agreed
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_gradients_given_as_a_generator_are_read_once(monkeypatch, batched):
+    """reduce_parameter_gradients' callers pass model.parameters(), a generator; reduce_gradients
+    takes any iterable of buffers and reads it once."""
+    _one_rank_group(monkeypatch, "gloo")
+    monkeypatch.setattr(D, "_BATCHED_ON_CPU_FOR_TESTS", batched)
+    grads = [torch.arange(6, dtype=torch.float32), torch.ones(3)]
+    before = [g.clone() for g in grads]
+    D.reduce_gradients((g for g in grads), 1024)
+    assert all(torch.equal(g, b) for g, b in zip(grads, before))    # one rank: the tree of one part
+    with pytest.raises(ValueError, match=r"grads is an empty list"):
+        D.reduce_gradients((g for g in []), 1024)
+
+
+def test_an_nccl_group_refuses_host_buffers_and_an_unknown_backend_is_refused(monkeypatch):
+    """Decided locally and the same on every rank: host buffers cannot go over NCCL alone."""
+    agreed = _one_rank_group(monkeypatch, "nccl")
+    with pytest.raises(TypeError, match=r"backend is 'nccl', which moves CUDA tensors only, and grads are not all "
+                                        r"CUDA torch tensors.*cpu:gloo,cuda:nccl"):
+        D.reduce_gradients([torch.zeros(3)], None)
+    assert len(agreed) == 1            # refused through the agreement: no rank waits alone
+    monkeypatch.setattr(D.dist, "get_backend", lambda group=None: "mpi")
+    with pytest.raises(NotImplementedError, match=r"backend is 'mpi'.*'gloo', 'nccl' or 'cpu:gloo,cuda:nccl'"):
+        D.reduce_gradients([torch.zeros(3)], None)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
