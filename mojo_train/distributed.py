@@ -76,6 +76,7 @@ import torch
 import torch.distributed as dist
 
 from . import _buffer, _ops
+from ._devices import device_of
 from ._errors import where_msg
 from ._native import ffi
 from .accumulate import TOKEN_LEAF, _alignment_problem
@@ -471,7 +472,6 @@ class _TensorShare(_Share):
         self.probes = _buffer.tensor_list(grads if single else self.tensors, name, where, inplace=True,
                                           allow_empty=True)
         # one device, and on CUDA the GPU library's one device, cuda:0 (the adapter's own rule)
-        from .torch._tensors import device_of
         self.device = device_of(where, **dict(zip(names, self.tensors)))
         self._shape(", whole shards on %s" % self.device.type)
         backend, _ = _ops.placement(where, numeric_mode, grads=self.probes[0])

@@ -48,13 +48,11 @@ import torch
 
 from .._array import Array
 from .._buffer import Probe
+from .._devices import device_of  # noqa: F401  (the adapter's device rule, shared with distributed)
 from .._errors import where_msg
 from .._ops import device_outputs, rename_arguments
 from .._probe import _owned_view
 from ..device import DeviceArray
-
-_DEVICE_TYPES = ("cpu", "cuda")
-
 
 class AutocastError(RuntimeError, TypeError):
     """A call under ``torch.autocast``: refused (a RuntimeError in torch's terms, a TypeError
@@ -94,25 +92,6 @@ def refuse_autocast(where, device):
                                       "mojo_train computes in float32 only and never casts: call it outside "
                                       "autocast, e.g. inside torch.autocast(%r, enabled=False)"
                                       % (device.type, torch.get_autocast_dtype(device.type), device.type)))
-
-
-def device_of(where, **tensors):
-    """The one device of the given tensors (None skipped): ValueError when they are on
-    different devices or on one that is neither the CPU nor CUDA."""
-    given = [(name, t.device) for name, t in tensors.items() if t is not None]
-    name0, dev = given[0]
-    for name, d in given[1:]:
-        if d != dev:
-            raise ValueError(where_msg(where, "%s is on %s but %s is on %s; put every tensor of the call on "
-                                       "one device" % (name0, dev, name, d)))
-    if dev.type not in _DEVICE_TYPES:
-        raise ValueError(where_msg(where, "%s is on %s; mojo_train runs on the CPU and on CUDA devices"
-                                   % (name0, dev)))
-    if dev.type == "cuda" and dev.index not in (None, 0):
-        raise ValueError(where_msg(where, "%s is on %s; mojo_train's GPU vendor uses one device, cuda:0 (its "
-                                   "DeviceArrays say so): make that GPU the first visible one "
-                                   "(CUDA_VISIBLE_DEVICES)" % (name0, dev)))
-    return dev
 
 
 def _cuda_device(args, kwargs):
