@@ -18,17 +18,26 @@ A card line too slow for one call (racecheck over lm_head's one-row chunks over 
 vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
 K times, run k checking only launches [kW, (k+1)W) (compute-sanitizer's --launch-skip and
 --launch-count; the launches outside run unchecked) and the last every launch from (K-1)W on,
-so the K runs check every launch of the run between them, whatever its launch count. A run is
-covered when windows recorded ok at one commit join from launch 0 to the open end. Each tool's
-windowing is first shown to work: a canary with its defect in launch 3 must be reported by the
-window [3, 4) and by no window that leaves launch 3 out.
+so the K runs check every launch of the run between them, whatever its launch count. With
+``--launch-counts FILE`` (JSON: run label -> its kernel launches, written by ``--count-launches
+FILE``, which runs each selected run once under ncu and counts its kernels) each run's W is
+its own count over K, rounded up; keep one file for every call of a matrix, since the window
+labels (and so --resume's) follow from it. A run is covered when windows recorded ok at one
+commit join from launch 0 to the open end. Each tool's windowing is first shown to work: a
+canary with its defect in launch 3 must be reported by the window [3, 4), and by no window that
+leaves launch 3 out -- one of them, from launch 10, past the canary's last launch (an empty
+window must report 0 too). memcheck and racecheck only: a launch's findings under them depend
+on that launch alone; initcheck's would not (memory written by an unchecked launch reads as
+uninitialised) and synccheck's canary may hang when run unchecked.
 
     python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
-                                  [--resume] [--deadline S] [--windows K --window-launches W]
+                                  [--resume] [--deadline S] [--windows K (--window-launches W | --launch-counts F)]
+                                  [--count-launches F]
 """
 import argparse
 import concurrent.futures
 import io
+import json
 import os
 import re
 import shutil
@@ -142,8 +151,10 @@ def windows(k, w):
     return [(i * w, w if i < k - 1 else None) for i in range(k)]
 
 
-# The windowed canary's three runs: the window holding the defect, the windows before and after.
-CANARY_WINDOWS = ((0, CANARY_AT), (CANARY_AT, 1), (CANARY_AT + 1, None))
+# The windowed canary's runs: the window holding the defect, the windows before and after it,
+# and one past its last launch (CANARY_AT + 2 clean launches follow the defect).
+CANARY_WINDOWS = ((0, CANARY_AT), (CANARY_AT, 1), (CANARY_AT + 1, None), (CANARY_AT + 7, None))
+WINDOW_TOOLS = ("memcheck", "racecheck")
 
 
 def window_label(run, first, count):
@@ -225,6 +236,45 @@ def recorded_seconds():
             if outcome == "ok" and seconds is not None}
 
 
+def launch_counts(path):
+    """{run label: kernel launches} from a --count-launches file."""
+    with open(path) as f:
+        return {k: int(v) for k, v in json.load(f).items()}
+
+
+NCU_ROW = re.compile(r'^"[^"]*",.*"gpu__time_duration\.sum"', re.M)
+
+
+def count_launches(args, tools, cards):
+    """--count-launches: each selected card run (after --resume's leaving out, for the first tool)
+    once under ncu with one metric; its kernel rows counted; the JSON written; exit status 1 if a
+    run failed or counted none (a window plan from a wrong count would check too little)."""
+    if not shutil.which("ncu"):
+        sys.exit("ncu is not on PATH (it comes with the CUDA toolkit)")
+    done = ok_at_this_commit() if args.resume else {}
+    runs = []
+    for c in cards:
+        n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
+        runs += [(c if n == 1 else "%s %d/%d" % (c, k, n), c, "%d/%d" % (k, n)) for k in range(n)]
+    runs = [r for r in runs if not covered(done, tools[0], r[0])]
+    counts, ok = {}, True
+    for what, card, shard in runs:
+        cmd = ["ncu", "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, "-m", "mojo_train", "selfcheck",
+               "--card", card, "--shard", shard]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout,
+                           env=dict(os.environ, MOJO_TRAIN_VENDOR="cuda"))
+        counts[what] = len(NCU_ROW.findall(p.stdout))
+        good = p.returncode == 0 and counts[what] > 0 and "FAIL " not in p.stdout
+        ok &= good
+        print("%-16s %6d launches%s" % (what, counts[what], "" if good else "  FAILED (exit %d):\n%s" % (
+            p.returncode, (p.stdout + p.stderr)[-2000:])), flush=True)
+    with open(args.count_launches, "w") as f:
+        json.dump(counts, f, indent=1, sort_keys=True)
+    if os.environ.get("OUT"):
+        shutil.copy(args.count_launches, os.environ["OUT"])
+    sys.exit(0 if ok else 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tools", default=",".join(TOOLS))
@@ -243,17 +293,23 @@ def main():
     ap.add_argument("--windows", type=int, default=1,
                     help="split each card run into this many launch windows (the last open-ended)")
     ap.add_argument("--window-launches", type=int, default=0, help="kernel launches a window checks")
+    ap.add_argument("--launch-counts", default="",
+                    help="JSON file of each run's kernel launches: a window checks its run's count over --windows")
+    ap.add_argument("--count-launches", default="",
+                    help="count each selected run's kernel launches under ncu into this JSON file, then exit")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     cards = [c for c in args.cards.split(",") if c]
     unknown = sorted(set(tools) - set(TOOLS)) + sorted(set(cards) - set(CARDS))
     if unknown:
         ap.error("unknown tool(s) or card(s): %s" % ", ".join(unknown))
-    if args.windows < 1 or (args.windows > 1 and args.window_launches < 1):
-        ap.error("--windows K needs K >= 1, and --window-launches W >= 1 when K > 1")
-    if args.windows > 1 and "synccheck" in tools:
-        ap.error("--windows does not serve synccheck (its canary's defect may hang when run unchecked, so "
-                 "windowing cannot be shown live for it); run synccheck without --windows")
+    if args.windows < 1 or (args.windows > 1 and (args.window_launches < 1) == (not args.launch_counts)):
+        ap.error("--windows K needs K >= 1, and when K > 1 either --window-launches W >= 1 or --launch-counts FILE")
+    if args.windows > 1 and set(tools) - set(WINDOW_TOOLS):
+        ap.error("--windows serves memcheck and racecheck only (initcheck would take memory an unchecked launch "
+                 "wrote for uninitialised; synccheck's canary may hang when run unchecked)")
+    if args.count_launches:
+        return count_launches(args, tools, cards)
     if not shutil.which("compute-sanitizer"):
         sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     t_start = time.time()
@@ -275,10 +331,16 @@ def main():
     resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
     jobs = [j for j in jobs if j[0].startswith("canary") or not covered(done, j[1], j[0])]
     if args.windows > 1:      # each card run left becomes its windows
+        counts = launch_counts(args.launch_counts) if args.launch_counts else {}
+        missing = sorted({j[0] for j in jobs if not j[0].startswith("canary") and j[0] not in counts})
+        if counts and missing:
+            sys.exit("%s has no launch count for %s (count them with --count-launches)"
+                     % (args.launch_counts, ", ".join(missing)))
+        size = lambda what: -(-counts[what] // args.windows) if counts else args.window_launches  # noqa: E731
         jobs = [j for j in jobs if j[0].startswith("canary")] + [
             (window_label(what, a, n), tool, cmd, window_options(a, n))
             for what, tool, cmd, _ in jobs if not what.startswith("canary")
-            for a, n in windows(args.windows, args.window_launches)
+            for a, n in windows(args.windows, max(1, size(what)))
             if (tool, window_label(what, a, n)) not in windows_ok]
     # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
     # time for first), so that the last ones to start are the short ones.
@@ -312,7 +374,6 @@ def main():
             good = errors is not None and errors > 0     # the planted defect must be reported
         elif what == "canary clean" or (window and window.group(1) == "canary"):   # the defect left out
             good = errors == 0 and rc == 0
-            good = errors == 0 and rc == 0
         else:                         # a card: no finding, every case passed, no FAIL line
             good = errors == 0 and rc == 0 and "FAIL " not in out
         ok &= good
@@ -331,9 +392,10 @@ def main():
                  len(jobs), args.jobs, time.time() - t_start,
                  (" Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit." % resumed
                   if resumed else "") +
-                 (" Launch windows: each card run in %d runs of %d kernel launches (the last: every launch after); the "
+                 (" Launch windows: each card run in %d runs of %s kernel launches (the last: every launch after); the "
                   "canary's window holding its defect (launch %d) must report it, the others 0."
-                  % (args.windows, args.window_launches, CANARY_AT) if args.windows > 1 else "")),
+                  % (args.windows, args.window_launches or "its count (%s) over %d, rounded up," % (
+                      args.launch_counts, args.windows), CANARY_AT) if args.windows > 1 else "")),
               ""] + table
     path = RECORD
     if not os.path.exists(path):

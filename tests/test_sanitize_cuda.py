@@ -7,6 +7,7 @@ exception in a run is a FAILED row; --resume leaves out only the card runs a sec
 commit recorded ok with that tool's canary and clean canary ok in the same section, and refuses
 to guess an unknown commit.
 """
+import json
 import os
 import sys
 
@@ -155,7 +156,7 @@ def test_windows_split_each_run_by_launches_and_check_every_launch_between_them(
                                _windowed_clean)
     assert code == 0
     for label in ("schedule launches 0-49", "schedule launches 50-99", "schedule launches 100-",
-                  "canary launches 0-2", "canary launches 3-3", "canary launches 4-"):
+                  "canary launches 0-2", "canary launches 3-3", "canary launches 4-", "canary launches 10-"):
         assert rows[("racecheck", label)] == "ok", label
     assert ("racecheck", "schedule") not in rows
     opts = sorted(o for t, last, *o in started if last == "0/1" for o in o)
@@ -180,7 +181,7 @@ def test_a_window_canary_that_does_not_see_its_defect_or_sees_it_outside_fails(m
 def test_resume_counts_a_run_whose_windows_join_across_sections_and_not_one_with_a_gap(monkeypatch, tmp_path):
     live = ("| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
             "| racecheck | canary launches 0-2 | 0 | 1 | ok |\n| racecheck | canary launches 3-3 | 1 | 1 | ok |\n"
-            "| racecheck | canary launches 4- | 0 | 1 | ok |\n")
+            "| racecheck | canary launches 4- | 0 | 1 | ok |\n| racecheck | canary launches 10- | 0 | 1 | ok |\n")
     record = ("## x, commit abc1234\n\n" + HEADER + live +
               "| racecheck | loss 0/2 launches 0-9 | 0 | 5 | ok |\n| racecheck | loss 1/2 launches 0-9 | 0 | 5 | ok |\n"
               "## y, commit abc1234\n\n" + HEADER + live +
@@ -206,8 +207,10 @@ def test_joined_spans():
     assert S.windows(3, 50) == [(0, 50), (50, 50), (100, None)]
 
 
-def test_windows_refuse_synccheck_and_a_missing_window_size(monkeypatch, tmp_path):
-    for argv in (["--tools", "synccheck", "--windows", "2", "--window-launches", "5"], ["--windows", "2"]):
+def test_windows_refuse_initcheck_synccheck_and_a_missing_or_double_window_size(monkeypatch, tmp_path):
+    for argv in (["--tools", "synccheck", "--windows", "2", "--window-launches", "5"],
+                 ["--tools", "racecheck,initcheck", "--windows", "2", "--window-launches", "5"], ["--windows", "2"],
+                 ["--tools", "racecheck", "--windows", "2", "--window-launches", "5", "--launch-counts", "x.json"]):
         code, rows, started = _run(monkeypatch, tmp_path, "", argv, _clean)
         assert code == 2 and rows == {} and started == []
 
@@ -215,10 +218,58 @@ def test_windows_refuse_synccheck_and_a_missing_window_size(monkeypatch, tmp_pat
 def test_resume_runs_only_the_windows_a_partly_covered_run_lacks(monkeypatch, tmp_path):
     live = ("| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
             "| racecheck | canary launches 0-2 | 0 | 1 | ok |\n| racecheck | canary launches 3-3 | 1 | 1 | ok |\n"
-            "| racecheck | canary launches 4- | 0 | 1 | ok |\n")
+            "| racecheck | canary launches 4- | 0 | 1 | ok |\n| racecheck | canary launches 10- | 0 | 1 | ok |\n")
     record = "## x, commit abc1234\n\n" + HEADER + live + "| racecheck | loss 0/2 launches 0-9 | 0 | 5 | ok |\n"
     code, rows, _ = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss",
                                                          "--windows", "2", "--window-launches", "10"], _windowed_clean)
     assert sorted(r for t, r in rows if r.startswith("loss")) == ["loss 0/2 launches 10-", "loss 1/2 launches 0-9",
                                                                   "loss 1/2 launches 10-"]
     assert code == 0
+
+
+def test_launch_counts_give_each_run_its_own_window_size(monkeypatch, tmp_path):
+    """W = the run's count over K, rounded up: 10 launches in 3 windows of 4, 2 in windows of 1."""
+    counts = tmp_path / "counts.json"
+    counts.write_text('{"loss 0/2": 10, "loss 1/2": 2}')
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss", "--windows", "3",
+                                                           "--launch-counts", str(counts)], _windowed_clean)
+    assert code == 0
+    assert sorted(r for t, r in rows if r.startswith("loss")) == [
+        "loss 0/2 launches 0-3", "loss 0/2 launches 4-7", "loss 0/2 launches 8-",
+        "loss 1/2 launches 0-0", "loss 1/2 launches 1-1", "loss 1/2 launches 2-"]
+    counts.write_text('{"loss 0/2": 10}')
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss", "--windows", "3",
+                                                           "--launch-counts", str(counts)], _windowed_clean)
+    assert "has no launch count for loss 1/2" in str(code) and started == []
+
+
+NCU_CSV = """==PROF== Connected to process 1234
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","1234","python3","127.0.0.1","k_a(float *)","1","7","(256, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","12.5"
+"1","1234","python3","127.0.0.1","k_b(float *, int)","1","7","(256, 1, 1)","(2, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","us","3.1"
+card lm_head 1/1 passed
+"""
+
+
+def test_count_launches_counts_ncu_rows_and_refuses_a_run_that_counted_none(monkeypatch, tmp_path):
+    out = tmp_path / "counts.json"
+    calls = []
+
+    class Done:
+        def __init__(self, stdout, returncode=0):
+            self.stdout, self.stderr, self.returncode = stdout, "", returncode
+
+    def fake_run(cmd, **kw):
+        calls.append(cmd)
+        return Done(NCU_CSV if cmd[-1] == "0/2" else "==PROF== no kernels\n")
+
+    monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    monkeypatch.delenv("OUT", raising=False)
+    monkeypatch.setattr(sys, "argv", ["sanitize_cuda.py", "--no-build", "--tools", "racecheck", "--cards", "loss",
+                                      "--count-launches", str(out)])
+    with pytest.raises(SystemExit) as exit_:
+        S.main()
+    assert exit_.value.code == 1                         # loss 1/2 counted no launch: refused
+    assert json.loads(out.read_text()) == {"loss 0/2": 2, "loss 1/2": 0}
+    assert calls[0][:4] == ["ncu", "--metrics", "gpu__time_duration.sum", "--csv"]
