@@ -49,7 +49,7 @@ from _torch_model import NativeLM, TorchLM, batch, torch_optimizer, torch_state_
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, WIDTH, BLOCKS, TOKENS, SEQ, STEPS = 97, 32, 1, 4096, 64, 3
 WORKER_SECONDS = 150          # a deadlocked group is killed, and the test fails, after this
-TRAININGS = ("native", "native_microbatches", "torch_reduce", "torch_ddp", "torch_reduce_batched")
+TRAININGS = ("native", "native_microbatches", "torch_reduce", "torch_ddp", "torch_reduce_batched", "torch_ddp_batched")
 CUDA_TRAININGS = ("torch_reduce_cuda",)    # where the library takes device buffers and torch has a GPU
 PROCESSES, WORLDS = 4, (1, 2, 4)       # one gloo world of 4 processes; groups of 1, 2 and 4 in it
 
@@ -262,6 +262,7 @@ def _scenarios(rank, world, group, mode, save, cuda):
     try:
         save("torch_reduce_batched", train_torch(mode, rank, world, reduce=lambda model:
                                                  D.reduce_parameter_gradients(model.parameters(), TOKENS, group)))
+        save("torch_ddp_batched", train_torch(mode, rank, world, wrap=ddp))     # the hook's bucket, batched
         report["batched"] = {"volume": _volume(rank, world, group), "refusals": _batched_refusals(rank, world, group)}
     finally:
         D._BATCHED_ON_CPU_FOR_TESTS = False
@@ -378,7 +379,7 @@ def reference(mode, kind):
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("scenario, kind", [("native", "native"), ("native_microbatches", "native"),
                                             ("torch_reduce", "torch"), ("torch_ddp", "torch"),
-                                            ("torch_reduce_batched", "torch")])
+                                            ("torch_reduce_batched", "torch"), ("torch_ddp_batched", "torch")])
 def test_every_rank_ends_in_one_process_bytes(identical, world, scenario, kind):
     _need(identical)
     got = run_world(identical, world)["bytes"][scenario]
