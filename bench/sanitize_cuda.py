@@ -270,8 +270,9 @@ def count_launches(args, tools, cards):
             p.returncode, (p.stdout + p.stderr)[-2000:])), flush=True)
     with open(args.count_launches, "w") as f:
         json.dump(counts, f, indent=1, sort_keys=True)
-    if os.environ.get("OUT"):
-        shutil.copy(args.count_launches, os.environ["OUT"])
+    out = os.environ.get("OUT")
+    if out and os.path.dirname(os.path.abspath(args.count_launches)) != os.path.abspath(out):
+        shutil.copy(args.count_launches, out)
     sys.exit(0 if ok else 1)
 
 
@@ -333,10 +334,10 @@ def main():
     if args.windows > 1:      # each card run left becomes its windows
         counts = launch_counts(args.launch_counts) if args.launch_counts else {}
         missing = sorted({j[0] for j in jobs if not j[0].startswith("canary") and j[0] not in counts})
-        if counts and missing:
+        if args.launch_counts and missing:
             sys.exit("%s has no launch count for %s (count them with --count-launches)"
                      % (args.launch_counts, ", ".join(missing)))
-        size = lambda what: -(-counts[what] // args.windows) if counts else args.window_launches  # noqa: E731
+        size = lambda what: -(-counts[what] // args.windows) if args.launch_counts else args.window_launches  # noqa: E731
         jobs = [j for j in jobs if j[0].startswith("canary")] + [
             (window_label(what, a, n), tool, cmd, window_options(a, n))
             for what, tool, cmd, _ in jobs if not what.startswith("canary")
