@@ -145,14 +145,14 @@ def train_torch(numeric_mode, rank=0, world=1, reduce=None, wrap=None, device="c
 
 def _outcome(fn, watched):
     """(exception type, message) of ``fn()`` or None, and whether the bytes of ``watched`` (a list
-    of torch tensors) stayed the same."""
-    before = [t.numpy().tobytes() for t in watched]
+    of torch tensors, on the CPU or a GPU) stayed the same."""
+    before = [t.cpu().numpy().tobytes() for t in watched]
     try:
         fn()
         error = None
     except Exception as exc:       # recorded; the parent checks the type and text
         error = [type(exc).__name__, str(exc)]
-    return {"error": error, "unchanged": before == [t.numpy().tobytes() for t in watched]}
+    return {"error": error, "unchanged": before == [t.cpu().numpy().tobytes() for t in watched]}
 
 
 def _grads(rank, seed=0):
@@ -316,26 +316,31 @@ def _run_processes(mode):
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _launch(mode, out):
-    env = dict(os.environ, MOJO_TRAIN_VENDOR=mode.vendor, MOJO_TRAIN_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    procs = []
-    for rank in range(PROCESSES):
-        config = {"rank": rank, "out": out, "numeric_mode": mode.numeric_mode, "cuda": _cuda_tensors(mode),
-                  "rendezvous": os.path.join(out, "rendezvous")}
-        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(config)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+def run_workers(script, configs, envs, seconds=WORKER_SECONDS):
+    """Run ``script`` once per rank with its JSON config and environment, collect every worker
+    before any verdict (all killed, and the test failed, if one is still going after
+    ``seconds``), and require each to exit 0 (its output's tail in the failure)."""
+    procs = [subprocess.Popen([sys.executable, script, json.dumps(config)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for config, env in zip(configs, envs)]
     logs = []
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=WORKER_SECONDS)[0])
+            logs.append(p.communicate(timeout=seconds)[0])
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
                 q.wait()
-            pytest.fail("the %d workers did not finish in %d s (a deadlock?)" % (PROCESSES, WORKER_SECONDS))
+            pytest.fail("the %d workers did not finish in %d s (a deadlock?)" % (len(procs), seconds))
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, "worker %d failed:\n%s" % (rank, log[-4000:])
+
+
+def _launch(mode, out):
+    env = dict(os.environ, MOJO_TRAIN_VENDOR=mode.vendor, MOJO_TRAIN_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    configs = [{"rank": rank, "out": out, "numeric_mode": mode.numeric_mode, "cuda": _cuda_tensors(mode),
+                "rendezvous": os.path.join(out, "rendezvous")} for rank in range(PROCESSES)]
+    run_workers(os.path.abspath(__file__), configs, [env] * PROCESSES)
 
 
 def _cuda_tensors(mode):

@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
@@ -30,16 +29,6 @@ from mojo_train import distributed as D  # noqa: E402
 
 RANKS = 2
 SCENARIOS = ("torch_reduce_nccl", "torch_ddp_nccl")
-
-
-def _outcome(fn, watched):
-    before = [t.cpu().numpy().tobytes() for t in watched]
-    try:
-        fn()
-        error = None
-    except Exception as exc:       # recorded; the parent checks the type and text
-        error = [type(exc).__name__, str(exc)]
-    return {"error": error, "unchanged": before == [t.cpu().numpy().tobytes() for t in watched]}
 
 
 def worker(config):
@@ -65,7 +54,7 @@ def worker(config):
     nan = [g.cuda() for g in T._grads(rank)]
     if rank == RANKS - 1:
         nan[0][0, 0] = float("nan")
-    report["nan_on_one_rank"] = _outcome(lambda: D.reduce_gradients(nan, 1024 * RANKS), nan)
+    report["nan_on_one_rank"] = T._outcome(lambda: D.reduce_gradients(nan, 1024 * RANKS), nan)
     with open(os.path.join(out, "report_rank%d.json" % rank), "w") as f:
         json.dump(report, f)
     dist.destroy_process_group()
@@ -86,28 +75,14 @@ def _run(mode):
         return _RUNS[key]
     out = tempfile.mkdtemp(prefix="mt_nccl_")
     try:
-        procs, gpus = [], visible_gpus()
-        for rank in range(RANKS):       # each worker sees its own GPU as its device 0
-            env = dict(os.environ, MOJO_TRAIN_VENDOR=mode.vendor, CUDA_VISIBLE_DEVICES=gpus[rank],
-                       NCCL_NVLS_ENABLE="0",
-                       PYTHONPATH=os.pathsep.join([T.ROOT, os.path.dirname(os.path.abspath(__file__))] +
-                                                  [p for p in [os.environ.get("PYTHONPATH")] if p]))
-            config = {"rank": rank, "out": out, "numeric_mode": mode.numeric_mode,
-                      "rendezvous": os.path.join(out, "rendezvous")}
-            procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), json.dumps(config)], env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        logs = []
-        for p in procs:       # every worker collected before any verdict; a stuck one killed
-            try:
-                logs.append(p.communicate(timeout=T.WORKER_SECONDS + 30)[0])
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                    q.wait()
-                pytest.fail("the %d NCCL workers did not finish in %d s (a deadlock?)"
-                            % (RANKS, T.WORKER_SECONDS + 30))
-        for rank, (p, log) in enumerate(zip(procs, logs)):
-            assert p.returncode == 0, "worker %d failed:\n%s" % (rank, log[-4000:])
+        gpus = visible_gpus()
+        envs = [dict(os.environ, MOJO_TRAIN_VENDOR=mode.vendor, CUDA_VISIBLE_DEVICES=gpus[rank], NCCL_NVLS_ENABLE="0",
+                     PYTHONPATH=os.pathsep.join([T.ROOT, os.path.dirname(os.path.abspath(__file__))] +
+                                                [p for p in [os.environ.get("PYTHONPATH")] if p]))
+                for rank in range(RANKS)]          # each worker sees its own GPU as its device 0
+        configs = [{"rank": rank, "out": out, "numeric_mode": mode.numeric_mode,
+                    "rendezvous": os.path.join(out, "rendezvous")} for rank in range(RANKS)]
+        T.run_workers(os.path.abspath(__file__), configs, envs, T.WORKER_SECONDS + 30)
         run = {"bytes": {}, "reports": []}
         for rank in range(RANKS):
             for name in SCENARIOS:
