@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_scale(float *const *tab, 
                            const mt_status *st) {
     if (mt_refused(st) || !st->scale) return;
     const float c = st->coef;
-    MT_FOR_TILES(offs, tstart, n, tl, {
+    MT_FOR_TILES_DOWN(offs, tstart, n, tl, {
         float *x = tab[tl.j] + tl.local;
         if (MT_WHOLE(tl) && mt_aligned16(x)) {
             float4 q[MT_UNROLL];

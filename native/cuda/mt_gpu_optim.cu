@@ -111,7 +111,7 @@ __device__ __forceinline__ void mt_tile_adam(const mt_tile &tl, const mt_step_ta
  * thread of the block, so the branch on its flags never diverges). */
 __device__ __forceinline__ void mt_tiles_adam(const mt_step_tabs &a, float coef, bool scale) {
     const mt_adam_scalars *var = (const mt_adam_scalars *)a.var;
-    MT_FOR_TILES(a.offs, a.tstart, a.n, tl, {
+    MT_FOR_TILES_DOWN(a.offs, a.tstart, a.n, tl, {
         const mt_adam_scalars s = var[a.var_of[tl.j]];
         switch ((s.coupled ? 2 : 0) | (s.amsgrad ? 1 : 0)) {
         case 0: mt_tile_adam<0, 0>(tl, a, s, coef, scale); break;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_sgd(mt_step_tabs a, const
     const float coef = st->scale ? st->coef : 1.0f;
     const bool scale = st->scale;
     const mt_sgd_scalars *var = (const mt_sgd_scalars *)a.var;
-    MT_FOR_TILES(a.offs, a.tstart, a.n, tl, {
+    MT_FOR_TILES_DOWN(a.offs, a.tstart, a.n, tl, {
         const mt_sgd_scalars s = var[a.var_of[tl.j]];
         switch ((s.coupled ? 2 : 0) | (s.momentum != 0.0f ? 1 : 0)) {
         case 0: mt_tile_sgd<0, 0>(tl, a, s, coef, scale); break;
