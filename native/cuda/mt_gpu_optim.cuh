@@ -54,7 +54,7 @@ __device__ __forceinline__ bool mt_aligned16(const void *p) { return ((uintptr_t
  * tiles keep evicting from L1 (a chain of log2(n) dependent loads at every tile's top). */
 #define MT_SHARED_STARTS 512
 __device__ __forceinline__ const int64_t *mt_starts_in_shared(const int64_t *tstart, int32_t n, int64_t *buf) {
-    if (n + 1 > MT_SHARED_STARTS) return tstart;
+    if (n >= MT_SHARED_STARTS) return tstart;
     for (int32_t i = threadIdx.x; i <= n; i += blockDim.x) buf[i] = tstart[i];
     __syncthreads();
     return buf;
@@ -64,8 +64,9 @@ __device__ __forceinline__ const int64_t *mt_starts_in_shared(const int64_t *tst
  * contiguous share per block, 9d4f3b2: this walk was as fast or faster, e.g. AdamW over 200
  * tensors 0.998 ms against 1.061 ms), in ascending tile order or, `down`, descending. Every
  * thread of the block must reach it (the copy above synchronizes): a kernel returns before it
- * only on a block-uniform test. The order decides only which tiles meet in the cache: no
- * result depends on it. */
+ * only on a block-uniform test. Expand it once per scope and never inside a loop: a second
+ * copy into the same buffer while slow threads still search the first would race. The order
+ * decides only which tiles meet in the cache: no result depends on it. */
 #define MT_FOR_TILES_IN(down, offs, tstart, n, tl, ...)                                           \
     __shared__ int64_t mt_starts_buf_[MT_SHARED_STARTS];                                          \
     const int64_t *mt_starts_ = mt_starts_in_shared((tstart), (n), mt_starts_buf_);               \
