@@ -12,7 +12,9 @@ bench/results/sanitize-cuda.md (and copied to $OUT when set). One GPU call canno
 run (a racecheck shard of lm_head takes 4-5 minutes): runs start longest first by the times the
 record holds, a run the record says cannot finish before --deadline is not started (its slot goes
 to a shorter one), and --resume leaves out what a record at the same commit already holds, so
-that successive calls complete the matrix.
+that successive calls complete the matrix. The runs a call never started are named in one
+sentence of its section (windows counted under their run), not a row each; a run killed at its
+timeout keeps a "not finished" row.
 
 A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
 vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
@@ -236,6 +238,20 @@ def recorded_seconds():
             if outcome == "ok" and seconds is not None}
 
 
+def not_started_sentence(waiting):
+    """The runs that never started (no time left before --deadline), in one sentence instead of a
+    row each: a run's windows are counted under the run's label."""
+    if not waiting:
+        return ""
+    groups = {}
+    for tool, what, *_ in waiting:
+        m = WINDOW.fullmatch(what)
+        key = (tool, m.group(1) if m else what)
+        groups[key] = groups.get(key, 0) + (1 if m else 0)
+    items = ["%s %s%s" % (tool, run, " (%d windows)" % n if n else "") for (tool, run), n in sorted(groups.items())]
+    return " Not started, no time being left before the deadline (the next --resume runs them): %s." % "; ".join(items)
+
+
 def launch_counts(path):
     """{run label: kernel launches} from a --count-launches file."""
     with open(path) as f:
@@ -381,10 +397,12 @@ def main():
         rows.append((tool, what, errors, seconds, good, out))
         if not good:
             print("FAILED %s %s:\n%s\n" % (tool, what, "\n".join(out.strip().splitlines()[-30:])), flush=True)
+    waiting = [r for r in rows if r[5].startswith("[not started")]
     table = ["| tool | run | errors reported | seconds | outcome |", "| --- | --- | --- | --- | --- |"]
     table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else
-                                                 ("not finished" if "[killed" in o or "[not started" in o else "FAILED"))
-              for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))]
+                                                 ("not finished" if "[killed" in o else "FAILED"))
+              for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1])) if (t, w, e, s, g, o)
+              not in waiting]
     record = ["", "## %s, %s, commit %s, library %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(),
                                                          commit(), library_digest()),
               "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
@@ -396,7 +414,8 @@ def main():
                  (" Launch windows: each card run in %d runs of %s kernel launches (the last: every launch after); the "
                   "canary's window holding its defect (launch %d) must report it, the others 0."
                   % (args.windows, args.window_launches or "its count (%s) over %d, rounded up," % (
-                      args.launch_counts, args.windows), CANARY_AT) if args.windows > 1 else "")),
+                      args.launch_counts, args.windows), CANARY_AT) if args.windows > 1 else "") +
+                 not_started_sentence(waiting)),
               ""] + table
     path = RECORD
     if not os.path.exists(path):

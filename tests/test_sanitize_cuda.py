@@ -1,14 +1,16 @@
 """bench/sanitize_cuda.py's scheduling and --resume, with compute-sanitizer stubbed (no GPU here).
 
 Contract under test: its docstring. A run the record says cannot finish before the deadline is
-not started (recorded "not finished"); a run with no recorded time is started, and one started
-after the deadline is recorded "not finished" (not a crash: the record is always written); an
+not started (named in the section's "Not started" sentence, not a row); a run with no recorded
+time is started, and one reached after the deadline is named there too (not a crash: the record
+is always written); a run killed at its timeout is a "not finished" row; an
 exception in a run is a FAILED row; --resume leaves out only the card runs a section at this
 commit recorded ok with that tool's canary and clean canary ok in the same section, and refuses
 to guess an unknown commit.
 """
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -42,7 +44,9 @@ def _run(monkeypatch, tmp_path, record, argv, sanitized, commit="abc1234"):
     with pytest.raises(SystemExit) as exit_:
         S.main()
     appended = path.read_text()[len(record):]
-    rows = {}
+    waiting = re.search(r"Not started, [^:]*: (.*?)\.$", appended, re.M)
+    rows = {key: "not started" for key in (tuple(item.split(" ", 1)) for item in waiting.group(1).split("; "))} \
+        if waiting else {}
     for line in appended.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 5 and cells[0] in S.TOOLS:
@@ -60,7 +64,7 @@ def test_a_run_the_record_says_cannot_finish_is_not_started_and_the_rest_run(mon
     record = "## x, commit old\n\n" + HEADER + "| racecheck | optim 0/4 | 0 | 900 | ok |\n"
     code, rows, started = _run(monkeypatch, tmp_path, record, ["--tools", "racecheck", "--cards", "optim",
                                                                "--deadline", "100"], _clean)
-    assert rows[("racecheck", "optim 0/4")] == "not finished"
+    assert rows[("racecheck", "optim 0/4")] == "not started"
     assert ("racecheck", "0/4") not in started and ("racecheck", "1/4") in started
     assert rows[("racecheck", "optim 3/4")] == "ok" and code == 1
 
@@ -73,7 +77,7 @@ def test_runs_after_the_deadline_are_recorded_unfinished_not_a_crash(monkeypatch
 
     code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule,random",
                                                      "--deadline", "-1", "--jobs", "1"], slow)
-    assert rows[("memcheck", "schedule")] == rows[("memcheck", "random")] == "not finished"
+    assert rows[("memcheck", "schedule")] == rows[("memcheck", "random")] == "not started"
     assert code == 1
 
 
@@ -163,6 +167,25 @@ def test_windows_split_each_run_by_launches_and_check_every_launch_between_them(
     assert opts == [("--launch-skip", "0", "--launch-count", "50"), ("--launch-skip", "100", "--launch-count", "0"),
                     ("--launch-skip", "50", "--launch-count", "50")]
     assert "Launch windows: each card run in 3 runs of 50" in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_windows_left_for_lack_of_time_are_counted_in_one_sentence_and_a_killed_one_is_a_row(monkeypatch, tmp_path):
+    """Runs never started are named once, a run's windows counted under its label (a call of
+    138 such windows wrote 138 rows before); a run killed at its timeout keeps its row."""
+    def late(tool, cmd, timeout, opts=()):
+        if cmd[0] == S.CANARY:
+            return _windowed_clean(tool, cmd, timeout, opts) if opts else _clean(tool, cmd, timeout)
+        skip = int(opts[opts.index("--launch-skip") + 1])
+        if skip == 0:
+            return None, 7.0, 124, "...\n[killed after 7 s]"
+        return None, 0.0, None, "[not started: the deadline had passed]"
+
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "schedule",
+                                                     "--windows", "4", "--window-launches", "5"], late)
+    text = (tmp_path / "sanitize-cuda.md").read_text()
+    assert rows[("racecheck", "schedule launches 0-4")] == "not finished"
+    assert "the next --resume runs them): racecheck schedule (3 windows)." in text
+    assert "schedule launches 5-9" not in text and code == 1
 
 
 def test_a_window_canary_that_does_not_see_its_defect_or_sees_it_outside_fails(monkeypatch, tmp_path):
