@@ -208,6 +208,11 @@ def _loss_cases():
         # empty batch
         "cross_entropy rows=0 vocab=10 x=%s reduction=sum grad=1" % UNIT,
         "cross_entropy rows=0 vocab=10 x=%s reduction=mean" % UNIT,
+        # a row shared by a cluster of 2, 4 and 8 blocks on CUDA (k_ce_rows_cluster), and more rows
+        # than an H200 holds clusters of 2 (66): each block's two buffers and exchanged words reused
+        "cross_entropy rows=300 vocab=%d x=%s ignore=0.1 reduction=sum grad=1" % (LM, UNIT),
+        "cross_entropy rows=5 vocab=60000 x=%s ignore=0.2 smoothing=0.1 reduction=mean grad=1" % UNIT,
+        "cross_entropy rows=3 vocab=128256 x=%s ignore=0.1 reduction=sum grad=1" % UNIT,
     ]
     specs += _nd_cases()
     return [_cards._seeded(" ".join(s.split())) for s in specs]
