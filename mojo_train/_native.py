@@ -74,6 +74,7 @@ _ENVIRONMENT = {
     "MOJO_TRAIN_CPU_GEMM": _one_of("avx512", "avx2", "scalar"),     # mt_cpu_gemm.c's kernels
     "MOJO_TRAIN_LR_EXACT_ONLY": _one_of("0", "1"),                  # mt_schedule.c
     "MOJO_TRAIN_CE_GLOBAL": _one_of("0", "1"),                      # mt_gpu_loss.cu
+    "MOJO_TRAIN_CE_CLUSTER": _one_of("0", "1"),                     # mt_gpu_loss.cu
     "MOJO_TRAIN_LM_ONE_STREAM": _one_of("0", "1"),                  # mt_gpu_lm_head.cu
     "MOJO_TRAIN_HOST_CACHE_MB": (lambda v: v.isdigit() and v.isascii(),
                                  "a whole number of MiB >= 0 (0: no cache)"),   # _host_blocks.py
