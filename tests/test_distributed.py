@@ -155,9 +155,9 @@ def _outcome(fn, watched):
     return {"error": error, "unchanged": before == [t.cpu().numpy().tobytes() for t in watched]}
 
 
-def _grads(rank, seed=0):
+def _grads(rank, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(100 * seed + rank)
-    return [torch.randn(300, 7, generator=g), torch.randn(61, generator=g)]
+    return [torch.randn(300, 7, generator=g).to(device), torch.randn(61, generator=g).to(device)]
 
 
 def _refusals(rank, world, group):
@@ -183,11 +183,11 @@ def _refusals(rank, world, group):
     return out
 
 
-def _volume(rank, world, group):
+def _volume(rank, world, group, device="cpu"):
     """Bytes this rank sends point to point (and in small all_gathers) reducing 100,003 floats in
-    two tensors (shards of unequal sizes when 2 or 4 ranks share them), and whether the result is
-    the tree over every rank's gradients. The sends are counted one by one (``isend``) and in
-    batches (``batch_isend_irecv``: the batched transport)."""
+    two tensors (shards of unequal sizes when 2 or 4 ranks share them) on ``device``, and whether
+    the result is the tree over every rank's gradients. The sends are counted one by one
+    (``isend``) and in batches (``batch_isend_irecv``: the batched transport)."""
     dist, sent, small, batches, singles = torch.distributed, [], [], [], []
     isend, all_gather, batch = dist.isend, dist.all_gather, dist.batch_isend_irecv
 
@@ -207,31 +207,31 @@ def _volume(rank, world, group):
 
     every = [[torch.randn(70001, generator=torch.Generator().manual_seed(j)),
               torch.randn(30002, generator=torch.Generator().manual_seed(50 + j))] for j in range(world)]
-    mine = [t.clone() for t in every[rank]]
+    mine = [t.clone().to(device) for t in every[rank]]
     dist.isend, dist.all_gather, dist.batch_isend_irecv = counted_isend, counted_all_gather, counted_batch
     try:
         D.reduce_gradients(mine, 1024 * world, group)
     finally:
         dist.isend, dist.all_gather, dist.batch_isend_irecv = isend, all_gather, batch
     want = [mt.accumulate_grads([every[j][i] for j in range(world)], 1024 * world).tobytes() for i in range(2)]
-    return {"sent": sum(sent), "small": max(small), "tree": want == [t.numpy().tobytes() for t in mine],
+    return {"sent": sum(sent), "small": max(small), "tree": want == [t.cpu().numpy().tobytes() for t in mine],
             "batches": len(batches), "single_sends": len(singles)}
 
 
-def _batched_refusals(rank, world, group):
-    """Refusals through the batched transport: NaN on the last rank (after the exchange), other
-    tokens on the last rank (before), and the host transport on the others with the batched one
-    on the last rank (the ranks' signatures differ)."""
+def _batched_refusals(rank, world, group, device="cpu"):
+    """Refusals through the batched transport, gradients on ``device``: NaN on the last rank
+    (after the exchange), other tokens on the last rank (before), and the host transport on the
+    others with the batched one on the last rank (the ranks' signatures differ)."""
     last, out = world - 1, {}
-    nan = _grads(rank)
+    nan = _grads(rank, device=device)
     if rank == last:
         nan[0][0, 0] = float("nan")
     out["nan_on_one_rank"] = _outcome(lambda: D.reduce_gradients(nan, 1024 * world, group), nan)
-    grads = _grads(rank)
+    grads = _grads(rank, device=device)
     out["other_tokens_on_one_rank"] = _outcome(
         lambda: D.reduce_gradients(grads, 1024 * world * (2 if rank == last else 1), group), grads)
     if world > 1:    # the others pass numpy arrays (the host transport), the last rank torch tensors
-        mixed = [g.numpy() for g in grads] if rank != last else grads
+        mixed = [g.cpu().numpy() for g in grads] if rank != last else grads
         out["transports_differ"] = _outcome(lambda: D.reduce_gradients(mixed, 1024 * world, group), grads)
     return out
 
@@ -326,13 +326,29 @@ def run_workers(script, configs, envs, seconds=WORKER_SECONDS):
     for p in procs:
         try:
             logs.append(p.communicate(timeout=seconds)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-                q.wait()
-            pytest.fail("the %d workers did not finish in %d s (a deadlock?)" % (len(procs), seconds))
+        except subprocess.TimeoutExpired:     # every worker killed; what each printed goes in the failure
+            tails = []
+            for rank, q in enumerate(procs):
+                if rank >= len(logs):         # not collected yet: killed, then read
+                    q.kill()
+                    logs.append(q.communicate()[0] or "")
+                tails.append("worker %d:\n%s" % (rank, logs[rank][-3000:]))
+            pytest.fail("the %d workers did not finish in %d s (a deadlock?)\n%s" % (len(procs), seconds,
+                                                                                 "\n".join(tails)))
     for rank, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, "worker %d failed:\n%s" % (rank, log[-4000:])
+
+
+def test_workers_still_going_are_killed_and_what_each_printed_is_reported(tmp_path):
+    """A deadlocked group must not cost the run its diagnosis: run_workers kills every worker
+    after its time and puts what each printed into the failure."""
+    script = tmp_path / "worker.py"
+    script.write_text("import json, sys, time\nrank = json.loads(sys.argv[1])['rank']\n"
+                      "print('worker', rank, 'started', flush=True)\nif rank == 1:\n    time.sleep(60)\n")
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_workers(str(script), [{"rank": 0}, {"rank": 1}], [dict(os.environ)] * 2, 3)
+    text = str(failure.value)
+    assert "did not finish in 3 s" in text and "worker 0 started" in text and "worker 1 started" in text, text
 
 
 def _launch(mode, out):
