@@ -43,7 +43,8 @@ Gradients that lie end to end (one tensor, a DDP bucket, a flat buffer) are read
 place; otherwise they are copied into one flat buffer and back. Scratch, kept between calls
 (``release_workspace`` frees it; a fresh buffer's page faults cost more than the combine):
 ``(N - 1) n / N`` floats received, ``n / N`` combined, plus ``n`` for the flat copy when one is
-needed.
+needed -- up to 2n floats, held by each thread that reduced (DDP's hook runs on autograd's
+thread, which keeps its own) until ``release_workspace``.
 
 Transports. Host buffers go over gloo as above. CUDA torch tensors take NCCL when the group has
 it (``nccl``, or ``cpu:gloo,cuda:nccl`` with a GPU library loaded; with a CPU library they are
@@ -54,7 +55,9 @@ so no send waits on a receive posted after it), the combine by the GPU library's
 ``mt_accumulate`` on the received shards in place (MOJO_TRAIN_VENDOR=cuda; torch's stream is
 synchronized first), the outcome agreed, then the combined shards gathered straight into the
 gradients (several tensors: packed into one flat copy on the device and back). The same bytes
-travel as by gloo; the scratch lies on the GPU. Written for issue 15 point 4; its logic runs
+travel as by gloo; the scratch lies on the GPU. The gathered gradients are ordered on torch's
+current stream (NCCL's works do not block the host): torch's own use of them, and the torch
+adapter's, follow it; code reading them on another stream waits for that one first. Written for issue 15 point 4; its logic runs
 in the CPU tests on CPU tensors over gloo (``_BATCHED_ON_CPU_FOR_TESTS``); NCCL itself needs two
 GPUs (``tests/test_distributed_nccl.py``), NOT YET RUN: no machine with two GPUs has been lent.
 Under gloo alone CUDA torch tensors are staged through host memory (copied to the CPU, reduced
