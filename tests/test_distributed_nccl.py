@@ -87,6 +87,12 @@ def worker(config):
 _RUNS = {}
 
 
+def _pythonpath():
+    """The repository and this folder (test_distributed), before the caller's PYTHONPATH."""
+    return os.pathsep.join([T.ROOT, os.path.dirname(os.path.abspath(__file__))] +
+                           [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+
 def visible_gpus():
     """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (all when it is unset)."""
     mask = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -112,8 +118,7 @@ def _launch(mode):
     try:
         gpus = visible_gpus()
         envs = [dict(os.environ, MOJO_TRAIN_VENDOR=mode.vendor, CUDA_VISIBLE_DEVICES=gpus[rank], NCCL_NVLS_ENABLE="0",
-                     PYTHONPATH=os.pathsep.join([T.ROOT, os.path.dirname(os.path.abspath(__file__))] +
-                                                [p for p in [os.environ.get("PYTHONPATH")] if p]))
+                     PYTHONPATH=_pythonpath())
                 for rank in range(RANKS)]          # each worker sees its own GPU as its device 0
         configs = [{"rank": rank, "out": out, "numeric_mode": mode.numeric_mode,
                     "rendezvous": os.path.join(out, "rendezvous")} for rank in range(RANKS)]
@@ -149,8 +154,7 @@ def cpu_reference(mode):
     if mode.numeric_mode not in _CPU_REFERENCE:
         code = "import sys, test_distributed as T; sys.stdout.buffer.write(T.train_torch(%r))" % mode.numeric_mode
         env = dict(os.environ, MOJO_TRAIN_VENDOR="cpu",
-                   PYTHONPATH=os.pathsep.join([T.ROOT, os.path.dirname(os.path.abspath(__file__))] +
-                                              [p for p in [os.environ.get("PYTHONPATH")] if p]))
+                   PYTHONPATH=_pythonpath())
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=T.WORKER_SECONDS)
         assert done.returncode == 0, done.stderr.decode()[-3000:]
         _CPU_REFERENCE[mode.numeric_mode] = done.stdout
