@@ -15,7 +15,11 @@ keeps. The cross-vendor proof is fixtures/loss.card. ``PYTHONPATH=. python tests
 N`` prints the figures quoted in tolerances.py (lines marked "full": the full form).
 """
 import math
+import os
+import re
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -139,11 +143,10 @@ REFUSALS = [
      "logits[0, :, 2] holds NaN or inf"),
     ("an inf logit at a position: what is undefined", dict(
         logits=np.where(np.arange(24).reshape(2, 3, 4) == 6, np.inf, 0.0).astype(np.float32),
-        targets=np.zeros((2, 4), np.int64)), ValueError, "; dlogits and row_loss left undefined, loss_out not written"),
+        targets=np.zeros((2, 4), np.int64)), ValueError, "; nothing was written"),
     ("a NaN logit with a weight: what is undefined", dict(logits=np.array([[0, 1, 2], [0, np.nan, 0]], np.float32),
                                                            weight=np.ones(3, np.float32)), ValueError,
-     "logits row 1 holds NaN or inf (every logit must be finite, ignored rows too); dlogits and row_loss left "
-     "undefined, loss_out not written"),
+     "logits row 1 holds NaN or inf (every logit must be finite, ignored rows too); nothing was written"),
     ("bool targets", dict(targets=np.array([True, False])), TypeError, "targets has dtype bool"),
     ("a list of bools", dict(targets=[True, False]), TypeError, "targets must hold integers"),
     ("a list of floats", dict(targets=[0.0, 1.0]), TypeError, "targets must hold integers"),
@@ -295,8 +298,8 @@ def test_a_gradient_over_the_logits_is_refused_by_name_or_computed_in_place_exac
     EINVAL naming the overlap before anything is written (the CPU oracle refuses all three),
     or -- exactly in place only, which a GPU's own LM head uses -- the loss and gradient bits
     of a buffer of its own. (Before 2026-12-02 the oracle gave a wrong loss in place, and an
-    overlap with the targets could crash.) 50304: CUDA shares each row among a cluster of
-    blocks, whose loss must read x_t before any block writes its gradient over it."""
+    overlap with the targets could crash.) 50304: CUDA stages such a row one block per SM
+    (test_the_opt_in_cluster_rows_give_the_loss_cards_bits checks its cluster rows in place)."""
     _need(mode)
     lib = mode.backend.lib
     values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab + vocab)]
@@ -317,6 +320,45 @@ def test_a_gradient_over_the_logits_is_refused_by_name_or_computed_in_place_exac
             assert (rc, where) == (0, 0), (rc, text)            # only exact in place may be computed
             assert bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss))
             assert bytes(ffi.buffer(logits))[:4 * rows * vocab] == bytes(ffi.buffer(want_grad))
+
+
+def test_the_opt_in_cluster_rows_give_the_loss_cards_bits(identical):
+    """MOJO_TRAIN_CE_CLUSTER=1: CUDA shares each plain row of more than ~28K classes among a
+    cluster of blocks (slower than its one-block rows on the H200, so opt-in; other vendors read
+    nothing of it). In a process of its own (the variable is read once): the loss card, host and
+    device buffers, then a 3 x 50304 gradient computed in place against a buffer of its own
+    (the cluster's loss reads x_t before any block writes its gradient over it; the oracle
+    refuses in place, so there it must be refused by name)."""
+    env = dict(os.environ, MOJO_TRAIN_CE_CLUSTER="1", MOJO_TRAIN_VENDOR=identical.vendor)
+    out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "loss"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^loss\s+%s\s+(\d+)/\1\b" % identical.vendor, out.stdout, re.M), out.stdout
+    in_place = subprocess.run([sys.executable, "-c", _IN_PLACE_SCRIPT, identical.vendor], env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert in_place.returncode == 0 and in_place.stdout.split() in (["same"], ["refused"]), in_place
+    assert in_place.stdout.split() == (["refused"] if identical.vendor == "cpu" else ["same"]), in_place.stdout
+
+
+_IN_PLACE_SCRIPT = """
+import sys
+from mojo_train import _native
+ffi, lib = _native.ffi, _native.load("identical", sys.argv[1]).lib
+rows, vocab = 3, 50304
+values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab)]
+targets = ffi.new("int32_t[]", [1, 2, 50303])
+want_loss, want = ffi.new("float[1]"), ffi.new("float[]", rows * vocab)
+assert lib.mt_cross_entropy(want_loss, ffi.NULL, want, ffi.new("float[]", values), targets, 4, rows, vocab,
+                            -100, 2, 0.0, 0) == 0
+logits, loss = ffi.new("float[]", values), ffi.new("float[1]")
+rc = lib.mt_cross_entropy(loss, ffi.NULL, logits, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0)
+if rc:
+    assert "dlogits is logits" in ffi.string(lib.mt_last_error()).decode()
+    print("refused")
+else:
+    same = bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss)) and bytes(ffi.buffer(logits)) == bytes(ffi.buffer(want))
+    print("same" if same else "differs")
+"""
 
 
 def test_the_c_entry_without_outputs_to_compute_is_fine(mode):

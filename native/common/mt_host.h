@@ -44,12 +44,12 @@ int mt_check_linear_sizes(int64_t m, int64_t n, int64_t k);
 int mt_check_rms_norm_forward_args(const float *y, const float *x, float eps, int64_t rows, int64_t dim);
 int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const float *x, const float *weight,
                                     float eps, int64_t rows, int64_t dim);
-/* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
- * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
 /* A map's flags (mojo_train.h, enum mt_map_flags): only MT_MAP_OUT_FRESH may be set. */
 int mt_check_map_flags(uint32_t flags);
 /* Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (NULL or empty: no). */
 int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes);
+/* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
+ * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,
                    const char *in_name);
 int mt_check_finite_scalar(float x, const char *name);

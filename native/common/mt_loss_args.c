@@ -1,5 +1,6 @@
 /* mt_loss_args.c -- mt_cross_entropy_nd's argument checks and refusal messages (see
  * mt_loss_args.h), linked by every vendor. */
+#include <stdio.h>
 #include <string.h>
 
 #include "mt_host.h"
@@ -52,6 +53,16 @@ int mt_check_ce_nd_args(int64_t *rows, const float *loss_out, const float *row_l
     return MT_OK;
 }
 
+int mt_check_ce_dlogits(const float *dlogits, const float *logits, const void *targets, int32_t target_bytes,
+                        int64_t n_rows, int64_t vocab, int in_place_ok) {
+    int rc;
+    if (!dlogits) return MT_OK;
+    if ((rc = mt_check_alias(dlogits, logits, n_rows * vocab, in_place_ok, "dlogits", "logits"))) return rc;
+    if (mt_bytes_overlap(dlogits, (int64_t)sizeof(float) * n_rows * vocab, targets, n_rows * (int64_t)target_bytes))
+        return mt_fail(MT_EINVAL, "dlogits overlaps targets; pass a buffer of its own for dlogits");
+    return MT_OK;
+}
+
 int mt_fail_nonfinite_weight(int64_t j) {
     return mt_fail(MT_ENONFINITE, "weight[%lld] is NaN or inf (every class weight must be finite); nothing was "
                    "written", (long long)j);
@@ -59,11 +70,17 @@ int mt_fail_nonfinite_weight(int64_t j) {
 
 /* After the one pass that finds it (the oracle's and a GPU's): dlogits and row_loss may hold
  * partial results, loss_out was not written. */
-int mt_fail_nonfinite_nd(int probs, int64_t row, int64_t inner) {
+const char *mt_ce_written(int dlogits, int row_loss) {
+    return dlogits && row_loss ? "dlogits and row_loss" : dlogits ? "dlogits" : row_loss ? "row_loss" : NULL;
+}
+
+int mt_fail_nonfinite_nd(int probs, int64_t row, int64_t inner, const char *written) {
     const char *what = probs ? "target_probs" : "logits";
-    const char *tail = "dlogits and row_loss left undefined, loss_out not written";
+    char tail[80];
+    if (written) snprintf(tail, sizeof tail, "%s left undefined, loss_out not written", written);
+    else snprintf(tail, sizeof tail, "nothing was written");
     if (inner == 1) {
-        if (!probs) return mt_fail_nonfinite_logits_after(row, "dlogits and row_loss");
+        if (!probs) return mt_fail_nonfinite_logits_after(row, written);
         return mt_fail(MT_ENONFINITE, "%s row %lld holds NaN or inf (every probability must be finite); %s", what,
                        (long long)row, tail);
     }

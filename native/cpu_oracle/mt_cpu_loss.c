@@ -21,6 +21,7 @@
 
 #include "mt_cpu.h"
 #include "mt_host.h"
+#include "mt_loss_args.h"
 #include "mt_pinned.h"
 #include "mt_pool.h"
 
@@ -183,12 +184,8 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     int64_t kept = 0;
     if ((rc = mt_check_ce_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
                          label_smoothing, num_items)) ||
-        (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
-        return rc;
-    int64_t grad_bytes = (int64_t)sizeof(float) * n_rows * vocab;
-    if (dlogits && ((rc = mt_check_alias(dlogits, logits, n_rows * vocab, 0, "dlogits", "logits")) ||
-                    (mt_bytes_overlap(dlogits, grad_bytes, targets, n_rows * (int64_t)target_bytes) &&
-                     (rc = mt_fail(MT_EINVAL, "dlogits overlaps targets; pass a buffer of its own for dlogits")))))
+        (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)) ||
+        (rc = mt_check_ce_dlogits(dlogits, logits, targets, target_bytes, n_rows, vocab, 0)))
         return rc;
     int64_t leaves = mt_token_leaves(n_rows);
     int64_t floats = 4 * n_rows + (row_loss ? 0 : n_rows) + leaves;
@@ -235,7 +232,6 @@ int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const flo
  * flagged and skipped; the first one is refused after the pass (dlogits and row_loss are then
  * undefined, loss_out untouched). Then the token rule over the row losses. Index targets
  * without a weight and inner 1 are mt_cross_entropy itself. */
-#include "mt_loss_args.h"
 
 #define ND_TILE 16
 
@@ -384,12 +380,12 @@ static float nd_divisor(const nd_job *job, int64_t rows, int64_t kept, float *v,
 }
 
 /* The first refused row after the pass: logits first, then probabilities. */
-static int nd_refusal(const nd_job *job, int64_t rows) {
+static int nd_refusal(const nd_job *job, int64_t rows, const char *written) {
     if (job->nomem) return mt_fail(MT_ENOMEM, "cannot allocate the tiles of cross_entropy (%lld floats each)",
                                    (long long)(ND_TILE * job->vocab));
     for (int flag = 1; flag <= 2; ++flag)
         for (int64_t r = 0; r < rows; ++r)
-            if (job->flags[r] == flag) return mt_fail_nonfinite_nd(flag == 2, r, job->inner);
+            if (job->flags[r] == flag) return mt_fail_nonfinite_nd(flag == 2, r, job->inner, written);
     return MT_OK;
 }
 
@@ -434,7 +430,7 @@ MT_NOINLINE static int ce_nd_body(float *loss_out, float *row_loss, float *dlogi
     if (job.kind == ND_WEIGHTED && label_smoothing != 0.0f) job.wm = nd_tree(FOLD_X, weight, 0, 0, 0, vocab) / job.c.vocab;
     int64_t items = inner == 1 ? rows : n_batch * ((inner + ND_TILE - 1) / ND_TILE);
     mt_parallel_for_work(items, 1, rows * vocab, nd_rows, &job);
-    if (!(rc = nd_refusal(&job, rows)) && reduction != MT_REDUCTION_NONE)
+    if (!(rc = nd_refusal(&job, rows, mt_ce_written(dlogits != NULL, row_loss != NULL))) && reduction != MT_REDUCTION_NONE)
         *loss_out = nd_reduce(&job, rows, reduction, divisor, partials);
     mt_scratch_free(scratch, bytes);
     return rc;

@@ -15,8 +15,8 @@
  * partials (the smoothing sum's, then the exp sum's) are exchanged through distributed shared
  * memory; every block then folds the same partials by the same tree. Each chunk is folded by
  * one warp from the same values as in k_ce_rows, so the bits are the same. Plain rows
- * (CE_PLAIN), 16-byte aligned, whose two buffers fit; MOJO_TRAIN_CE_CLUSTER=0 turns it off
- * (an A/B switch, same bits). */
+ * (CE_PLAIN), 16-byte aligned, whose two buffers fit, and only with MOJO_TRAIN_CE_CLUSTER=1
+ * (opt-in, same bits: slower than the one-block rows on the H200, bench/results/NOTES.md). */
 #define CE_MAX_CLUSTER 8
 
 /* First chunk of block k of a cluster of cs over a row of `chunks` chunks of `vocab` floats:

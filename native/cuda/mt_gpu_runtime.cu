@@ -253,7 +253,7 @@ struct mt_cache_entry {
         if (dev) gpuFree(dev);
     }
 };
-#define MT_CACHE_ENTRIES 8
+#define MT_CACHE_ENTRIES 16     /* a step holds up to 4 (pointers, tile tables, state tables) */
 static thread_local mt_cache_entry t_cache[MT_CACHE_ENTRIES];
 static thread_local uint64_t t_clock = 0;
 
@@ -335,9 +335,9 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
                       int32_t n, bool upload, const mt_dev_list *like) {
     int rc = mt_list_stage(out, arena, table, offsets, n, upload);
     if (rc) return rc;
-    /* one upload: pointers (8n), then tiles (8(n+1)) and offsets (4(n+1)) unless shared */
-    std::vector<char> blob((size_t)n * 8 + (like ? 0 : (size_t)(n + 1) * 12));
-    memcpy(blob.data(), out->dev_ptr.data(), (size_t)n * 8);
+    /* Two cached uploads: the tile tables (tile starts 8(n+1), then offsets 4(n+1)) unless shared,
+     * and the pointers (8n). Kept apart so that a step whose tensors are new buffers of the same
+     * sizes (fresh gradients each step) finds its tables in the cache and uploads only 8n bytes. */
     if (like) {
         out->offsets = like->offsets;
         out->tstart = like->tstart;
@@ -345,23 +345,24 @@ int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, co
         out->threads = like->threads;
     } else {
         out->threads = g_threads.load();
+        std::vector<char> tables((size_t)(n + 1) * 12);
         int64_t tile = (int64_t)out->threads * 16, t = 0;
-        int64_t *ts = (int64_t *)(blob.data() + (size_t)n * 8);
+        int64_t *ts = (int64_t *)tables.data();
         for (int32_t j = 0; j < n; ++j) {
             ts[j] = t;
             t += (offsets[j + 1] - offsets[j] + tile - 1) / tile;
         }
         ts[n] = t;
         out->tiles = t;
-        memcpy(blob.data() + (size_t)(2 * n + 1) * 8, offsets, (size_t)(n + 1) * 4);
+        memcpy(tables.data() + (size_t)(n + 1) * 8, offsets, (size_t)(n + 1) * 4);
+        const char *dev = nullptr;
+        if ((rc = mt_cached_upload((const void **)&dev, tables.data(), (int64_t)tables.size()))) return rc;
+        out->tstart = (const int64_t *)dev;
+        out->offsets = (const int32_t *)(dev + (size_t)(n + 1) * 8);
     }
-    char *dev = nullptr;
-    if ((rc = mt_cached_upload((const void **)&dev, blob.data(), (int64_t)blob.size()))) return rc;
+    const void *dev = nullptr;
+    if (n > 0 && (rc = mt_cached_upload(&dev, out->dev_ptr.data(), (int64_t)n * 8))) return rc;
     out->table = (float **)dev;
-    if (!like) {
-        out->tstart = (const int64_t *)(dev + (size_t)n * 8);
-        out->offsets = (const int32_t *)(dev + (size_t)(2 * n + 1) * 8);
-    }
     return MT_OK;
 }
 

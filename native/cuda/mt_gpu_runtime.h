@@ -86,8 +86,9 @@ struct mt_dev_list {
  * `upload`), out->dev_ptr filled; NULL entries stay NULL (absent). No table is uploaded. */
 int mt_list_stage(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets, int32_t n,
                   bool upload);
-/* Stage a list; with `like`, its offsets and tiles are shared (same registry). One upload
- * carries the pointer table (and, without `like`, the tiles and offsets). */
+/* Stage a list; with `like`, its offsets and tiles are shared (same registry). Cached uploads
+ * (mt_cached_upload: bytes seen before are not sent again) carry the pointer table and, without
+ * `like`, the tile starts and offsets apart from it. */
 int mt_list_to_device(mt_dev_list *out, mt_arena *arena, float *const *table, const int32_t *offsets,
                       int32_t n, bool upload, const mt_dev_list *like);
 int64_t mt_tile_elems(void);
