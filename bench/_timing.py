@@ -81,8 +81,11 @@ def write_result(name, figures, command):
     try:
         commit = os.environ.get("MT_COMMIT") or subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "native", "mojo_train"],
-                                    cwd=root, capture_output=True, text=True).stdout.strip())
+        # MT_COMMIT / MT_DIRTY ("0" or "1"): for a copy of a tree whose .git is not that tree's (the
+        # device machine's copy keeps the session's first .git), the caller states both.
+        dirty = os.environ["MT_DIRTY"] == "1" if os.environ.get("MT_DIRTY") in ("0", "1") else bool(
+            subprocess.run(["git", "status", "--porcelain", "--", "native", "mojo_train"],
+                           cwd=root, capture_output=True, text=True).stdout.strip())
     except OSError:
         commit, dirty = "unknown", False
     record = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "commit": commit,
