@@ -206,8 +206,8 @@ inline std::string where() {
 
 /* Arrive at barrier bar of n participants; the last arriver runs complete(), which returns an
  * error text or "". A waiter that finds a participant already returned (*exited > 0, checked
- * after its own arrival, so a thread returning at the same time sees the arrival) fails the
- * block with lost(). Throws broken_block if the block has failed. */
+ * after its own arrival, so a thread returning at the same time sees the arrival) while the
+ * barrier is still open fails the block with lost(). Throws broken_block if the block has failed. */
 template <class Complete, class Lost>
 inline void arrive(Barrier &bar, unsigned n, int waiting_state, const std::atomic<unsigned> *exited,
                    Complete &&complete, Lost &&lost) {
@@ -227,7 +227,11 @@ inline void arrive(Barrier &bar, unsigned n, int waiting_state, const std::atomi
         bar.gen.notify_all();
         state().progress.fetch_add(1, std::memory_order_relaxed);
     } else {
-        if (exited->load() > 0) {
+        /* Only while this barrier is still open: a thread that passed it (its last arriver came
+         * while this one was descheduled between its arrival and here) may already have returned
+         * -- that is no error (seen under load on a 16-core machine, 2026-12-03). A thread that
+         * returned without arriving leaves it open for good. */
+        if (exited->load() > 0 && bar.gen.load(std::memory_order_acquire) == g) {
             fail(b, lost());
             throw broken_block{};
         }
