@@ -7,6 +7,8 @@ positions), with the gradient with respect to the logits from the same call (the
 autograd here). Its arithmetic is native/contracts/loss.md; its outputs are allocated here, so
 nothing the caller passed is ever written, and a refused call raises before any result exists.
 """
+import re
+
 from . import _buffer, _ops
 from ._array import float32_at
 from ._errors import refuse_keywords, where_msg
@@ -27,6 +29,20 @@ _REFUSED = {
     "chunk_rows": "cross_entropy takes the logits whole; linear_cross_entropy computes them in chunks",
 }
 _NAMES = {"target_probs": "targets"}   # the C library's names of our arguments, where they differ
+# A refusal after the library's one pass names the C outputs it left undefined; here those are
+# this call's own new arrays, dropped on refusal, so none of the caller's buffers was written.
+_UNDEFINED_TAIL = re.compile(r"; (?:dlogits|row_loss|dlogits and row_loss) left undefined, loss_out not written$")
+
+
+def _check(backend, rc, where):
+    """_ops.check, the message's account of what was written told from the caller's side."""
+    try:
+        _ops.check(backend, rc, where, _NAMES)
+    except ValueError as exc:
+        text = _UNDEFINED_TAIL.sub("; nothing was written", str(exc))
+        if text == str(exc):
+            raise
+        raise ValueError(text) from None
 
 
 def _layout(lp, where):
@@ -197,7 +213,7 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         rc = backend.lib.mt_cross_entropy_nd(
             _ops.fptr(out), _ops.fptr(rows), _ops.fptr(dlogits), _ops.fptr(lp), _ops.vptr(tp) if tbytes else ffi.NULL,
             ffi.NULL if tbytes else _ops.fptr(tp), _ops.fptr(wp), tbytes, batch, vocab, inner, ignore, red, eps, num)
-    _ops.check(backend, rc, where, _NAMES)
+    _check(backend, rc, where)
     if red == 0:
         loss = rows
     else:

@@ -92,6 +92,10 @@ CASES = [  # (entry point, what is bad, call on the tensors, the caller's name t
     # 1-D logits are torch's unbatched (C,) input: a target list of N is then the mistake
     ("cross_entropy", "1-D logits with N targets", _ce(x=lambda d: d["x"].reshape(-1)), "targets"),
     ("cross_entropy", "NaN logits", _ce(x=lambda d: _nan(d["x"], 7)), "logits row 1"),
+    ("cross_entropy", "NaN logits with the gradient", _ce(x=lambda d: _nan(d["x"], 7), return_grad=True),
+     "logits row 1"),
+    ("cross_entropy", "NaN logits, weighted, per row", _ce(x=lambda d: _nan(d["x"], 7), reduction="none",
+                                                           weight=np.ones(VOCAB, F32)), "logits row 1"),
     ("cross_entropy", "2**24 classes", _ce(x=lambda d: mt.Array.empty((1, 2 ** 24), "float32"),
                                            t=lambda d: [0]), "logits"),
     ("cross_entropy", "a target beyond int64 in a list", _ce(t=lambda d: [0, BIG, 0, 0, 0, 0]), "targets[1]"),

@@ -322,43 +322,93 @@ def test_a_gradient_over_the_logits_is_refused_by_name_or_computed_in_place_exac
             assert bytes(ffi.buffer(logits))[:4 * rows * vocab] == bytes(ffi.buffer(want_grad))
 
 
+@pytest.mark.parametrize("inner", [1, 2])
+def test_the_full_form_refuses_a_gradient_over_its_index_targets(mode, inner):
+    """mt_cross_entropy_nd with a class weight (or positions) and dlogits over the index targets:
+    refused by name before anything is written. (Until 2026-12-03 the oracle did not check it and
+    crashed; the targets buffer here is long enough to hold the whole gradient, so a missing
+    check writes through it instead.)"""
+    _need(mode)
+    lib, batch, vocab = mode.backend.lib, 3, 5
+    n = batch * inner
+    logits = ffi.new("float[]", [float((i * 3) % 7) - 3.0 for i in range(n * vocab)])
+    weight = ffi.new("float[]", [1.0, 0.5, 2.0, 1.0, 0.25])
+    targets = ffi.new("int64_t[]", [j % vocab for j in range(n)] + [0] * (n * vocab))
+    loss = ffi.new("float[1]", [7.0])
+    before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
+    rc = lib.mt_cross_entropy_nd(loss, ffi.NULL, ffi.cast("float *", targets), logits, targets, ffi.NULL, weight, 8,
+                                 batch, vocab, inner, -100, 2, 0.0, 0)
+    assert rc == EINVAL and "dlogits overlaps targets" in ffi.string(lib.mt_last_error()).decode()
+    assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
+
+
 def test_the_opt_in_cluster_rows_give_the_loss_cards_bits(identical):
     """MOJO_TRAIN_CE_CLUSTER=1: CUDA shares each plain row of more than ~28K classes among a
     cluster of blocks (slower than its one-block rows on the H200, so opt-in; other vendors read
     nothing of it). In a process of its own (the variable is read once): the loss card, host and
-    device buffers, then a 3 x 50304 gradient computed in place against a buffer of its own
-    (the cluster's loss reads x_t before any block writes its gradient over it; the oracle
-    refuses in place, so there it must be refused by name)."""
+    device buffers, then a 3 x 50304 gradient computed in place in device memory against a buffer
+    of its own (the cluster's loss reads x_t before any block writes its gradient over it; the
+    oracle refuses in place, so there it must be refused by name)."""
     env = dict(os.environ, MOJO_TRAIN_CE_CLUSTER="1", MOJO_TRAIN_VENDOR=identical.vendor)
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "loss"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"^loss\s+%s\s+(\d+)/\1\b" % identical.vendor, out.stdout, re.M), out.stdout
-    in_place = subprocess.run([sys.executable, "-c", _IN_PLACE_SCRIPT, identical.vendor], env=env,
-                              capture_output=True, text=True, timeout=600)
-    assert in_place.returncode == 0 and in_place.stdout.split() in (["same"], ["refused"]), in_place
-    assert in_place.stdout.split() == (["refused"] if identical.vendor == "cpu" else ["same"]), in_place.stdout
+    in_place = subprocess.run([sys.executable, "-c", _IN_PLACE_SCRIPT, identical.vendor, os.path.dirname(__file__)],
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert in_place.returncode == 0, in_place.stdout[-3000:] + in_place.stderr[-3000:]
+    assert in_place.stdout.split() == (["same"] if identical.has("device_buffers") else ["refused"]), in_place.stdout
 
 
 _IN_PLACE_SCRIPT = """
 import sys
 from mojo_train import _native
-ffi, lib = _native.ffi, _native.load("identical", sys.argv[1]).lib
-rows, vocab = 3, 50304
-values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab)]
-targets = ffi.new("int32_t[]", [1, 2, 50303])
-want_loss, want = ffi.new("float[1]"), ffi.new("float[]", rows * vocab)
-assert lib.mt_cross_entropy(want_loss, ffi.NULL, want, ffi.new("float[]", values), targets, 4, rows, vocab,
-                            -100, 2, 0.0, 0) == 0
-logits, loss = ffi.new("float[]", values), ffi.new("float[1]")
-rc = lib.mt_cross_entropy(loss, ffi.NULL, logits, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0)
-if rc:
-    assert "dlogits is logits" in ffi.string(lib.mt_last_error()).decode()
-    print("refused")
-else:
-    same = bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss)) and bytes(ffi.buffer(logits)) == bytes(ffi.buffer(want))
-    print("same" if same else "differs")
+from mojo_train._native import ffi
+sys.path.insert(0, sys.argv[2])
+from test_loss import in_place_outcome
+print(in_place_outcome(_native.load("identical", sys.argv[1]), 3, 50304))
 """
+
+
+def in_place_outcome(backend, rows, vocab):
+    """mt_cross_entropy with dlogits == logits against a buffer of its own: "refused" (by name),
+    "same" (the loss and gradient bits of a separate buffer) or "differs". Where the library
+    takes device buffers the logits live in device memory (host buffers would get separate device
+    twins, so nothing would run in place there)."""
+    lib = backend.lib
+    values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab)]
+    targets = ffi.new("int32_t[]", [(r * 7919 + vocab - 1) % vocab for r in range(rows)])
+    want_loss, want = ffi.new("float[1]"), ffi.new("float[]", rows * vocab)
+    assert lib.mt_cross_entropy(want_loss, ffi.NULL, want, ffi.new("float[]", values), targets, 4, rows, vocab,
+                                -100, 2, 0.0, 0) == 0
+    host, loss, nbytes = ffi.new("float[]", values), ffi.new("float[1]"), 4 * rows * vocab
+    on_device = backend.has("device_buffers")
+    if on_device:
+        box = ffi.new("void *[1]")
+        assert lib.mt_device_alloc(box, nbytes) == 0 and lib.mt_memcpy(box[0], host, nbytes) == 0
+        logits = ffi.cast("float *", box[0])
+    else:
+        logits = host
+    try:
+        rc = lib.mt_cross_entropy(loss, ffi.NULL, logits, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0)
+        if rc:
+            assert "dlogits is logits" in ffi.string(lib.mt_last_error()).decode()
+            return "refused"
+        if on_device:
+            assert lib.mt_memcpy(host, logits, nbytes) == 0
+    finally:
+        if on_device:
+            lib.mt_device_free(logits)
+    same = bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss)) and bytes(ffi.buffer(host)) == bytes(ffi.buffer(want))
+    return "same" if same else "differs"
+
+
+def test_exactly_in_place_is_refused_by_name_or_gives_a_separate_buffers_bits(identical):
+    """The default kernels, in device memory where the library takes it: 4 x 6 and 3 x 50304 (one
+    block per row, staged; CUDA's LM head calls it so)."""
+    for rows, vocab in ((4, 6), (3, 50304)):
+        got = in_place_outcome(identical.backend, rows, vocab)
+        assert got == ("same" if identical.has("device_buffers") else "refused"), (rows, vocab, got)
 
 
 def test_the_c_entry_without_outputs_to_compute_is_fine(mode):

@@ -49,6 +49,8 @@ int mt_check_ce_nd_args(int64_t *rows, const float *loss_out, const float *row_l
         return mt_fail(MT_EINVAL, "dlogits overlaps %s; dlogits must be a separate buffer",
                        overlaps(dlogits, logits, elems) ? "logits" : overlaps(dlogits, weight, vocab) ? "weight"
                                                                                                   : "target_probs");
+    if (target_bytes && mt_bytes_overlap(dlogits, elems * (int64_t)sizeof(float), targets, n * (int64_t)target_bytes))
+        return mt_fail(MT_EINVAL, "dlogits overlaps targets; dlogits must be a separate buffer");
     *rows = n;
     return MT_OK;
 }
@@ -68,12 +70,12 @@ int mt_fail_nonfinite_weight(int64_t j) {
                    "written", (long long)j);
 }
 
-/* After the one pass that finds it (the oracle's and a GPU's): dlogits and row_loss may hold
- * partial results, loss_out was not written. */
 const char *mt_ce_written(int dlogits, int row_loss) {
     return dlogits && row_loss ? "dlogits and row_loss" : dlogits ? "dlogits" : row_loss ? "row_loss" : NULL;
 }
 
+/* After the one pass that finds it (the oracle's and a GPU's): what `written` names may hold
+ * partial results, loss_out was not written. */
 int mt_fail_nonfinite_nd(int probs, int64_t row, int64_t inner, const char *written) {
     const char *what = probs ? "target_probs" : "logits";
     char tail[80];

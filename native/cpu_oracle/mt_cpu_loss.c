@@ -184,8 +184,8 @@ MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits,
     int64_t kept = 0;
     if ((rc = mt_check_ce_args(loss_out, row_loss, dlogits, logits, targets, target_bytes, n_rows, vocab, reduction,
                          label_smoothing, num_items)) ||
-        (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)) ||
-        (rc = mt_check_ce_dlogits(dlogits, logits, targets, target_bytes, n_rows, vocab, 0)))
+        (rc = mt_check_ce_dlogits(dlogits, logits, targets, target_bytes, n_rows, vocab, 0)) ||
+        (rc = mt_check_targets(&kept, targets, target_bytes, n_rows, vocab, ignore_index)))
         return rc;
     int64_t leaves = mt_token_leaves(n_rows);
     int64_t floats = 4 * n_rows + (row_loss ? 0 : n_rows) + leaves;

@@ -17,7 +17,8 @@
  *  3. k_ce_finish (one block): the first non-finite row, the token rule over the row losses,
  *     the mean's division; loss_out (a device pointer) is written only when nothing is
  *     refused, and everything is reported through mapped memory.
- * Refusals follow the oracle: arguments first, then targets (nothing written), then
+ * Refusals follow the oracle: arguments first (a dlogits over the logits or targets among
+ * them, mt_check_ce_dlogits), then targets (nothing written), then
  * non-finite logits (dlogits and row_loss may have been written: undefined, mojo_train.h).
  * Host buffers are staged through device memory and downloaded only on success.
  *

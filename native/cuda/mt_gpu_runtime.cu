@@ -253,7 +253,7 @@ struct mt_cache_entry {
         if (dev) gpuFree(dev);
     }
 };
-#define MT_CACHE_ENTRIES 16     /* a step holds up to 4 (pointers, tile tables, state tables) */
+#define MT_CACHE_ENTRIES 16     /* a step holds ~5 (pointer tables, tile tables, state tables, clip's starts) */
 static thread_local mt_cache_entry t_cache[MT_CACHE_ENTRIES];
 static thread_local uint64_t t_clock = 0;
 
@@ -273,7 +273,9 @@ int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
     }
     MT_GPU_CHECK(gpuMalloc(&victim->dev, (size_t)bytes), "device allocation");
     victim->host.assign((const char *)host, (const char *)host + bytes);
-    MT_GPU_CHECK(gpuMemcpyAsync(victim->dev, host, (size_t)bytes, gpuMemcpyDefault, MT_STREAM), "upload");
+    /* from the entry's own copy, which lives until it is evicted (the caller's may not) */
+    MT_GPU_CHECK(gpuMemcpyAsync(victim->dev, victim->host.data(), (size_t)bytes, gpuMemcpyDefault, MT_STREAM),
+                 "upload");
     mt_gpu_count_h2d(bytes);
     victim->used = ++t_clock;
     *out = victim->dev;
