@@ -7,6 +7,8 @@ unsplit batch's own tree, so the result has the unsplit gradient's bits. Nothing
 passed is written; results are new arrays on the inputs' side. ``mojo_train.schedule``
 re-exports these names (their home before the accumulate family had its own module).
 """
+import re
+
 from . import _buffer, _ops
 from ._errors import where_msg
 from ._native import ffi
@@ -79,6 +81,23 @@ def _entries(microbatch_grads, where):
     return single, out
 
 
+def _check(backend, rc, where, tensor):
+    """backend.check, the C library's names told as the caller's: parts[k] is microbatch_grads[k]
+    (then ``tensor``, "[j]" for a list's tensor j), and an overflowing sum is that tensor's."""
+    try:
+        backend.check(rc, where)
+    except (ValueError, TypeError) as exc:
+        head = "mojo_train.%s: " % where
+        text = str(exc)
+        if not text.startswith(head):
+            raise
+        text = re.sub(r"\bparts\[(\d+)\]", lambda m: "microbatch_grads[%s]%s" % (m.group(1), tensor), text[len(head):])
+        text = text.replace("the sum overflows float32 (inf) although every part is finite",
+                            "the sum of microbatch_grads[*]%s overflows float32 (inf) although every microbatch's is "
+                            "finite" % tensor)
+        raise type(exc)(where_msg(where, text)) from None
+
+
 def accumulate_grads(microbatch_grads, tokens, *, numeric_mode=None):
     """The sum of microbatch gradients by the pairwise tree over microbatches.
 
@@ -111,6 +130,6 @@ def accumulate_grads(microbatch_grads, tokens, *, numeric_mode=None):
         for i in range(steps):
             table[i] = _ops.fptr(entries[i][j])
         rc = backend.lib.mt_accumulate(_ops.fptr(out), table, steps, first.nelems)
-        backend.check(rc, where if single else "%s (tensor %d)" % (where, j))
+        _check(backend, rc, where, "" if single else "[%d]" % j)
         results.append(out)
     return results[0] if single else results

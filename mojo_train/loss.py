@@ -200,6 +200,8 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
     batch, vocab, inner, row_shape = _layout(lp, where)
     tp, tbytes = _targets(targets, lp, batch * inner, row_shape, where)
     wp = _weight(weight, vocab, where)
+    if inner == 0:      # positions of size 0: no rows at all, torch's empty batch (the library wants inner >= 1)
+        batch, inner = 0, 1
     backend, on_device = _ops.placement(where, numeric_mode, logits=lp, targets=tp, weight=wp)
     if red == 0:
         rows, out = _ops.out_f32(row_shape, on_device, backend.numeric_mode), None

@@ -287,13 +287,30 @@ class _Optimizer:
             raise TypeError(where_msg(where, "microbatch_grads must be a list of %d gradient lists, got %s"
                                              % (self.accumulation_steps, type(microbatch_grads).__name__)))
         if len(microbatch_grads) != self.accumulation_steps:
-            raise ValueError(where_msg(where, "%d microbatch gradients for accumulation_steps=%d; the count is "
-                                              "part of the run's arithmetic (make the optimizer with the count you "
-                                              "use)" % (len(microbatch_grads), self.accumulation_steps)))
+            raise ValueError(where_msg(where, "microbatch_grads holds %d microbatch gradients for "
+                                              "accumulation_steps=%d; the count is part of the run's arithmetic "
+                                              "(make the optimizer with the count you use)"
+                                       % (len(microbatch_grads), self.accumulation_steps)))
         for i, entry in enumerate(microbatch_grads):      # checked before any work is done
-            probes = _buffer.tensor_list(entry, "microbatch_grads[%d]" % i, where, inplace=False)
-            self._refuse_shared(_probe_ranges(probes), _indexed("microbatch_grads[%d]" % i, _single(entry)), where)
-        combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
+            name = "microbatch_grads[%d]" % i
+            probes = _buffer.tensor_list(entry, name, where, inplace=False)
+            if len(probes) != len(self._shapes):
+                raise ValueError(where_msg(where, "%s has %d tensors for %d parameters; each microbatch's "
+                                                  "gradients match params" % (name, len(probes), len(self._shapes))))
+            for j, (pb, shape) in enumerate(zip(probes, self._shapes)):
+                if tuple(pb.shape) != tuple(shape):
+                    raise ValueError(where_msg(where, "%s has shape %r, params[%d] has %r"
+                                               % (_indexed(name, _single(entry))((0, j)), tuple(pb.shape), j,
+                                                  tuple(shape))))
+            self._refuse_shared(_probe_ranges(probes), _indexed(name, _single(entry)), where)
+        try:
+            combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
+        except (ValueError, TypeError) as exc:    # said of this call: the combining is part of it
+            text = str(exc)
+            head = "mojo_train.accumulate_grads: "
+            if not text.startswith(head):
+                raise
+            raise type(exc)(where_msg(where, text[len(head):])) from None
         return self.step(combined, max_norm=max_norm)
 
     def zero_grad(self, grads):

@@ -208,7 +208,7 @@ def test_nan_or_inf_in_dy_or_grad_is_refused_and_nothing_is_written(mode):
     dy[1500, 2] = 0.0
     grad[4, 1] = np.nan
     before = grad.tobytes()
-    with pytest.raises(ValueError, match=r"dweight \(the gradient accumulated into\)\[4, 1\] is NaN"):
+    with pytest.raises(ValueError, match=r"^mojo_train\.embedding_backward: grad\[4, 1\] is NaN"):
         embedding_backward(dy, np.zeros(2000, np.int64), 5, grad=grad, numeric_mode=mode.numeric_mode)
     assert grad.tobytes() == before
     ids = np.zeros(2000, np.int64)

@@ -1110,6 +1110,20 @@ def test_torch_float32_stays_within_the_same_bound_in_the_full_form(case):
     check_against_torch(None, x, t, "torch float32", **options)
 
 
+@pytest.mark.parametrize("who", ["ours", "torch float32"])
+def test_a_loss_below_float32s_grid_is_within_the_bound(mode, who):
+    """The long fuzz run's example (2026-12-03): subnormal logits, probabilities and weights, a
+    smoothing of 7.5e-276 (0 in float32), reduction 'none'. torch float64 gives -1.76e-76, which
+    no float32 can hold: ours gives +0.0 and torch float32 -0.0, both within the bound (it is
+    never below float32's grid at zero, tolerances.FLOAT32_GRID_AT_ZERO)."""
+    _need(mode)
+    x = np.array([[-9.3368e-39, 6.4816e-39, 1.1367e-38, -3.3490e-39, -3.3466e-39, -5.4023e-39]], np.float32)
+    t = np.array([[-3.0693e-39, -4.1494e-39, 8.2933e-39, 1.1419e-38, 8.8250e-39, 4.0123e-39]], np.float32)
+    w = np.array([-6.416083e-39, 2.948651e-39, -9.835804e-39, -7.274729e-39, 2.922446e-39, 8.311215e-39], np.float32)
+    check_against_torch(mode.numeric_mode if who == "ours" else None, x, t, who, weight=w, reduction="none",
+                        label_smoothing=7.459968776897618e-276)
+
+
 MAGNITUDES = [("subnormal", 2.0 ** -140), ("tiny", 2.0 ** -100), ("large", 1e4), ("huge", 1e30)]
 
 

@@ -150,9 +150,17 @@ def units(kind, options, g_unit):
     return {"params": lr_steps, "exp_avg": g_unit, "exp_avg_sq": g_unit * g_unit, "norms": 0.0}
 
 
+# No float32 result lies nearer a value than float32's grid allows: near zero that grid is the
+# subnormals', 2**-149 apart. A bound below it (a tiny unit: tiny weights or probabilities
+# scale cross-entropy's, 2026-12-03's long fuzz run) would fail every float32 result, torch's
+# own included (torch float32 gave -0.0 for a loss of -1.8e-76), so the bound is at least that.
+FLOAT32_GRID_AT_ZERO = 2.0 ** -149
+
+
 def bound_used(ours, ref64, unit, bound_of=None):
     """(worst |ours - ref| / bound, its index); a value above 1 is outside the bound (ATOL * unit +
-    RTOL * |ref|, or ``bound_of(unit)`` for a family with its own bound, e.g. gelu_bound)."""
+    RTOL * |ref|, or ``bound_of(unit)`` for a family with its own bound, e.g. gelu_bound; never
+    below FLOAT32_GRID_AT_ZERO)."""
     ours = np.asarray(ours, dtype=np.float64).ravel()
     ref64 = np.asarray(ref64, dtype=np.float64).ravel()
     if ours.shape != ref64.shape:
@@ -160,7 +168,11 @@ def bound_used(ours, ref64, unit, bound_of=None):
     if ours.size == 0:
         return 0.0, None
     err = np.abs(ours - ref64)
-    bound = ATOL * unit + RTOL * np.abs(ref64) if bound_of is None else np.ravel(bound_of(unit))
+    # |unit|: a unit is a magnitude, but a scale made of signed weights (cross-entropy's mean over
+    # class weights that sum below zero) is negative, and a negative bound passed every error
+    # (err / bound < 0) until the floor below made it fail (2026-12-03)
+    bound = ATOL * np.abs(unit) + RTOL * np.abs(ref64) if bound_of is None else np.ravel(bound_of(unit))
+    bound = np.maximum(bound, FLOAT32_GRID_AT_ZERO)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(err == 0, 0.0, err / bound)
     ratio = np.where(np.isnan(ours), np.inf, ratio)
