@@ -291,8 +291,11 @@ class FromBuffer(FnTarget):
             dtype = draw(st.sampled_from(("float64", "int32", "int64", "uint8", "uint32")))
             kind = draw(st.sampled_from(("numpy", "numpy_strided", "array", "readonly")))
             ex.put("obj", with_field(spec, dtype=dtype, kind=kind, fill=("ids", 0, 9)))
-            if ex.has("dtype") and ex.get("dtype")[1] is not None:
-                ex.fault(("dtype", "obj"), "dtype float32 for a %s buffer" % dtype)
+            given = ex.get("dtype")[1] if ex.has("dtype") else None
+            if given == dtype:      # a "bad" dtype drawn for float32 that is this buffer's own (the long
+                ex.faults = [f for f in ex.faults if f[0] != ("dtype",)]    # fuzz run, 2026-12-03): no fault
+            elif given is not None:
+                ex.fault(("dtype", "obj"), "dtype %r for a %s buffer" % (given, dtype))
         spec = ex.get("obj")          # as it stands now
         if spec[3] == "torch_strided" or spec[0] == "buf" and spec[3] == "device":
             ex.fault("obj", "a strided torch tensor or device memory")

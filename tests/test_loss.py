@@ -1023,11 +1023,19 @@ def _scale_and_divisor(t2, vocab, options):
     return (1.0 if w is None else float(np.abs(w64).max())), int(kept.sum()), float(w64[t2[kept]].sum())
 
 
-def bound_used_of(got, ref, x, t, options):
+def bound_used_of(got, ref, x, t, options, ref32=None):
     """{quantity: worst bound used} of one case: tolerances.py's units (ce_units) times S (see
     _scale_and_divisor: a weight or probabilities scale every quantity). A mean divided by zero is
     checked apart: NaN on both sides (or the same infinity); with no row counted our gradient is
-    +0.0 (torch's is NaN there); rows of zero weight have NaN gradients on both sides."""
+    +0.0 (torch's is NaN there); rows of zero weight have NaN gradients on both sides. With
+    ``ref32`` (torch in float32): an element that float32 cannot hold for torch either -- non-finite
+    there, finite in float64 -- may be non-finite in ours too (loss.md: the mean's g = 1 / D
+    overflows for class weights summing below 2**-128 in magnitude, as torch's does)."""
+    if ref32 is not None:
+        got = dict(got)
+        for name in got:
+            beyond = ~np.isfinite(ref32[name]) & np.isfinite(ref[name]) & ~np.isfinite(got[name])
+            got[name] = np.where(beyond, ref[name], got[name])
     x2, t2 = _rows_of(x, t)
     scale, kept, counted = _scale_and_divisor(t2, x2.shape[1], options)
     divisor = options.get("num_items") or counted
