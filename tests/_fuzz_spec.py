@@ -203,8 +203,8 @@ def tensor_fault(draw, how, param, spec, ctx, dims, ex, target):
         ex.put(name, with_field(spec, dtype=bad, kind="torch" if bad == "bfloat16" else kind,
                                 fill=("ids", 0, 3) if bad in INT_DTYPES or bad == "bool" else spec[4]))
         ex.fault(name, "dtype %s" % bad)
-    elif how == "type":        # (bytes are a uint8 buffer: valid integer ids)
-        kinds = NOT_A_BUFFER if isinstance(param, F32) else NOT_A_BUFFER[:-1]
+    elif how == "type":        # (bytes are a uint8 buffer: valid integer ids, and Array.from_buffer's obj)
+        kinds = NOT_A_BUFFER if isinstance(param, F32) and not getattr(param, "takes_bytes", False) else NOT_A_BUFFER[:-1]
         none_ok = param.optional or getattr(param, "nullable", False)
         ex.put(name, draw(st.sampled_from(kinds + ((("lit", None),) if not none_ok else ()))))
         ex.fault(name, "not a buffer")

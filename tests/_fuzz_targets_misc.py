@@ -276,11 +276,17 @@ class FromBytes(FnTarget):
         assert c.result.tobytes() == bytes(c.lit("data")) and c.result.shape == _shape_tuple(c.lit("shape"))
 
 
+class AnyBuffer(F32):
+    """A buffer of any Array dtype (Array.from_buffer's obj): bytes are a uint8 buffer there, not
+    the "not a buffer" fault they are for a float32 argument (the long fuzz run, 2026-12-03)."""
+    takes_bytes = True
+
+
 class FromBuffer(FnTarget):
     name, fn, covers = "Array.from_buffer", "Array.from_buffer", ("mojo_train.Array.from_buffer",)
     numeric_mode = False
     dims = {"*S": (0, 3, 1, 4, (0,))}
-    params = (F32("obj", ("*S",), finite=False, strided_ok=True,
+    params = (AnyBuffer("obj", ("*S",), finite=False, strided_ok=True,
                   bad_dtypes=("float16", "bool", "complex64", "int16", "int8", "uint64", "float32_be")),
               Scalar("dtype", st.sampled_from((None, "float32")), bad("float16", "f4", 3, "bogus", np.float32, "int32",
                                                                           "float64"), optional=True))

@@ -18,8 +18,13 @@ from fractions import Fraction
 
 
 def f32(x):
-    """The float32 nearest to the float ``x`` (round half to even)."""
-    return struct.unpack("<f", struct.pack("<f", x))[0]
+    """The float32 nearest to the float ``x`` (round half to even; +-inf where that rounding
+    overflows, which struct refuses to pack: the fuzz run of 2026-12-03 met it in RMSNorm's
+    exact oracle, r * r * r of a huge reciprocal square root)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
 
 
 def bits(x):
