@@ -316,7 +316,7 @@ class Ids(Param):
         if not (isinstance(spec, tuple) and spec[0] == "buf"):
             return False
         options = ["dtype", "type", "released", "shape"] + (["range", "range", "range"] if count(spec[2]) else [])
-        if non_contiguous("numpy_strided", spec[2]):
+        if non_contiguous("numpy_strided", spec[2]) and not getattr(self, "strided_ok", False):
             options.append("strided")
         how = draw(st.sampled_from(options))
         if how != "range":
