@@ -293,15 +293,15 @@ class _Optimizer:
                                        % (len(microbatch_grads), self.accumulation_steps)))
         for i, entry in enumerate(microbatch_grads):      # checked before any work is done
             name = "microbatch_grads[%d]" % i
-            probes = _buffer.tensor_list(entry, name, where, inplace=False)
+            probes = _buffer.tensor_list(entry, name, where, inplace=False, allow_empty=True)
             if len(probes) != len(self._shapes):
                 raise ValueError(where_msg(where, "%s has %d tensors for %d parameters; each microbatch's "
                                                   "gradients match params" % (name, len(probes), len(self._shapes))))
             for j, (pb, shape) in enumerate(zip(probes, self._shapes)):
                 if tuple(pb.shape) != tuple(shape):
-                    raise ValueError(where_msg(where, "%s has shape %r, params[%d] has %r"
-                                               % (_indexed(name, _single(entry))((0, j)), tuple(pb.shape), j,
-                                                  tuple(shape))))
+                    raise ValueError(where_msg(where, "%s has shape %r, %s has %r"
+                                               % (_indexed(name, _single(entry))((0, j)), tuple(pb.shape),
+                                                  self._names[j], tuple(shape))))
             self._refuse_shared(_probe_ranges(probes), _indexed(name, _single(entry)), where)
         try:
             combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)

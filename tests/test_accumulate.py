@@ -339,13 +339,22 @@ def test_step_accumulated_refuses_a_wrong_count_or_a_misaligned_split_and_change
     # 'grads' was named, after combining); a NaN is named by microbatch, said of this call
     with pytest.raises(ValueError, match=step + r"microbatch_grads\[1\] has 2 tensors for 1 parameters"):
         opt.step_accumulated([[f32s([1.0, 1.0])], [f32s([1.0, 1.0]), f32s([1.0, 1.0])]], None)
-    with pytest.raises(ValueError, match=step + r"microbatch_grads\[0\]\[0\] has shape \(3,\), params\[0\] has \(2,\)"):
+    with pytest.raises(ValueError, match=step + r"microbatch_grads\[0\]\[0\] has shape \(3,\), params has \(2,\)"):
         opt.step_accumulated([[f32s([1.0, 1.0, 1.0])], [f32s([1.0, 1.0])]], None)
     with pytest.raises(ValueError, match=step + r"microbatch_grads\[1\] holds NaN or inf"):
         opt.step_accumulated([f32s([1.0, 1.0]), f32s([1.0, float("nan")])], None)
     assert (raw(p), raw(opt.exp_avg), opt.t) == before
     opt.step_accumulated([f32s([1.0, 1.0])] * 2, None)
     assert opt.t == 1
+
+
+def test_step_accumulated_takes_an_empty_tensor_as_step_does(acc):
+    """A 0-element parameter: step and accumulate_grads take its gradients, and so does
+    step_accumulated (until 2026-12-03 it refused 'microbatch_grads[0][1] is empty')."""
+    p, q = f32s([1.0, 2.0]), f32s([])
+    opt = mt.SGD([p, q], lr=0.5, accumulation_steps=2, numeric_mode=acc.numeric_mode)
+    opt.step_accumulated([[f32s([1.0, 1.0]), f32s([])]] * 2, None)
+    assert opt.t == 1 and list(p) == [0.0, 1.0]
 
 
 @pytest.mark.parametrize("bad, exc", [(0, ValueError), (-2, ValueError), (2.0, TypeError), (True, TypeError)])
