@@ -92,17 +92,21 @@ def _int64_values(values, name, where):
 _ARGUMENT = r"(?<![\w.])(%s)(?='s\b|\[| holds\b| is\b| and \w+ overlap| overlap| has\b| must\b| of shape|:|,|$)"
 
 
-def check(backend, rc, where, names=None):
+def check(backend, rc, where, names=None, rewrite=None):
     """``backend.check(rc, where)``, the library's message then naming the caller's arguments:
-    ``names`` maps a C argument name (a whole word of the message) to the caller's name."""
+    ``names`` maps a C argument name (a whole word of the message) to the caller's name;
+    ``rewrite`` (text -> text), applied after, tells what names cannot (an indexed C argument,
+    what a refusal left written)."""
     if not rc:
         return
     try:
         backend.check(rc, where)
     except Exception as exc:
-        if not names or not isinstance(exc, (ValueError, TypeError)):
+        if not (names or rewrite) or not isinstance(exc, (ValueError, TypeError)):
             raise
-        raise type(exc)(where_msg(where, rename_arguments(str(exc).split(": ", 1)[1], names))) from None
+        text = str(exc).split(": ", 1)[1]
+        text = rename_arguments(text, names) if names else text
+        raise type(exc)(where_msg(where, rewrite(text) if rewrite else text)) from None
 
 
 def rename_arguments(text, names):

@@ -81,21 +81,15 @@ def _entries(microbatch_grads, where):
     return single, out
 
 
-def _check(backend, rc, where, tensor):
-    """backend.check, the C library's names told as the caller's: parts[k] is microbatch_grads[k]
-    (then ``tensor``, "[j]" for a list's tensor j), and an overflowing sum is that tensor's."""
-    try:
-        backend.check(rc, where)
-    except (ValueError, TypeError) as exc:
-        head = "mojo_train.%s: " % where
-        text = str(exc)
-        if not text.startswith(head):
-            raise
-        text = re.sub(r"\bparts\[(\d+)\]", lambda m: "microbatch_grads[%s]%s" % (m.group(1), tensor), text[len(head):])
-        text = text.replace("the sum overflows float32 (inf) although every part is finite",
-                            "the sum of microbatch_grads[*]%s overflows float32 (inf) although every microbatch's is "
-                            "finite" % tensor)
-        raise type(exc)(where_msg(where, text)) from None
+def _as_microbatches(tensor):
+    """A rewrite for _ops.check: the C library's parts[k] is microbatch_grads[k] (then ``tensor``,
+    "[j]" for a list's tensor j), and an overflowing sum is that tensor's."""
+    def rewrite(text):
+        text = re.sub(r"\bparts\[(\d+)\]", lambda m: "microbatch_grads[%s]%s" % (m.group(1), tensor), text)
+        return text.replace("the sum overflows float32 (inf) although every part is finite",
+                            "the sum of microbatch_grads[*]%s overflows float32 (inf) although every microbatch's "
+                            "is finite" % tensor)
+    return rewrite
 
 
 def accumulate_grads(microbatch_grads, tokens, *, numeric_mode=None):
@@ -130,6 +124,6 @@ def accumulate_grads(microbatch_grads, tokens, *, numeric_mode=None):
         for i in range(steps):
             table[i] = _ops.fptr(entries[i][j])
         rc = backend.lib.mt_accumulate(_ops.fptr(out), table, steps, first.nelems)
-        _check(backend, rc, where, "" if single else "[%d]" % j)
+        _ops.check(backend, rc, where, rewrite=_as_microbatches("" if single else "[%d]" % j))
         results.append(out)
     return results[0] if single else results

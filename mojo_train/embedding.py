@@ -166,13 +166,8 @@ def _scatter(where, g, pi, id_bytes, vocab, d, pad, flags, grad, numeric_mode):
     out = grad if grad is not None else _ops.out_f32((vocab, d), on_device, numeric_mode)
     rc = backend.lib.mt_embedding_backward(_ops.fptr(pg if pg is not None else out), _ops.fptr(g), _ops.vptr(pi),
                                            id_bytes, pi.nelems, vocab, d, pad, flags)
-    try:
-        backend.check(rc, where)
-    except ValueError as exc:   # the C library's name of the table added into is the caller's grad
-        text = str(exc)
-        if "dweight (the gradient accumulated into)" not in text:
-            raise
-        raise ValueError(text.replace("dweight (the gradient accumulated into)", "grad")) from None
+    # the C library's name of the table added into is the caller's grad
+    _ops.check(backend, rc, where, rewrite=lambda text: text.replace("dweight (the gradient accumulated into)", "grad"))
     _buffer.wrote(pg)
     return out
 

@@ -34,15 +34,8 @@ _NAMES = {"target_probs": "targets"}   # the C library's names of our arguments,
 _UNDEFINED_TAIL = re.compile(r"; (?:dlogits|row_loss|dlogits and row_loss) left undefined, loss_out not written$")
 
 
-def _check(backend, rc, where):
-    """_ops.check, the message's account of what was written told from the caller's side."""
-    try:
-        _ops.check(backend, rc, where, _NAMES)
-    except ValueError as exc:
-        text = _UNDEFINED_TAIL.sub("; nothing was written", str(exc))
-        if text == str(exc):
-            raise
-        raise ValueError(text) from None
+def _nothing_of_yours_written(text):
+    return _UNDEFINED_TAIL.sub("; nothing was written", text)
 
 
 def _layout(lp, where):
@@ -215,7 +208,7 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         rc = backend.lib.mt_cross_entropy_nd(
             _ops.fptr(out), _ops.fptr(rows), _ops.fptr(dlogits), _ops.fptr(lp), _ops.vptr(tp) if tbytes else ffi.NULL,
             ffi.NULL if tbytes else _ops.fptr(tp), _ops.fptr(wp), tbytes, batch, vocab, inner, ignore, red, eps, num)
-    _check(backend, rc, where)
+    _ops.check(backend, rc, where, _NAMES, _nothing_of_yours_written)
     if red == 0:
         loss = rows
     else:
