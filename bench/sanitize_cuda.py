@@ -7,14 +7,23 @@ the defect to be clean -- so a zero below means the tool looked. Then it runs
 MOJO_TRAIN_VENDOR=cuda: each card's cases on host buffers and on device buffers, the CUDA
 identical library. The tool x card runs go in parallel (the sanitizers are bound by the host CPU).
 Every run must end with compute-sanitizer's ``ERROR SUMMARY: 0 errors`` and the card passing.
-The record (GPU, commit, the library's digest, per tool x card: errors and seconds) is appended to
+The record (GPU, commit, the library's digest, the selfcheck digest, per tool x card: errors and
+seconds) is appended to
 bench/results/sanitize-cuda.md (and copied to $OUT when set). One GPU call cannot hold every
 run (a racecheck shard of lm_head takes 4-5 minutes): runs start longest first by the times the
 record holds, a run the record says cannot finish before --deadline is not started (its slot goes
-to a shorter one), and --resume leaves out what a record at the same commit already holds, so
-that successive calls complete the matrix. The runs a call never started are named in one
+to a shorter one), and --resume leaves out what a record already holds for the same code -- a
+section at this commit, or one whose header names this CUDA library's digest and this selfcheck
+digest (the cards and the mojo_train Python that runs them) -- so that successive calls, and
+commits that change neither, complete the matrix. ``--runs REGEX`` keeps only the card runs whose
+label (e.g. "lm_head 36/44") the expression matches whole; the canaries always run. The runs a call never started are named in one
 sentence of its section (windows counted under their run), not a row each; a run killed at its
 timeout keeps a "not finished" row.
+
+Under racecheck a few launches keep one SM busy for minutes, and processes on one GPU are
+time-sliced, so more jobs add no throughput there. ``--mps`` starts an NVIDIA MPS control daemon
+for the command (its own pipe and log folders) and stops it at the end: the processes' kernels
+then share the SMs. The section says so; the canaries run under it like every card.
 
 A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
 vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
@@ -34,10 +43,11 @@ uninitialised) and synccheck's canary may hang when run unchecked.
 
     python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
                                   [--resume] [--deadline S] [--windows K (--window-launches W | --launch-counts F)]
-                                  [--count-launches F]
+                                  [--count-launches F] [--runs REGEX] [--mps]
 """
 import argparse
 import concurrent.futures
+import contextlib
 import io
 import json
 import os
@@ -47,6 +57,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -122,14 +133,35 @@ def library_digest():
         return "unknown"
 
 
+def selfcheck_digest():
+    """The first 16 hex digits of a sha256 over what runs the cards besides the library: every card
+    file and the mojo_train package's Python sources (names and bytes, in name order)."""
+    import hashlib
+    h = hashlib.sha256()
+    files = [os.path.join("fixtures", f) for f in os.listdir(os.path.join(ROOT, "fixtures")) if f.endswith(".card")]
+    for folder, _, names in os.walk(os.path.join(ROOT, "mojo_train")):
+        files += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names if n.endswith(".py")]
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(ROOT, rel), "rb") as f:
+            h.update(f.read() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def section_key(header):
+    """What a section header says ran: (commit, library digest, selfcheck digest), None where absent."""
+    got = [re.search(r"\b%s ([^\s,]+)" % w, header) for w in ("commit", "library", "selfcheck")]
+    return tuple(m.group(1) if m else None for m in got)
+
+
 def record_sections():
-    """The record's sections as [(commit, [(tool, run, seconds or None, outcome), ...])], in file order."""
+    """The record's sections as [((commit, library, selfcheck), [(tool, run, seconds or None, outcome),
+    ...])], in file order."""
     sections = []
     if os.path.exists(RECORD):
         for line in open(RECORD):
             if line.startswith("## "):
-                m = re.search(r"commit ([^\s,]+)", line)
-                sections.append((m.group(1) if m else None, []))
+                sections.append((section_key(line), []))
                 continue
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if sections and len(cells) == 5 and cells[0] in TOOLS:
@@ -191,7 +223,8 @@ def run_lines(run, count):
 
 
 def ok_at_this_commit(count=card_line_count, windows_ok=None):
-    """{(tool, card): the card's line indices} that sections at this commit recorded ok (not the
+    """{(tool, card): the card's line indices} that sections at this commit (or with this library's
+    and this selfcheck's digests) recorded ok (not the
     canaries), each counted only from a section where that tool's canary and clean canary were ok
     (the tool was shown live there). Lines, not run labels: a card re-cut into more shards keeps
     what shards of another cut already covered. ``windows_ok`` (a set), when given, receives the
@@ -199,9 +232,11 @@ def ok_at_this_commit(count=card_line_count, windows_ok=None):
     here = commit()
     if here == "unknown":
         sys.exit("--resume needs the commit (run from a git checkout, or set MT_COMMIT)")
+    lib, harness = library_digest(), selfcheck_digest()
     done, spans = {}, {}
-    for at, rows in record_sections():
-        if at != here:
+    for (at, at_lib, at_harness), rows in record_sections():
+        same_run = lib != "unknown" and at_lib == lib and at_harness == harness
+        if at != here and not same_run:
             continue
         ok = {(tool, run) for tool, run, _, outcome in rows if outcome == "ok"}
         live = {t for t in TOOLS if (t, "canary") in ok and (t, "canary clean") in ok}
@@ -261,7 +296,40 @@ def launch_counts(path):
 NCU_ROW = re.compile(r'^"[^"]*",.*"gpu__time_duration\.sum"', re.M)
 
 
-def count_launches(args, tools, cards):
+@contextlib.contextmanager
+def mps_daemon():
+    """An NVIDIA MPS control daemon for the block (--mps): its pipe and log folders fresh, this
+    process's environment pointing there (the sanitized runs inherit it); stopped after."""
+    if not shutil.which("nvidia-cuda-mps-control"):
+        sys.exit("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)")
+    base = tempfile.mkdtemp(prefix="mt_mps_")
+    env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
+    for folder in env.values():
+        os.makedirs(folder)
+    p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=dict(os.environ, **env), capture_output=True, text=True)
+    if p.returncode:
+        sys.exit("--mps: the MPS control daemon did not start (exit %d): %s" % (p.returncode, (p.stdout + p.stderr)[-500:]))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, capture_output=True,
+                       env=dict(os.environ))
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def selected(label, only):
+    """Whether --runs (a compiled expression, or None: every run) keeps the card run ``label``."""
+    return only is None or only.fullmatch(label) is not None
+
+
+def count_launches(args, tools, cards, only=None):
     """--count-launches: each selected card run (after --resume's leaving out, for the first tool)
     once under ncu with one metric; its kernel rows counted; the JSON written; exit status 1 if a
     run failed or counted none (a window plan from a wrong count would check too little)."""
@@ -272,7 +340,7 @@ def count_launches(args, tools, cards):
     for c in cards:
         n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
         runs += [(c if n == 1 else "%s %d/%d" % (c, k, n), c, "%d/%d" % (k, n)) for k in range(n)]
-    runs = [r for r in runs if not covered(done, tools[0], r[0])]
+    runs = [r for r in runs if not covered(done, tools[0], r[0]) and selected(r[0], only)]
     counts, ok = {}, True
     for what, card, shard in runs:
         cmd = ["ncu", "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, "-m", "mojo_train", "selfcheck",
@@ -303,7 +371,8 @@ def main():
                          "as unfinished, so the record is written inside one 10-minute GPU call")
     ap.add_argument("--no-build", action="store_true", help="use the libraries and canary already built")
     ap.add_argument("--resume", action="store_true",
-                    help="leave out the card runs this file's earlier sections at this commit record ok (the same "
+                    help="leave out the card runs this file's earlier sections at this commit (or with this "
+                         "library's and selfcheck's digests) record ok (the same "
                          "libraries and shards; the canaries always run)")
     ap.add_argument("--shard-factor", type=int, default=1,
                     help="cut each slow card into this many times its shards (more, shorter runs side by side)")
@@ -314,6 +383,11 @@ def main():
                     help="JSON file of each run's kernel launches: a window checks its run's count over --windows")
     ap.add_argument("--count-launches", default="",
                     help="count each selected run's kernel launches under ncu into this JSON file, then exit")
+    ap.add_argument("--runs", default="", help="only the card runs whose label this regular expression matches "
+                    "whole (e.g. 'lm_head (36|39|42)/44'); the canaries always run")
+    ap.add_argument("--mps", action="store_true",
+                    help="run under an NVIDIA MPS control daemon started for this command (kernels of the "
+                         "processes share the SMs instead of being time-sliced)")
     args = ap.parse_args()
     tools = [t for t in args.tools.split(",") if t]
     cards = [c for c in args.cards.split(",") if c]
@@ -325,8 +399,12 @@ def main():
     if args.windows > 1 and set(tools) - set(WINDOW_TOOLS):
         ap.error("--windows serves memcheck and racecheck only (initcheck would take memory an unchecked launch "
                  "wrote for uninitialised; synccheck's canary may hang when run unchecked)")
+    try:
+        only = re.compile(args.runs) if args.runs else None
+    except re.error as exc:
+        ap.error("--runs: not a regular expression (%s)" % exc)
     if args.count_launches:
-        return count_launches(args, tools, cards)
+        return count_launches(args, tools, cards, only)
     if not shutil.which("compute-sanitizer"):
         sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     t_start = time.time()
@@ -342,7 +420,7 @@ def main():
             n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
             jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
                       [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)], ())
-                     for k in range(n)]
+                     for k in range(n) if selected(c if n == 1 else "%s %d/%d" % (c, k, n), only)]
     windows_ok = set()       # with --resume: windows already recorded ok are not run again
     done = ok_at_this_commit(windows_ok=windows_ok) if args.resume else {}
     resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
@@ -378,7 +456,7 @@ def main():
             return what, tool, None, 0.0, None, "[could not run: %r]" % (exc,)
 
     results = []
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    with (mps_daemon() if args.mps else contextlib.nullcontext()), concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(start, j) for j in jobs]
         for f in concurrent.futures.as_completed(futures):   # each line as it ends
             what, tool, errors, seconds, rc, out = f.result()
@@ -403,13 +481,16 @@ def main():
                                                  ("not finished" if "[killed" in o else "FAILED"))
               for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1])) if (t, w, e, s, g, o)
               not in waiting]
-    record = ["", "## %s, %s, commit %s, library %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(),
-                                                         commit(), library_digest()),
-              "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time, %.0f s in all. A canary row must report "
+    record = ["", "## %s, %s, commit %s, library %s, selfcheck %s" % (
+                  time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit(), library_digest(),
+                  selfcheck_digest()),
+              "", "Command: `make sanitize-cuda`%s; %d runs, %d at a time%s, %.0f s in all. A canary row must report "
               "errors (the tool is live); a clean canary and every card must report 0.%s"
-              % ("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)),
-                 len(jobs), args.jobs, time.time() - t_start,
-                 (" Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit." % resumed
+              % (("" if (tools, cards) == (list(TOOLS), list(CARDS)) else " (tools %s; cards %s)" % (",".join(tools), ",".join(cards)))
+                 + (" (runs %s)" % args.runs if args.runs else ""),
+                 len(jobs), args.jobs, " under MPS" if args.mps else "", time.time() - t_start,
+                 (" Resumed: %d runs left out, their card lines recorded ok in earlier sections at this commit or with this "
+                  "library and selfcheck." % resumed
                   if resumed else "") +
                  (" Launch windows: each card run in %d runs of %s kernel launches (the last: every launch after); the "
                   "canary's window holding its defect (launch %d) must report it, the others 0."

@@ -127,8 +127,9 @@ def test_resume_refuses_an_unknown_commit(monkeypatch, tmp_path):
 
 
 def test_a_section_names_its_library_and_resume_reads_the_commit_before_it(monkeypatch, tmp_path):
-    """The header carries the CUDA library's digest (its Makefile manifest), so sections at two
-    commits can be shown to have run one library; --resume still keys on the commit."""
+    """The header carries the CUDA library's digest (its Makefile manifest) and the selfcheck digest,
+    so sections at two commits can be shown to have run one library; a section naming neither
+    digest counts by its commit."""
     manifest = tmp_path / "lib.sha256"
     manifest.write_text("0123456789abcdef" + "0" * 48 + "  libmojo_train_cuda_identical.so\n")
     monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(manifest))
@@ -137,7 +138,8 @@ def test_a_section_names_its_library_and_resume_reads_the_commit_before_it(monke
     code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"],
                                _clean)
     assert ("racecheck", "loss 0/2") not in rows and rows[("racecheck", "loss 1/2")] == "ok"
-    assert ", commit abc1234, library 0123456789abcdef\n" in (tmp_path / "sanitize-cuda.md").read_text()[len(record):]
+    assert ", commit abc1234, library 0123456789abcdef, selfcheck %s\n" % S.selfcheck_digest() \
+        in (tmp_path / "sanitize-cuda.md").read_text()[len(record):]
     monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(tmp_path / "absent"))
     assert S.library_digest() == "unknown"
 
@@ -296,3 +298,89 @@ def test_count_launches_counts_ncu_rows_and_refuses_a_run_that_counted_none(monk
     assert exit_.value.code == 1                         # loss 1/2 counted no launch: refused
     assert json.loads(out.read_text()) == {"loss 0/2": 2, "loss 1/2": 0}
     assert calls[0][:4] == ["ncu", "--metrics", "gpu__time_duration.sum", "--csv"]
+
+
+def _live_library(monkeypatch, tmp_path, digest="0123456789abcdef"):
+    manifest = tmp_path / "lib.sha256"
+    manifest.write_text(digest + "0" * 48 + "  libmojo_train_cuda_identical.so\n")
+    monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(manifest))
+    return "| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+
+
+def test_resume_counts_another_commits_section_only_with_this_library_and_this_selfcheck(monkeypatch, tmp_path):
+    """Another commit's rows count when its header names this library's digest and this
+    selfcheck digest; with another selfcheck digest (a card or the package changed), or no
+    library digest known here, they do not."""
+    live = _live_library(monkeypatch, tmp_path)
+    here = S.selfcheck_digest()
+    assert len(here) == 16 and int(here, 16) >= 0
+    record = ("## x, commit old0001, library 0123456789abcdef, selfcheck %s\n\n" % here + HEADER + live +
+              "| racecheck | loss 0/2 | 0 | 5 | ok |\n"
+              "## y, commit old0002, library 0123456789abcdef, selfcheck ffffffffffffffff\n\n" + HEADER + live +
+              "| racecheck | loss 1/2 | 0 | 5 | ok |\n")
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    assert ("racecheck", "loss 0/2") not in rows and rows[("racecheck", "loss 1/2")] == "ok" and code == 0
+    monkeypatch.setattr(S, "LIBRARY_MANIFEST", str(tmp_path / "absent"))     # digest "unknown": commit only
+    code, rows, started = _run(monkeypatch, tmp_path, record.replace("0123456789abcdef", "unknown"),
+                               ["--resume", "--tools", "racecheck", "--cards", "loss"], _clean)
+    assert rows[("racecheck", "loss 0/2")] == "ok" and rows[("racecheck", "loss 1/2")] == "ok"
+
+
+def test_selfcheck_digest_follows_the_cards_and_the_package(monkeypatch, tmp_path):
+    """The digest covers every card file and every Python file of mojo_train: a change to
+    either changes it."""
+    root = tmp_path / "root"
+    (root / "fixtures").mkdir(parents=True)
+    (root / "mojo_train" / "torch").mkdir(parents=True)
+    (root / "fixtures" / "a.card").write_text("x 1\n")
+    (root / "mojo_train" / "__init__.py").write_text("")
+    (root / "mojo_train" / "torch" / "m.py").write_text("A = 1\n")
+    monkeypatch.setattr(S, "ROOT", str(root))
+    first = S.selfcheck_digest()
+    (root / "mojo_train" / "torch" / "m.py").write_text("A = 2\n")
+    second = S.selfcheck_digest()
+    (root / "fixtures" / "a.card").write_text("x 2\n")
+    third = S.selfcheck_digest()
+    (root / "mojo_train" / "notes.txt").write_text("not Python")
+    assert len({first, second, third}) == 3 and S.selfcheck_digest() == third
+
+
+def test_runs_keeps_only_the_card_runs_it_matches_whole_and_every_canary(monkeypatch, tmp_path):
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss,optim",
+                                                           "--runs", "optim [13]/4"], _clean)
+    assert sorted(r for t, r in rows) == ["canary", "canary clean", "optim 1/4", "optim 3/4"] and code == 0
+    assert "(runs optim [13]/4)" in (tmp_path / "sanitize-cuda.md").read_text()
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss",
+                                                           "--runs", "oss 1/2"], _clean)
+    assert sorted(r for t, r in rows) == ["canary", "canary clean"]       # a partial match is no match
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss",
+                                                           "--runs", "loss ("], _clean)
+    assert code == 2 and rows == {} and started == []
+
+
+def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_path):
+    """--mps: the control daemon is started (-d) before the first run and told to quit after the
+    last; every run sees the daemon's pipe folder; the section says "under MPS"."""
+    calls, seen = [], []
+    real_run = S.subprocess.run
+
+    def fake_run(cmd, *a, **kw):
+        if cmd[0] != "nvidia-cuda-mps-control":
+            return real_run(cmd, *a, **kw)
+        calls.append((tuple(cmd), kw.get("input"), kw["env"].get("CUDA_MPS_PIPE_DIRECTORY")))
+        return S.subprocess.CompletedProcess(cmd, 0, "", "")
+
+    def clean_seeing(tool, cmd, timeout):
+        seen.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+        return _clean(tool, cmd, timeout)
+
+    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps"],
+                               clean_seeing)
+    assert code == 0 and rows[("memcheck", "schedule")] == "ok"
+    assert [c[0] for c in calls] == [("nvidia-cuda-mps-control", "-d"), ("nvidia-cuda-mps-control",)]
+    assert calls[1][1] == "quit\n" and calls[0][2] == calls[1][2] and set(seen) == {calls[0][2]}
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+    assert "at a time under MPS" in (tmp_path / "sanitize-cuda.md").read_text()
