@@ -154,19 +154,21 @@ def section_key(header):
     return tuple(m.group(1) if m else None for m in got)
 
 
-def record_sections():
+def record_sections(with_mps=False):
     """The record's sections as [((commit, library, selfcheck), [(tool, run, seconds or None, outcome),
-    ...])], in file order."""
+    ...])], in file order; ``with_mps``: [(..., rows, whether its runs ran under MPS)]."""
     sections = []
     if os.path.exists(RECORD):
         for line in open(RECORD):
             if line.startswith("## "):
-                sections.append((section_key(line), []))
+                sections.append((section_key(line), [], False))
                 continue
+            if sections and line.startswith("Command:") and " at a time under MPS" in line:
+                sections[-1] = sections[-1][:2] + (True,)
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if sections and len(cells) == 5 and cells[0] in TOOLS:
                 sections[-1][1].append((cells[0], cells[1], int(cells[3]) if cells[3].isdigit() else None, cells[4]))
-    return sections
+    return sections if with_mps else [sec[:2] for sec in sections]
 
 
 def card_line_count(card):
@@ -267,10 +269,11 @@ def covered(done, tool, run, count=card_line_count):
     return lines <= done.get((tool, card), set())
 
 
-def recorded_seconds():
-    """{(tool, run): the time its latest finished run took}, over every section of the record."""
-    return {(tool, run): seconds for _, rows in record_sections() for tool, run, seconds, outcome in rows
-            if outcome == "ok" and seconds is not None}
+def recorded_seconds(mps=False):
+    """{(tool, run): the time its latest finished run took}, over the record's sections that ran as
+    this command will (under MPS or not: time-sliced processes take several times longer)."""
+    return {(tool, run): seconds for _, rows, under in record_sections(with_mps=True) if under == mps
+            for tool, run, seconds, outcome in rows if outcome == "ok" and seconds is not None}
 
 
 def not_started_sentence(waiting):
@@ -296,10 +299,27 @@ def launch_counts(path):
 NCU_ROW = re.compile(r'^"[^"]*",.*"gpu__time_duration\.sum"', re.M)
 
 
+MPS_READY_TRIES = 60     # seconds, about, that a daemon may take to start or to stop
+
+
+def mps_processes():
+    """The pids of this machine's MPS control and server processes (read from /proc)."""
+    pids = []
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open("/proc/%s/comm" % pid) as f:
+                if f.read().startswith("nvidia-cuda-mps"):
+                    pids.append(int(pid))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
 @contextlib.contextmanager
 def mps_daemon():
     """An NVIDIA MPS control daemon for the block (--mps): its pipe and log folders fresh, this
-    process's environment pointing there (the sanitized runs inherit it); stopped after."""
+    process's environment pointing there (the sanitized runs inherit it); the block starts once
+    the clean canary has run under it, and ends after the daemon and its server have exited."""
     if not shutil.which("nvidia-cuda-mps-control"):
         sys.exit("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)")
     base = tempfile.mkdtemp(prefix="mt_mps_")
@@ -312,10 +332,22 @@ def mps_daemon():
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
+        # The daemon answers before its server takes clients ("MPS server is not ready", "device
+        # busy" while a server of an earlier daemon is still exiting): a client must first run.
+        for _ in range(MPS_READY_TRIES):
+            if subprocess.run([CANARY, "clean"], capture_output=True).returncode == 0:
+                break
+            time.sleep(1)
+        else:
+            sys.exit("--mps: no CUDA program ran under the MPS daemon within %d tries" % MPS_READY_TRIES)
         yield
     finally:
         subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, capture_output=True,
                        env=dict(os.environ))
+        for _ in range(MPS_READY_TRIES):         # the next command's daemon finds the GPU free
+            if not mps_processes():
+                break
+            time.sleep(1)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -439,7 +471,7 @@ def main():
             if (tool, window_label(what, a, n)) not in windows_ok]
     # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
     # time for first), so that the last ones to start are the short ones.
-    took = recorded_seconds()
+    took = recorded_seconds(args.mps)
     jobs.sort(key=lambda j: (not j[0].startswith("canary"), -took.get((j[1], j[0]), float("inf"))))
     deadline = t_start + args.deadline
 

@@ -289,7 +289,17 @@ def test_count_launches_counts_ncu_rows_and_refuses_a_run_that_counted_none(monk
         return Done(NCU_CSV if cmd[-1] == "0/2" else "==PROF== no kernels\n")
 
     monkeypatch.setattr(S.shutil, "which", lambda name: "/usr/bin/" + name)
-    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    ready = []
+
+    def fake_run_ready(cmd, *a, **kw):          # the daemon takes clients from the third try on
+        if cmd[0] == S.CANARY:
+            ready.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+            return S.subprocess.CompletedProcess(cmd, 0 if len(ready) >= 3 else 1, b"", b"")
+        return fake_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(S.subprocess, "run", fake_run_ready)
+    monkeypatch.setattr(S.time, "sleep", lambda s: None)
+    monkeypatch.setattr(S, "mps_processes", lambda: [])
     monkeypatch.delenv("OUT", raising=False)
     monkeypatch.setattr(sys, "argv", ["sanitize_cuda.py", "--no-build", "--tools", "racecheck", "--cards", "loss",
                                       "--count-launches", str(out)])
@@ -360,8 +370,9 @@ def test_runs_keeps_only_the_card_runs_it_matches_whole_and_every_canary(monkeyp
 
 
 def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_path):
-    """--mps: the control daemon is started (-d) before the first run and told to quit after the
-    last; every run sees the daemon's pipe folder; the section says "under MPS"."""
+    """--mps: the control daemon is started (-d), the runs wait until the clean canary has run
+    under it, it is told to quit after the last; every run sees the daemon's pipe folder; the
+    section says "under MPS"."""
     calls, seen = [], []
     real_run = S.subprocess.run
 
@@ -375,12 +386,61 @@ def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_
         seen.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
         return _clean(tool, cmd, timeout)
 
-    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    ready = []
+
+    def fake_run_ready(cmd, *a, **kw):          # the daemon takes clients from the third try on
+        if cmd[0] == S.CANARY:
+            ready.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+            return S.subprocess.CompletedProcess(cmd, 0 if len(ready) >= 3 else 1, b"", b"")
+        return fake_run(cmd, *a, **kw)
+
+    monkeypatch.setattr(S.subprocess, "run", fake_run_ready)
+    monkeypatch.setattr(S.time, "sleep", lambda s: None)
+    monkeypatch.setattr(S, "mps_processes", lambda: [])
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps"],
                                clean_seeing)
     assert code == 0 and rows[("memcheck", "schedule")] == "ok"
     assert [c[0] for c in calls] == [("nvidia-cuda-mps-control", "-d"), ("nvidia-cuda-mps-control",)]
-    assert calls[1][1] == "quit\n" and calls[0][2] == calls[1][2] and set(seen) == {calls[0][2]}
+    assert calls[1][1] == "quit\n" and calls[0][2] == calls[1][2] and set(seen) == set(ready) == {calls[0][2]}
+    assert len(ready) == 3 and len(seen) == 3              # no run before the daemon took a client
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert "at a time under MPS" in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_mps_refuses_to_run_when_no_program_runs_under_the_daemon(monkeypatch, tmp_path):
+    """A daemon that never takes a client ends the command with a message, and is still told to
+    quit; no run is started."""
+    quits = []
+
+    def fake_run(cmd, *a, **kw):
+        if cmd[0] == S.CANARY:
+            return S.subprocess.CompletedProcess(cmd, 1, b"", b"")
+        if kw.get("input") == "quit\n":
+            quits.append(cmd)
+        return S.subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    monkeypatch.setattr(S.time, "sleep", lambda s: None)
+    monkeypatch.setattr(S, "mps_processes", lambda: [])
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps"],
+                               _clean)
+    assert "no CUDA program ran under the MPS daemon" in str(code) and started == [] and len(quits) == 1
+
+
+def test_times_from_time_sliced_runs_do_not_stop_a_run_under_mps(monkeypatch, tmp_path):
+    """A run that took 900 s time-sliced is started under --mps (no time under MPS recorded), and
+    a time recorded under MPS is what an MPS command goes by."""
+    record = ("## x, commit old\n\nCommand: `make sanitize-cuda`; 3 runs, 8 at a time, 900 s in all.\n\n" + HEADER +
+              "| racecheck | optim 0/4 | 0 | 900 | ok |\n"
+              "## y, commit old\n\nCommand: `make sanitize-cuda`; 3 runs, 8 at a time under MPS, 900 s in all.\n\n"
+              + HEADER + "| racecheck | optim 1/4 | 0 | 900 | ok |\n")
+    path = tmp_path / "sanitize-cuda.md"
+    path.write_text(record)
+    monkeypatch.setattr(S, "RECORD", str(path))
+    assert S.recorded_seconds() == {("racecheck", "optim 0/4"): 900}
+    assert S.recorded_seconds(mps=True) == {("racecheck", "optim 1/4"): 900}
+    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--tools", "racecheck", "--cards", "optim", "--mps",
+                                                               "--deadline", "100"], _clean)
+    assert rows[("racecheck", "optim 0/4")] == "ok" and rows[("racecheck", "optim 1/4")] == "not started"
