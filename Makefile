@@ -311,7 +311,11 @@ $(PORTABLE_CARDS): portable-cards-%:
 # ---- GPU sanitizers (make sanitize-cuda): compute-sanitizer's memcheck, racecheck, initcheck and
 # synccheck over every card on host and device buffers, each tool first shown live on a planted
 # defect (bench/sanitizer_canaries.cu). Needs a GPU; record: bench/results/sanitize-cuda.md.
+# Under an MPS daemon of its own by default (racecheck's one-SM launches then share the SMs:
+# ~10x the time-sliced rate on the H200); SANITIZE_CUDA_ARGS= runs time-sliced, and takes the
+# script's other options (--resume, --deadline S, --cards ..., --runs REGEX, --windows K ...).
+SANITIZE_CUDA_ARGS ?= --mps
 sanitize-cuda:
-	$(PYTHON) bench/sanitize_cuda.py
+	$(PYTHON) bench/sanitize_cuda.py $(SANITIZE_CUDA_ARGS)
 
 .PHONY: sanitize-cuda
