@@ -23,7 +23,9 @@ timeout keeps a "not finished" row.
 Under racecheck a few launches keep one SM busy for minutes, and processes on one GPU are
 time-sliced, so more jobs add no throughput there. ``--mps`` starts an NVIDIA MPS control daemon
 for the command (its own pipe and log folders) and stops it at the end: the processes' kernels
-then share the SMs. The section says so; the canaries run under it like every card.
+then share the SMs. The section says so; the canaries run under it like every card. A run whose
+client the MPS server refused ("not ready", "busy or unavailable": seen when many start at once)
+checked nothing and is started again, up to MPS_CLIENT_TRIES times; the section names those runs.
 
 A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
 vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
@@ -356,6 +358,19 @@ def mps_daemon():
         shutil.rmtree(base, ignore_errors=True)
 
 
+# What a process prints when the MPS server takes no client (yet): the card's loader, the CUDA
+# runtime's words (also in the canary's message), compute-sanitizer's report of the API error.
+MPS_REFUSAL = re.compile(r"MPS server is not ready|busy or unavailable")
+MPS_CLIENT_TRIES = 5
+
+
+def mps_refused(result):
+    """Whether a run (sanitized's result) failed because the MPS server took no client: it checked
+    nothing, and may start again."""
+    _, _, rc, out = result
+    return rc not in (0, None) and MPS_REFUSAL.search(out or "") is not None
+
+
 def selected(label, only):
     """Whether --runs (a compiled expression, or None: every run) keeps the card run ``label``."""
     return only is None or only.fullmatch(label) is not None
@@ -483,11 +498,20 @@ def main():
             return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
                 before, left)
         try:
-            return (what, tool) + sanitized(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
+            got, refused = sanitized(tool, cmd, left, opts), 0   # left <= 0: not started, by sanitized
+            while args.mps and mps_refused(got) and refused < MPS_CLIENT_TRIES - 1:
+                refused += 1                 # it checked nothing: the MPS server took no client
+                time.sleep(2)
+                got = sanitized(tool, cmd, min(args.timeout, deadline - time.time()), opts)
+            if refused:
+                retried.append((tool, what))
+                got = got[:3] + (got[3] + "\n[started %d times: the MPS server refused the client before]"
+                                 % (refused + 1),)
+            return (what, tool) + got
         except Exception as exc:        # recorded as a failed run: the record is written whatever happens
             return what, tool, None, 0.0, None, "[could not run: %r]" % (exc,)
 
-    results = []
+    results, retried = [], []
     with (mps_daemon() if args.mps else contextlib.nullcontext()), concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(start, j) for j in jobs]
         for f in concurrent.futures.as_completed(futures):   # each line as it ends
@@ -528,7 +552,9 @@ def main():
                   "canary's window holding its defect (launch %d) must report it, the others 0."
                   % (args.windows, args.window_launches or "its count (%s) over %d, rounded up," % (
                       args.launch_counts, args.windows), CANARY_AT) if args.windows > 1 else "") +
-                 not_started_sentence(waiting)),
+                 not_started_sentence(waiting) +
+                 (" Started again because the MPS server refused their client (they had checked nothing): %s."
+                  % "; ".join("%s %s" % r for r in sorted(retried)) if retried else "")),
               ""] + table
     path = RECORD
     if not os.path.exists(path):

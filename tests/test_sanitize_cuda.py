@@ -444,3 +444,29 @@ def test_times_from_time_sliced_runs_do_not_stop_a_run_under_mps(monkeypatch, tm
     code, rows, started = _run(monkeypatch, tmp_path, record, ["--tools", "racecheck", "--cards", "optim", "--mps",
                                                                "--deadline", "100"], _clean)
     assert rows[("racecheck", "optim 0/4")] == "ok" and rows[("racecheck", "optim 1/4")] == "not started"
+
+
+def test_under_mps_a_run_whose_client_was_refused_starts_again_and_is_named(monkeypatch, tmp_path):
+    """The MPS server refused the first two starts of optim 1/4's client and every start of optim
+    2/4's: the first passes on its third start and is named; the second fails after
+    MPS_CLIENT_TRIES starts. Without --mps the same failure is not retried."""
+    starts = {}
+
+    def flaky(tool, cmd, timeout):
+        key = cmd[-1]
+        starts[key] = starts.get(key, 0) + 1
+        if (key == "1/4" and starts[key] <= 2) or key == "2/4":
+            return None, 0.1, 1, "mojo_train: error: ... MPS server is not ready to accept new MPS client requests"
+        return _clean(tool, cmd, timeout)
+
+    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(S.time, "sleep", lambda s: None)
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim", "--mps"], flaky)
+    assert rows[("racecheck", "optim 1/4")] == "ok" and starts["1/4"] == 3
+    assert rows[("racecheck", "optim 2/4")] == "FAILED" and starts["2/4"] == S.MPS_CLIENT_TRIES and code == 1
+    assert starts["0/4"] == 1
+    text = (tmp_path / "sanitize-cuda.md").read_text()
+    assert "Started again because the MPS server refused their client" in text and "racecheck optim 1/4" in text
+    starts.clear()
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim"], flaky)
+    assert starts["1/4"] == 1 and rows[("racecheck", "optim 1/4")] == "FAILED"
