@@ -15,7 +15,8 @@ record holds, a run the record says cannot finish before --deadline is not start
 to a shorter one), and --resume leaves out what a record already holds for the same code -- a
 section at this commit, or one whose header names this CUDA library's digest and this selfcheck
 digest (the cards and the mojo_train Python that runs them) -- so that successive calls, and
-commits that change neither, complete the matrix. ``--runs REGEX`` keeps only the card runs whose
+commits that change neither, complete the matrix. Not in the key: compute-sanitizer's and the
+driver's versions (the header names the driver) and this script's tool options. ``--runs REGEX`` keeps only the card runs whose
 label (e.g. "lm_head 36/44") the expression matches whole; the canaries always run. The runs a call never started are named in one
 sentence of its section (windows counted under their run), not a row each; a run killed at its
 timeout keeps a "not finished" row.
@@ -25,7 +26,9 @@ time-sliced, so more jobs add no throughput there. ``--mps`` starts an NVIDIA MP
 for the command (its own pipe and log folders) and stops it at the end: the processes' kernels
 then share the SMs. The section says so; the canaries run under it like every card. A run whose
 client the MPS server refused ("not ready", "busy or unavailable": seen when many start at once)
-checked nothing and is started again, up to MPS_CLIENT_TRIES times; the section names those runs.
+checked nothing and is started again while time is left, up to MPS_CLIENT_TRIES starts in all;
+the section names those runs. A canary row counts only when the canary program ran to its end
+(its last line printed): a refused client "reports" its failed allocation as an error too.
 
 A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
 vocabulary) is split by kernel launches: ``--windows K --window-launches W`` runs each card run
@@ -35,8 +38,8 @@ so the K runs check every launch of the run between them, whatever its launch co
 ``--launch-counts FILE`` (JSON: run label -> its kernel launches, written by ``--count-launches
 FILE``, which runs each selected run once under ncu and counts its kernels) each run's W is
 its own count over K, rounded up; keep one file for every call of a matrix, since the window
-labels (and so --resume's) follow from it. A run is covered when windows recorded ok at one
-commit join from launch 0 to the open end. Each tool's windowing is first shown to work: a
+labels (and so --resume's) follow from it. A run is covered when windows recorded ok in sections of
+the same code (as --resume reads them) join from launch 0 to the open end. Each tool's windowing is first shown to work: a
 canary with its defect in launch 3 must be reported by the window [3, 4), and by no window that
 leaves launch 3 out -- one of them, from launch 10, past the canary's last launch (an empty
 window must report 0 too). memcheck and racecheck only: a launch's findings under them depend
@@ -137,12 +140,13 @@ def library_digest():
 
 def selfcheck_digest():
     """The first 16 hex digits of a sha256 over what runs the cards besides the library: every card
-    file and the mojo_train package's Python sources (names and bytes, in name order)."""
+    file (fixtures/, and the package's own fixtures/ that an installed package reads first) and the
+    mojo_train package's Python sources (names and bytes, in name order)."""
     import hashlib
     h = hashlib.sha256()
     files = [os.path.join("fixtures", f) for f in os.listdir(os.path.join(ROOT, "fixtures")) if f.endswith(".card")]
     for folder, _, names in os.walk(os.path.join(ROOT, "mojo_train")):
-        files += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names if n.endswith(".py")]
+        files += [os.path.relpath(os.path.join(folder, n), ROOT) for n in names if n.endswith((".py", ".card"))]
     for rel in sorted(files):
         h.update(rel.encode() + b"\0")
         with open(os.path.join(ROOT, rel), "rb") as f:
@@ -317,37 +321,62 @@ def mps_processes():
     return pids
 
 
+def mps_control(command, timeout=30):
+    """(exit status, output) of one command to this process's MPS control daemon (stdin), bounded."""
+    try:
+        p = subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", text=True, capture_output=True,
+                           env=dict(os.environ), timeout=timeout)
+        return p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        return None, "[no answer in %d s]" % timeout
+
+
 @contextlib.contextmanager
 def mps_daemon():
     """An NVIDIA MPS control daemon for the block (--mps): its pipe and log folders fresh, this
-    process's environment pointing there (the sanitized runs inherit it); the block starts once
-    the clean canary has run under it, and ends after the daemon and its server have exited."""
+    process's environment pointing there (the sanitized runs inherit it). The block starts once the
+    clean canary has run and the daemon lists a server (a client that cannot reach a daemon runs
+    without MPS, silently), and ends once the processes it started have exited (at most
+    MPS_READY_TRIES seconds): the next command's daemon then finds the GPU free."""
     if not shutil.which("nvidia-cuda-mps-control"):
         sys.exit("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)")
+    before = set(mps_processes())
     base = tempfile.mkdtemp(prefix="mt_mps_")
     env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(base, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(base, "log")}
     for folder in env.values():
         os.makedirs(folder)
-    p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=dict(os.environ, **env), capture_output=True, text=True)
-    if p.returncode:
-        sys.exit("--mps: the MPS control daemon did not start (exit %d): %s" % (p.returncode, (p.stdout + p.stderr)[-500:]))
+    try:
+        p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=dict(os.environ, **env), capture_output=True,
+                           text=True, timeout=30)
+        why = None if p.returncode == 0 else "exit %d: %s" % (p.returncode, (p.stdout + p.stderr)[-500:])
+    except subprocess.TimeoutExpired:
+        why = "no answer in 30 s"
+    if why:
+        shutil.rmtree(base, ignore_errors=True)
+        sys.exit("--mps: the MPS control daemon did not start (%s)" % why)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         # The daemon answers before its server takes clients ("MPS server is not ready", "device
         # busy" while a server of an earlier daemon is still exiting): a client must first run.
         for _ in range(MPS_READY_TRIES):
-            if subprocess.run([CANARY, "clean"], capture_output=True).returncode == 0:
-                break
+            try:
+                if subprocess.run([CANARY, "clean"], capture_output=True, timeout=60).returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                pass
             time.sleep(1)
         else:
             sys.exit("--mps: no CUDA program ran under the MPS daemon within %d tries" % MPS_READY_TRIES)
+        rc, servers = mps_control("get_server_list")
+        if rc != 0 or not re.search(r"\d", servers):
+            sys.exit("--mps: the clean canary ran, but the MPS daemon lists no server (%s): the run would not be "
+                     "under MPS" % servers.strip()[-200:])
         yield
     finally:
-        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, capture_output=True,
-                       env=dict(os.environ))
-        for _ in range(MPS_READY_TRIES):         # the next command's daemon finds the GPU free
-            if not mps_processes():
+        mps_control("quit")
+        for _ in range(MPS_READY_TRIES):
+            if not set(mps_processes()) - before:
                 break
             time.sleep(1)
         for k, v in saved.items():
@@ -371,6 +400,21 @@ def mps_refused(result):
     return rc not in (0, None) and MPS_REFUSAL.search(out or "") is not None
 
 
+def card_runs(cards, shard_factor):
+    """[(run label, card, selfcheck's --shard)] of every card's runs: a slow card (SHARDS) cut into
+    its shards times ``shard_factor``, any other card one run."""
+    runs = []
+    for c in cards:
+        n = SHARDS.get(c, 1) * (max(1, shard_factor) if c in SHARDS else 1)
+        runs += [(c if n == 1 else "%s %d/%d" % (c, k, n), c, "%d/%d" % (k, n)) for k in range(n)]
+    return runs
+
+
+def canary_ran(what, tool, out):
+    """Whether the canary program of the run ``what`` printed its last line ("canary <variant> ran")."""
+    return ("canary %s ran" % ("clean" if what == "canary clean" else tool)) in (out or "")
+
+
 def selected(label, only):
     """Whether --runs (a compiled expression, or None: every run) keeps the card run ``label``."""
     return only is None or only.fullmatch(label) is not None
@@ -383,11 +427,7 @@ def count_launches(args, tools, cards, only=None):
     if not shutil.which("ncu"):
         sys.exit("ncu is not on PATH (it comes with the CUDA toolkit)")
     done = ok_at_this_commit() if args.resume else {}
-    runs = []
-    for c in cards:
-        n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
-        runs += [(c if n == 1 else "%s %d/%d" % (c, k, n), c, "%d/%d" % (k, n)) for k in range(n)]
-    runs = [r for r in runs if not covered(done, tools[0], r[0]) and selected(r[0], only)]
+    runs = [r for r in card_runs(cards, args.shard_factor) if not covered(done, tools[0], r[0]) and selected(r[0], only)]
     counts, ok = {}, True
     for what, card, shard in runs:
         cmd = ["ncu", "--metrics", "gpu__time_duration.sum", "--csv", sys.executable, "-m", "mojo_train", "selfcheck",
@@ -450,7 +490,13 @@ def main():
         only = re.compile(args.runs) if args.runs else None
     except re.error as exc:
         ap.error("--runs: not a regular expression (%s)" % exc)
+    if only is not None:
+        labels = [what for what, _, _ in card_runs(cards, args.shard_factor)]
+        if not any(selected(lab, only) for lab in labels):
+            ap.error("--runs %r matches none of the selected cards' runs (e.g. %s)" % (args.runs, ", ".join(labels[:3])))
     if args.count_launches:
+        if args.mps:
+            ap.error("--mps does not apply to --count-launches (ncu counts the launches of one process at a time)")
         return count_launches(args, tools, cards, only)
     if not shutil.which("compute-sanitizer"):
         sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
@@ -462,12 +508,8 @@ def main():
     if args.windows > 1:
         jobs += [(window_label("canary", a, n), t, [CANARY, t, str(CANARY_AT)], window_options(a, n))
                  for t in tools for a, n in CANARY_WINDOWS]
-    for t in tools:
-        for c in cards:
-            n = SHARDS.get(c, 1) * (max(1, args.shard_factor) if c in SHARDS else 1)
-            jobs += [(c if n == 1 else "%s %d/%d" % (c, k, n), t,
-                      [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", "%d/%d" % (k, n)], ())
-                     for k in range(n) if selected(c if n == 1 else "%s %d/%d" % (c, k, n), only)]
+    jobs += [(what, t, [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", shard], ())
+             for t in tools for what, c, shard in card_runs(cards, args.shard_factor) if selected(what, only)]
     windows_ok = set()       # with --resume: windows already recorded ok are not run again
     done = ok_at_this_commit(windows_ok=windows_ok) if args.resume else {}
     resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
@@ -497,19 +539,26 @@ def main():
         if before is not None and before > left:     # it could not finish: leave the slot to another run
             return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
                 before, left)
+        refused, first = 0, ""
         try:
-            got, refused = sanitized(tool, cmd, left, opts), 0   # left <= 0: not started, by sanitized
+            got = sanitized(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
+            # A client the MPS server refused checked nothing: start it again while time is left
+            # (the time the run took before must still fit, as for its first start).
             while args.mps and mps_refused(got) and refused < MPS_CLIENT_TRIES - 1:
-                refused += 1                 # it checked nothing: the MPS server took no client
                 time.sleep(2)
-                got = sanitized(tool, cmd, min(args.timeout, deadline - time.time()), opts)
-            if refused:
-                retried.append((tool, what))
-                got = got[:3] + (got[3] + "\n[started %d times: the MPS server refused the client before]"
-                                 % (refused + 1),)
-            return (what, tool) + got
+                left = min(args.timeout, deadline - time.time())
+                if left <= 0 or (before is not None and before > left):
+                    break
+                refused += 1
+                first = first or got[3]
+                got = sanitized(tool, cmd, left, opts)
         except Exception as exc:        # recorded as a failed run: the record is written whatever happens
-            return what, tool, None, 0.0, None, "[could not run: %r]" % (exc,)
+            got = None, 0.0, None, "[could not run: %r]" % (exc,)
+        if refused:
+            retried.append((tool, what))
+            got = got[:3] + ("[started %d times: the MPS server refused the client before; the first start's "
+                             "output:]\n%s\n[the last start's output:]\n%s" % (refused + 1, first, got[3]),)
+        return (what, tool) + got
 
     results, retried = [], []
     with (mps_daemon() if args.mps else contextlib.nullcontext()), concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
@@ -522,9 +571,12 @@ def main():
     for what, tool, errors, seconds, rc, out in results:
         window = WINDOW.fullmatch(what)
         if what == "canary" or (window and window.group(1) == "canary" and int(window.group(2)) == CANARY_AT):
-            good = errors is not None and errors > 0     # the planted defect must be reported
+            # the planted defect must be reported by a canary that ran to its end (a client the MPS
+            # server refused reports the failed allocation as an error too)
+            good = errors is not None and errors > 0 and canary_ran(what, tool, out) and not mps_refused(
+                (None, None, 1, out))
         elif what == "canary clean" or (window and window.group(1) == "canary"):   # the defect left out
-            good = errors == 0 and rc == 0
+            good = errors == 0 and rc == 0 and canary_ran(what, tool, out)
         else:                         # a card: no finding, every case passed, no FAIL line
             good = errors == 0 and rc == 0 and "FAIL " not in out
         ok &= good

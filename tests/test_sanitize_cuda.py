@@ -4,9 +4,10 @@ Contract under test: its docstring. A run the record says cannot finish before t
 not started (named in the section's "Not started" sentence, not a row); a run with no recorded
 time is started, and one reached after the deadline is named there too (not a crash: the record
 is always written); a run killed at its timeout is a "not finished" row; an
-exception in a run is a FAILED row; --resume leaves out only the card runs a section at this
-commit recorded ok with that tool's canary and clean canary ok in the same section, and refuses
-to guess an unknown commit.
+exception in a run is a FAILED row; --resume leaves out only the card runs a section of the
+same code (this commit, or this library's and selfcheck's digests) recorded ok with that tool's
+canary and clean canary ok in the same section, and refuses to guess an unknown commit; --runs
+and --mps (the daemon stubbed) do what the docstring says.
 """
 import json
 import os
@@ -54,10 +55,15 @@ def _run(monkeypatch, tmp_path, record, argv, sanitized, commit="abc1234"):
     return exit_.value.code, rows, started
 
 
+def _ran(cmd):
+    """What the canary program prints last when it ran to its end (nothing for a card)."""
+    return "canary %s ran: no error\n" % cmd[1] if cmd[0] == S.CANARY else ""
+
+
 def _clean(tool, cmd, timeout):
     """A live tool: the canary reports an error, everything else is clean."""
     planted = cmd[0] == S.CANARY and cmd[-1] != "clean"
-    return (1 if planted else 0), 0.01, 0, ""
+    return (1 if planted else 0), 0.01, 0, _ran(cmd)
 
 
 def test_a_run_the_record_says_cannot_finish_is_not_started_and_the_rest_run(monkeypatch, tmp_path):
@@ -150,7 +156,7 @@ def _windowed_clean(tool, cmd, timeout, opts=()):
     if cmd[0] == S.CANARY and len(cmd) == 3:
         first, count = int(opts[opts.index("--launch-skip") + 1]), int(opts[opts.index("--launch-count") + 1])
         holds = first <= S.CANARY_AT and (count == 0 or S.CANARY_AT < first + count)
-        return (1 if holds else 0), 0.01, 0, ""
+        return (1 if holds else 0), 0.01, 0, _ran(cmd)
     return _clean(tool, cmd, timeout)
 
 
@@ -193,7 +199,7 @@ def test_windows_left_for_lack_of_time_are_counted_in_one_sentence_and_a_killed_
 def test_a_window_canary_that_does_not_see_its_defect_or_sees_it_outside_fails(monkeypatch, tmp_path):
     def unwindowed(tool, cmd, timeout, opts=()):     # the options ignored: every window sees the defect
         if cmd[0] == S.CANARY and len(cmd) == 3:
-            return 1, 0.01, 0, ""
+            return 1, 0.01, 0, _ran(cmd)
         return _clean(tool, cmd, timeout)
 
     code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "schedule",
@@ -363,49 +369,69 @@ def test_runs_keeps_only_the_card_runs_it_matches_whole_and_every_canary(monkeyp
     assert "(runs optim [13]/4)" in (tmp_path / "sanitize-cuda.md").read_text()
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss",
                                                            "--runs", "oss 1/2"], _clean)
-    assert sorted(r for t, r in rows) == ["canary", "canary clean"]       # a partial match is no match
+    assert code == 2 and rows == {} and started == []       # a partial match is no match, and none is refused
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss",
                                                            "--runs", "loss ("], _clean)
     assert code == 2 and rows == {} and started == []
 
 
 def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_path):
-    """--mps: the control daemon is started (-d), the runs wait until the clean canary has run
-    under it, it is told to quit after the last; every run sees the daemon's pipe folder; the
-    section says "under MPS"."""
-    calls, seen = [], []
+    """--mps: the control daemon is started (-d); the runs wait until the clean canary has run
+    under it and the daemon lists a server; it is told to quit after the last, and the command
+    waits for the processes the daemon started (not another user's MPS process that was there
+    before); every run sees the daemon's pipe folder; the section says "under MPS"."""
+    calls, seen, ready, slept = [], [], [], []
     real_run = S.subprocess.run
+    quit_checks = []
 
     def fake_run(cmd, *a, **kw):
+        if cmd[0] == S.CANARY:                  # the daemon takes clients from the third try on
+            ready.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
+            return S.subprocess.CompletedProcess(cmd, 0 if len(ready) >= 3 else 1, b"", b"")
         if cmd[0] != "nvidia-cuda-mps-control":
             return real_run(cmd, *a, **kw)
         calls.append((tuple(cmd), kw.get("input"), kw["env"].get("CUDA_MPS_PIPE_DIRECTORY")))
-        return S.subprocess.CompletedProcess(cmd, 0, "", "")
+        return S.subprocess.CompletedProcess(cmd, 0, "4242\n" if kw.get("input") == "get_server_list\n" else "", "")
+
+    def processes():                            # 7: somebody else's; 100, 101: ours, gone 3 checks after quit
+        if not any(c[1] == "quit\n" for c in calls):
+            return [7] if not calls else [7, 100, 101]
+        quit_checks.append(1)
+        return [7, 100, 101] if len(quit_checks) < 3 else [7]
 
     def clean_seeing(tool, cmd, timeout):
         seen.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
         return _clean(tool, cmd, timeout)
 
-    ready = []
-
-    def fake_run_ready(cmd, *a, **kw):          # the daemon takes clients from the third try on
-        if cmd[0] == S.CANARY:
-            ready.append(os.environ.get("CUDA_MPS_PIPE_DIRECTORY"))
-            return S.subprocess.CompletedProcess(cmd, 0 if len(ready) >= 3 else 1, b"", b"")
-        return fake_run(cmd, *a, **kw)
-
-    monkeypatch.setattr(S.subprocess, "run", fake_run_ready)
-    monkeypatch.setattr(S.time, "sleep", lambda s: None)
-    monkeypatch.setattr(S, "mps_processes", lambda: [])
+    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    monkeypatch.setattr(S.time, "sleep", lambda s: slept.append(s))
+    monkeypatch.setattr(S, "mps_processes", processes)
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps"],
                                clean_seeing)
     assert code == 0 and rows[("memcheck", "schedule")] == "ok"
-    assert [c[0] for c in calls] == [("nvidia-cuda-mps-control", "-d"), ("nvidia-cuda-mps-control",)]
-    assert calls[1][1] == "quit\n" and calls[0][2] == calls[1][2] and set(seen) == set(ready) == {calls[0][2]}
+    assert [(c[0], c[1]) for c in calls] == [(("nvidia-cuda-mps-control", "-d"), None),
+                                             (("nvidia-cuda-mps-control",), "get_server_list\n"),
+                                             (("nvidia-cuda-mps-control",), "quit\n")]
+    assert len({c[2] for c in calls}) == 1 and set(seen) == set(ready) == {calls[0][2]}
     assert len(ready) == 3 and len(seen) == 3              # no run before the daemon took a client
+    assert len(quit_checks) == 3 and len(slept) == 2 + 2   # two tries to start, two waits for ours to exit
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert "at a time under MPS" in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_mps_refuses_when_the_daemon_lists_no_server(monkeypatch, tmp_path):
+    """A client that cannot reach the daemon runs without MPS: a clean canary that ran is not
+    enough, the daemon must list a server, or the command ends with a message."""
+    def fake_run(cmd, *a, **kw):
+        return S.subprocess.CompletedProcess(cmd, 0, b"" if cmd[0] == S.CANARY else "", "")
+
+    monkeypatch.setattr(S.subprocess, "run", fake_run)
+    monkeypatch.setattr(S.time, "sleep", lambda s: None)
+    monkeypatch.setattr(S, "mps_processes", lambda: [])
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps"],
+                               _clean)
+    assert "lists no server" in str(code) and started == []
 
 
 def test_mps_refuses_to_run_when_no_program_runs_under_the_daemon(monkeypatch, tmp_path):
@@ -470,3 +496,56 @@ def test_under_mps_a_run_whose_client_was_refused_starts_again_and_is_named(monk
     starts.clear()
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim"], flaky)
     assert starts["1/4"] == 1 and rows[("racecheck", "optim 1/4")] == "FAILED"
+
+
+def test_a_canary_counts_only_when_it_ran_to_its_end_not_when_its_client_was_refused(monkeypatch, tmp_path):
+    """Under MPS a refused client reports its failed allocation as an error: the planted canary's
+    "error" then proves nothing. A canary row is ok only when the program printed its last line,
+    and a section whose canary was refused does not let --resume trust its card rows."""
+    def refused_canary(tool, cmd, timeout):
+        if cmd[0] == S.CANARY:
+            return 1, 0.01, 2, "cudaMalloc failed: CUDA-capable device(s) is/are busy or unavailable\n"
+        return _clean(tool, cmd, timeout)
+
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule"], refused_canary)
+    assert rows[("memcheck", "canary")] == rows[("memcheck", "canary clean")] == "FAILED" and code == 1
+    assert rows[("memcheck", "schedule")] == "ok"
+    record = (tmp_path / "sanitize-cuda.md").read_text()
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "memcheck", "--cards",
+                                                               "schedule"], _clean)
+    assert rows[("memcheck", "schedule")] == "ok"     # run again: the earlier section's canary was not live
+    assert "Resumed" not in (tmp_path / "sanitize-cuda.md").read_text()[len(record):]
+    silent = lambda tool, cmd, timeout: (1, 0.01, 0, "") if cmd[0] == S.CANARY else _clean(tool, cmd, timeout)  # noqa: E731
+    code, rows, _ = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule"], silent)
+    assert rows[("memcheck", "canary")] == "FAILED"   # an error but no "canary memcheck ran": it did not run
+
+
+def test_resume_needs_the_same_library_not_only_the_same_selfcheck(monkeypatch, tmp_path):
+    live = _live_library(monkeypatch, tmp_path, digest="0123456789abcdef")
+    record = ("## x, commit old0001, library fedcba9876543210, selfcheck %s\n\n" % S.selfcheck_digest() + HEADER +
+              live + "| racecheck | loss 0/2 | 0 | 5 | ok |\n")
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    assert rows[("racecheck", "loss 0/2")] == "ok" and code == 0      # run again: another library
+
+
+def test_a_refused_client_is_not_started_again_after_the_deadline(monkeypatch, tmp_path):
+    """Retries take the time left: with the deadline passed after the first start, the run is one
+    FAILED row (its refusal), not a "not started" one, and it is not named as started again."""
+    clock = [1000.0]
+    monkeypatch.setattr(S.time, "time", lambda: clock[0])
+    monkeypatch.setattr(S.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
+    starts = []
+
+    def refused_late(tool, cmd, timeout):
+        if cmd[0] != S.CANARY and cmd[-1] == "1/4":
+            starts.append(timeout)
+            clock[0] += 50
+            return None, 50.0, 1, "MPS server is not ready to accept new MPS client requests"
+        return _clean(tool, cmd, timeout)
+
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim", "--mps",
+                                                           "--deadline", "40", "--jobs", "1"], refused_late)
+    assert len(starts) == 1 and rows[("racecheck", "optim 1/4")] == "FAILED"
+    assert "Started again" not in (tmp_path / "sanitize-cuda.md").read_text()
