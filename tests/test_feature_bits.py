@@ -2,14 +2,17 @@
 op features of the CPU oracle of its numeric mode.
 
 A stale bit once made mt_gpu_dense.cu (now mt_gpu_linear.cu) report no dense feature, so most dense and LM-head tests
-skipped on CUDA unnoticed. This test reads mt_features() straight from each built library file
-(no device needed: the identity functions touch no GPU) and compares the op bits; the
+skipped on CUDA unnoticed. This test reads mt_features() straight from each built library file,
+in a fresh process (no device needed: the identity functions touch no GPU), and compares the op bits; the
 capability bits (buffers, threads, contraction, ...) legitimately differ between vendors.
 The bit values come from the header (its enum mt_feature, through cffi), the one place they
 are declared.
 """
+import functools
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -41,12 +44,31 @@ def op_mask(vendor=None):
     return sum(bit for name, bit in header_features().items() if name not in skip)
 
 
+# The child that reads one library's mt_features(): exit 3 with dlopen's words when it cannot load.
+_READ_FEATURES = """
+import ctypes, sys
+try:
+    lib = ctypes.CDLL(sys.argv[1])
+except OSError as e:
+    print("dlopen: %s" % e)
+    sys.exit(3)
+lib.mt_features.restype = ctypes.c_uint64
+print(lib.mt_features())
+"""
+
+
+@functools.lru_cache(maxsize=None)
 def features_of(path):
-    lib = _native.ffi.dlopen(path)
-    try:
-        return int(lib.mt_features())
-    finally:
-        _native.ffi.dlclose(lib)
+    """mt_features() of a library file, read in a fresh child process. Loading a GPU library loads
+    its vendor's runtime, which need not coexist with what this process has loaded: on the H200
+    machine a HIP library aborted inside dlopen in a pytest worker that had run CUDA tests, while a
+    fresh process loaded it. OSError when the file cannot be loaded at all."""
+    p = subprocess.run([sys.executable, "-c", _READ_FEATURES, path], capture_output=True, text=True, timeout=300)
+    if p.returncode == 3:
+        raise OSError(p.stdout.strip())
+    assert p.returncode == 0, "reading mt_features() of %s in a fresh process ended with status %d: %s" % (
+        path, p.returncode, (p.stdout + p.stderr)[-1000:])
+    return int(p.stdout.split()[-1])
 
 
 GPU_LIBS = sorted(os.path.join(BUILD, f) for f in (os.listdir(BUILD) if os.path.isdir(BUILD) else ())
