@@ -48,7 +48,7 @@ uninitialised) and synccheck's canary may hang when run unchecked.
 
     python bench/sanitize_cuda.py [--tools memcheck,racecheck] [--cards optim,loss] [--jobs N] [--shard-factor 2]
                                   [--resume] [--deadline S] [--windows K (--window-launches W | --launch-counts F)]
-                                  [--count-launches F] [--runs REGEX] [--mps]
+                                  [--count-launches F] [--runs REGEX] [--mps] [--status]
 """
 import argparse
 import concurrent.futures
@@ -275,6 +275,47 @@ def covered(done, tool, run, count=card_line_count):
     return lines <= done.get((tool, card), set())
 
 
+def index_ranges(indices):
+    """"0-12, 36, 39" for {0, ..., 12, 36, 39}."""
+    out, run = [], []
+    for i in sorted(indices):
+        if run and i == run[-1] + 1:
+            run.append(i)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
+        run = [i]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else "%d-%d" % (run[0], run[-1]))
+    return ", ".join(out)
+
+
+def print_status(tools, cards):
+    """--status: per card and tool, the card lines the record covers for this code and those left,
+    with the launch windows recorded for a line not yet covered; exit status 1 when a line is left."""
+    windows_ok = set()
+    done = ok_at_this_commit(windows_ok=windows_ok)
+    print("commit %s, library %s, selfcheck %s" % (commit(), library_digest(), selfcheck_digest()))
+    left = False
+    for card in cards:
+        n = card_line_count(card)
+        for tool in tools:
+            got = done.get((tool, card), set())
+            missing = set(range(n)) - got
+            left |= bool(missing)
+            print("%-10s %-9s %4d/%-4d lines%s" % (card, tool, len(got), n,
+                                                  "; left: " + index_ranges(missing) if missing else ""))
+            runs = {}
+            for t, label in windows_ok:
+                m = WINDOW.fullmatch(label)
+                if t == tool and run_lines(m.group(1), card_line_count)[0] == card:
+                    runs.setdefault(m.group(1), []).append(int(m.group(2)))
+            for run, firsts in sorted(runs.items()):
+                if not covered(done, tool, run):
+                    print("%22s%s: windows recorded from launches %s" % ("", run, ", ".join(map(str, sorted(firsts)))))
+    sys.exit(1 if left else 0)
+
+
 def recorded_seconds(mps=False):
     """{(tool, run): the time its latest finished run took}, over the record's sections that ran as
     this command will (under MPS or not: time-sliced processes take several times longer)."""
@@ -472,6 +513,9 @@ def main():
                     help="count each selected run's kernel launches under ncu into this JSON file, then exit")
     ap.add_argument("--runs", default="", help="only the card runs whose label this regular expression matches "
                     "whole (e.g. 'lm_head (36|39|42)/44'); the canaries always run")
+    ap.add_argument("--status", action="store_true",
+                    help="print what the record covers for this code (as --resume reads it), per card and tool, "
+                         "and exit (1 if a line is not covered); needs no GPU")
     ap.add_argument("--mps", action="store_true",
                     help="run under an NVIDIA MPS control daemon started for this command (kernels of the "
                          "processes share the SMs instead of being time-sliced)")
@@ -498,6 +542,8 @@ def main():
         if args.mps:
             ap.error("--mps does not apply to --count-launches (ncu counts the launches of one process at a time)")
         return count_launches(args, tools, cards, only)
+    if args.status:
+        return print_status(tools, cards)
     if not shutil.which("compute-sanitizer"):
         sys.exit("compute-sanitizer is not on PATH (it comes with the CUDA toolkit)")
     t_start = time.time()

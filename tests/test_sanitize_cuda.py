@@ -549,3 +549,20 @@ def test_a_refused_client_is_not_started_again_after_the_deadline(monkeypatch, t
                                                            "--deadline", "40", "--jobs", "1"], refused_late)
     assert len(starts) == 1 and rows[("racecheck", "optim 1/4")] == "FAILED"
     assert "Started again" not in (tmp_path / "sanitize-cuda.md").read_text()
+
+
+def test_status_prints_what_the_record_covers_and_exits_1_while_a_line_is_left(monkeypatch, tmp_path, capsys):
+    live = "| racecheck | canary | 5 | 1 | ok |\n| racecheck | canary clean | 0 | 1 | ok |\n"
+    n = S.card_line_count("loss")
+    record = "## x, commit abc1234\n\n" + HEADER + live + "| racecheck | loss 0/2 | 0 | 5 | ok |\n"
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--status", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    out = capsys.readouterr().out
+    odd = set(range(1, n, 2))
+    assert code == 1 and started == [] and rows == {}
+    assert "loss       racecheck %4d/%-4d lines; left: %s" % (n - len(odd), n, S.index_ranges(odd)) in out
+    record += "| racecheck | loss 1/2 | 0 | 5 | ok |\n"
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--status", "--tools", "racecheck", "--cards", "loss"],
+                               _clean)
+    assert code == 0 and "%d/%-4d lines\n" % (n, n) in capsys.readouterr().out
+    assert S.index_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8" and S.index_ranges(set()) == ""
