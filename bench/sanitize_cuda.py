@@ -376,9 +376,9 @@ def mps_control(command, timeout=30):
 def mps_daemon():
     """An NVIDIA MPS control daemon for the block (--mps): its pipe and log folders fresh, this
     process's environment pointing there (the sanitized runs inherit it). The block starts once the
-    clean canary has run and the daemon lists a server (a client that cannot reach a daemon runs
-    without MPS, silently), and ends once the processes it started have exited (at most
-    MPS_READY_TRIES seconds): the next command's daemon then finds the GPU free."""
+    daemon lists the server it was told to start (a client that cannot reach a daemon runs without
+    MPS, silently) and the clean canary has run, and ends once the processes it started have exited
+    (at most MPS_READY_TRIES seconds): the next command's daemon then finds the GPU free."""
     if not shutil.which("nvidia-cuda-mps-control"):
         sys.exit("--mps: nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)")
     before = set(mps_processes())
@@ -398,8 +398,19 @@ def mps_daemon():
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        # The daemon answers before its server takes clients ("MPS server is not ready", "device
-        # busy" while a server of an earlier daemon is still exiting): a client must first run.
+        # A daemon starts a server on a client's demand: sixteen clients arriving together while it
+        # starts (or after the one that started it has left) are refused ("MPS server is not ready",
+        # "busy or unavailable", seen on the H200). The server is started first, and must be listed
+        # (a client that cannot reach a daemon would run without MPS, silently); then one client runs.
+        mps_control("start_server -uid %d" % os.getuid())
+        for _ in range(MPS_READY_TRIES):
+            rc, servers = mps_control("get_server_list")
+            if rc == 0 and re.search(r"\d", servers):
+                break
+            time.sleep(1)
+        else:
+            sys.exit("--mps: the MPS daemon lists no server after start_server (%s): the run would not be "
+                     "under MPS" % servers.strip()[-200:])
         for _ in range(MPS_READY_TRIES):
             try:
                 if subprocess.run([CANARY, "clean"], capture_output=True, timeout=60).returncode == 0:
@@ -409,10 +420,6 @@ def mps_daemon():
             time.sleep(1)
         else:
             sys.exit("--mps: no CUDA program ran under the MPS daemon within %d tries" % MPS_READY_TRIES)
-        rc, servers = mps_control("get_server_list")
-        if rc != 0 or not re.search(r"\d", servers):
-            sys.exit("--mps: the clean canary ran, but the MPS daemon lists no server (%s): the run would not be "
-                     "under MPS" % servers.strip()[-200:])
         yield
     finally:
         mps_control("quit")

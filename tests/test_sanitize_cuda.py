@@ -376,8 +376,8 @@ def test_runs_keeps_only_the_card_runs_it_matches_whole_and_every_canary(monkeyp
 
 
 def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_path):
-    """--mps: the control daemon is started (-d); the runs wait until the clean canary has run
-    under it and the daemon lists a server; it is told to quit after the last, and the command
+    """--mps: the control daemon is started (-d) and told to start a server; the runs wait until it
+    lists the server and the clean canary has run under it; it is told to quit after the last, and the command
     waits for the processes the daemon started (not another user's MPS process that was there
     before); every run sees the daemon's pipe folder; the section says "under MPS"."""
     calls, seen, ready, slept = [], [], [], []
@@ -411,6 +411,7 @@ def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_
                                clean_seeing)
     assert code == 0 and rows[("memcheck", "schedule")] == "ok"
     assert [(c[0], c[1]) for c in calls] == [(("nvidia-cuda-mps-control", "-d"), None),
+                                             (("nvidia-cuda-mps-control",), "start_server -uid %d\n" % os.getuid()),
                                              (("nvidia-cuda-mps-control",), "get_server_list\n"),
                                              (("nvidia-cuda-mps-control",), "quit\n")]
     assert len({c[2] for c in calls}) == 1 and set(seen) == set(ready) == {calls[0][2]}
@@ -421,8 +422,8 @@ def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_
 
 
 def test_mps_refuses_when_the_daemon_lists_no_server(monkeypatch, tmp_path):
-    """A client that cannot reach the daemon runs without MPS: a clean canary that ran is not
-    enough, the daemon must list a server, or the command ends with a message."""
+    """A client that cannot reach the daemon runs without MPS: the daemon must list the server it
+    was told to start, or the command ends with a message before any run."""
     def fake_run(cmd, *a, **kw):
         return S.subprocess.CompletedProcess(cmd, 0, b"" if cmd[0] == S.CANARY else "", "")
 
@@ -444,7 +445,7 @@ def test_mps_refuses_to_run_when_no_program_runs_under_the_daemon(monkeypatch, t
             return S.subprocess.CompletedProcess(cmd, 1, b"", b"")
         if kw.get("input") == "quit\n":
             quits.append(cmd)
-        return S.subprocess.CompletedProcess(cmd, 0, "", "")
+        return S.subprocess.CompletedProcess(cmd, 0, "4242\n" if kw.get("input") == "get_server_list\n" else "", "")
 
     monkeypatch.setattr(S.subprocess, "run", fake_run)
     monkeypatch.setattr(S.time, "sleep", lambda s: None)
