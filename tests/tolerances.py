@@ -156,11 +156,26 @@ def units(kind, options, g_unit):
 # own included (torch float32 gave -0.0 for a loss of -1.8e-76), so the bound is at least that.
 FLOAT32_GRID_AT_ZERO = 2.0 ** -149
 
+# A cross-entropy quantity in the subnormal range (tiny probabilities or class weights scale it:
+# a loss of 3.7e-43 from three products of probabilities near 1e-39 and weights near 1e-3,
+# 2026-12-03's thirteenth-session long fuzz run) is made of terms that each round onto that grid,
+# so its error is a few spacings whatever the order: ours 1.42 spacings from float64 there, torch
+# float32 0.42. The floor is one spacing per rounded term: CE_TERMS_PER_CLASS per class of a
+# row's loss (its product and its addition), CE_TERMS_PER_GRADIENT for a gradient element.
+CE_TERMS_PER_CLASS = 2
+CE_TERMS_PER_GRADIENT = 4
 
-def bound_used(ours, ref64, unit, bound_of=None):
+
+def ce_floors(classes):
+    """{quantity: the bound's floor} of cross-entropy over ``classes`` classes (see above)."""
+    return {"loss": max(1, CE_TERMS_PER_CLASS * int(classes)) * FLOAT32_GRID_AT_ZERO,
+            "dlogits": CE_TERMS_PER_GRADIENT * FLOAT32_GRID_AT_ZERO}
+
+
+def bound_used(ours, ref64, unit, bound_of=None, floor=FLOAT32_GRID_AT_ZERO):
     """(worst |ours - ref| / bound, its index); a value above 1 is outside the bound (ATOL * unit +
     RTOL * |ref|, or ``bound_of(unit)`` for a family with its own bound, e.g. gelu_bound; never
-    below FLOAT32_GRID_AT_ZERO)."""
+    below ``floor``, at least FLOAT32_GRID_AT_ZERO)."""
     ours = np.asarray(ours, dtype=np.float64).ravel()
     ref64 = np.asarray(ref64, dtype=np.float64).ravel()
     if ours.shape != ref64.shape:
@@ -172,7 +187,7 @@ def bound_used(ours, ref64, unit, bound_of=None):
     # class weights that sum below zero) is negative, and a negative bound passed every error
     # (err / bound < 0) until the floor below made it fail (2026-12-03)
     bound = ATOL * np.abs(unit) + RTOL * np.abs(ref64) if bound_of is None else np.ravel(bound_of(unit))
-    bound = np.maximum(bound, FLOAT32_GRID_AT_ZERO)
+    bound = np.maximum(bound, max(floor, FLOAT32_GRID_AT_ZERO))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(err == 0, 0.0, err / bound)
     ratio = np.where(np.isnan(ours), np.inf, ratio)
