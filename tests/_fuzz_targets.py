@@ -564,6 +564,15 @@ def _targets_with_default_ignore(t, ignore):
     return np.where(t == ignore, -100, t) if ignore is not None else t
 
 
+def weight_unread_without_rows(ex, logits):
+    """With no rows in the argument ``logits`` no output reads the class weight, so a NaN or inf
+    in it is a soft fault: it may be taken (loss.md), as torch takes it."""
+    spec = ex.get(logits)
+    if spec is not None and spec[0] == "buf" and 0 in spec[2]:
+        ex.faults = [(f[0], f[1], "soft", f[3]) if f[0] == ("weight",) and f[1].startswith("holds ") else f
+                     for f in ex.faults]
+
+
 class CrossEntropy(LossTarget):
     """cross_entropy over (N, C) logits and class indices, with and without a per-class weight;
     the subclasses below take the other layouts torch takes."""
@@ -587,10 +596,7 @@ class CrossEntropy(LossTarget):
         shape (rows, positions, an unbatched (C,) input's one target): a refusal may name either.
         Without rows a NaN/inf weight enters no output: accepting it is allowed (loss.md)."""
         done = super().one_fault(draw, ctx, dims, ex)
-        logits = ex.get("logits")
-        if logits is not None and logits[0] == "buf" and 0 in logits[2]:     # no rows: no output reads the weight
-            ex.faults = [(f[0], f[1], "soft", f[3]) if f[0] == ("weight",) and f[1].startswith("holds ") else f
-                         for f in ex.faults]
+        weight_unread_without_rows(ex, "logits")
         reshaped = any("logits" in f[0] and f[1].startswith("shape ") for f in ex.faults)
         if reshaped and ex.has(self.targets) and not ex.faulted(self.targets):
             ex.fault((self.targets,), "targets drawn for the logits' shape before the fault")
