@@ -564,13 +564,18 @@ def _targets_with_default_ignore(t, ignore):
     return np.where(t == ignore, -100, t) if ignore is not None else t
 
 
+def unread_values_soft(ex, name):
+    """A NaN or inf in the argument ``name`` that no output reads is a soft fault: it may be taken."""
+    ex.faults = [(f[0], f[1], "soft", f[3]) if f[0] == (name,) and f[1].startswith("holds ") else f
+                 for f in ex.faults]
+
+
 def weight_unread_without_rows(ex, logits):
     """With no rows in the argument ``logits`` no output reads the class weight, so a NaN or inf
-    in it is a soft fault: it may be taken (loss.md), as torch takes it."""
+    in it may be taken (loss.md), as torch takes it."""
     spec = ex.get(logits)
     if spec is not None and spec[0] == "buf" and 0 in spec[2]:
-        ex.faults = [(f[0], f[1], "soft", f[3]) if f[0] == ("weight",) and f[1].startswith("holds ") else f
-                     for f in ex.faults]
+        unread_values_soft(ex, "weight")
 
 
 class CrossEntropy(LossTarget):
