@@ -53,6 +53,7 @@ uninitialised) and synccheck's canary may hang when run unchecked.
 import argparse
 import concurrent.futures
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -142,7 +143,6 @@ def selfcheck_digest():
     """The first 16 hex digits of a sha256 over what runs the cards besides the library: every card
     file (fixtures/, and the package's own fixtures/ that an installed package reads first) and the
     mojo_train package's Python sources (names and bytes, in name order)."""
-    import hashlib
     h = hashlib.sha256()
     files = [os.path.join("fixtures", f) for f in os.listdir(os.path.join(ROOT, "fixtures")) if f.endswith(".card")]
     for folder, _, names in os.walk(os.path.join(ROOT, "mojo_train")):

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 import tolerances as tol
-from _helpers import CHUNK, EINVAL, ENONFINITE, LANES, _lane_tree, _tree_fold, f32, fma32, thread_counts
+from _helpers import CHUNK, EINVAL, ENONFINITE, LANES, _lane_tree, _tree_fold, f32, fma32, from_bits, thread_counts
 from mojo_train._native import ffi
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -1081,7 +1081,8 @@ def bound_used_of(got, ref, x, t, options, ref32=None):
 
 
 def _f32(*words):
-    return np.array(words, dtype=np.uint32).view(np.float32)
+    """The float32 array of these bit patterns."""
+    return np.array([from_bits(w) for w in words], dtype=np.float32)
 
 
 def test_an_overflowed_gradient_is_excused_only_as_an_infinity_of_the_exact_values_sign():
