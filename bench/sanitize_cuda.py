@@ -26,8 +26,9 @@ time-sliced, so more jobs add no throughput there. ``--mps`` starts an NVIDIA MP
 for the command (its own pipe and log folders) and stops it at the end: the processes' kernels
 then share the SMs. The section says so; the canaries run under it like every card. A run whose
 client the MPS server refused ("not ready", "busy or unavailable": seen when many start at once)
-checked nothing and is started again while time is left, up to MPS_CLIENT_TRIES starts in all;
-the section names those runs. A canary row counts only when the canary program ran to its end
+checked nothing and is started again while time is left, up to MPS_CLIENT_TRIES starts in all,
+each later than the one before (MPS_RETRY_WAIT, doubled); its row is the last start's outcome,
+and the section names those runs. Under MPS two starts are at least MPS_START_GAP apart. A canary row counts only when the canary program ran to its end
 (its last line printed): a refused client "reports" its failed allocation as an error too.
 
 A card line too slow for one call (racecheck over lm_head's one-row chunks over a 60,000-wide
@@ -37,7 +38,8 @@ K times, run k checking only launches [kW, (k+1)W) (compute-sanitizer's --launch
 so the K runs check every launch of the run between them, whatever its launch count. With
 ``--launch-counts FILE`` (JSON: run label -> its kernel launches, written by ``--count-launches
 FILE``, which runs each selected run once under ncu and counts its kernels) each run's W is
-its own count over K, rounded up; keep one file for every call of a matrix, since the window
+its own count over K, rounded up, and a run the file does not count runs whole (one selected run at
+least must be counted); keep one file for every call of a matrix, since the window
 labels (and so --resume's) follow from it. A run is covered when windows recorded ok in sections of
 the same code (as --resume reads them) join from launch 0 to the open end. Each tool's windowing is first shown to work: a
 canary with its defect in launch 3 must be reported by the window [3, 4), and by no window that
@@ -64,6 +66,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -437,8 +440,15 @@ def mps_daemon():
 
 # What a process prints when the MPS server takes no client (yet): the card's loader, the CUDA
 # runtime's words (also in the canary's message), compute-sanitizer's report of the API error.
-MPS_REFUSAL = re.compile(r"MPS server is not ready|busy or unavailable")
+# compute-sanitizer's "Device not supported" and the canary's failed first cudaMalloc ("unspecified
+# launch failure") are the same refusal seen through the tool: fourteenth session, the first sixteen
+# starts of a call, before any launch.
+MPS_REFUSAL = re.compile(r"MPS server is not ready|busy or unavailable|Error: Device not supported|^cudaMalloc failed: ",
+                         re.M)
 MPS_CLIENT_TRIES = 5
+MPS_RETRY_WAIT = 3       # seconds before the second start of a refused run, doubled before each later one
+MPS_START_GAP = 0.5      # seconds between two starts of sanitized processes under MPS
+
 
 
 def mps_refused(result):
@@ -515,7 +525,8 @@ def main():
                     help="split each card run into this many launch windows (the last open-ended)")
     ap.add_argument("--window-launches", type=int, default=0, help="kernel launches a window checks")
     ap.add_argument("--launch-counts", default="",
-                    help="JSON file of each run's kernel launches: a window checks its run's count over --windows")
+                    help="JSON file of each run's kernel launches: a window checks its run's count over --windows; "
+                         "runs the file does not count run whole")
     ap.add_argument("--count-launches", default="",
                     help="count each selected run's kernel launches under ncu into this JSON file, then exit")
     ap.add_argument("--runs", default="", help="only the card runs whose label this regular expression matches "
@@ -569,14 +580,15 @@ def main():
     jobs = [j for j in jobs if j[0].startswith("canary") or not covered(done, j[1], j[0])]
     if args.windows > 1:      # each card run left becomes its windows
         counts = launch_counts(args.launch_counts) if args.launch_counts else {}
-        missing = sorted({j[0] for j in jobs if not j[0].startswith("canary") and j[0] not in counts})
-        if args.launch_counts and missing:
-            sys.exit("%s has no launch count for %s (count them with --count-launches)"
-                     % (args.launch_counts, ", ".join(missing)))
+        # with --launch-counts, only the runs the file counts are cut (the others run whole); one of
+        # the selected runs at least must be counted there (a file for other cards is a mistake)
+        cut = lambda what: not what.startswith("canary") and (not args.launch_counts or what in counts)  # noqa: E731
+        if args.launch_counts and not any(cut(j[0]) for j in jobs) and any(not j[0].startswith("canary") for j in jobs):
+            sys.exit("%s counts none of the selected runs (count them with --count-launches)" % args.launch_counts)
         size = lambda what: -(-counts[what] // args.windows) if args.launch_counts else args.window_launches  # noqa: E731
-        jobs = [j for j in jobs if j[0].startswith("canary")] + [
+        jobs = [j for j in jobs if not cut(j[0])] + [
             (window_label(what, a, n), tool, cmd, window_options(a, n))
-            for what, tool, cmd, _ in jobs if not what.startswith("canary")
+            for what, tool, cmd, _ in jobs if cut(what)
             for a, n in windows(args.windows, max(1, size(what)))
             if (tool, window_label(what, a, n)) not in windows_ok]
     # The canaries first (is each tool live?), then the longest runs by the record (runs it has no
@@ -590,38 +602,54 @@ def main():
         left = min(args.timeout, deadline - time.time())
         before = took.get((tool, what))
         if before is not None and before > left:     # it could not finish: leave the slot to another run
-            return what, tool, None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (
-                before, left)
+            why = "[not started: it took %.0f s before, %.0f s are left]" % (before, left)
+            return what, tool, None, 0.0, None, why, why
         refused, first = 0, ""
         try:
-            got = sanitized(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
+            got = sanitized_gated(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
             # A client the MPS server refused checked nothing: start it again while time is left
-            # (the time the run took before must still fit, as for its first start).
+            # (the time the run took before must still fit, as for its first start), later each time.
             while args.mps and mps_refused(got) and refused < MPS_CLIENT_TRIES - 1:
-                time.sleep(2)
+                time.sleep(MPS_RETRY_WAIT * 2 ** refused)
                 left = min(args.timeout, deadline - time.time())
                 if left <= 0 or (before is not None and before > left):
                     break
                 refused += 1
                 first = first or got[3]
-                got = sanitized(tool, cmd, left, opts)
+                got = sanitized_gated(tool, cmd, left, opts)
         except Exception as exc:        # recorded as a failed run: the record is written whatever happens
             got = None, 0.0, None, "[could not run: %r]" % (exc,)
+        # the outcome is the last start's; the log keeps the first refused start's output too
+        log = got[3]
         if refused:
             retried.append((tool, what))
-            got = got[:3] + ("[started %d times: the MPS server refused the client before; the first start's "
-                             "output:]\n%s\n[the last start's output:]\n%s" % (refused + 1, first, got[3]),)
-        return (what, tool) + got
+            log = ("[started %d times: the MPS server refused the client before; the first start's output:]\n%s\n"
+                   "[the last start's output:]\n%s" % (refused + 1, first, got[3]))
+        return (what, tool) + got + (log,)
+
+    gate, last_start = threading.Lock(), [0.0]
+
+    def sanitized_gated(tool, cmd, left, opts):
+        """sanitized(), started at least MPS_START_GAP after the previous start under --mps (sixteen
+        clients arriving in one second were refused)."""
+        if args.mps:
+            with gate:
+                wait = last_start[0] + MPS_START_GAP - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+                last_start[0] = time.time()
+            left = min(left, deadline - time.time())
+        return sanitized(tool, cmd, left, opts)
 
     results, retried = [], []
     with (mps_daemon() if args.mps else contextlib.nullcontext()), concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(start, j) for j in jobs]
         for f in concurrent.futures.as_completed(futures):   # each line as it ends
-            what, tool, errors, seconds, rc, out = f.result()
+            what, tool, errors, seconds, rc, out, _ = f.result()
             results.append(f.result())
             print("%-9s %-16s errors=%-5s %5.0f s rc=%s" % (tool, what, errors, seconds, rc), flush=True)
     rows, ok = [], True
-    for what, tool, errors, seconds, rc, out in results:
+    for what, tool, errors, seconds, rc, out, log in results:
         window = WINDOW.fullmatch(what)
         if what == "canary" or (window and window.group(1) == "canary" and int(window.group(2)) == CANARY_AT):
             # the planted defect must be reported by a canary that ran to its end (a client the MPS
@@ -633,9 +661,9 @@ def main():
         else:                         # a card: no finding, every case passed, no FAIL line
             good = errors == 0 and rc == 0 and "FAIL " not in out
         ok &= good
-        rows.append((tool, what, errors, seconds, good, out))
+        rows.append((tool, what, errors, seconds, good, log))
         if not good:
-            print("FAILED %s %s:\n%s\n" % (tool, what, "\n".join(out.strip().splitlines()[-30:])), flush=True)
+            print("FAILED %s %s:\n%s\n" % (tool, what, "\n".join(log.strip().splitlines()[-30:])), flush=True)
     waiting = [r for r in rows if r[5].startswith("[not started")]
     table = ["| tool | run | errors reported | seconds | outcome |", "| --- | --- | --- | --- | --- |"]
     table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else

@@ -268,10 +268,15 @@ def test_launch_counts_give_each_run_its_own_window_size(monkeypatch, tmp_path):
     assert sorted(r for t, r in rows if r.startswith("loss")) == [
         "loss 0/2 launches 0-3", "loss 0/2 launches 4-7", "loss 0/2 launches 8-",
         "loss 1/2 launches 0-0", "loss 1/2 launches 1-1", "loss 1/2 launches 2-"]
-    counts.write_text('{"loss 0/2": 10}')
+    counts.write_text('{"loss 0/2": 10}')     # a run the file does not count runs whole
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss", "--windows", "3",
                                                            "--launch-counts", str(counts)], _windowed_clean)
-    assert "has no launch count for loss 1/2" in str(code) and started == []
+    assert code == 0 and sorted(r for t, r in rows if r.startswith("loss")) == [
+        "loss 0/2 launches 0-3", "loss 0/2 launches 4-7", "loss 0/2 launches 8-", "loss 1/2"]
+    counts.write_text('{"lm_head 36/44": 10}')  # counts none of the selected runs: a file for another card
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss", "--windows", "3",
+                                                           "--launch-counts", str(counts)], _windowed_clean)
+    assert "counts none of the selected runs" in str(code) and started == []
 
 
 NCU_CSV = """==PROF== Connected to process 1234
@@ -416,7 +421,9 @@ def test_mps_runs_every_job_under_a_daemon_it_starts_and_stops(monkeypatch, tmp_
                                              (("nvidia-cuda-mps-control",), "quit\n")]
     assert len({c[2] for c in calls}) == 1 and set(seen) == set(ready) == {calls[0][2]}
     assert len(ready) == 3 and len(seen) == 3              # no run before the daemon took a client
-    assert len(quit_checks) == 3 and len(slept) == 2 + 2   # two tries to start, two waits for ours to exit
+    gaps = [s for s in slept if s < 1]                    # the spacing of starts (3 runs: 2 gaps at most)
+    assert len(quit_checks) == 3 and len(slept) - len(gaps) == 2 + 2   # two tries to start, two waits for ours to exit
+    assert len(gaps) <= 2 and all(0 < s <= S.MPS_START_GAP for s in gaps)
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert "at a time under MPS" in (tmp_path / "sanitize-cuda.md").read_text()
 
@@ -567,3 +574,43 @@ def test_status_prints_what_the_record_covers_and_exits_1_while_a_line_is_left(m
                                _clean)
     assert code == 0 and "%d/%-4d lines\n" % (n, n) in capsys.readouterr().out
     assert S.index_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8" and S.index_ranges(set()) == ""
+
+
+def test_under_mps_a_retried_run_is_judged_by_its_last_start_and_starts_are_spaced(monkeypatch, tmp_path):
+    """Fourteenth session: a run refused on its first start (its card FAILed for lack of a device)
+    that passed on its second was recorded FAILED, since the FAIL line of the first start's output
+    was judged; and the canaries' refusal came through compute-sanitizer as "Device not supported"
+    and "cudaMalloc failed: unspecified launch failure", which were not taken for a refusal. Now
+    both are started again, each row is its last start's outcome, the log keeps both starts, the
+    second start waits MPS_RETRY_WAIT, and no two starts are closer than MPS_START_GAP."""
+    starts, slept, clock = {}, [], [1000.0]
+    refusals = {
+        "card": "FAIL optim on cuda: ... device allocation failed: CUDA-capable device(s) is/are busy or unavailable\n",
+        "sanitizer": "========= Error: Device not supported. Please refer to ...\ncudaMalloc failed: unspecified "
+                     "launch failure\n",
+        "canary": "cudaMalloc failed: unspecified launch failure\n"}
+
+    def flaky(tool, cmd, timeout):
+        key = (cmd[0] == S.CANARY, cmd[-1])
+        starts[key] = starts.get(key, 0) + 1
+        if starts[key] == 1 and key in ((False, "1/4"), (True, "clean"), (True, "racecheck")):
+            why = "card" if not key[0] else ("sanitizer" if key[1] == "clean" else "canary")
+            return 1, 0.1, 2, refusals[why]
+        return _clean(tool, cmd, timeout)
+
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(S.time, "sleep", sleep)
+    monkeypatch.setattr(S.time, "time", lambda: clock[0])
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim", "--mps",
+                                                           "--jobs", "1"], flaky)
+    assert code == 0 and set(rows.values()) == {"ok"}
+    assert starts[(False, "1/4")] == starts[(True, "clean")] == starts[(True, "racecheck")] == 2
+    assert S.MPS_RETRY_WAIT in slept and S.MPS_START_GAP in slept
+    text = (tmp_path / "sanitize-cuda.md").read_text()
+    assert "racecheck optim 1/4" in text and "racecheck canary clean" in text
+    for what in refusals.values():
+        assert S.mps_refused((None, None, 1, what))
+    assert not S.mps_refused((None, None, 1, "lm_head 3/44 FAIL: mismatching bits\n"))
