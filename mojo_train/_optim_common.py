@@ -1,5 +1,5 @@
 """What optim.py and clip.py share: torch's switches, real-number arguments, tensor lists as
-pointer tables, and the refusal of tensors that share memory.
+pointer tables, and the refusal of tensors that share memory or are one object at two positions.
 
 A module of its own so that clip.py (clip_grad_norm_) and optim.py (the optimizers, which
 re-export clip_grad_norm_) both import it and neither imports the other's internals.
@@ -113,6 +113,23 @@ def _refuse_overlap(groups, name_of, where, fix):
         if y[0] < x[1]:
             first, second = sorted((x[2], y[2]))
             raise ValueError(where_msg(where, "%s and %s share memory; %s" % (name_of(first), name_of(second), fix)))
+
+
+def _refuse_same(groups, name_of, where, fix):
+    """Refuse one object at two positions of ``groups`` -- one list of objects per argument --
+    naming both (``name_of((group, index))``, the lower first) and saying ``fix``. Identity,
+    not memory: an empty tensor has no byte to share (``_refuse_overlap`` takes it), yet the
+    same object twice is one tensor at two positions, as torch's parameter sets see it.
+    Distinct objects are distinct tensors, whatever memory they view."""
+    if len(set(map(id, chain.from_iterable(groups)))) == sum(map(len, groups)):
+        return
+    seen = {}
+    for g, objects in enumerate(groups):
+        for j, obj in enumerate(objects):
+            first = seen.setdefault(id(obj), (g, j))
+            if first != (g, j):
+                raise ValueError(where_msg(where, "%s and %s are the same tensor; %s"
+                                           % (name_of(first), name_of((g, j)), fix)))
 
 
 def _probe_ranges(probes):

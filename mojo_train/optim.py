@@ -35,7 +35,12 @@ changes anything (see its docstring). Tensors may be empty (0 elements), as in t
 Memory: parameters must not share memory with each other, nor gradients with each other, a
 parameter or the optimizer's state (a step reads every gradient while it writes the params, the
 state and, clipping, the gradients: a shared element would depend on the order of those writes).
-Both are refused naming the two positions, e.g. ``grads[0] and grads[3] share memory``.
+Both are refused naming the two positions, e.g. ``grads[0] and grads[3] share memory``. One
+object is one tensor: the same object in two places -- twice in a list, in two groups (torch
+refuses that too), or a gradient that is its parameter -- is refused even when it is empty and
+so shares no byte (``params[0]['params'][1] and params[1]['params'][0] are the same tensor``).
+"The same" is identity: distinct objects are distinct tensors, whatever they view, so two
+distinct empty tensors (even two memoryviews of one empty buffer) are two parameters, as in torch.
 
 torch's switches are taken at the values that ask for nothing this library lacks: ``amsgrad``
 both ways (AMSGrad: the denominator from the running maximum ``max_exp_avg_sq``, torch's
@@ -54,7 +59,7 @@ from ._errors import refuse_keywords, where_msg
 from . import _buffer
 from ._array import Array, float32_at
 from ._native import ffi, load, numeric_mode_arg
-from ._optim_common import (_Registry, _indexed, _probe_ranges, _real, _refuse_overlap,
+from ._optim_common import (_Registry, _indexed, _probe_ranges, _real, _refuse_overlap, _refuse_same,
                             _single, _switches, _table_ranges)
 from . import _optim_groups as _groups
 from .clip import clip_grad_norm_   # noqa: F401  (mojo_train.optim.clip_grad_norm_ keeps working)
@@ -170,9 +175,11 @@ class _Optimizer:
 
     def _registry_for(self, probes, names, where):
         """(registry, byte ranges) over every tensor (``probes``, named ``names``), refusing
-        tensors that share memory."""
+        tensors that share memory or are one object twice (module docstring)."""
         ranges = _probe_ranges(probes)
-        _refuse_overlap([ranges], lambda order: names[order[1]], where, "pass each parameter once")
+        name_of = lambda order: names[order[1]]
+        _refuse_overlap([ranges], name_of, where, "pass each parameter once")
+        _refuse_same([[pb.obj for pb in probes]], name_of, where, "pass each parameter once")
         return _Registry(None, "params", where, inplace=True, backend=self._backend, probes=probes), ranges
 
     def _adopt(self, groups, registry, ranges, names):
@@ -215,19 +222,21 @@ class _Optimizer:
         self._last_grads.put((), None)      # the table below is about to change
         keep = _buffer.float32_table(grads, self._shapes, self._gtable, inplace=inplace, device_ok=self._device_ok)
         if keep is not None:
-            table = self._gtable
+            table, objects = self._gtable, grads
         else:
             keep = _Registry(grads, "grads", where, inplace=inplace, backend=self._backend, like=self._params,
                              allow_empty=True)
-            table = keep.table
-        self._refuse_shared(_table_ranges(table, self._grad_nbytes), _indexed("grads", _single(grads)), where)
+            table, objects = keep.table, [pb.obj for pb in keep.probes]
+        self._refuse_shared(_table_ranges(table, self._grad_nbytes), objects, _indexed("grads", _single(grads)),
+                            where)
         if table is self._gtable:
             self._last_grads.put(grads, True)
         return table, keep
 
-    def _refuse_shared(self, grad_ranges, grad_name, where):
-        """Refuse gradients (``grad_ranges``, named by ``grad_name``) that share memory with
-        each other, a parameter or the state (module docstring)."""
+    def _refuse_shared(self, grad_ranges, grad_objects, grad_name, where):
+        """Refuse gradients (``grad_ranges``, the objects ``grad_objects``, named by
+        ``grad_name``) that share memory with each other, a parameter or the state, or that are
+        one object twice or a parameter itself (module docstring)."""
         state = [(name, v) for name, v in ((n, self._state.get(n)) for n in self._STATE) if v is not None]
         starts = [_ptr_int(v) for _, v in state]
         state_ranges = starts, [a + v.nbytes for a, (_, v) in zip(starts, state)]
@@ -236,8 +245,9 @@ class _Optimizer:
             if order[0] == 0:
                 return grad_name(order)
             return self._param_name(order) if order[0] == 1 else "the optimizer's %s" % state[order[1]][0]
-        _refuse_overlap([grad_ranges, self._param_ranges, state_ranges], name_of, where,
-                        "pass each gradient once, in memory of its own")
+        fix = "pass each gradient once, in memory of its own"
+        _refuse_overlap([grad_ranges, self._param_ranges, state_ranges], name_of, where, fix)
+        _refuse_same([grad_objects, self.params], name_of, where, fix)
 
     def _native_groups(self, where):
         """Check the groups that changed since the last step, write the native table; allocate
@@ -302,7 +312,8 @@ class _Optimizer:
                     raise ValueError(where_msg(where, "%s has shape %r, %s has %r"
                                                % (_indexed(name, _single(entry))((0, j)), tuple(pb.shape),
                                                   self._names[j], tuple(shape))))
-            self._refuse_shared(_probe_ranges(probes), _indexed(name, _single(entry)), where)
+            self._refuse_shared(_probe_ranges(probes), [pb.obj for pb in probes], _indexed(name, _single(entry)),
+                                where)
         try:
             combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
         except (ValueError, TypeError) as exc:    # said of this call: the combining is part of it
@@ -326,8 +337,8 @@ class _Optimizer:
         ``'params'`` and any of this optimizer's hyper-parameters (the others from ``defaults``).
         Its tensors come after every tensor so far in ``params`` (and in the gradient list of
         ``step``); their state starts at zero and, for Adam, their step count at 0, while the
-        other groups go on. A tensor already in a group (or sharing its memory) is refused
-        naming both; a refusal changes nothing."""
+        other groups go on. A tensor already in a group (the same object, empty or not, or one
+        sharing its memory) is refused naming both; a refusal changes nothing."""
         where = self._WHERE + ".add_param_group"
         if not isinstance(param_group, dict):
             raise TypeError(where_msg(where, "param_group must be a dict with its tensors under 'params', got %s"
@@ -764,10 +775,10 @@ class Adam(_Optimizer):
 
         With ``max_norm``, the gradients are first clipped in place to total L2 norm
         ``max_norm`` (over every group) and the pre-clip total is returned; otherwise returns
-        None. A gradient listed twice, or sharing memory with a parameter or the state, is
-        refused naming both. A gradient holding NaN or inf is refused before anything is
-        written; a parameter holding NaN or inf is not read before the update and is stepped as
-        torch steps it (NaN stays NaN: native/contracts/optim.md step 3).
+        None. A gradient listed twice (even an empty one: module docstring), or sharing memory
+        with a parameter or the state, is refused naming both. A gradient holding NaN or inf is
+        refused before anything is written; a parameter holding NaN or inf is not read before the
+        update and is stepped as torch steps it (NaN stays NaN: native/contracts/optim.md step 3).
         """
         where = self._WHERE + ".step"
         clip, mn = _native_max_norm(max_norm, where)

@@ -38,7 +38,8 @@ class TensorList(Scalar):
     """A list of float32 tensors of the shapes ``dims[key]``: gradients, parameters. ``writes``
     is called with the example to say whether the call writes them (a read-only one is then
     refused). Faults: a wrong count, one tensor bad (dtype, layout, values, type, shape), one
-    passed twice (a non-empty one: an empty tensor shares no memory), one sharing memory with
+    passed twice (a non-empty one: an empty tensor shares no memory, and the rule for it differs
+    between clip_grad_norm_ and the optimizers), one sharing memory with
     another argument (``alias_of``). ``finite``: True, a
     NaN or infinity is refused; False, it may be; a callable of the example: True refuses, False
     takes it (the oracle runs)."""
@@ -66,8 +67,9 @@ class TensorList(Scalar):
             items = items[:-1] if len(items) > 1 and draw(st.booleans()) else items + [items[0]]
             ex.fault(self.name, "%d tensors" % len(items))
         elif how == "twice" and len(items) > 1 and items[i][0] == "buf" and 0 not in items[i][2]:
-            # one tensor twice shares memory (refused: two writers); an empty one shares none, and
-            # writes nothing, so it is taken, as torch takes a tensor passed twice
+            # one tensor twice shares memory (refused: two writers); an empty one shares none and
+            # is not drawn: clip_grad_norm_ takes it, as torch does, and the optimizers refuse it
+            # as one object in two places (optim.py's docstring)
             j = (i + 1) % len(items)
             ex.pool["twice"] = items[i]
             items[i] = items[j] = ("alias", "twice", None)

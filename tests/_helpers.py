@@ -117,9 +117,12 @@ def sha(*buffers):
 
 
 def raw(x):
-    """The bytes of any buffer (or None)."""
+    """The bytes of any buffer, torch tensors included (or None)."""
     if x is None:
         return None
+    if type(x).__module__.startswith("torch"):
+        import torch
+        return bytes(x.detach().cpu().contiguous().reshape(-1).view(torch.uint8).tolist())
     if hasattr(x, "tobytes") and not isinstance(x, memoryview):
         return x.tobytes()
     return memoryview(x).tobytes()

@@ -780,6 +780,52 @@ def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_par
     assert opt.t == 1
 
 
+def _new_empty(container):
+    return (lambda: Array((0,), "float32")) if container == "Array" else (lambda: array.array("f"))
+
+
+@pytest.mark.parametrize("container", ["Array", "array.array"])
+@pytest.mark.parametrize("max_norm", [None, 1.0])
+@pytest.mark.parametrize("kind", ["sgd_momentum", "adam", "adamw"])
+def test_an_empty_gradient_listed_twice_or_given_as_its_parameter_is_refused(mode, kind, max_norm, container):
+    # The parameters' rule: one object in two places is refused, though an empty tensor shares no
+    # memory (clip_grad_norm_, torch's function, takes it as torch does: test_clip.py).
+    new = _new_empty(container)
+    params = [array.array("f", [0.5, -0.5]), new(), new()]
+    opt = make_optimizer(kind, params, mode.numeric_mode)
+    g = Array.from_list([1.0, 2.0]) if container == "Array" else array.array("f", [1.0, 2.0])
+    opt.step([g, new(), new()], max_norm=max_norm)          # distinct empty gradients: taken
+    e = new()
+    before = snapshot(opt, g)
+    for _ in range(2):                                      # a refused list is not remembered as checked
+        with pytest.raises(ValueError, match=r"^mojo_train\.%s\.step: grads\[1\] and grads\[2\] are the same tensor; "
+                                             r"pass each gradient once, in memory of its own$" % KINDS[kind][0]):
+            opt.step([g, e, e], max_norm=max_norm)
+    with pytest.raises(ValueError, match=r"grads\[2\] and params\[2\] are the same tensor"):
+        opt.step([g, new(), params[2]], max_norm=max_norm)
+    with pytest.raises(ValueError, match=r"^mojo_train\.\w+\.zero_grad: grads\[1\] and grads\[2\] are the same tensor"):
+        opt.zero_grad([g, e, e])
+    assert snapshot(opt, g) == before
+    opt.step([g, e, new()], max_norm=max_norm)
+    assert opt.t == 2
+
+
+def test_step_accumulated_refuses_an_empty_microbatch_gradient_listed_twice(mode):
+    new = _new_empty("array.array")
+    params = [array.array("f", [0.5, -0.5]), new(), new()]
+    opt = make_optimizer("adamw", params, mode.numeric_mode, accumulation_steps=2)
+    a, b, e = [array.array("f", [1.0, 2.0]), new(), new()], array.array("f", [3.0, 4.0]), new()
+    before = snapshot(opt, *a, b)
+    with pytest.raises(ValueError, match=r"^mojo_train\.AdamW\.step_accumulated: microbatch_grads\[1\]\[1\] and "
+                                         r"microbatch_grads\[1\]\[2\] are the same tensor"):
+        opt.step_accumulated([a, [b, e, e]], None)
+    with pytest.raises(ValueError, match=r"microbatch_grads\[0\]\[1\] and params\[1\] are the same tensor"):
+        opt.step_accumulated([[a[0], params[1], a[2]], [b, new(), new()]], None)
+    assert snapshot(opt, *a, b) == before
+    opt.step_accumulated([a, a], None)      # one list in two microbatches: read twice, no place held twice
+    assert opt.t == 1
+
+
 def assert_runs_on_alike(a, b):
     """Steps 4 and 5 of both optimizers give the same bits (a resume is exact)."""
     for t in (4, 5):

@@ -17,7 +17,7 @@ import pickle
 
 import pytest
 
-from mojo_train import SGD, Adam, AdamW
+from mojo_train import SGD, Adam, AdamW, Array
 from mojo_train._native import ffi
 
 from _helpers import (digest, f32, flat, grads_for_step, params_for, raw, ref_adam, ref_clip, ref_sgd,
@@ -341,6 +341,76 @@ def test_constructor_refusals_name_the_group_and_key(cls):
     with pytest.raises(TypeError, match="got a dict; pass \\[params\\] for one group"):
         CLASSES[cls]({"params": p})
     assert p[0].tolist() == [1.0, 2.0]
+
+
+# ---- one parameter, one place: the same object twice, empty or not ---------------------------------
+
+def _each_container_and_class(test):
+    """``test`` for each optimizer class and each kind of tensor (array.array, Array, torch)."""
+    return pytest.mark.parametrize("container", ["array.array", "Array", "torch"])(
+        pytest.mark.parametrize("cls", sorted(CLASSES))(test))
+
+
+def _empty(container):
+    """A new empty float32 tensor of ``container``'s kind."""
+    if container == "torch":
+        return pytest.importorskip("torch").zeros(0)
+    return Array((0,), "float32") if container == "Array" else array.array("f")
+
+
+@_each_container_and_class
+def test_an_empty_tensor_in_two_groups_is_refused_naming_both_as_torch_refuses_it(mode, cls, container):
+    # An empty tensor has no byte to share, but it is one parameter: torch refuses it in two groups
+    # ("some parameters appear in more than one parameter group").
+    p, e = array.array("f", [1.0, 2.0]), _empty(container)
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s: params\[0\]\['params'\]\[1\] and params\[1\]\['params'\]"
+                                         r"\[0\] are the same tensor; pass each parameter once$" % cls):
+        CLASSES[cls]([{"params": [p, e]}, {"params": [e], "lr": 0.1}], numeric_mode=mode.numeric_mode)
+    opt = CLASSES[cls]([{"params": [p, e]}], numeric_mode=mode.numeric_mode)
+    opt.step([array.array("f", [0.5, 0.5]), _empty(container)])
+    before = snapshot(opt, p)
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s\.add_param_group: params\[0\]\['params'\]\[1\] and "
+                                         r"param_group\['params'\]\[0\] are the same tensor; pass each parameter "
+                                         r"once$" % cls):
+        opt.add_param_group({"params": [e], "lr": 0.1})
+    assert snapshot(opt, p) == before and len(opt.param_groups) == 1 and opt.params == [p, e]
+    opt.step([array.array("f", [0.5, 0.5]), _empty(container)])      # the refusal left a working optimizer
+    assert opt.t == 2
+
+
+@_each_container_and_class
+def test_an_empty_tensor_twice_in_one_list_is_refused_naming_both(mode, cls, container):
+    # torch warns ("duplicate parameters; in future, this will cause an error") and keeps both;
+    # here one object twice is refused, as a non-empty one is (there: "share memory").
+    p, e = array.array("f", [1.0, 2.0]), _empty(container)
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s: params\[1\] and params\[3\] are the same tensor; "
+                                         r"pass each parameter once$" % cls):
+        CLASSES[cls]([p, e, _empty(container), e], numeric_mode=mode.numeric_mode)
+    with pytest.raises(ValueError, match=r"params\[1\]\['params'\]\[0\] and params\[1\]\['params'\]\[2\] "
+                                         r"are the same tensor"):
+        CLASSES[cls]([{"params": [p]}, {"params": [e, _empty(container), e]}], numeric_mode=mode.numeric_mode)
+    opt = CLASSES[cls]([p], numeric_mode=mode.numeric_mode)
+    before = snapshot(opt, p)
+    with pytest.raises(ValueError, match=r"param_group\['params'\]\[0\] and param_group\['params'\]\[1\] are the "
+                                         r"same tensor"):
+        opt.add_param_group({"params": [e, e]})
+    assert snapshot(opt, p) == before and p.tolist() == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("cls", sorted(CLASSES))
+def test_distinct_empty_tensors_are_distinct_parameters_even_over_one_buffer(mode, cls):
+    # Identity, not memory, makes "the same parameter": two objects are two parameters (torch takes
+    # two distinct empty tensors), even two views of one empty buffer, which share no byte.
+    buffer = array.array("f")
+    empties = [array.array("f"), Array((0,), "float32"), memoryview(buffer), memoryview(buffer)]
+    p = array.array("f", [1.0, 2.0])
+    opt = CLASSES[cls]([{"params": [p, empties[0]]}, {"params": empties[1:3], "lr": 0.1}],
+                       numeric_mode=mode.numeric_mode)
+    opt.add_param_group({"params": [empties[3]]})
+    assert opt.params == [p] + empties and opt.n_total == 2
+    opt.step([array.array("f", [0.5, -0.5])] + [array.array("f") for _ in empties])
+    assert opt.t == 1 and p.tolist() != [1.0, 2.0]
+    CLASSES[cls]([array.array("f"), array.array("f")], numeric_mode=mode.numeric_mode)
 
 
 def test_switching_amsgrad_on_makes_its_state_and_a_refused_step_drops_it(mode):
