@@ -60,9 +60,12 @@ print(lib.mt_features())
 @functools.lru_cache(maxsize=None)
 def features_of(path):
     """mt_features() of a library file, read in a fresh child process. Loading a GPU library loads
-    its vendor's runtime, which need not coexist with what this process has loaded: on the H200
-    machine a HIP library aborted inside dlopen in a pytest worker that had run CUDA tests, while a
-    fresh process loaded it. OSError when the file cannot be loaded at all."""
+    its vendor's runtime, which cannot always be unloaded and loaded again in one process: on the
+    H200 machine (Debian's HIP 5.7 runtime, no AMD GPU) a HIP library opened after another was
+    dlclose'd aborts inside dlopen ("LLVM ERROR: inconsistency in registered CommandLine options":
+    the runtime's LLVM registers its options again; fourteenth session's probe). This test once
+    read each library with dlopen and dlclose in the worker, and lost three workers that way.
+    OSError when the file cannot be loaded at all."""
     p = subprocess.run([sys.executable, "-c", _READ_FEATURES, path], capture_output=True, text=True, timeout=300)
     if p.returncode == 3:
         raise OSError(p.stdout.strip())
