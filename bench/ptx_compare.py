@@ -1,6 +1,6 @@
 """Whether two commits compile to the same CUDA device code, file by file (no GPU needed).
 
-    python bench/ptx_compare.py <commit> [<other commit, default: the working tree>] [--mode identical]
+    python bench/ptx_compare.py <commit> [<other commit, default: the working tree>] [--mode identical] [--kernels]
 
 Each native/cuda/*.cu is compiled to PTX (compute_90) with the numeric mode's nvcc flags of the
 Makefile, each side's native/ placed in turn at one temporary path and compiled twice, and the
@@ -11,6 +11,10 @@ from one compile to the next), not as changed. A file is "same" when
 nothing else differs, i.e. the kernels it defines are the same code. Used to show that a
 compute-sanitizer record taken with one library covers a card run by another
 (bench/results/sanitize-cuda.md): records are per library, and a sanitizer sees device code.
+With ``--kernels`` a file that differs is taken apart by its entry points (``.entry`` kernels;
+the ``.func`` helpers they call are inlined or named in them): the kernels that differ, the
+kernels on one side only, and how many are the same -- a card whose kernels are all "same" ran
+the same device code, though its file changed.
 """
 import argparse
 import concurrent.futures
@@ -28,7 +32,7 @@ MODE_FLAGS = {  # the Makefile's NVCC_MODE_<mode>
     "deterministic": ["-DMT_NUMERIC_MODE=1", "--fmad=true", "-prec-div=true", "-prec-sqrt=true", "-ftz=false"],
     "fast": ["-DMT_NUMERIC_MODE=2", "--use_fast_math"],
 }
-_NAMES = [(re.compile(r"_GLOBAL__N__[0-9a-f]{8}_"), "_GLOBAL__N__X_"),
+_NAMES = [(re.compile(r"_GLOBAL__N__[0-9a-f]{8}_"), "_GLOBAL__N__00000000_"),
           (re.compile(r"%(f|rd|r|p|fd|rs|h)[0-9]+"), r"%\1N"),
           (re.compile(r"\$L__BB[0-9_]+"), "LBB")]
 
@@ -38,6 +42,35 @@ def normalized(text):
     for pattern, repl in _NAMES:
         text = pattern.sub(repl, text)
     return text
+
+
+_ENTRY = re.compile(r"^[ \t]*(?:\.(?:visible|weak)[ \t]+)*\.entry[ \t]+([^\s(]+)\(", re.M)
+
+
+def kernels(ptx):
+    """{kernel name: its PTX, from its .entry line to the next one} of one file's PTX."""
+    starts = [(m.start(), m.group(1)) for m in _ENTRY.finditer(ptx)]
+    return {name: ptx[at:(starts[k + 1][0] if k + 1 < len(starts) else len(ptx))]
+            for k, (at, name) in enumerate(starts)}
+
+
+def demangled(names):
+    """The names readable (c++filt when it is on PATH), in the order given."""
+    if not names or not shutil.which("c++filt"):
+        return list(names)
+    out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.splitlines()
+    return out if len(out) == len(names) else list(names)
+
+
+def kernel_lines(a, b):
+    """Lines saying which kernels of one file differ between the PTX ``a`` and ``b``."""
+    ka, kb = kernels(a), kernels(b)
+    differ = sorted(n for n in set(ka) & set(kb) if ka[n] != kb[n])
+    lines = ["      %d kernels the same" % sum(1 for n in set(ka) & set(kb) if ka[n] == kb[n])]
+    for what, names in (("differs", differ), ("only before", sorted(set(ka) - set(kb))),
+                        ("only after", sorted(set(kb) - set(ka)))):
+        lines += ["      %-11s %s" % (what, n) for n in demangled(names)]
+    return lines
 
 
 def ptx_of(tree, mode, scratch):
@@ -78,6 +111,7 @@ def main():
     ap.add_argument("commit")
     ap.add_argument("other", nargs="?", help="default: the working tree")
     ap.add_argument("--mode", default="identical", choices=sorted(MODE_FLAGS))
+    ap.add_argument("--kernels", action="store_true", help="for a file that differs, which kernels differ")
     args = ap.parse_args()
     if not shutil.which("nvcc"):
         sys.exit("nvcc is not on PATH")
@@ -110,6 +144,8 @@ def main():
                                      if line[:1] in "+-" and line[:3] not in ("+++", "---"))
         print("  %-26s %s" % (name, "same" if same else "differs (%d lines added or removed, of %d)" % (
             changed, len(lines_a))))
+        if args.kernels and not same:
+            print("\n".join(kernel_lines(a[name], b[name])))
     return 1 if differing else 0
 
 

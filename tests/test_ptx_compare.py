@@ -22,3 +22,15 @@ def test_the_path_hash_and_the_register_and_label_numbers_are_taken_out():
 def test_a_changed_operation_or_constant_still_differs():
     assert P.normalized(ONE.replace("add.f32", "sub.f32")) != P.normalized(ONE)
     assert P.normalized(ONE + "\tmov.f32 \t%f1, 0f3F800000;\n") != P.normalized(ONE + "\tmov.f32 \t%f1, 0f3F800001;\n")
+
+
+def test_kernels_tells_which_entry_points_of_a_file_differ():
+    # Two kernels; after the change one differs, one is the same, one is new and one is gone.
+    k = lambda name, op: ".visible .entry %s(\n\t%s.f32 \t%%fN, %%fN, %%fN;\n\tret;\n}\n" % (name, op)  # noqa: E731
+    before = P.normalized("// header\n" + k("k_same", "add") + k("k_changed", "add") + k("k_gone", "mul"))
+    after = P.normalized("// header\n" + k("k_same", "add") + k("k_changed", "sub") + k("k_new", "mul"))
+    internal = "\t// .globl\n.entry k_internal(\n\tret;\n}\n"      # no .visible: internal linkage
+    assert sorted(P.kernels(before + internal)) == ["k_changed", "k_gone", "k_internal", "k_same"]
+    assert sorted(P.kernels(before)) == ["k_changed", "k_gone", "k_same"]
+    lines = [" ".join(line.split()) for line in P.kernel_lines(before, after)]
+    assert lines == ["1 kernels the same", "differs k_changed", "only before k_gone", "only after k_new"]
