@@ -11,10 +11,11 @@ from one compile to the next), not as changed. A file is "same" when
 nothing else differs, i.e. the kernels it defines are the same code. Used to show that a
 compute-sanitizer record taken with one library covers a card run by another
 (bench/results/sanitize-cuda.md): records are per library, and a sanitizer sees device code.
-With ``--kernels`` a file that differs is taken apart by its entry points (``.entry`` kernels;
-the ``.func`` helpers they call are inlined or named in them): the kernels that differ, the
-kernels on one side only, and how many are the same -- a card whose kernels are all "same" ran
-the same device code, though its file changed.
+With ``--kernels`` a file that differs is taken apart by its entry points (each ``.entry`` to the
+next; a non-inlined ``.func`` or data placed after a kernel counts as that kernel's text): the
+kernels that differ, the kernels on one side only, how many are the same, and whether the text
+before the first kernel (globals, constants, helpers declared there) differs -- a card whose
+kernels are all "same", with that text the same too, ran the same device code though its file changed.
 """
 import argparse
 import concurrent.futures
@@ -62,11 +63,21 @@ def demangled(names):
     return out if len(out) == len(names) else list(names)
 
 
+def outside_kernels(ptx):
+    """The PTX before the first .entry (globals, constants, non-inlined .func helpers declared
+    there): what a kernel may read or call without it being in its own text."""
+    first = _ENTRY.search(ptx)
+    return ptx[:first.start()] if first else ptx
+
+
 def kernel_lines(a, b):
-    """Lines saying which kernels of one file differ between the PTX ``a`` and ``b``."""
+    """Lines saying which kernels of one file differ between the PTX ``a`` and ``b``, and whether
+    the text outside them does (then a kernel reading "same" may still call changed code)."""
     ka, kb = kernels(a), kernels(b)
     differ = sorted(n for n in set(ka) & set(kb) if ka[n] != kb[n])
-    lines = ["      %d kernels the same" % sum(1 for n in set(ka) & set(kb) if ka[n] == kb[n])]
+    lines = ["      %d kernels the same; outside the kernels: %s" % (
+        sum(1 for n in set(ka) & set(kb) if ka[n] == kb[n]),
+        "same" if outside_kernels(a) == outside_kernels(b) else "DIFFERS (helpers or data every kernel may use)")]
     for what, names in (("differs", differ), ("only before", sorted(set(ka) - set(kb))),
                         ("only after", sorted(set(kb) - set(ka)))):
         lines += ["      %-11s %s" % (what, n) for n in demangled(names)]

@@ -574,17 +574,21 @@ def main():
                  for t in tools for a, n in CANARY_WINDOWS]
     jobs += [(what, t, [sys.executable, "-m", "mojo_train", "selfcheck", "--card", c, "--shard", shard], ())
              for t in tools for what, c, shard in card_runs(cards, args.shard_factor) if selected(what, only)]
+    counts = launch_counts(args.launch_counts) if args.windows > 1 and args.launch_counts else {}
+    # with --launch-counts, only the runs the file counts are cut (the others run whole, and the
+    # section names them); one selected run at least must be counted there (a file for other cards
+    # is a mistake), judged before --resume leaves out what is covered
+    cut = lambda what: args.windows > 1 and not what.startswith("canary") and (  # noqa: E731
+        not args.launch_counts or what in counts)
+    selected_runs = [j[0] for j in jobs if not j[0].startswith("canary")]
+    if args.launch_counts and args.windows > 1 and selected_runs and not any(map(cut, selected_runs)):
+        sys.exit("%s counts none of the selected runs (count them with --count-launches)" % args.launch_counts)
     windows_ok = set()       # with --resume: windows already recorded ok are not run again
     done = ok_at_this_commit(windows_ok=windows_ok) if args.resume else {}
     resumed = len([j for j in jobs if not j[0].startswith("canary") and covered(done, j[1], j[0])])
     jobs = [j for j in jobs if j[0].startswith("canary") or not covered(done, j[1], j[0])]
-    if args.windows > 1:      # each card run left becomes its windows
-        counts = launch_counts(args.launch_counts) if args.launch_counts else {}
-        # with --launch-counts, only the runs the file counts are cut (the others run whole); one of
-        # the selected runs at least must be counted there (a file for other cards is a mistake)
-        cut = lambda what: not what.startswith("canary") and (not args.launch_counts or what in counts)  # noqa: E731
-        if args.launch_counts and not any(cut(j[0]) for j in jobs) and any(not j[0].startswith("canary") for j in jobs):
-            sys.exit("%s counts none of the selected runs (count them with --count-launches)" % args.launch_counts)
+    whole = sorted({j[0] for j in jobs if args.windows > 1 and not j[0].startswith("canary") and not cut(j[0])})
+    if args.windows > 1:      # each card run left that is cut becomes its windows
         size = lambda what: -(-counts[what] // args.windows) if args.launch_counts else args.window_launches  # noqa: E731
         jobs = [j for j in jobs if not cut(j[0])] + [
             (window_label(what, a, n), tool, cmd, window_options(a, n))
@@ -606,17 +610,17 @@ def main():
             return what, tool, None, 0.0, None, why, why
         refused, first = 0, ""
         try:
-            got = sanitized_gated(tool, cmd, left, opts)   # left <= 0: not started, by sanitized
+            got = sanitized_gated(what, tool, cmd, left, opts)   # left <= 0: not started, by sanitized
             # A client the MPS server refused checked nothing: start it again while time is left
             # (the time the run took before must still fit, as for its first start), later each time.
             while args.mps and mps_refused(got) and refused < MPS_CLIENT_TRIES - 1:
-                time.sleep(MPS_RETRY_WAIT * 2 ** refused)
+                time.sleep(min(MPS_RETRY_WAIT * 2 ** refused, max(0.0, deadline - time.time())))
                 left = min(args.timeout, deadline - time.time())
                 if left <= 0 or (before is not None and before > left):
                     break
                 refused += 1
                 first = first or got[3]
-                got = sanitized_gated(tool, cmd, left, opts)
+                got = sanitized_gated(what, tool, cmd, left, opts)
         except Exception as exc:        # recorded as a failed run: the record is written whatever happens
             got = None, 0.0, None, "[could not run: %r]" % (exc,)
         # the outcome is the last start's; the log keeps the first refused start's output too
@@ -629,9 +633,10 @@ def main():
 
     gate, last_start = threading.Lock(), [0.0]
 
-    def sanitized_gated(tool, cmd, left, opts):
+    def sanitized_gated(what, tool, cmd, left, opts):
         """sanitized(), started at least MPS_START_GAP after the previous start under --mps (sixteen
-        clients arriving in one second were refused)."""
+        clients arriving in one second were refused); a run the wait leaves too little time for
+        (by its recorded time) is not started."""
         if args.mps:
             with gate:
                 wait = last_start[0] + MPS_START_GAP - time.time()
@@ -639,6 +644,9 @@ def main():
                     time.sleep(wait)
                 last_start[0] = time.time()
             left = min(left, deadline - time.time())
+            before = took.get((tool, what))
+            if before is not None and before > left:
+                return None, 0.0, None, "[not started: it took %.0f s before, %.0f s are left]" % (before, left)
         return sanitized(tool, cmd, left, opts)
 
     results, retried = [], []
@@ -661,15 +669,15 @@ def main():
         else:                         # a card: no finding, every case passed, no FAIL line
             good = errors == 0 and rc == 0 and "FAIL " not in out
         ok &= good
-        rows.append((tool, what, errors, seconds, good, log))
+        rows.append((tool, what, errors, seconds, good, out, log))
         if not good:
             print("FAILED %s %s:\n%s\n" % (tool, what, "\n".join(log.strip().splitlines()[-30:])), flush=True)
     waiting = [r for r in rows if r[5].startswith("[not started")]
     table = ["| tool | run | errors reported | seconds | outcome |", "| --- | --- | --- | --- | --- |"]
     table += ["| %s | %s | %s | %.0f | %s |" % (t, w, "-" if e is None else e, s, "ok" if g else
                                                  ("not finished" if "[killed" in o else "FAILED"))
-              for t, w, e, s, g, o in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1])) if (t, w, e, s, g, o)
-              not in waiting]
+              for t, w, e, s, g, o, _ in sorted(rows, key=lambda r: (TOOLS.index(r[0]), r[1]))
+              if not o.startswith("[not started")]
     record = ["", "## %s, %s, commit %s, library %s, selfcheck %s" % (
                   time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu_name(), commit(), library_digest(),
                   selfcheck_digest()),
@@ -685,6 +693,8 @@ def main():
                   "canary's window holding its defect (launch %d) must report it, the others 0."
                   % (args.windows, args.window_launches or "its count (%s) over %d, rounded up," % (
                       args.launch_counts, args.windows), CANARY_AT) if args.windows > 1 else "") +
+                 (" Run whole, %s counting no launches for them: %s." % (args.launch_counts, "; ".join(whole))
+                  if whole else "") +
                  not_started_sentence(waiting) +
                  (" Started again because the MPS server refused their client (they had checked nothing): %s."
                   % "; ".join("%s %s" % r for r in sorted(retried)) if retried else "")),
@@ -698,7 +708,7 @@ def main():
     if os.environ.get("OUT"):          # the record, and every run's output in one archive
         shutil.copy(path, os.environ["OUT"])
         with tarfile.open(os.path.join(os.environ["OUT"], "sanitize_cuda_logs.tar.gz"), "w:gz") as tar:
-            for tool, what, _, _, _, out in rows:
+            for tool, what, _, _, _, _, out in rows:
                 data = out.encode()
                 info = tarfile.TarInfo("logs/%s-%s.log" % (tool, what.replace(" ", "_")))
                 info.size = len(data)

@@ -33,4 +33,9 @@ def test_kernels_tells_which_entry_points_of_a_file_differ():
     assert sorted(P.kernels(before + internal)) == ["k_changed", "k_gone", "k_internal", "k_same"]
     assert sorted(P.kernels(before)) == ["k_changed", "k_gone", "k_same"]
     lines = [" ".join(line.split()) for line in P.kernel_lines(before, after)]
-    assert lines == ["1 kernels the same", "differs k_changed", "only before k_gone", "only after k_new"]
+    assert lines == ["1 kernels the same; outside the kernels: same", "differs k_changed", "only before k_gone",
+                     "only after k_new"]
+    # a changed constant before the kernels is reported even where every kernel reads "same"
+    table = P.kernel_lines(".const .f32 c = 0f3F800000;\n" + k("k_same", "add"),
+                           ".const .f32 c = 0f3F800001;\n" + k("k_same", "add"))
+    assert "outside the kernels: DIFFERS" in table[0] and len(table) == 1

@@ -273,6 +273,14 @@ def test_launch_counts_give_each_run_its_own_window_size(monkeypatch, tmp_path):
                                                            "--launch-counts", str(counts)], _windowed_clean)
     assert code == 0 and sorted(r for t, r in rows if r.startswith("loss")) == [
         "loss 0/2 launches 0-3", "loss 0/2 launches 4-7", "loss 0/2 launches 8-", "loss 1/2"]
+    assert "Run whole, %s counting no launches for them: loss 1/2." % counts in (tmp_path / "sanitize-cuda.md").read_text()
+    # with --resume, once the counted run is covered the file still serves: the rest run whole
+    record = "\n".join(line for line in (tmp_path / "sanitize-cuda.md").read_text().splitlines()
+                       if "| loss 1/2 |" not in line) + "\n"     # loss 0/2's windows covered, loss 1/2 not
+    code, rows, started = _run(monkeypatch, tmp_path, record, ["--resume", "--tools", "racecheck", "--cards", "loss",
+                                                               "--windows", "3", "--launch-counts", str(counts)],
+                               _windowed_clean)
+    assert code == 0 and sorted(r for t, r in rows if r.startswith("loss")) == ["loss 1/2"]
     counts.write_text('{"lm_head 36/44": 10}')  # counts none of the selected runs: a file for another card
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "loss", "--windows", "3",
                                                            "--launch-counts", str(counts)], _windowed_clean)
@@ -576,6 +584,17 @@ def test_status_prints_what_the_record_covers_and_exits_1_while_a_line_is_left(m
     assert S.index_ranges({0, 1, 2, 5, 7, 8}) == "0-2, 5, 7-8" and S.index_ranges(set()) == ""
 
 
+def _mps_on_a_fake_clock(monkeypatch, slept, clock):
+    """--mps with its daemon stubbed, time.time() reading ``clock[0]`` and time.sleep(s) adding s to
+    it (and to ``slept``): waits cost no real time and are counted."""
+    def sleep(s):
+        slept.append(s)
+        clock[0] += s
+    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
+    monkeypatch.setattr(S.time, "sleep", sleep)
+    monkeypatch.setattr(S.time, "time", lambda: clock[0])
+
+
 def test_under_mps_a_retried_run_is_judged_by_its_last_start_and_starts_are_spaced(monkeypatch, tmp_path):
     """Fourteenth session: a run refused on its first start (its card FAILed for lack of a device)
     that passed on its second was recorded FAILED, since the FAIL line of the first start's output
@@ -598,12 +617,7 @@ def test_under_mps_a_retried_run_is_judged_by_its_last_start_and_starts_are_spac
             return 1, 0.1, 2, refusals[why]
         return _clean(tool, cmd, timeout)
 
-    def sleep(s):
-        slept.append(s)
-        clock[0] += s
-    monkeypatch.setattr(S, "mps_daemon", lambda: __import__("contextlib").nullcontext())
-    monkeypatch.setattr(S.time, "sleep", sleep)
-    monkeypatch.setattr(S.time, "time", lambda: clock[0])
+    _mps_on_a_fake_clock(monkeypatch, slept, clock)
     code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "racecheck", "--cards", "optim", "--mps",
                                                            "--jobs", "1"], flaky)
     assert code == 0 and set(rows.values()) == {"ok"}
@@ -614,3 +628,21 @@ def test_under_mps_a_retried_run_is_judged_by_its_last_start_and_starts_are_spac
     for what in refusals.values():
         assert S.mps_refused((None, None, 1, what))
     assert not S.mps_refused((None, None, 1, "lm_head 3/44 FAIL: mismatching bits\n"))
+
+
+def test_a_retry_never_sleeps_past_the_deadline(monkeypatch, tmp_path):
+    """A run refused just before the deadline waits at most until the deadline (not the whole
+    back-off), and is then not started again: the record is written inside the call."""
+    slept, clock = [], [1000.0]
+
+    def refused(tool, cmd, timeout):
+        clock[0] += 1.0
+        if cmd[0] != S.CANARY:
+            return None, 1.0, 1, "MPS server is not ready to accept new MPS client requests"
+        return _clean(tool, cmd, timeout)
+
+    _mps_on_a_fake_clock(monkeypatch, slept, clock)
+    code, rows, started = _run(monkeypatch, tmp_path, "", ["--tools", "memcheck", "--cards", "schedule", "--mps",
+                                                           "--jobs", "1", "--deadline", "10"], refused)
+    assert max(slept) <= 10 and clock[0] <= 1000.0 + 10 + 2
+    assert rows[("memcheck", "schedule")] in ("FAILED", "not started") and code == 1
