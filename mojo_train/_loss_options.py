@@ -82,8 +82,8 @@ def _return_grad(value, reduction, where):
     if value and reduction == REDUCTIONS["none"]:
         raise NotImplementedError(where_msg(
             where, "return_grad=True with reduction='none' is not supported: reduction='none' has no gradient "
-            "here (where a per-row upstream gradient would enter the arithmetic is not decided in loss v1); "
-            "use reduction='sum' (the gradient of the sum of the row losses) or 'mean'"))
+            "here (native/contracts/loss.md does not define where a per-row upstream gradient would enter the "
+            "arithmetic); use reduction='sum' (the gradient of the sum of the row losses) or 'mean'"))
     return value
 
 

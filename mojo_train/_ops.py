@@ -113,8 +113,18 @@ def rename_arguments(text, names):
     """``text`` (a message without its ``mojo_train.<where>:`` prefix) with every C argument name
     of ``names`` (a whole word; one letter only where it stands as a name) replaced, in one
     pass, by the caller's name it maps to."""
-    pattern = "|".join((_ARGUMENT if len(c) == 1 else r"\b(%s)\b") % re.escape(c) for c in names)
-    return re.sub(pattern, lambda m: names[next(g for g in m.groups() if g)], text)
+    # each name with the apostrophe of a plural's possessive ("the logits' shape"), which becomes
+    # "'s" when the caller's name is singular ("the input's shape")
+    pattern = "|".join((_ARGUMENT if len(c) == 1 else r"\b(%s)\b") % re.escape(c) +
+                       ("(?:'(?!s))?" if len(c) > 1 and c.endswith("s") else "") for c in names)
+
+    def renamed(m):
+        new = names[next(g for g in m.groups() if g)]
+        if m.group(0).endswith("'"):      # a quoted 'name' keeps its closing quote
+            quoted = m.start() > 0 and m.string[m.start() - 1] == "'"
+            return new + ("'" if quoted or new.endswith("s") else "'s")
+        return new
+    return re.sub(pattern, renamed, text)
 
 
 def placement(where, numeric_mode, **probes):

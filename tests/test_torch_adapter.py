@@ -527,6 +527,35 @@ def test_bad_shapes_are_refused_with_the_users_argument_names_and_nothing_writte
         assert _snapshot(*args[:1], *layer.parameters()) == before
 
 
+def test_cross_entropy_refuses_what_torch_refuses_in_torch_words(mode):
+    # Code that runs on the adapter must run on torch: class indices of int32, int16, int8 or bool
+    # are refused as torch refuses them ("expected target dtype to be Long or Byte"); uint8 and int64
+    # are taken. The messages speak of torch's arguments, not the native API's.
+    _need(mode, torch.device("cpu"), "loss")
+    x, ids = _leaf(_rand((4, 3), 45)), torch.tensor([0, 1, 2, 0])
+    for dtype in (torch.int32, torch.int16, torch.int8, torch.bool):
+        with pytest.raises(TypeError, match=r"^mojo_train\.torch\.functional\.cross_entropy: target has dtype "
+                                            r"%s; class indices must be int64 \(or uint8\), as torch's cross_entropy "
+                                            r"requires: convert with target\.long\(\)$" % re.escape(str(dtype))):
+            F.cross_entropy(x, ids.to(dtype), numeric_mode=mode.numeric_mode)
+        with pytest.raises(RuntimeError, match="expected target dtype to be Long or Byte"):
+            torch.nn.functional.cross_entropy(x, ids.to(dtype))
+    assert float(F.cross_entropy(x, ids.to(torch.uint8), numeric_mode=mode.numeric_mode)) == float(
+        F.cross_entropy(x, ids, numeric_mode=mode.numeric_mode))
+    # a float target: the fix is the target's own (no model.float()), and the shape in English
+    with pytest.raises(TypeError, match=r"target has dtype torch\.float64; mojo_train computes in float32 only and "
+                                        r"never casts \(convert with target\.float\(\)\)$"):
+        F.cross_entropy(x, torch.zeros(4, 3, dtype=torch.float64), numeric_mode=mode.numeric_mode)
+    with pytest.raises(ValueError, match=r"class probabilities must have the input's shape \(4, 3\)"):
+        F.cross_entropy(x, torch.zeros(4, dtype=torch.float32), numeric_mode=mode.numeric_mode)
+    # reduction='none' with a gradient wanted: torch's words, before anything runs
+    with pytest.raises(NotImplementedError, match=r"cross_entropy: reduction='none' on an input that requires grad: "
+                                                  r"the per-row losses have no backward here"):
+        F.cross_entropy(x, ids, reduction="none", numeric_mode=mode.numeric_mode)
+    with torch.no_grad():
+        assert F.cross_entropy(x, ids, reduction="none", numeric_mode=mode.numeric_mode).shape == (4,)
+
+
 def test_a_nan_gradient_is_refused_in_backward_with_nothing_accumulated(mode):
     _need(mode, torch.device("cpu"), "linear")
     layer, x = nn.Linear(4, 3, numeric_mode=mode.numeric_mode), _leaf(_rand((2, 4), 45))

@@ -101,9 +101,9 @@ REFUSED_OPS = (
      r"target requires grad, but no gradient with respect to probability targets",
      "no gradient with respect to a probability target is computed (torch computes one): pass target.detach()"),
     ("reduction='none' with a gradient", ("cross_entropy", "linear_cross_entropy"), NotImplementedError,
-     r"return_grad=True with reduction='none' is not supported",
-     "the native losses' reduction='none' is forward-only: where a per-row upstream gradient enters the "
-     "arithmetic is not decided (loss v1)"),
+     r"(return_grad=True with )?reduction='none' (is not supported|on an input that requires grad)",
+     "the native losses' reduction='none' is forward-only: native/contracts/loss.md does not define where a "
+     "per-row upstream gradient enters the arithmetic"),
     ("unbatched 1-d input", ("linear_cross_entropy",), ValueError, r"input must be at least 2-D",
      "the fused head takes rows (N, in_features): pass input.unsqueeze(0)"),
     ("K-dimensional loss (linear_weight not 2-d)", ("linear_cross_entropy",), ValueError,

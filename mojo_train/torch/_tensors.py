@@ -65,14 +65,14 @@ def _tensor(t, name, where):
     return t
 
 
-def float32(t, name, where):
+def float32(t, name, where, *, of_model=True):
     """``t``, a float32 torch tensor; TypeError naming its dtype (half, bfloat16, float64, ...)
-    otherwise."""
+    otherwise (its fix names ``model.float()`` too when ``of_model``: an input or parameter)."""
     _tensor(t, name, where)
     if t.dtype != torch.float32:
         raise TypeError(where_msg(where, "%s has dtype %s; mojo_train computes in float32 only and never "
-                                  "casts (convert with %s.float(), or a model with model.float())"
-                                  % (name, t.dtype, name)))
+                                  "casts (convert with %s.float()%s)"
+                                  % (name, t.dtype, name, ", or a model with model.float()" if of_model else "")))
     return t
 
 

@@ -200,13 +200,22 @@ def _generator(generator, mode, where):
     return generator
 
 
+# Class-index targets torch's cross_entropy takes ("expected target dtype to be Long or Byte").
+_INDEX_TARGETS = (torch.int64, torch.uint8)
+
+
 def _target(target, where):
     """Refuse a float target that is not float32 or that requires grad (no gradient with respect
-    to probability targets is computed); integer targets go to the native loss as they are."""
+    to probability targets is computed), and class indices of a dtype torch refuses (int32,
+    int16, int8, bool: code that runs here must run on torch); int64 and uint8 indices go to
+    the native loss as they are."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(where_msg(where, "target must be a torch.Tensor, got %s" % type(target).__name__))
+    if not target.dtype.is_floating_point and target.dtype not in _INDEX_TARGETS:
+        raise TypeError(where_msg(where, "target has dtype %s; class indices must be int64 (or uint8), as torch's "
+                                  "cross_entropy requires: convert with target.long()" % (target.dtype,)))
     if target.dtype.is_floating_point:
-        float32(target, "target", where)
+        float32(target, "target", where, of_model=False)
         if target.requires_grad and torch.is_grad_enabled():
             raise ValueError(where_msg(where, "target requires grad, but no gradient with respect to "
                                        "probability targets is computed: pass target.detach()"))
@@ -303,6 +312,10 @@ def _dropout(where, input, p, training, inplace, generator, numeric_mode):
 def _cross_entropy(where, input, target, options, numeric_mode):
     mode = _floats(where, numeric_mode, ("weight",), input=input, weight=options.get("weight"))
     _target(target, where)
+    if options.get("reduction") == "none" and _want_grad(input):
+        raise NotImplementedError(where_msg(where, "reduction='none' on an input that requires grad: the per-row "
+                                            "losses have no backward here; use reduction='sum' or 'mean', or call "
+                                            "under torch.no_grad() for the per-row values"))
     device_of(where, input=input, target=target)
     return _functions.CrossEntropyFunction.apply(input, target, _want_grad(input), mode, options, where)
 
