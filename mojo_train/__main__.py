@@ -69,22 +69,23 @@ def _backend(numeric_mode=None, vendor=None):
 
 
 def _loadable_vendors():
-    """Every vendor whose identical numeric mode loads; a vendor MOJO_TRAIN_VENDOR names must load."""
-    vendors = []
+    """(every vendor whose identical numeric mode loads, [(vendor, why) of those that do not]); a
+    vendor MOJO_TRAIN_VENDOR names must load."""
+    vendors, absent = [], []
     try:
         asked = _native.default_vendor()
     except ValueError as exc:
         raise _Mistake(str(exc)) from None
     if asked != "auto":
-        return [_backend("identical", asked).vendor]
+        return [_backend("identical", asked).vendor], absent
     for vendor in _native.VENDORS:
         try:
             _native.load("identical", vendor)
         except _native.BackendError as exc:
-            print("skipped %s: %s" % (vendor, _why(exc, fix=False)))
+            absent.append((vendor, _why(exc, fix=False)))
             continue
         vendors.append(vendor)
-    return vendors
+    return vendors, absent
 
 
 def _write(paths):
@@ -132,11 +133,13 @@ def selfcheck(write=False, card=None, shard=(0, 1)):
     if not paths:
         print("no cards found (looked in %s)" % ", ".join(_cards.fixtures_dirs()))
         return 1
-    vendors = _loadable_vendors()
+    vendors, absent = _loadable_vendors()
     if not vendors:
+        for vendor, why in absent:
+            print("%s: %s" % (vendor, why))
         print("no vendor's identical numeric mode could be loaded: nothing was checked")
         return 1
-    rows, failures = [], []
+    rows, failures, checked = [], [], 0
     for path in paths:
         for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v)]:
             if _lacks_family(_cards.card_name(path), vendor):
@@ -150,11 +153,16 @@ def selfcheck(write=False, card=None, shard=(0, 1)):
             where = vendor + (" (device buffers)" if device else "")
             rows.append((_cards.card_name(path), where, "%d/%d" % (passed, len(results)), "%.2fs" % seconds))
             failures += [(rows[-1][0], where, r) for r in results if not r.ok]
-    print("%-10s %-24s %-10s %s" % ("card", "vendor", "passed", "time"))
-    for row in rows:
-        print("%-10s %-24s %-10s %s" % row)
+            checked += len(results)
+    width = max([len("card")] + [len(r[0]) for r in rows])
+    for row in [("card", "vendor", "passed", "time")] + rows:
+        print("%-*s %-24s %-10s %s" % ((width,) + row))
     for card, vendor, r in failures:
         print("FAIL %s on %s: %s\n     mismatching: %s" % (card, vendor, r.case, ", ".join(r.mismatches)))
+    print("%s: %d card lines checked on %s, %d failed" % ("FAILED" if failures else "passed", checked,
+                                                          ", ".join(vendors), len(failures)))
+    for vendor, why in absent:      # a vendor without a library here is not a failure
+        print("not checked on %s (no library of it loads here): %s" % (vendor, why))
     return 1 if failures else 0
 
 

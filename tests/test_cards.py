@@ -6,6 +6,7 @@ Contract under test: mojo_train/_cards.py's docstring.
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -236,6 +237,7 @@ def test_selfcheck_prints_the_table_and_exits_1_naming_a_failing_case(tmp_path, 
     out = capsys.readouterr().out
     assert "card" in out and "vendor" in out and "FAIL clip on cpu" in out
     assert victim.partition(" | ")[0] in out and "mismatching: grads" in out
+    assert re.search(r"^FAILED: \d+ card lines checked on cpu, 1 failed$", out, re.M)
 
 
 def test_selfcheck_exits_0_when_every_card_matches():
@@ -244,6 +246,12 @@ def test_selfcheck_exits_0_when_every_card_matches():
     assert run.returncode == 0, run.stdout + run.stderr
     for path in CARDS:
         assert _name(path) in run.stdout
+    # one line says the outcome; vendors without a library here come after it, as not checked
+    lines = run.stdout.splitlines()
+    outcome = [k for k, line in enumerate(lines) if re.match(r"passed: \d+ card lines checked on \w+", line)]
+    assert len(outcome) == 1 and lines[outcome[0]].endswith(", 0 failed")
+    assert all(line.startswith("not checked on ") for line in lines[outcome[0] + 1:])
+    assert not any(line.startswith("skipped ") for line in lines)
 
 
 def test_demo_runs_from_the_command_line(capsys, tmp_path, monkeypatch):
