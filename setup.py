@@ -112,6 +112,7 @@ setup(
     package_data={"mojo_train": ["data/*.txt"]},   # the demo's training text
     python_requires=">=3.9",
     install_requires=["cffi"],
+    extras_require={"torch": ["torch"]},   # mojo_train.torch and mojo_train.distributed
     distclass=BinaryDistribution,
     cmdclass=CMDCLASS,
     zip_safe=False,

@@ -75,8 +75,12 @@ import re
 import threading
 import weakref
 
-import torch
-import torch.distributed as dist
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as exc:      # mojo_train itself runs without torch; this module drives torch.distributed
+    raise ImportError("mojo_train.distributed needs PyTorch, which mojo_train itself does not depend on: "
+                      "pip install torch (or pip install 'mojo_train[torch]')") from exc
 
 from . import _buffer, _ops
 from ._devices import device_of

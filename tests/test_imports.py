@@ -124,6 +124,19 @@ def test_import_mojo_train_imports_neither_numpy_nor_torch():
     assert done.stdout.strip() == "[]"
 
 
+@pytest.mark.parametrize("module", ["mojo_train.torch", "mojo_train.distributed"])
+def test_the_torch_modules_without_torch_say_what_to_install(module):
+    # torch made unimportable (sys.modules['torch'] = None): the ImportError names the fix, not
+    # just "No module named 'torch'"; import mojo_train itself still works.
+    code = ("import sys; sys.modules['torch'] = None\nimport mojo_train\n"
+            "try:\n    import %s\nexcept ImportError as e:\n    print(e)" % module)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("%s needs PyTorch, which mojo_train itself does not depend on: pip install torch "
+                                   "(or pip install 'mojo_train[torch]')" % module)
+
+
 ADAPTER = os.path.join(PACKAGE, "torch")
 
 

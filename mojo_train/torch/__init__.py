@@ -20,7 +20,13 @@ CUDA vendor loaded, on CUDA tensors, in the tensors' own memory. Layout:
 
 ``import mojo_train`` never imports this package (it imports torch); import it yourself.
 """
-from . import functional, nn, optim, utils  # noqa: F401
+try:
+    import torch  # noqa: F401
+except ImportError as exc:      # mojo_train itself runs without torch; this package is torch's adapter
+    raise ImportError("mojo_train.torch needs PyTorch, which mojo_train itself does not depend on: "
+                      "pip install torch (or pip install 'mojo_train[torch]')") from exc
+
+from . import functional, nn, optim, utils  # noqa: F401,E402
 from ._generator import default_generator, manual_seed
 from ._tensors import AutocastError
 from .functional import (cross_entropy, dropout, embedding, gelu, layer_norm, linear, linear_cross_entropy, relu,
