@@ -128,14 +128,25 @@ def commit():
         return "unknown"
 
 
+def library(numeric_mode):
+    """The library the run checked, as a path under the repository when it is one (make
+    fuzz-asan's is native/build/asan/...: the sanitized build), and whether it is sanitized."""
+    import mojo_train
+    path = mojo_train.backend_info(numeric_mode)["path"]
+    shown = os.path.relpath(path, REPO) if os.path.abspath(path).startswith(REPO + os.sep) else path
+    sanitized = os.path.basename(os.path.dirname(path)) in ("asan", "tsan")
+    return shown + (" (AddressSanitizer + UBSan: a finding kills its worker, counted as a crash)"
+                    if sanitized else "")
+
+
 def report(args, vendor, tallies, skipped, seconds):
     total = {c: sum(t.counts[c] for t in tallies.values()) for c in COLUMNS}
     lines = ["", "## %s, %s-%s, commit %s" % (datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), vendor,
                                               args.numeric_mode, commit()), "",
-             "Command: `python bench/fuzz.py --examples %d%s` (seed %d: `--seed %d` repeats this run). Machine: %s, "
-             "%d cores, Python %s. %.0f s in all." % (args.examples, " --targets %s" % args.targets if args.targets else "",
-                                                     args.seed, args.seed, platform.platform(), os.cpu_count(),
-                                                     platform.python_version(), seconds), "",
+             "Command: `python bench/fuzz.py --examples %d%s` (seed %d: `--seed %d` repeats this run). Library: %s. "
+             "Machine: %s, %d cores, Python %s. %.0f s in all."
+             % (args.examples, " --targets %s" % args.targets if args.targets else "", args.seed, args.seed,
+                library(args.numeric_mode), platform.platform(), os.cpu_count(), platform.python_version(), seconds), "",
              "Totals: " + ", ".join("%s %d" % (c, total[c]) for c in COLUMNS) + ".", "",
              "| target | " + " | ".join(COLUMNS) + " | seconds |", "|---" * (len(COLUMNS) + 2) + "|"]
     for name, t in tallies.items():
