@@ -1,7 +1,6 @@
 """linear on a GPU, side by side with torch in one process (identical numeric mode, device buffers).
 
     python bench/linear_cuda.py [--repeat N] [--quick] [--write]
-    python bench/linear_cuda.py --variants [--repeat N]
 
 Ours: mt_linear_forward / mt_linear_backward of the identical CUDA library through cffi, on
 mt_device_alloc buffers (bench/loss_cuda.py's DeviceBuffer); torch: F.linear, and dc @ w,
@@ -15,20 +14,14 @@ every input once: pre_pass_MB) and one status read-back per call; the backward w
 tokens also holds leaves * n * k floats of dweight partials (scratch_MB) and folds them.
 Then ours is compared with torch's float32 result (max |diff| / max |ref|, not bits: the
 bits are the linear card's and tests/test_linear.py's business). Target (issue): forward
-8192^3 >= 0.8x torch. Records before the split into families are in
+8192^3 at least torch's TFLOP/s, backward 8192x4096x4096 at most torch's time (issue 16). Records before the split into families are in
 bench/results/dense_cuda.jsonl; new ones go to linear_cuda.jsonl.
 
---variants builds the CUDA identical library once per GEMM tiling in VARIANTS (make with
-BUILD=$MT_VARIANT_DIR/<name>, default /tmp/mt_gemm_variants, and -D flags of
-native/cuda/mt_gpu_gemm.cuh: tile depth, pipeline stages, blocks per SM; builds run in
-parallel), then for each one checks the linear card on it (python -m mojo_train selfcheck
---card linear: every tiling must give the oracle's bits, host and device buffers) and times
-the forward at 8192^3 and 4096 x 11008 x 4096, all in this one call, and prints one table.
+Tilings of the GEMM are compared by bench/gemm_variants.py (the kernel alone, one small
+executable per tiling, the bits checked by a hash of C).
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -193,75 +186,13 @@ def run_benchmarks(repeat=12, quick=False, write=False):
 
 
 # name, extra nvcc flags (native/cuda/mt_gpu_gemm.cuh: MT_GEMM_BK, MT_GEMM_STAGES, MT_GEMM_MIN_BLOCKS)
-VARIANTS = [
-    ("bk16_s3", ""),                                   # the default
-    ("bk8_s4", "-DMT_GEMM_BK=8 -DMT_GEMM_STAGES=4"),
-    ("bk32_s2", "-DMT_GEMM_BK=32 -DMT_GEMM_STAGES=2"),
-    ("bk16_s4", "-DMT_GEMM_BK=16 -DMT_GEMM_STAGES=4"),
-    ("bk16_s3_1blk", "-DMT_GEMM_MIN_BLOCKS=1"),
-    ("bk32_s3_1blk", "-DMT_GEMM_BK=32 -DMT_GEMM_STAGES=3 -DMT_GEMM_MIN_BLOCKS=1"),
-]
-VARIANT_SHAPES = [(8192, 8192, 8192), (4096, 11008, 4096)]
-
-
-def sweep_variants(repeat):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    base = os.environ.get("MT_VARIANT_DIR", "/tmp/mt_gemm_variants")
-    nvcc = os.environ.get("NVCC", "nvcc")
-    builds = []
-    for name, flags in VARIANTS:
-        out = os.path.join(base, name)
-        cmd = ["make", "-s", os.path.join(out, "libmojo_train_cuda_identical.so"), "BUILD=" + out,
-               "NVCC=%s %s" % (nvcc, flags)]
-        builds.append((name, flags, out, subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE,
-                                                          stderr=subprocess.STDOUT, text=True)))
-    table = []
-    for name, flags, out, proc in builds:
-        log = proc.communicate()[0]
-        if proc.returncode:
-            print("variant %s: build failed\n%s" % (name, log[-3000:]))
-            table.append((name, "build failed", []))
-            continue
-        env = dict(os.environ, MOJO_TRAIN_LIBRARY_PATH=out)
-        check = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "linear"], cwd=root,
-                               env=env, capture_output=True, text=True)
-        cuda_rows = [line.split()[-2] for line in check.stdout.splitlines()
-                     if line.startswith("linear ") and "cuda" in line]
-        verdict = ("card %s" % " ".join(cuda_rows) if cuda_rows and check.returncode == 0 else
-                   "card FAILED: " + (check.stdout + check.stderr)[-300:])
-        bench = subprocess.run([sys.executable, os.path.abspath(__file__), "--forward-only", "--json", "--repeat",
-                                str(repeat)], env=env, capture_output=True, text=True)
-        rows = [json.loads(l[5:]) for l in bench.stdout.splitlines() if l.startswith("JSON ")]
-        if not rows:
-            print("variant %s: benchmark failed\n%s" % (name, bench.stderr[-2000:]))
-        table.append((name, verdict, rows[-1] if rows else []))
-    print("\nGEMM variants (forward, median of %d)" % repeat)
-    for name, verdict, rows in table:
-        figures = "  ".join("%dx%dx%d %.2f TF/s%s" % (r["m"], r["n"], r["k"], r["ours_TFLOPs"],
-                                                      " (%.2fx torch)" % r["ratio"] if "ratio" in r else "")
-                            for r in rows)
-        print("%-14s %-34s %s" % (name, verdict[:34], figures))
-    return table
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=12)
     ap.add_argument("--quick", action="store_true", help="8192^3 and 2048^3 forward, one backward")
     ap.add_argument("--write", action="store_true", help="append a record to bench/results/linear_cuda.jsonl")
-    ap.add_argument("--variants", action="store_true", help="build and time every tiling in VARIANTS")
-    ap.add_argument("--forward-only", action="store_true", help=argparse.SUPPRESS)   # the sweep's child
-    ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.variants:
-        sweep_variants(args.repeat)
-        return
-    if args.forward_only:
-        global FORWARD, BACKWARD
-        FORWARD, BACKWARD = VARIANT_SHAPES, []
-    rows = run_benchmarks(args.repeat, args.quick, args.write)
-    if args.json:
-        print("JSON " + json.dumps(rows))
+    run_benchmarks(args.repeat, args.quick, args.write)
 
 
 if __name__ == "__main__":

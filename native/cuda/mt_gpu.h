@@ -142,6 +142,17 @@ __device__ __forceinline__ void mt_cp_async16(float *smem, const float *gmem, in
 #endif
 }
 
+/* x's value hidden from the compiler: it stays in a register instead of being recomputed where
+ * used (nvcc rematerializes threadIdx-derived offsets under register pressure, each time an
+ * S2R with its long latency). Nothing on HIP. */
+__device__ __forceinline__ void mt_opaque(int &x) {
+#if defined(__HIPCC__) || defined(MT_HIP)
+    (void)x;
+#else
+    asm volatile("" : "+r"(x));
+#endif
+}
+
 __device__ __forceinline__ void mt_cp_async_commit() {
 #if MT_CP_ASYNC
     asm volatile("cp.async.commit_group;\n" ::: "memory");

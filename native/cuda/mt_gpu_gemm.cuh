@@ -36,9 +36,16 @@
 #include "mt_gpu_runtime.h"
 #include "mt_pinned.h"
 
-/* Tile depth and pipeline depth (overridable for experiments: -DMT_GEMM_BK=16 ...). */
+/* The tiling (overridable for experiments: bench/gemm_variants.py builds each). MT_GEMM_SHAPE 0:
+ * 256 threads, eight warps of 32 x 64 outputs, 8 x 8 chains a thread (128 registers, two blocks
+ * an SM); 1: 128 threads, four warps of 64 x 64, 8 x 16 chains a thread (the shape of cuBLAS's
+ * own FFMA kernel on the H200: 255 registers). Each tile is 128 x 128 outputs. Shape 1 ran at
+ * 39-41 TFLOP/s where shape 0 ran at 45 (fifteenth session, bench/results/NOTES.md). */
+#ifndef MT_GEMM_SHAPE
+#define MT_GEMM_SHAPE 0
+#endif
 #ifndef MT_GEMM_BK
-#define MT_GEMM_BK 16
+#define MT_GEMM_BK (MT_GEMM_SHAPE == 1 ? 8 : 16)
 #endif
 #ifndef MT_GEMM_STAGES
 #define MT_GEMM_STAGES 3
@@ -49,6 +56,9 @@
 #ifndef MT_GEMM_MIN_BLOCKS
 #define MT_GEMM_MIN_BLOCKS 2
 #endif
+#ifndef MT_GEMM_GROUP_M
+#define MT_GEMM_GROUP_M 8
+#endif
 
 /* Everything below has internal linkage (an unnamed namespace): each .cu that includes this
  * gets its own kernels AND its own once-per-kernel shared-memory setup. With external linkage
@@ -56,6 +66,8 @@
  * without its shared-memory limit raised ("invalid argument"). */
 namespace mt_gemm {
 namespace {
+
+template <bool B> struct mt_flag { static constexpr bool value = B; };
 
 __host__ __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 
@@ -95,12 +107,24 @@ inline desc make_desc(float *c, int64_t ldc, operand a, operand b, int64_t m, in
     return d;
 }
 
-constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES, THREADS = 256;
+constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES;
+#if MT_GEMM_SHAPE == 1
+constexpr int THREADS = 128, WARPS_M = 2, TM = 8, TN = 16;
+#else
+constexpr int THREADS = 256, WARPS_M = 4, TM = 8, TN = 8;
+#endif
+constexpr int WARPS_N = THREADS / 32 / WARPS_M;
+constexpr int WM = BM / WARPS_M, WN = BN / WARPS_N;   /* a warp's outputs */
+constexpr int LANES_N = WN / TN, LANES_M = 32 / LANES_N;
+constexpr int GM = TM / 4, GN = TN / 4;               /* a thread's float4 groups of rows, of columns */
+constexpr int SM_ = WM / GM, SN = WN / GN;            /* stride between a thread's groups */
 constexpr int LDS = BM + 4;        /* one contraction step of a tile in shared memory, padded */
 constexpr int TILE = BK * LDS;     /* floats of one operand's tile in one stage */
-constexpr int GROUP_M = 8;         /* tile rows walked together (L2 reuse of B) */
-static_assert(BM == 128 && BN == 128 && THREADS == 256, "the loaders' thread maps assume 128 x 128 / 256");
-static_assert(BK % 8 == 0 && BK <= 32, "BK must be 8, 16, 24 or 32");
+constexpr int GROUP_M = MT_GEMM_GROUP_M;   /* tile rows walked together (L2 reuse of B) */
+static_assert(BM == 128 && BN == 128, "the loaders' maps assume 128-row tiles");
+static_assert(THREADS == 128 || THREADS == 256, "the loaders' maps assume 128 or 256 threads");
+static_assert(LANES_M * LANES_N == 32 && LANES_M * 4 * GM == WM && LANES_N * 4 * GN == WN, "thread tile");
+static_assert(BK % 8 == 0 && BK <= 32 && BK % (THREADS / 32) == 0, "BK must be 8, 16, 24 or 32");
 static_assert(STAGES >= 2, "at least double buffering");
 constexpr int SMEM_BYTES = STAGES * 2 * TILE * 4;   /* dynamic shared memory of one block */
 #if defined(__HIPCC__) || defined(MT_HIP)
@@ -129,27 +153,31 @@ struct params {
  * edge reads nothing (src_bytes 0, from the operand's base) and zero-fills. */
 
 /* Contraction-contiguous rows: lane groups of 8 copy 8 consecutive p of 4 rows (32-byte
- * global segments, conflict-free transposed stores: bank = 4 p + r mod 32). 4-byte copies. */
+ * global segments, conflict-free transposed stores: bank = 4 p + r mod 32). 4-byte copies;
+ * a pass of the block covers THREADS / 8 rows. */
 struct kmajor_loader {
+    static constexpr int ROWS = THREADS / 8, PASSES = BM / ROWS;
     const float *g;      /* row r0 at contraction offset kk of the next tile */
     int soff, kk;
-    unsigned rowmask;    /* bit q: row r0 + 32 q exists */
+    unsigned rowmask;    /* bit q: row r0 + ROWS q exists */
 
     __device__ __forceinline__ void init(const float *x, int64_t ld, int64_t rows, int64_t row0, int64_t p0) {
         const int t = threadIdx.x, r0 = t >> 3;
         kk = t & 7;
         soff = kk * LDS + r0;
+        mt_opaque(kk);
+        mt_opaque(soff);
         g = x + (row0 + r0) * ld + p0 + kk;
         rowmask = 0;
-        for (int q = 0; q < 4; ++q) rowmask |= (row0 + r0 + 32 * q < rows) ? 1u << q : 0u;
+        for (int q = 0; q < PASSES; ++q) rowmask |= (row0 + r0 + ROWS * q < rows) ? 1u << q : 0u;
     }
     template <bool EDGE>
     __device__ __forceinline__ void load(float *s, const float *base, int64_t ld, int q, int len) {
         MT_PRAGMA_UNROLL
-        for (int j = 0; j < BK / 2; ++j) {
+        for (int j = 0; j < PASSES * (BK / 8); ++j) {
             const int kq = j % (BK / 8), rq = j / (BK / 8);
-            const float *src = g + rq * 32 * ld + kq * 8;
-            float *dst = s + soff + kq * 8 * LDS + rq * 32;
+            const float *src = g + rq * ROWS * ld + kq * 8;
+            float *dst = s + soff + kq * 8 * LDS + rq * ROWS;
             if (!EDGE) {
                 mt_cp_async4(dst, src, 4);
             } else {
@@ -162,8 +190,9 @@ struct kmajor_loader {
 };
 
 /* Output-contiguous rows, 16-byte aligned (x aligned, ld % 4 == 0): a warp copies 128
- * consecutive floats of one contraction step, 16 bytes a lane. */
+ * consecutive floats of one contraction step, 16 bytes a lane; a pass covers THREADS / 32 steps. */
 struct rmajor_vec_loader {
+    static constexpr int STEPS = THREADS / 32;
     const float *g;
     int soff, kr, nbytes;   /* nbytes: bytes of this lane's 4 columns that exist (0..16) */
 
@@ -171,6 +200,8 @@ struct rmajor_vec_loader {
         const int t = threadIdx.x, col = (t & 31) * 4;
         kr = t >> 5;
         soff = kr * LDS + col;
+        mt_opaque(kr);
+        mt_opaque(soff);
         g = x + (p0 + kr) * ld + row0 + col;
         const int64_t left = rows - (row0 + col);
         nbytes = left >= 4 ? 16 : left > 0 ? (int)left * 4 : 0;
@@ -178,13 +209,13 @@ struct rmajor_vec_loader {
     template <bool EDGE>
     __device__ __forceinline__ void load(float *s, const float *base, int64_t ld, int q, int len) {
         MT_PRAGMA_UNROLL
-        for (int j = 0; j < BK / 8; ++j) {
-            const float *src = g + 8 * j * ld;
-            float *dst = s + soff + 8 * j * LDS;
+        for (int j = 0; j < BK / STEPS; ++j) {
+            const float *src = g + STEPS * j * ld;
+            float *dst = s + soff + STEPS * j * LDS;
             if (!EDGE) {
                 mt_cp_async16(dst, src, 16);
             } else {
-                const bool ok = nbytes > 0 && q + kr + 8 * j < len;
+                const bool ok = nbytes > 0 && q + kr + STEPS * j < len;
                 mt_cp_async16(dst, ok ? src : base, ok ? nbytes : 0);
             }
         }
@@ -192,8 +223,10 @@ struct rmajor_vec_loader {
     }
 };
 
-/* Output-contiguous rows, any alignment: 4-byte copies, a warp covers 32 consecutive floats. */
+/* Output-contiguous rows, any alignment: 4-byte copies, a warp covers 32 consecutive floats;
+ * a pass covers THREADS / 128 steps. */
 struct rmajor_loader {
+    static constexpr int STEPS = THREADS / 128;
     const float *g;
     int soff, kr;
     bool colok;
@@ -202,19 +235,21 @@ struct rmajor_loader {
         const int t = threadIdx.x, col = t & 127;
         kr = t >> 7;
         soff = kr * LDS + col;
+        mt_opaque(kr);
+        mt_opaque(soff);
         g = x + (p0 + kr) * ld + row0 + col;
         colok = row0 + col < rows;
     }
     template <bool EDGE>
     __device__ __forceinline__ void load(float *s, const float *base, int64_t ld, int q, int len) {
         MT_PRAGMA_UNROLL
-        for (int j = 0; j < BK / 2; ++j) {
-            const float *src = g + 2 * j * ld;
-            float *dst = s + soff + 2 * j * LDS;
+        for (int j = 0; j < BK / STEPS; ++j) {
+            const float *src = g + STEPS * j * ld;
+            float *dst = s + soff + STEPS * j * LDS;
             if (!EDGE) {
                 mt_cp_async4(dst, src, 4);
             } else {
-                const bool ok = colok && q + kr + 2 * j < len;
+                const bool ok = colok && q + kr + STEPS * j < len;
                 mt_cp_async4(dst, ok ? src : base, ok ? 4 : 0);
             }
         }
@@ -230,16 +265,17 @@ template <> struct loader_of<1> { typedef rmajor_loader type; };
 template <> struct loader_of<2> { typedef rmajor_vec_loader type; };
 
 /* ---- the kernel ---------------------------------------------------------------------------
- * 256 threads own a 128 x 128 tile of C; warp w owns rows 32 (w / 2) .. +31 and columns
- * 64 (w % 2) .. +63; lane l owns rows 4 (l / 8) + {0..3, 16..19} and columns
- * 4 (l % 8) + {0..3, 32..35} of that, 8 x 8 chains held in registers. Per contraction step a
- * thread reads two 16-byte A fragments and two 16-byte B fragments (4 and 8 distinct
- * addresses a warp: broadcasts) and issues 64 FFMA. Shared memory holds STAGES stages filled
- * by cp.async, STAGES - 1 tiles ahead of the one computed; one barrier per tile.
- * Speed model (sm_90, BK 16, 3 stages): 128 registers, no spills, 2 blocks (16 warps) an SM;
- * the steady loop issues 1024 FFMA in ~1166 instructions (64 LDS.128, 16 LDGSTS, ~60 address
- * and pipeline), so FFMA can hold at most ~88% of the issue slots; FP32 peak is 132 SMs x 128
- * lanes x 2 x 1.98 GHz = 67 TFLOP/s. bench/linear_cuda.py --variants times other tilings. */
+ * THREADS threads own a 128 x 128 tile of C in WARPS_M x WARPS_N warps of WM x WN outputs; in
+ * a warp, lane l owns rows 4 (l / LANES_N) + SM_ g + {0..3} (g < GM) and columns
+ * 4 (l % LANES_N) + SN h + {0..3} (h < GN): TM x TN chains held in registers. Per contraction
+ * step a thread reads GM + GN 16-byte fragments (broadcasts within the warp) and issues TM TN
+ * FFMA. Shared memory holds STAGES stages filled by cp.async, STAGES - 1 tiles ahead of the one
+ * computed; one barrier per tile. FP32 peak is 132 SMs x 128 lanes x 2 x 1.98 GHz = 67 TFLOP/s.
+ * Shape 0 (256 threads, 8 x 8 a thread, BK 16): per 64 FFMA the steady loop issues 4 LDS.128
+ * and 1 LDGSTS; ncu (fifteenth session) counts 1,140 instructions per 1,024 FFMA and 77% of
+ * issue slots busy, the rest mostly dispatch stalls and the barrier. Shape 1 (128 threads,
+ * 8 x 16, BK 8) has cuBLAS's mix (6 LDS.128 per 128 FFMA) but nvcc's code for it reached 67%
+ * of issue slots against cuBLAS's 87%. bench/gemm_variants.py times the tilings. */
 template <int KA, int KB>
 __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const params P) {
     if (P.refused && *P.refused) return;
@@ -257,8 +293,10 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     float *C = P.c + z * P.c_slice;
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int am = (warp >> 1) * 32 + (lane >> 3) * 4;   /* rows am + {0..3, 16..19} */
-    const int bn = (warp & 1) * 64 + (lane & 7) * 4;     /* cols bn + {0..3, 32..35} */
+    int am = (warp / WARPS_N) * WM + (lane / LANES_N) * 4;   /* rows am + SM_ g + {0..3} */
+    int bn = (warp % WARPS_N) * WN + (lane % LANES_N) * 4;   /* cols bn + SN h + {0..3} */
+    mt_opaque(am);   /* kept in registers: recomputing them from threadIdx each tile stalled on S2R */
+    mt_opaque(bn);
 
     typename loader_of<KA>::type la;
     typename loader_of<KB>::type lb;
@@ -266,19 +304,19 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     lb.init(P.b, P.ldb, P.n, col0, p_begin);
     const bool interior = row0 + BM <= P.m && col0 + BN <= P.n;
 
-    float acc[8][8];
+    float acc[TM][TN];
     MT_PRAGMA_UNROLL
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < TM; ++i) {
         MT_PRAGMA_UNROLL
-        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
     }
     if (P.accumulate) {   /* continue the chains already in C */
         MT_PRAGMA_UNROLL
-        for (int i = 0; i < 8; ++i) {
-            const int64_t r = row0 + am + (i & 3) + (i >> 2) * 16;
+        for (int i = 0; i < TM; ++i) {
+            const int64_t r = row0 + am + (i & 3) + (i >> 2) * SM_;
             MT_PRAGMA_UNROLL
-            for (int j = 0; j < 8; ++j) {
-                const int64_t cc = col0 + bn + (j & 3) + (j >> 2) * 32;
+            for (int j = 0; j < TN; ++j) {
+                const int64_t cc = col0 + bn + (j & 3) + (j >> 2) * SN;
                 if (r < P.m && cc < P.n) acc[i][j] = C[r * P.ldc + cc];
             }
         }
@@ -286,75 +324,109 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
 
     const int ntiles = len > 0 ? (len + BK - 1) / BK : 0;
     /* tile tt (issued in order, tt < ntiles) into its stage */
-#define MT_GEMM_ISSUE(tt, stage)                                                                   \
-    do {                                                                                           \
-        float *s_ = smem + (stage) * 2 * TILE;                                                     \
-        const int q_ = (tt) * BK;                                                                  \
-        if (MT_GEMM_FAST_ONLY || (interior && q_ + BK <= len)) {                                   \
-            la.template load<false>(s_, P.a, P.lda, q_, len);                                      \
-            lb.template load<false>(s_ + TILE, P.b, P.ldb, q_, len);                               \
-        } else {                                                                                   \
-            la.template load<true>(s_, P.a, P.lda, q_, len);                                       \
-            lb.template load<true>(s_ + TILE, P.b, P.ldb, q_, len);                                \
-        }                                                                                          \
-    } while (0)
-    MT_PRAGMA_UNROLL
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) MT_GEMM_ISSUE(s, s);
-        mt_cp_async_commit();
-    }
-#define MT_GEMM_STEP(kk)                                                                           \
-    do {                                                                                           \
-        const float4 a0 = *(const float4 *)(As + (kk) * LDS + am);                                 \
-        const float4 a1 = *(const float4 *)(As + (kk) * LDS + am + 16);                            \
-        const float4 b0 = *(const float4 *)(Bs + (kk) * LDS + bn);                                 \
-        const float4 b1 = *(const float4 *)(Bs + (kk) * LDS + bn + 32);                            \
-        const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};                      \
-        const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};                      \
-        MT_PRAGMA_UNROLL                                                                           \
-        for (int i = 0; i < 8; ++i) {                                                              \
-            MT_PRAGMA_UNROLL                                                                       \
-            for (int j = 0; j < 8; ++j) acc[i][j] = MT_DOT_STEP(av[i], bv[j], acc[i][j]);          \
-        }                                                                                          \
-    } while (0)
-    int cs = 0, ls = STAGES - 1;   /* stage computed, stage loaded next */
-    const int nfull = len / BK;    /* whole tiles; a short last one follows them */
-    for (int t = 0; t < nfull; ++t) {
-        mt_cp_async_wait<STAGES - 2>();
-        __syncthreads();   /* tile t is in for everyone; everyone is done with tile t - 1 */
-        if (t + STAGES - 1 < ntiles) MT_GEMM_ISSUE(t + STAGES - 1, ls);   /* into tile t - 1's stage */
-        mt_cp_async_commit();
-        const float *As = smem + cs * 2 * TILE, *Bs = As + TILE;
-        cs = cs == STAGES - 1 ? 0 : cs + 1;
-        ls = ls == STAGES - 1 ? 0 : ls + 1;
+    /* The tile pipeline, instantiated twice: ALL_FAST (an interior block whose range is whole
+     * tiles: every copy unguarded, no edge code in the loop) and the general one. */
+    auto pipeline = [&](auto all_fast) {
+        constexpr bool ALL_FAST = decltype(all_fast)::value;
+        /* tile tt (issued in order, tt < ntiles) into its stage */
+        auto issue = [&](int tt, int stage) {
+            float *s_ = smem + stage * 2 * TILE;
+            const int q_ = tt * BK;
+            if (ALL_FAST || MT_GEMM_FAST_ONLY || (interior && q_ + BK <= len)) {
+                la.template load<false>(s_, P.a, P.lda, q_, len);
+                lb.template load<false>(s_ + TILE, P.b, P.ldb, q_, len);
+            } else {
+                la.template load<true>(s_, P.a, P.lda, q_, len);
+                lb.template load<true>(s_ + TILE, P.b, P.ldb, q_, len);
+            }
+        };
         MT_PRAGMA_UNROLL
-        for (int kk = 0; kk < BK; ++kk) MT_GEMM_STEP(kk);
-    }
-    if (nfull < ntiles) {
-        /* The short last tile: exactly its steps. A zero-padded step would not always be an
-         * identity: a chain can end at -0.0 (a tiny negative product underflowing), and
-         * fma(0, 0, -0.0) = +0.0. */
-        mt_cp_async_wait<0>();
-        __syncthreads();
-        const float *As = smem + cs * 2 * TILE, *Bs = As + TILE;
-        const int steps = len - nfull * BK;
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < ntiles) issue(s, s);
+            mt_cp_async_commit();
+        }
+        /* A step's fragments into registers, and its TM x TN chain steps from registers. */
+        auto fragments = [&](const float *As, const float *Bs, int kk, float (&av)[TM], float (&bv)[TN]) {
+            MT_PRAGMA_UNROLL
+            for (int g = 0; g < GM; ++g) {
+                const float4 f = *(const float4 *)(As + kk * LDS + am + SM_ * g);
+                av[4 * g] = f.x; av[4 * g + 1] = f.y; av[4 * g + 2] = f.z; av[4 * g + 3] = f.w;
+            }
+            MT_PRAGMA_UNROLL
+            for (int h = 0; h < GN; ++h) {
+                const float4 f = *(const float4 *)(Bs + kk * LDS + bn + SN * h);
+                bv[4 * h] = f.x; bv[4 * h + 1] = f.y; bv[4 * h + 2] = f.z; bv[4 * h + 3] = f.w;
+            }
+        };
+        auto chain_step = [&](const float (&av)[TM], const float (&bv)[TN]) {
+            MT_PRAGMA_UNROLL
+            for (int i = 0; i < TM; ++i) {
+                MT_PRAGMA_UNROLL
+                for (int j = 0; j < TN; ++j) acc[i][j] = MT_DOT_STEP(av[i], bv[j], acc[i][j]);
+            }
+        };
+        /* Whole tiles, software-pipelined: step kk + 1's fragments are read while step kk's chain
+         * steps run, and the barrier that publishes tile t + 1 comes before tile t's last step
+         * (whose fragments are already in registers), so tile t + 1's first fragments are read
+         * across it. After that barrier nobody reads tile t's stage, so tile t + STAGES is issued
+         * into it. */
+        const int nfull = len / BK;    /* whole tiles; a short last one follows them */
+        int cs = 0;                    /* stage of the tile computed */
+        float av[2][TM], bv[2][TN];
+        if (nfull > 0) {
+            mt_cp_async_wait<STAGES - 2>();
+            __syncthreads();   /* tile 0 is in for everyone */
+            if (STAGES - 1 < ntiles) issue(STAGES - 1, STAGES - 1);
+            mt_cp_async_commit();
+            fragments(smem, smem + TILE, 0, av[0], bv[0]);
+        }
+        for (int t = 0; t < nfull; ++t) {
+            const float *As = smem + cs * 2 * TILE, *Bs = As + TILE;
+            MT_PRAGMA_UNROLL
+            for (int kk = 0; kk < BK - 1; ++kk) {
+                fragments(As, Bs, kk + 1, av[(kk + 1) & 1], bv[(kk + 1) & 1]);
+                chain_step(av[kk & 1], bv[kk & 1]);
+            }
+            const int ns = cs == STAGES - 1 ? 0 : cs + 1;   /* tile t + 1's stage */
+            if (t + 1 < nfull) {
+                mt_cp_async_wait<STAGES - 2>();
+                __syncthreads();   /* tile t + 1 is in for everyone; everyone is done reading tile t */
+                if (t + STAGES < ntiles) issue(t + STAGES, cs);
+                mt_cp_async_commit();
+                fragments(smem + ns * 2 * TILE, smem + ns * 2 * TILE + TILE, 0, av[BK & 1], bv[BK & 1]);
+            }
+            chain_step(av[(BK - 1) & 1], bv[(BK - 1) & 1]);
+            cs = ns;
+        }
+        if (nfull < ntiles) {
+            /* The short last tile: exactly its steps. A zero-padded step would not always be an
+             * identity: a chain can end at -0.0 (a tiny negative product underflowing), and
+             * fma(0, 0, -0.0) = +0.0. */
+            mt_cp_async_wait<0>();
+            __syncthreads();
+            const float *As = smem + cs * 2 * TILE, *Bs = As + TILE;
+            const int steps = len - nfull * BK;
 #pragma unroll 1
-        for (int kk = 0; kk < steps; ++kk) MT_GEMM_STEP(kk);
-    }
-#undef MT_GEMM_STEP
-#undef MT_GEMM_ISSUE
+            for (int kk = 0; kk < steps; ++kk) {
+                fragments(As, Bs, kk, av[0], bv[0]);
+                chain_step(av[0], bv[0]);
+            }
+        }
+    };
+    if (interior && len % BK == 0) pipeline(mt_flag<true>());
+    else pipeline(mt_flag<false>());
     mt_cp_async_wait<0>();
 
     /* epilogue: C = chain (+ bias), 16-byte stores where the row allows */
     const bool vec_c = ((P.ldc & 3) == 0) && ((((uintptr_t)C) & 15u) == 0);
     MT_PRAGMA_UNROLL
-    for (int i = 0; i < 8; ++i) {
-        const int64_t r = row0 + am + (i & 3) + (i >> 2) * 16;
+    for (int i = 0; i < TM; ++i) {
+        const int64_t r = row0 + am + (i & 3) + (i >> 2) * SM_;
         if (r >= P.m) continue;
         float *crow = C + r * P.ldc;
         MT_PRAGMA_UNROLL
-        for (int h = 0; h < 2; ++h) {
-            const int64_t cc = col0 + bn + 32 * h;
+        for (int h = 0; h < GN; ++h) {
+            const int64_t cc = col0 + bn + SN * h;
             float v[4];
             MT_PRAGMA_UNROLL
             for (int e = 0; e < 4; ++e) {

@@ -1,0 +1,116 @@
+"""The chain GEMM's tilings side by side: build bench/gemm_variants.cu once per variant, run them.
+
+    python bench/gemm_variants.py build [--out DIR] [--only NAME,...]   (here: needs nvcc, no GPU)
+    python bench/gemm_variants.py run [--out DIR] [--repeat N]          (on the GPU machine)
+
+`build` compiles one small executable per entry of VARIANTS (the -D flags of
+native/cuda/mt_gpu_gemm.cuh) into DIR (default native/build/gemm_variants, small enough to carry to
+the device, unlike a whole library per variant). `run` runs each on the same six products (linear
+forward 8192^3 and 4096x11008x4096, the backward's da and dweight leaves at 8192x4096x4096, two
+edge shapes) and prints one table: median ms and TFLOP/s per product, and whether the hash of C's
+bytes equals the first variant's on every product. The contract fixes each output's chain, so a
+tiling that prints another hash changed bits and is disqualified whatever its speed. A chosen
+tiling then goes into the library and must pass the linear card (selfcheck) and the suite.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+VARIANTS = [
+    ("sh0_bk16_s3", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=3"),   # 256 threads, 8 x 8 a thread
+    ("sh0_bk16_s2", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=2"),
+    ("sh0_bk16_s4", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=4"),
+    ("sh1_bk8_s3", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=3"),     # 128 threads, 8 x 16: cuBLAS's shape
+    ("sh1_bk8_s4", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=4"),
+    ("sh1_bk16_s3", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=3"),
+    ("sh1_bk16_s2", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=2"),
+    ("sh1_bk8_s5", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=5"),
+]
+
+
+def nvcc_command(out, flags):
+    return ([os.environ.get("NVCC", "nvcc"), "-O3", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90",
+             "-Inative/include", "-Inative/common", "-Inative/cuda", "-Xcompiler", "-ffp-contract=off",
+             '-DMT_VENDOR_NAME="cuda"', "-Xptxas", "-v"] + flags.split() + ["-o", out, "bench/gemm_variants.cu"])
+
+
+def build(out_dir, only):
+    os.makedirs(out_dir, exist_ok=True)
+    procs = []
+    for name, flags in VARIANTS:
+        if only and name not in only:
+            continue
+        procs.append((name, subprocess.Popen(nvcc_command(os.path.join(out_dir, name), flags), cwd=ROOT,
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    failed = 0
+    for name, proc in procs:
+        log = proc.communicate()[0]
+        if proc.returncode:
+            failed += 1
+            print("%s: build failed\n%s" % (name, log[-3000:]))
+            continue
+        # ptxas's line per kernel: registers and spills of k_gemm<0,0> (the forward's)
+        lines = log.splitlines()
+        summary = ""
+        for i, line in enumerate(lines):
+            if "k_gemmILi0ELi0E" in line and "Function properties" in line:
+                summary = " ".join(l.split("ptxas info    :")[-1].strip() for l in lines[i + 1:i + 3])
+        print("%-14s built; k_gemm<0,0>: %s" % (name, summary))
+    return failed
+
+
+def parse(stdout, name):
+    """The harness's lines for variant `name`: one dict per product (shape, lay, slices, ms, tflops, fnv)."""
+    rows = []
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) > 3 and words[0] == name:
+            rows.append(dict([("shape", words[1]), ("lay", words[2])] + [kv.split("=", 1) for kv in words[3:]]))
+    return rows
+
+
+def verdict(rows, reference):
+    """'same bits' when every product's hash is the reference variant's, in the same products."""
+    same = [(r["shape"], r["lay"], r["fnv"]) for r in rows] == [(r["shape"], r["lay"], r["fnv"]) for r in reference]
+    return "same bits" if same else "BITS DIFFER"
+
+
+def run(out_dir, repeat):
+    table, reference = [], None
+    for name, _ in VARIANTS:
+        exe = os.path.join(out_dir, name)
+        if not os.path.exists(exe):
+            print("%s: not built" % name)
+            continue
+        proc = subprocess.run([exe, name, str(repeat)], capture_output=True, text=True)
+        rows = parse(proc.stdout, name)
+        if proc.returncode or not rows:
+            print("%s: failed (rc %d)\n%s" % (name, proc.returncode, (proc.stdout + proc.stderr)[-2000:]))
+            continue
+        if reference is None:
+            reference = rows
+            print("reference hashes (%s): %s" % (name, " ".join(r["fnv"] for r in rows)))
+        same = verdict(rows, reference)
+        table.append((name, same, rows))
+        print("%-14s %-11s %s" % (name, same, "  ".join("%s %s %s ms %s TF/s" % (r["shape"], r["lay"], r["ms"], r["tflops"])
+                                                        for r in rows)), flush=True)
+    return table
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=["build", "run"])
+    ap.add_argument("--out", default=os.path.join(ROOT, "native", "build", "gemm_variants"))
+    ap.add_argument("--only", default="", help="comma-separated variant names (build)")
+    ap.add_argument("--repeat", type=int, default=10)
+    args = ap.parse_args()
+    if args.what == "build":
+        sys.exit(1 if build(args.out, [n for n in args.only.split(",") if n]) else 0)
+    run(args.out, args.repeat)
+
+
+if __name__ == "__main__":
+    main()
