@@ -8,8 +8,9 @@
 // Inputs are uniform in [-1, 1) from a counter hash (the same on every run), C is filled with
 // NaN bits before the checked call (an output a tiling forgot stays NaN and changes the hash).
 // Usage: <exe> NAME [REPEAT] [kk|kr|rr|sanitize]: the six products timed; or one big product run
-// once (for ncu); or small products covering every path of the kernel, run once (for
-// compute-sanitizer).
+// once (for ncu); or small products for compute-sanitizer, run once: each loader kind's
+// unguarded and guarded copies, interior whole tiles, edges, short last tiles and leaves (not
+// accumulate, bias, or a 16-byte row with fewer than four columns left).
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -113,10 +114,11 @@ int main(int argc, char **argv) {
     if (!strcmp(only, "kk")) run(name, 8192, 8192, 8192, "kk", 1);
     if (!strcmp(only, "kr")) run(name, 8192, 4096, 4096, "kr", 1);
     if (!strcmp(only, "rr")) run(name, 4096, 4096, 8192, "rr", 1);
-    if (!strcmp(only, "sanitize")) {   // small products for compute-sanitizer: every path of the kernel
+    if (!strcmp(only, "sanitize")) {   // small products for compute-sanitizer (see the top)
         run(name, 256, 384, 64, "kk", 1);     // interior tiles, whole tiles: the unguarded pipeline
         run(name, 256, 256, 64, "kr", 1);
-        run(name, 256, 256, 2064, "rr", 1);   // three leaves, the last one tile long
+        run(name, 256, 256, 2064, "rr", 1);   // three leaves, the last 16 steps
+        run(name, 200, 300, 1050, "rr", 1);   // the 16-byte loader at a column edge, a 26-step last leaf
         run(name, 200, 300, 50, "kk", 1);     // edges and a short last tile
         run(name, 130, 130, 37, "kr", 1);     // ld 130: the 4-byte output-contiguous loader
         run(name, 130, 66, 1030, "rr", 1);

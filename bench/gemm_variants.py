@@ -20,14 +20,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 VARIANTS = [
-    ("sh0_bk16_s3", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=3"),   # 256 threads, 8 x 8 a thread
-    ("sh0_bk16_s2", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=2"),
-    ("sh0_bk16_s4", "-DMT_GEMM_SHAPE=0 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=4"),
-    ("sh1_bk8_s3", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=3"),     # 128 threads, 8 x 16: cuBLAS's shape
-    ("sh1_bk8_s4", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=4"),
-    ("sh1_bk16_s3", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=3"),
-    ("sh1_bk16_s2", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=16 -DMT_GEMM_STAGES=2"),
-    ("sh1_bk8_s5", "-DMT_GEMM_SHAPE=1 -DMT_GEMM_BK=8 -DMT_GEMM_STAGES=5"),
+    ("library", ""),   # the header's defaults: the reference every other tiling's hashes are compared with
+    ("bk16_s3_all", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3"),           # one tiling for every layout
+    ("bk16_s3_all_nozz", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3 -DMT_GEMM_ZIGZAG=0"),   # 3415e7e's
+    ("bk32_s2_all", "-DMT_GEMM_BK=32 -DMT_GEMM_STAGES=2"),
+    ("r_bk32_s3", "-DMT_GEMM_STAGES_R=3"),
+    ("sh1", "-DMT_GEMM_SHAPE=1"),   # 128 threads, 8 x 16: cuBLAS's shape
 ]
 
 
@@ -84,11 +82,15 @@ def run(out_dir, repeat):
         exe = os.path.join(out_dir, name)
         if not os.path.exists(exe):
             print("%s: not built" % name)
+            if reference is None:
+                sys.exit("%s (the library's tiling, the reference for every hash) is not built: nothing compared" % name)
             continue
         proc = subprocess.run([exe, name, str(repeat)], capture_output=True, text=True)
         rows = parse(proc.stdout, name)
         if proc.returncode or not rows:
             print("%s: failed (rc %d)\n%s" % (name, proc.returncode, (proc.stdout + proc.stderr)[-2000:]))
+            if reference is None:   # no other tiling may stand in for the library's own
+                sys.exit("%s (the library's tiling, the reference for every hash) failed: nothing compared" % name)
             continue
         if reference is None:
             reference = rows
@@ -107,6 +109,7 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated variant names (build)")
     ap.add_argument("--repeat", type=int, default=10)
     args = ap.parse_args()
+    args.out = os.path.abspath(args.out)   # nvcc runs in the repository root, the variants where we are
     if args.what == "build":
         sys.exit(1 if build(args.out, [n for n in args.only.split(",") if n]) else 0)
     run(args.out, args.repeat)

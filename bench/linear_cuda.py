@@ -185,7 +185,6 @@ def run_benchmarks(repeat=12, quick=False, write=False):
     return rows
 
 
-# name, extra nvcc flags (native/cuda/mt_gpu_gemm.cuh: MT_GEMM_BK, MT_GEMM_STAGES, MT_GEMM_MIN_BLOCKS)
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=12)

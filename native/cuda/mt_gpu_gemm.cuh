@@ -44,11 +44,31 @@
 #ifndef MT_GEMM_SHAPE
 #define MT_GEMM_SHAPE 0
 #endif
+/* Tile depth and pipeline stages: MT_GEMM_BK / MT_GEMM_STAGES for the forward's layout (both
+ * operands contraction-contiguous), MT_GEMM_BK_R / MT_GEMM_STAGES_R when either operand is
+ * output-contiguous (the backward's da and dweight, the LM head's). On the H200 (fifteenth
+ * session, bench/gemm_variants.py) the forward ran at 45.5 TFLOP/s with 16 x 3 and 45.3 with
+ * 32 x 2, da and dweight at 47.0 and 46.7 with 16 x 3 but 48.4 and 50.2 with 32 x 2. On HIP an
+ * AMD workgroup has 64 KB of shared memory, so both layouts take 16 x 3 there. */
 #ifndef MT_GEMM_BK
 #define MT_GEMM_BK (MT_GEMM_SHAPE == 1 ? 8 : 16)
 #endif
 #ifndef MT_GEMM_STAGES
 #define MT_GEMM_STAGES 3
+#endif
+#if defined(__HIPCC__) || defined(MT_HIP)
+#ifndef MT_GEMM_BK_R
+#define MT_GEMM_BK_R MT_GEMM_BK
+#endif
+#ifndef MT_GEMM_STAGES_R
+#define MT_GEMM_STAGES_R MT_GEMM_STAGES
+#endif
+#endif
+#ifndef MT_GEMM_BK_R
+#define MT_GEMM_BK_R (MT_GEMM_SHAPE == 1 ? 16 : 32)
+#endif
+#ifndef MT_GEMM_STAGES_R
+#define MT_GEMM_STAGES_R 2
 #endif
 #ifndef MT_GEMM_FAST_ONLY   /* 1: SASS inspection of the interior path only (wrong at edges) */
 #define MT_GEMM_FAST_ONLY 0
@@ -58,6 +78,9 @@
 #endif
 #ifndef MT_GEMM_GROUP_M
 #define MT_GEMM_GROUP_M 8
+#endif
+#ifndef MT_GEMM_ZIGZAG   /* odd rows of the outer product walk the columns backwards (faster: NOTES) */
+#define MT_GEMM_ZIGZAG 1
 #endif
 
 /* Everything below has internal linkage (an unnamed namespace): each .cu that includes this
@@ -107,7 +130,7 @@ inline desc make_desc(float *c, int64_t ldc, operand a, operand b, int64_t m, in
     return d;
 }
 
-constexpr int BM = 128, BN = 128, BK = MT_GEMM_BK, STAGES = MT_GEMM_STAGES;
+constexpr int BM = 128, BN = 128;
 #if MT_GEMM_SHAPE == 1
 constexpr int THREADS = 128, WARPS_M = 2, TM = 8, TN = 16;
 #else
@@ -119,19 +142,28 @@ constexpr int LANES_N = WN / TN, LANES_M = 32 / LANES_N;
 constexpr int GM = TM / 4, GN = TN / 4;               /* a thread's float4 groups of rows, of columns */
 constexpr int SM_ = WM / GM, SN = WN / GN;            /* stride between a thread's groups */
 constexpr int LDS = BM + 4;        /* one contraction step of a tile in shared memory, padded */
-constexpr int TILE = BK * LDS;     /* floats of one operand's tile in one stage */
 constexpr int GROUP_M = MT_GEMM_GROUP_M;   /* tile rows walked together (L2 reuse of B) */
 static_assert(BM == 128 && BN == 128, "the loaders' maps assume 128-row tiles");
 static_assert(THREADS == 128 || THREADS == 256, "the loaders' maps assume 128 or 256 threads");
 static_assert(LANES_M * LANES_N == 32 && LANES_M * 4 * GM == WM && LANES_N * 4 * GN == WN, "thread tile");
-static_assert(BK % 8 == 0 && BK <= 32 && BK % (THREADS / 32) == 0, "BK must be 8, 16, 24 or 32");
-static_assert(STAGES >= 2, "at least double buffering");
-constexpr int SMEM_BYTES = STAGES * 2 * TILE * 4;   /* dynamic shared memory of one block */
+constexpr int MAX_BK = 32;
+
+/* The tile depth and stages of the kernel for loader kinds KA, KB (0: contraction-contiguous). */
+template <int KA, int KB>
+struct tiling {
+    static constexpr bool FORWARD = KA == 0 && KB == 0;
+    static constexpr int BK = FORWARD ? MT_GEMM_BK : MT_GEMM_BK_R;
+    static constexpr int STAGES = FORWARD ? MT_GEMM_STAGES : MT_GEMM_STAGES_R;
+    static constexpr int TILE = BK * LDS;                    /* floats of one operand's tile in one stage */
+    static constexpr int SMEM_BYTES = STAGES * 2 * TILE * 4;   /* dynamic shared memory of one block */
+    static_assert(BK % 8 == 0 && BK <= MAX_BK && BK % (THREADS / 32) == 0, "BK must be 8, 16, 24 or 32");
+    static_assert(STAGES >= 2, "at least double buffering");
 #if defined(__HIPCC__) || defined(MT_HIP)
-static_assert(SMEM_BYTES <= 64 * 1024, "more shared memory than an AMD workgroup has");
+    static_assert(SMEM_BYTES <= 64 * 1024, "more shared memory than an AMD workgroup has");
 #else
-static_assert(SMEM_BYTES * MT_GEMM_MIN_BLOCKS <= 227 * 1024, "more shared memory than an SM has");
+    static_assert(SMEM_BYTES * MT_GEMM_MIN_BLOCKS <= 227 * 1024, "more shared memory than an SM has");
 #endif
+};
 
 struct params {
     float *c;
@@ -155,6 +187,7 @@ struct params {
 /* Contraction-contiguous rows: lane groups of 8 copy 8 consecutive p of 4 rows (32-byte
  * global segments, conflict-free transposed stores: bank = 4 p + r mod 32). 4-byte copies;
  * a pass of the block covers THREADS / 8 rows. */
+template <int BK>
 struct kmajor_loader {
     static constexpr int ROWS = THREADS / 8, PASSES = BM / ROWS;
     const float *g;      /* row r0 at contraction offset kk of the next tile */
@@ -191,6 +224,7 @@ struct kmajor_loader {
 
 /* Output-contiguous rows, 16-byte aligned (x aligned, ld % 4 == 0): a warp copies 128
  * consecutive floats of one contraction step, 16 bytes a lane; a pass covers THREADS / 32 steps. */
+template <int BK>
 struct rmajor_vec_loader {
     static constexpr int STEPS = THREADS / 32;
     const float *g;
@@ -225,6 +259,7 @@ struct rmajor_vec_loader {
 
 /* Output-contiguous rows, any alignment: 4-byte copies, a warp covers 32 consecutive floats;
  * a pass covers THREADS / 128 steps. */
+template <int BK>
 struct rmajor_loader {
     static constexpr int STEPS = THREADS / 128;
     const float *g;
@@ -259,10 +294,10 @@ struct rmajor_loader {
 
 /* Loader kinds: 0 contraction-contiguous, 1 output-contiguous (4-byte), 2 output-contiguous
  * (16-byte). */
-template <int KIND> struct loader_of;
-template <> struct loader_of<0> { typedef kmajor_loader type; };
-template <> struct loader_of<1> { typedef rmajor_loader type; };
-template <> struct loader_of<2> { typedef rmajor_vec_loader type; };
+template <int KIND, int BK> struct loader_of;
+template <int BK> struct loader_of<0, BK> { typedef kmajor_loader<BK> type; };
+template <int BK> struct loader_of<1, BK> { typedef rmajor_loader<BK> type; };
+template <int BK> struct loader_of<2, BK> { typedef rmajor_vec_loader<BK> type; };
 
 /* ---- the kernel ---------------------------------------------------------------------------
  * THREADS threads own a 128 x 128 tile of C in WARPS_M x WARPS_N warps of WM x WN outputs; in
@@ -280,6 +315,7 @@ template <int KA, int KB>
 __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const params P) {
     if (P.refused && *P.refused) return;
     extern __shared__ __align__(16) float smem[];   /* STAGES x (A tile, B tile) */
+    constexpr int BK = tiling<KA, KB>::BK, STAGES = tiling<KA, KB>::STAGES, TILE = tiling<KA, KB>::TILE;
 
     /* tile of this block: GROUP_M tile rows walked column by column (L2 reuse) */
     const int pid = blockIdx.x, group = GROUP_M * P.tiles_n;
@@ -298,8 +334,8 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     mt_opaque(am);   /* kept in registers: recomputing them from threadIdx each tile stalled on S2R */
     mt_opaque(bn);
 
-    typename loader_of<KA>::type la;
-    typename loader_of<KB>::type lb;
+    typename loader_of<KA, BK>::type la;
+    typename loader_of<KB, BK>::type lb;
     la.init(P.a, P.lda, P.m, row0, p_begin);
     lb.init(P.b, P.ldb, P.n, col0, p_begin);
     const bool interior = row0 + BM <= P.m && col0 + BN <= P.n;
@@ -362,7 +398,12 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
             MT_PRAGMA_UNROLL
             for (int i = 0; i < TM; ++i) {
                 MT_PRAGMA_UNROLL
-                for (int j = 0; j < TN; ++j) acc[i][j] = MT_DOT_STEP(av[i], bv[j], acc[i][j]);
+                for (int jj = 0; jj < TN; ++jj) {
+                    /* MT_GEMM_ZIGZAG: odd rows walk the columns backwards (the last B operand of
+                     * one row is the first of the next); each chain's own order is unchanged */
+                    const int j = (MT_GEMM_ZIGZAG && (i & 1)) ? TN - 1 - jj : jj;
+                    acc[i][j] = MT_DOT_STEP(av[i], bv[j], acc[i][j]);
+                }
             }
         };
         /* Whole tiles, software-pipelined: step kk + 1's fragments are read while step kk's chain
@@ -393,7 +434,7 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
                 __syncthreads();   /* tile t + 1 is in for everyone; everyone is done reading tile t */
                 if (t + STAGES < ntiles) issue(t + STAGES, cs);
                 mt_cp_async_commit();
-                fragments(smem + ns * 2 * TILE, smem + ns * 2 * TILE + TILE, 0, av[BK & 1], bv[BK & 1]);
+                fragments(smem + ns * 2 * TILE, smem + ns * 2 * TILE + TILE, 0, av[0], bv[0]);   /* BK is even */
             }
             chain_step(av[(BK - 1) & 1], bv[(BK - 1) & 1]);
             cs = ns;
@@ -568,7 +609,8 @@ inline int kind_of(const operand &o) {
 template <int KA, int KB>
 inline int allow_smem() {
     static const gpuError_t err =
-        gpuFuncSetAttribute((const void *)k_gemm<KA, KB>, gpuFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES);
+        gpuFuncSetAttribute((const void *)k_gemm<KA, KB>, gpuFuncAttributeMaxDynamicSharedMemorySize,
+                            tiling<KA, KB>::SMEM_BYTES);
     MT_GPU_CHECK(err, "gemm shared memory size");
     return MT_OK;
 }
@@ -583,7 +625,8 @@ inline int launch(const params &p, int64_t slices, gpuStream_t stream) {
         q.z0 = z0;
         const dim3 grid((unsigned)tiles, (unsigned)min64(slices - z0, 65535));
         void (*const kernel)(params) = k_gemm<KA, KB>;
-        MT_LAUNCH_ON(stream, kernel, grid, THREADS, SMEM_BYTES, q);
+        constexpr int smem_bytes = tiling<KA, KB>::SMEM_BYTES;
+        MT_LAUNCH_ON(stream, kernel, grid, THREADS, smem_bytes, q);
     }
     return launch_check("gemm");
 }
@@ -595,9 +638,9 @@ inline int gemm(const desc &d) {
     if (tm * tn > 0x7fffffff - GROUP_M * tn)
         return mt_fail(MT_EINVAL, "a %lld x %lld product is more tiles than one launch holds", (long long)d.m,
                        (long long)d.n);
-    if ((d.slices > 1 ? d.k_slice : d.k) > 0x7fffffff - 2 * BK)
+    if ((d.slices > 1 ? d.k_slice : d.k) > 0x7fffffff - 2 * MAX_BK)
         return mt_fail(MT_EINVAL, "a contraction of %lld steps is longer than one launch holds (2^31 - %d)",
-                       (long long)(d.slices > 1 ? d.k_slice : d.k), 2 * BK);
+                       (long long)(d.slices > 1 ? d.k_slice : d.k), 2 * MAX_BK);
     params p;
     p.c = d.c;
     p.ldc = d.ldc;
