@@ -14,6 +14,13 @@
  */
 #include <stdlib.h>
 #include <vector>
+/* The LM head keeps the GEMM tiling it was measured fastest with: 16 x 3 for every layout and
+ * the plain outer-product order (fifteenth session on the H200: 45.0 ms at 8192x768x50304; the
+ * linear backward's 32 x 2 with the zigzag order made it 48.7 ms, bench/results/NOTES.md).
+ * Its kernels are this file's own (the header's unnamed namespace). */
+#define MT_GEMM_BK_R 16
+#define MT_GEMM_STAGES_R 3
+#define MT_GEMM_ZIGZAG 0
 #include "mt_gpu_gemm.cuh"
 
 namespace {
