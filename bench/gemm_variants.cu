@@ -1,13 +1,13 @@
 // gemm_variants.cu -- the chain GEMM of native/cuda/mt_gpu_gemm.cuh alone, for tuning its tiling
 // without building the whole library once per variant (8 MB each; a device call carries 64 MB).
 // Each variant is this file compiled with the header's -D flags (bench/gemm_variants.py builds
-// them). For each product it prints one line:
+// them). For each of eight products it prints one line:
 //   <name> <m>x<n>x<k> <layouts> slices=<s> ms=<median> tflops=<rate> fnv=<hash of C's bytes>
 // The hash is the check: every tiling runs the same chains (the contract), so every variant must
 // print the default's hash for every product; a tiling that changed bits prints another.
 // Inputs are uniform in [-1, 1) from a counter hash (the same on every run), C is filled with
 // NaN bits before the checked call (an output a tiling forgot stays NaN and changes the hash).
-// Usage: <exe> NAME [REPEAT] [kk|kr|rr|sanitize]: the six products timed; or one big product run
+// Usage: <exe> NAME [REPEAT] [kk|kr|rr|sanitize]: the eight products timed; or one big product run
 // once (for ncu); or small products for compute-sanitizer, run once: each loader kind's
 // unguarded and guarded copies, interior whole tiles, edges, short last tiles and leaves (not
 // accumulate, bias, or a 16-byte row with fewer than four columns left).
@@ -121,6 +121,8 @@ int main(int argc, char **argv) {
         run(name, 200, 300, 1050, "rr", 1);   // the 16-byte loader at a column edge, a 26-step last leaf
         run(name, 200, 300, 50, "kk", 1);     // edges and a short last tile
         run(name, 130, 130, 37, "kr", 1);     // ld 130: the 4-byte output-contiguous loader
+        run(name, 200, 300, 100, "kr", 1);    // 3 whole tiles of 32 and 4 steps: a stage reused, then a short tile
+        run(name, 130, 130, 100, "kr", 1);    // the same through the 4-byte loader
         run(name, 130, 66, 1030, "rr", 1);
         run(name, 1, 1, 1, "kk", 1);
     }
@@ -129,6 +131,10 @@ int main(int argc, char **argv) {
     run(name, 4096, 11008, 4096, "kk", repeat);
     run(name, 8192, 4096, 4096, "kr", repeat);   // da of the backward 8192x4096x4096
     run(name, 4096, 4096, 8192, "rr", repeat);   // dweight's 8 leaves of the same
+    // the LM head's two products of one 2048-row chunk (mt_gpu_lm_head.cu builds the `lm_head`
+    // variant's tiling, not the `library` one)
+    run(name, 2048, 768, 50304, "kr", repeat);  // d_hidden: 96 tiles, K = 50,304
+    run(name, 50304, 768, 1024, "rr", repeat);  // a d_weight leaf
     run(name, 1000, 1000, 1000, "kk", repeat);   // edges: partial tiles and a short last tile
     run(name, 777, 1029, 2049, "rr", repeat);
     return 0;

@@ -41,3 +41,11 @@ def test_a_changed_hash_or_a_missing_product_differs():
     assert G.verdict(G.parse(LINES.replace("sh0 ", "x "), "x"), ref) == "same bits"
     assert G.verdict(G.parse(LINES.replace("695aeff2f4fda02c", "695aeff2f4fda02d"), "sh0"), ref) == "BITS DIFFER"
     assert G.verdict(ref[:1], ref) == "BITS DIFFER"
+
+
+def test_the_lm_head_variant_is_what_mt_gpu_lm_head_cu_builds():
+    text = open(os.path.join(REPO, "native", "cuda", "mt_gpu_lm_head.cu")).read()
+    head = text[:text.index('#include "mt_gpu_gemm.cuh"')]
+    defined = dict(re.findall(r"^#define (MT_GEMM_\w+) (\d+)$", head, re.M))
+    flags = dict(f[2:].split("=") for f in dict(G.VARIANTS)["lm_head"].split())
+    assert defined and defined == flags

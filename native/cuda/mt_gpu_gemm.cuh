@@ -46,10 +46,12 @@
 #endif
 /* Tile depth and pipeline stages: MT_GEMM_BK / MT_GEMM_STAGES for the forward's layout (both
  * operands contraction-contiguous), MT_GEMM_BK_R / MT_GEMM_STAGES_R when either operand is
- * output-contiguous (the backward's da and dweight, the LM head's). On the H200 (fifteenth
- * session, bench/gemm_variants.py) the forward ran at 45.5 TFLOP/s with 16 x 3 and 45.3 with
- * 32 x 2, da and dweight at 47.0 and 46.7 with 16 x 3 but 48.4 and 50.2 with 32 x 2. On HIP an
- * AMD workgroup has 64 KB of shared memory, so both layouts take 16 x 3 there. */
+ * output-contiguous (the backward's da and dweight). On the H200 (fifteenth session,
+ * bench/gemm_variants.py, both with the zigzag order) the forward ran at 45.5 TFLOP/s with
+ * 16 x 3 and 45.3 with 32 x 2, da and dweight at 47.0 and 46.7 with 16 x 3 but 48.4 and 50.2
+ * with 32 x 2. mt_gpu_lm_head.cu defines its own (16 x 3, no zigzag: its d_hidden product of 96
+ * tiles was slower with 32 x 2). On HIP an AMD workgroup has 64 KB of shared memory, so both
+ * layouts take 16 x 3 there. */
 #ifndef MT_GEMM_BK
 #define MT_GEMM_BK (MT_GEMM_SHAPE == 1 ? 8 : 16)
 #endif
@@ -306,11 +308,12 @@ template <int BK> struct loader_of<2, BK> { typedef rmajor_vec_loader<BK> type; 
  * step a thread reads GM + GN 16-byte fragments (broadcasts within the warp) and issues TM TN
  * FFMA. Shared memory holds STAGES stages filled by cp.async, STAGES - 1 tiles ahead of the one
  * computed; one barrier per tile. FP32 peak is 132 SMs x 128 lanes x 2 x 1.98 GHz = 67 TFLOP/s.
- * Shape 0 (256 threads, 8 x 8 a thread, BK 16): per 64 FFMA the steady loop issues 4 LDS.128
- * and 1 LDGSTS; ncu (fifteenth session) counts 1,140 instructions per 1,024 FFMA and 77% of
- * issue slots busy, the rest mostly dispatch stalls and the barrier. Shape 1 (128 threads,
- * 8 x 16, BK 8) has cuBLAS's mix (6 LDS.128 per 128 FFMA) but nvcc's code for it reached 67%
- * of issue slots against cuBLAS's 87%. bench/gemm_variants.py times the tilings. */
+ * Shape 0 (256 threads, 8 x 8 a thread): per 64 FFMA the steady loop issues 4 LDS.128 and,
+ * at BK 16, 1 LDGSTS; ncu (fifteenth session, the forward at BK 16 before the zigzag order)
+ * counts 1,140 instructions per 1,024 FFMA and 77% of issue slots busy, the rest mostly
+ * dispatch stalls and the barrier. Shape 1 (128 threads, 8 x 16; BK 8 for the forward) has
+ * cuBLAS's mix (6 LDS.128 per 128 FFMA) but nvcc's code for it reached 67% of issue slots
+ * against cuBLAS's 87%. bench/gemm_variants.py times the tilings. */
 template <int KA, int KB>
 __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const params P) {
     if (P.refused && *P.refused) return;
@@ -639,7 +642,7 @@ inline int gemm(const desc &d) {
         return mt_fail(MT_EINVAL, "a %lld x %lld product is more tiles than one launch holds", (long long)d.m,
                        (long long)d.n);
     if ((d.slices > 1 ? d.k_slice : d.k) > 0x7fffffff - 2 * MAX_BK)
-        return mt_fail(MT_EINVAL, "a contraction of %lld steps is longer than one launch holds (2^31 - %d)",
+        return mt_fail(MT_EINVAL, "a contraction of %lld steps is longer than one launch holds (2^31 - 1 - %d)",
                        (long long)(d.slices > 1 ? d.k_slice : d.k), 2 * MAX_BK);
     params p;
     p.c = d.c;

@@ -17,11 +17,19 @@
 /* The LM head keeps the GEMM tiling it was measured fastest with: 16 x 3 for every layout and
  * the plain outer-product order (fifteenth session on the H200: 45.0 ms at 8192x768x50304; the
  * linear backward's 32 x 2 with the zigzag order made it 48.7 ms, bench/results/NOTES.md).
- * Its kernels are this file's own (the header's unnamed namespace). */
+ * Its kernels are this file's own (the header's unnamed namespace); the #error below stops an
+ * earlier include of the header (these would be ignored), and a -D of the same names on the
+ * command line draws a "redefined" warning and does not reach the LM head. */
+#ifdef MT_GPU_GEMM_CUH
+#error "mt_gpu_gemm.cuh was included before the LM head's tiling was defined"
+#endif
 #define MT_GEMM_BK_R 16
 #define MT_GEMM_STAGES_R 3
 #define MT_GEMM_ZIGZAG 0
 #include "mt_gpu_gemm.cuh"
+static_assert(mt_gemm::tiling<2, 2>::BK == 16 && mt_gemm::tiling<2, 2>::STAGES == 3 && mt_gemm::tiling<0, 2>::BK == 16 &&
+                  !MT_GEMM_ZIGZAG,
+              "the LM head's GEMM tiling");
 
 namespace {
 
