@@ -20,6 +20,8 @@
 
 #include "mt_gpu_gemm.cuh"
 
+// The two host functions the header calls, here rather than linked: native/common/mt_host.c's
+// mt_fail would pull in every op's feature table, i.e. the whole library.
 int mt_fail(int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

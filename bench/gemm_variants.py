@@ -2,6 +2,7 @@
 
     python bench/gemm_variants.py build [--out DIR] [--only NAME,...]   (here: needs nvcc, no GPU)
     python bench/gemm_variants.py run [--out DIR] [--repeat N]          (on the GPU machine)
+    python bench/gemm_variants.py torch                                  (torch's cuBLAS, same products)
 
 `build` compiles one small executable per entry of VARIANTS (the -D flags of
 native/cuda/mt_gpu_gemm.cuh) into DIR (default native/build/gemm_variants, small enough to carry to
@@ -12,6 +13,10 @@ prints one table: median ms and TFLOP/s per product, and whether the hash of C's
 bytes equals the first variant's on every product. The contract fixes each output's chain, so a
 tiling that prints another hash changed bits and is disqualified whatever its speed. A chosen
 tiling then goes into the library and must pass the linear card (selfcheck) and the suite.
+`torch` times torch's float32 products (TF32 off: cuBLAS's FFMA kernels) at the large shapes, for
+the side-by-side figure. Profiles: `ncu --clock-control none --set full -k regex:k_gemm -c 1
+DIR/library library 1 kk` (or kr, rr: one product, once); compute-sanitizer: the same executable
+with `library 1 sanitize`.
 """
 import argparse
 import os
@@ -20,6 +25,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ptx_compare import MODE_FLAGS  # noqa: E402  (the Makefile's nvcc flags of each numeric mode)
 
 VARIANTS = [
     ("library", ""),   # the header's defaults: the reference every other tiling's hashes are compared with
@@ -34,7 +41,8 @@ VARIANTS = [
 def nvcc_command(out, flags):
     return ([os.environ.get("NVCC", "nvcc"), "-O3", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90",
              "-Inative/include", "-Inative/common", "-Inative/cuda", "-Xcompiler", "-ffp-contract=off",
-             '-DMT_VENDOR_NAME="cuda"', "-Xptxas", "-v"] + flags.split() + ["-o", out, "bench/gemm_variants.cu"])
+             '-DMT_VENDOR_NAME="cuda"', "-Xptxas", "-v"] + MODE_FLAGS["identical"] + flags.split()
+            + ["-o", out, "bench/gemm_variants.cu"])
 
 
 def build(out_dir, only):
@@ -110,9 +118,39 @@ def run(out_dir, repeat):
     return table
 
 
+def torch_times(repeat):
+    """torch's float32 products at the harness's large shapes: median of `repeat` event-timed calls."""
+    import torch
+    import torch.nn.functional as F
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape):
+        return torch.rand(*shape, device="cuda", generator=g) * 2 - 1
+
+    a, w, a2, w2 = rand(8192, 8192), rand(8192, 8192), rand(4096, 4096), rand(11008, 4096)
+    dc, w3, a3 = rand(8192, 4096), rand(4096, 4096), rand(8192, 4096)
+    for name, fn, m, n, k in (("8192x8192x8192 forward", lambda: F.linear(a, w), 8192, 8192, 8192),
+                              ("4096x11008x4096 forward", lambda: F.linear(a2, w2), 4096, 11008, 4096),
+                              ("8192x4096x4096 da (dc @ w)", lambda: dc @ w3, 8192, 4096, 4096),
+                              ("4096x4096x8192 dweight (dc.T @ a)", lambda: dc.t() @ a3, 4096, 4096, 8192)):
+        for _ in range(3):
+            fn()
+        ms = []
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            ms.append(start.elapsed_time(end))
+        med = sorted(ms)[len(ms) // 2]
+        print("torch %-34s ms=%.4f tflops=%.2f" % (name, med, 2.0 * m * n * k / (med * 1e-3) / 1e12), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["build", "run"])
+    ap.add_argument("what", choices=["build", "run", "torch"])
     ap.add_argument("--out", default=os.path.join(ROOT, "native", "build", "gemm_variants"))
     ap.add_argument("--only", default="", help="comma-separated variant names (build)")
     ap.add_argument("--repeat", type=int, default=10)
@@ -120,6 +158,9 @@ def main():
     args.out = os.path.abspath(args.out)   # nvcc runs in the repository root, the variants where we are
     if args.what == "build":
         sys.exit(1 if build(args.out, [n for n in args.only.split(",") if n]) else 0)
+    if args.what == "torch":
+        torch_times(args.repeat)
+        return
     run(args.out, args.repeat)
 
 

@@ -72,9 +72,6 @@
 #ifndef MT_GEMM_STAGES_R
 #define MT_GEMM_STAGES_R 2
 #endif
-#ifndef MT_GEMM_FAST_ONLY   /* 1: SASS inspection of the interior path only (wrong at edges) */
-#define MT_GEMM_FAST_ONLY 0
-#endif
 #ifndef MT_GEMM_MIN_BLOCKS
 #define MT_GEMM_MIN_BLOCKS 2
 #endif
@@ -371,7 +368,7 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
         auto issue = [&](int tt, int stage) {
             float *s_ = smem + stage * 2 * TILE;
             const int q_ = tt * BK;
-            if (ALL_FAST || MT_GEMM_FAST_ONLY || (interior && q_ + BK <= len)) {
+            if (ALL_FAST || (interior && q_ + BK <= len)) {
                 la.template load<false>(s_, P.a, P.lda, q_, len);
                 lb.template load<false>(s_ + TILE, P.b, P.ldb, q_, len);
             } else {
