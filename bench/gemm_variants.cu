@@ -126,6 +126,8 @@ int main(int argc, char **argv) {
         run(name, 200, 300, 100, "kr", 1);    // 3 whole tiles of 32 and 4 steps: a stage reused, then a short tile
         run(name, 130, 130, 100, "kr", 1);    // the same through the 4-byte loader
         run(name, 130, 66, 1030, "rr", 1);
+        run(name, 130, 256, 1030, "rr", 1);   // A 4-byte, B 16-byte-able: the <1, 2> kernel (B swapped, 4-byte)
+        run(name, 256, 130, 1030, "rr", 1);   // A 16-byte, B 4-byte: <2, 1>
         run(name, 1, 1, 1, "kk", 1);
     }
     if (*only) return 0;

@@ -30,11 +30,9 @@ from ptx_compare import MODE_FLAGS  # noqa: E402  (the Makefile's nvcc flags of 
 
 VARIANTS = [
     ("library", ""),   # the header's defaults: the reference every other tiling's hashes are compared with
-    ("bk16_s3_all", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3"),           # one tiling for every layout
-    ("lm_head", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3 -DMT_GEMM_ZIGZAG=0"),   # mt_gpu_lm_head.cu's (3415e7e's)
-    ("bk32_s2_all", "-DMT_GEMM_BK=32 -DMT_GEMM_STAGES=2"),
-    ("r_bk32_s3", "-DMT_GEMM_STAGES_R=3"),
-    ("sh1", "-DMT_GEMM_SHAPE=1"),   # 128 threads, 8 x 16: cuBLAS's shape
+    ("lm_head", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3"),   # mt_gpu_lm_head.cu's (a test keeps them equal)
+    ("bswap1", "-DMT_GEMM_BSWAP=1"),   # B's columns swapped only where its loader copies 4 bytes anyway
+    ("bswap0", "-DMT_GEMM_BSWAP=0"),   # no swap: the fifteenth session's kernel
 ]
 
 

@@ -200,20 +200,23 @@ def _generator(generator, mode, where):
     return generator
 
 
-# Class-index targets torch's cross_entropy takes ("expected target dtype to be Long or Byte").
-_INDEX_TARGETS = (torch.int64, torch.uint8)
+# Class-index targets the installed torch's cross_entropy takes: int64, and uint8 from torch 2.13
+# on ("expected target dtype to be Long or Byte"; torch 2.12 and older: "expected scalar type Long").
+_TORCH_TAKES_BYTE_TARGETS = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
+_INDEX_TARGETS = (torch.int64, torch.uint8) if _TORCH_TAKES_BYTE_TARGETS else (torch.int64,)
 
 
 def _target(target, where):
     """Refuse a float target that is not float32 or that requires grad (no gradient with respect
     to probability targets is computed), and class indices of a dtype torch refuses (int32,
-    int16, int8, bool: code that runs here must run on torch); int64 and uint8 indices go to
-    the native loss as they are."""
+    int16, int8, bool, and uint8 where the installed torch is older than 2.13: code that runs
+    here must run on torch); int64 and uint8 indices go to the native loss as they are."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(where_msg(where, "target must be a torch.Tensor, got %s" % type(target).__name__))
     if not target.dtype.is_floating_point and target.dtype not in _INDEX_TARGETS:
-        raise TypeError(where_msg(where, "target has dtype %s; class indices must be int64 (or uint8), as torch's "
-                                  "cross_entropy requires: convert with target.long()" % (target.dtype,)))
+        raise TypeError(where_msg(where, "target has dtype %s; class indices must be int64%s, as torch's "
+                                  "cross_entropy requires: convert with target.long()"
+                                  % (target.dtype, " (or uint8)" if _TORCH_TAKES_BYTE_TARGETS else "")))
     if target.dtype.is_floating_point:
         float32(target, "target", where, of_model=False)
         if target.requires_grad and torch.is_grad_enabled():

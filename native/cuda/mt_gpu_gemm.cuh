@@ -49,9 +49,9 @@
  * output-contiguous (the backward's da and dweight). On the H200 (fifteenth session,
  * bench/gemm_variants.py, both with the zigzag order) the forward ran at 45.5 TFLOP/s with
  * 16 x 3 and 45.3 with 32 x 2, da and dweight at 47.0 and 46.7 with 16 x 3 but 48.4 and 50.2
- * with 32 x 2. mt_gpu_lm_head.cu defines its own (16 x 3, no zigzag: its d_hidden product of 96
- * tiles was slower with 32 x 2). On HIP an AMD workgroup has 64 KB of shared memory, so both
- * layouts take 16 x 3 there. */
+ * with 32 x 2. mt_gpu_lm_head.cu defines its own (16 x 3 for every layout: the whole LM head
+ * was 15% slower with 32 x 2 though each of its products alone was not; sixteenth session). On
+ * HIP an AMD workgroup has 64 KB of shared memory, so both layouts take 16 x 3 there. */
 #ifndef MT_GEMM_BK
 #define MT_GEMM_BK (MT_GEMM_SHAPE == 1 ? 8 : 16)
 #endif
@@ -77,6 +77,27 @@
 #endif
 #ifndef MT_GEMM_GROUP_M
 #define MT_GEMM_GROUP_M 8
+#endif
+/* Register banks (sixteenth session, bench/results/NOTES.md): an FFMA whose three source
+ * registers share a bank (register number mod 2) stalls at dispatch, and none of cuBLAS's FFMA
+ * does. Read by LDS.128, B's column c lands in a register of bank c % 2; for the epilogue's
+ * float4 store ptxas wants column c's chain in bank c % 2 too, so each A value of that bank
+ * made a conflict. Swapping B's columns in pairs in shared memory (column c at c ^ 1; the
+ * fragment read swaps them back) puts column c's value in bank 1 - c % 2. That removes the
+ * conflicts only where ptxas keeps each chain in its epilogue register; under the 128-register
+ * cap it moves some, so nvdisasm counts in the steady loops: forward <0, 0> 299 -> 217 of 1,024
+ * FFMA, <2, 2> 584 -> 0 of 2,048 (measured: forward 45.5 -> 47.4 TFLOP/s, dweight leaves 50.2 ->
+ * 51.2). 0: no swap; 1: swapped where B's loader copies 4 bytes; 2 (CUDA's default): also where
+ * A is output-contiguous and B could copy 16 bytes (<1, 2>, <2, 2>: B then copies 4 bytes, since a
+ * 16-byte copy cannot swap inside itself) -- not in <0, 2> (da, the LM head's d_hidden), whose
+ * 16-byte copies measured faster than the swap. HIP keeps 0 (AMD's register files differ).
+ * Bits unchanged: only where a value sits in shared memory and which register holds it. */
+#ifndef MT_GEMM_BSWAP
+#if defined(__HIPCC__) || defined(MT_HIP)
+#define MT_GEMM_BSWAP 0
+#else
+#define MT_GEMM_BSWAP 2
+#endif
 #endif
 #ifndef MT_GEMM_ZIGZAG   /* odd rows of the outer product walk the columns backwards (faster: NOTES) */
 #define MT_GEMM_ZIGZAG 1
@@ -186,7 +207,7 @@ struct params {
 /* Contraction-contiguous rows: lane groups of 8 copy 8 consecutive p of 4 rows (32-byte
  * global segments, conflict-free transposed stores: bank = 4 p + r mod 32). 4-byte copies;
  * a pass of the block covers THREADS / 8 rows. */
-template <int BK>
+template <int BK, bool SWAP>
 struct kmajor_loader {
     static constexpr int ROWS = THREADS / 8, PASSES = BM / ROWS;
     const float *g;      /* row r0 at contraction offset kk of the next tile */
@@ -196,7 +217,7 @@ struct kmajor_loader {
     __device__ __forceinline__ void init(const float *x, int64_t ld, int64_t rows, int64_t row0, int64_t p0) {
         const int t = threadIdx.x, r0 = t >> 3;
         kk = t & 7;
-        soff = kk * LDS + r0;
+        soff = kk * LDS + (SWAP ? r0 ^ 1 : r0);
         mt_opaque(kk);
         mt_opaque(soff);
         g = x + (row0 + r0) * ld + p0 + kk;
@@ -223,8 +244,9 @@ struct kmajor_loader {
 
 /* Output-contiguous rows, 16-byte aligned (x aligned, ld % 4 == 0): a warp copies 128
  * consecutive floats of one contraction step, 16 bytes a lane; a pass covers THREADS / 32 steps. */
-template <int BK>
+template <int BK, bool SWAP>
 struct rmajor_vec_loader {
+    static_assert(!SWAP, "a 16-byte copy cannot swap columns");
     static constexpr int STEPS = THREADS / 32;
     const float *g;
     int soff, kr, nbytes;   /* nbytes: bytes of this lane's 4 columns that exist (0..16) */
@@ -258,7 +280,7 @@ struct rmajor_vec_loader {
 
 /* Output-contiguous rows, any alignment: 4-byte copies, a warp covers 32 consecutive floats;
  * a pass covers THREADS / 128 steps. */
-template <int BK>
+template <int BK, bool SWAP>
 struct rmajor_loader {
     static constexpr int STEPS = THREADS / 128;
     const float *g;
@@ -268,7 +290,7 @@ struct rmajor_loader {
     __device__ __forceinline__ void init(const float *x, int64_t ld, int64_t rows, int64_t row0, int64_t p0) {
         const int t = threadIdx.x, col = t & 127;
         kr = t >> 7;
-        soff = kr * LDS + col;
+        soff = kr * LDS + (SWAP ? col ^ 1 : col);
         mt_opaque(kr);
         mt_opaque(soff);
         g = x + (p0 + kr) * ld + row0 + col;
@@ -293,10 +315,10 @@ struct rmajor_loader {
 
 /* Loader kinds: 0 contraction-contiguous, 1 output-contiguous (4-byte), 2 output-contiguous
  * (16-byte). */
-template <int KIND, int BK> struct loader_of;
-template <int BK> struct loader_of<0, BK> { typedef kmajor_loader<BK> type; };
-template <int BK> struct loader_of<1, BK> { typedef rmajor_loader<BK> type; };
-template <int BK> struct loader_of<2, BK> { typedef rmajor_vec_loader<BK> type; };
+template <int KIND, int BK, bool SWAP> struct loader_of;
+template <int BK, bool SWAP> struct loader_of<0, BK, SWAP> { typedef kmajor_loader<BK, SWAP> type; };
+template <int BK, bool SWAP> struct loader_of<1, BK, SWAP> { typedef rmajor_loader<BK, SWAP> type; };
+template <int BK, bool SWAP> struct loader_of<2, BK, SWAP> { typedef rmajor_vec_loader<BK, SWAP> type; };
 
 /* ---- the kernel ---------------------------------------------------------------------------
  * THREADS threads own a 128 x 128 tile of C in WARPS_M x WARPS_N warps of WM x WN outputs; in
@@ -334,8 +356,11 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     mt_opaque(am);   /* kept in registers: recomputing them from threadIdx each tile stalled on S2R */
     mt_opaque(bn);
 
-    typename loader_of<KA, BK>::type la;
-    typename loader_of<KB, BK>::type lb;
+    /* B's loader kind and whether it swaps columns (MT_GEMM_BSWAP, above) */
+    constexpr int KBL = MT_GEMM_BSWAP == 2 && KB == 2 && KA != 0 ? 1 : KB;
+    constexpr bool BSWAP = MT_GEMM_BSWAP && KBL != 2;
+    typename loader_of<KA, BK, false>::type la;
+    typename loader_of<KBL, BK, BSWAP>::type lb;
     la.init(P.a, P.lda, P.m, row0, p_begin);
     lb.init(P.b, P.ldb, P.n, col0, p_begin);
     const bool interior = row0 + BM <= P.m && col0 + BN <= P.n;
@@ -391,7 +416,8 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
             MT_PRAGMA_UNROLL
             for (int h = 0; h < GN; ++h) {
                 const float4 f = *(const float4 *)(Bs + kk * LDS + bn + SN * h);
-                bv[4 * h] = f.x; bv[4 * h + 1] = f.y; bv[4 * h + 2] = f.z; bv[4 * h + 3] = f.w;
+                if (BSWAP) { bv[4 * h] = f.y; bv[4 * h + 1] = f.x; bv[4 * h + 2] = f.w; bv[4 * h + 3] = f.z; }
+                else { bv[4 * h] = f.x; bv[4 * h + 1] = f.y; bv[4 * h + 2] = f.z; bv[4 * h + 3] = f.w; }
             }
         };
         auto chain_step = [&](const float (&av)[TM], const float (&bv)[TN]) {
