@@ -33,6 +33,11 @@ VARIANTS = [
     ("lm_head", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3"),   # mt_gpu_lm_head.cu's (a test keeps them equal)
     ("bswap1", "-DMT_GEMM_BSWAP=1"),   # B's columns swapped only where its loader copies 4 bytes anyway
     ("bswap0", "-DMT_GEMM_BSWAP=0"),   # no swap: the fifteenth session's kernel
+    # 4-byte stores of C: no chain pinned to a float4 quad (no same-bank FFMA by nvdisasm), with
+    # and without the swap, and in the LM head's tiling (sixteenth session, not yet run)
+    ("epi_scalar", "-DMT_GEMM_EPI_SCALAR=1"),
+    ("epi_scalar_bswap0", "-DMT_GEMM_EPI_SCALAR=1 -DMT_GEMM_BSWAP=0"),
+    ("lm_head_epi_scalar_bswap0", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3 -DMT_GEMM_EPI_SCALAR=1 -DMT_GEMM_BSWAP=0"),
 ]
 
 

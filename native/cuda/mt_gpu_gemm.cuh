@@ -99,6 +99,13 @@
 #define MT_GEMM_BSWAP 2
 #endif
 #endif
+/* MT_GEMM_EPI_SCALAR 1: the epilogue stores C 4 bytes at a time, never as float4. Found after the
+ * session's last GPU call (sixteenth; not yet measured): the float4 store is what pins each chain
+ * to a register quad; without it nvdisasm counts no same-bank FFMA in any kernel's steady loop,
+ * with or without MT_GEMM_BSWAP (forward 217 -> 0 of 1,024, <0, 2> 523 -> 0 of 2,048). */
+#ifndef MT_GEMM_EPI_SCALAR
+#define MT_GEMM_EPI_SCALAR 0
+#endif
 #ifndef MT_GEMM_ZIGZAG   /* odd rows of the outer product walk the columns backwards (faster: NOTES) */
 #define MT_GEMM_ZIGZAG 1
 #endif
@@ -485,7 +492,7 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     mt_cp_async_wait<0>();
 
     /* epilogue: C = chain (+ bias), 16-byte stores where the row allows */
-    const bool vec_c = ((P.ldc & 3) == 0) && ((((uintptr_t)C) & 15u) == 0);
+    const bool vec_c = !MT_GEMM_EPI_SCALAR && ((P.ldc & 3) == 0) && ((((uintptr_t)C) & 15u) == 0);
     MT_PRAGMA_UNROLL
     for (int i = 0; i < TM; ++i) {
         const int64_t r = row0 + am + (i & 3) + (i >> 2) * SM_;
