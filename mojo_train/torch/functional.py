@@ -201,7 +201,8 @@ def _generator(generator, mode, where):
 
 
 # Class-index targets the installed torch's cross_entropy takes: int64, and uint8 from torch 2.13
-# on ("expected target dtype to be Long or Byte"; torch 2.12 and older: "expected scalar type Long").
+# on ("expected target dtype to be Long or Byte"). Before 2.13 torch took int64 only ("expected
+# scalar type Long but found ...": the H200 machine's 2.11 did not give 2.13's words; 2.12 untested).
 _TORCH_TAKES_BYTE_TARGETS = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
 _INDEX_TARGETS = (torch.int64, torch.uint8) if _TORCH_TAKES_BYTE_TARGETS else (torch.int64,)
 
