@@ -6,9 +6,10 @@ Compiles bench/gemm_variants.cu to a cubin for sm_90 with the identical mode's f
 Makefile's, from ptx_compare.MODE_FLAGS) plus the given -D flags, disassembles it with nvdisasm
 (`pip install nvidia-cuda-nvdisasm`, or CUDA's own on PATH), and prints, for each k_gemm<KA, KB>
 kernel, its two largest loops: instructions, FFMA, and the FFMA whose three source registers
-lie in one bank (register number mod 2). An FFMA of that kind stalls at dispatch on the H200;
-cuBLAS's FFMA kernel has none (sixteenth session, bench/results/NOTES.md). Reuse flags are not
-counted as relief: the count that tracked speed on the H200 ignores them.
+lie in one bank (register number mod 2). cuBLAS's FFMA kernel has none; fewer of them went with
+half the dispatch stalls and 4% more speed on the H200 (sixteenth session, bench/results/NOTES.md),
+though it is a proxy, not a measured per-instruction cause. Reuse flags are not counted as
+relief: the count that tracked speed there ignores them.
 """
 import glob
 import os
