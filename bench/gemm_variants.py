@@ -31,13 +31,11 @@ from ptx_compare import MODE_FLAGS  # noqa: E402  (the Makefile's nvcc flags of 
 VARIANTS = [
     ("library", ""),   # the header's defaults: the reference every other tiling's hashes are compared with
     ("lm_head", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3"),   # mt_gpu_lm_head.cu's (a test keeps them equal)
-    ("bswap1", "-DMT_GEMM_BSWAP=1"),   # B's columns swapped only where its loader copies 4 bytes anyway
-    ("bswap0", "-DMT_GEMM_BSWAP=0"),   # no swap: the fifteenth session's kernel
-    # 4-byte stores of C: no chain pinned to a float4 quad (no same-bank FFMA by nvdisasm), with
-    # and without the swap, and in the LM head's tiling (sixteenth session, not yet run)
-    ("epi_scalar", "-DMT_GEMM_EPI_SCALAR=1"),
-    ("epi_scalar_bswap0", "-DMT_GEMM_EPI_SCALAR=1 -DMT_GEMM_BSWAP=0"),
-    ("lm_head_epi_scalar_bswap0", "-DMT_GEMM_BK_R=16 -DMT_GEMM_STAGES_R=3 -DMT_GEMM_EPI_SCALAR=1 -DMT_GEMM_BSWAP=0"),
+    ("epi_vec", "-DMT_GEMM_EPI_SCALAR=0"),   # float4 stores of C: the chains pinned to register quads (HIP's default)
+    # seventeenth session, not yet run: with 4-byte stores of C, the tilings that lost before
+    ("shape1", "-DMT_GEMM_SHAPE=1"),   # cuBLAS's thread tile, 8 x 16 chains, 128 threads
+    ("fwd_bk32_s2", "-DMT_GEMM_BK=32 -DMT_GEMM_STAGES=2"),
+    ("fwd_s4", "-DMT_GEMM_STAGES=4"),
 ]
 
 

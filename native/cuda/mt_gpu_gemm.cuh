@@ -78,34 +78,23 @@
 #ifndef MT_GEMM_GROUP_M
 #define MT_GEMM_GROUP_M 8
 #endif
-/* Register banks (sixteenth session, bench/results/NOTES.md): none of cuBLAS's FFMA has its three
- * source registers in one bank (register number mod 2); a quarter of ours did, and our dispatch
- * stalls were 12% of warp samples against cuBLAS's 4% (the swap below halved them; the count is
- * a proxy that moved with the speed, not a per-instruction cause). Read by LDS.128, B's column c lands in a register of bank c % 2; for the epilogue's
- * float4 store ptxas wants column c's chain in bank c % 2 too, so each A value of that bank
- * made a conflict. Swapping B's columns in pairs in shared memory (column c at c ^ 1; the
- * fragment read swaps them back) puts column c's value in bank 1 - c % 2. That removes the
- * conflicts only where ptxas keeps each chain in its epilogue register; under the 128-register
- * cap it moves some, so nvdisasm counts in the steady loops: forward <0, 0> 299 -> 217 of 1,024
- * FFMA, <2, 2> 584 -> 0 of 2,048 (measured: forward 45.5 -> 47.4 TFLOP/s, dweight leaves 50.2 ->
- * 51.2). 0: no swap; 1: swapped where B's loader copies 4 bytes; 2 (CUDA's default): also where
- * A is output-contiguous and B could copy 16 bytes (<1, 2>, <2, 2>: B then copies 4 bytes, since a
- * 16-byte copy cannot swap inside itself) -- not in <0, 2> (da, the LM head's d_hidden), whose
- * 16-byte copies measured faster than the swap. HIP keeps 0 (AMD's register files differ).
- * Bits unchanged: only where a value sits in shared memory and which register holds it. */
-#ifndef MT_GEMM_BSWAP
-#if defined(__HIPCC__) || defined(MT_HIP)
-#define MT_GEMM_BSWAP 0
-#else
-#define MT_GEMM_BSWAP 2
-#endif
-#endif
-/* MT_GEMM_EPI_SCALAR 1: the epilogue stores C 4 bytes at a time, never as float4. Found after the
- * session's last GPU call (sixteenth; not yet measured): the float4 store is what pins each chain
- * to a register quad; without it nvdisasm counts no same-bank FFMA in any kernel's steady loop,
- * with or without MT_GEMM_BSWAP (forward 217 -> 0 of 1,024, <0, 2> 523 -> 0 of 2,048). */
+/* Register banks (sixteenth and seventeenth sessions, bench/results/NOTES.md): none of cuBLAS's
+ * FFMA has its three source registers in one bank (register number mod 2); a quarter of ours
+ * did, with dispatch stalls at 12% of warp samples against cuBLAS's 4%. The cause was the
+ * epilogue's float4 store of C: it pins each row's four chains to a register quad (column c in
+ * bank c % 2), where LDS.128 also puts B's column c. MT_GEMM_EPI_SCALAR 1 (CUDA's default)
+ * stores C 4 bytes at a time, so ptxas places every chain itself: nvdisasm counts no same-bank
+ * FFMA in any steady loop but <1, 1>'s (`python bench/sass_banks.py`), dispatch stalls fell to
+ * 5.2% and the forward rose 47.4 -> 48.4 TFLOP/s (an earlier fix, swapping B's columns in pairs
+ * in shared memory, reached 47.4 and measured slower than no swap once the stores were 4 bytes:
+ * removed). HIP keeps float4 stores (0): AMD's register files differ and nothing measured them.
+ * Bits unchanged: only which register holds a chain and how C is written. */
 #ifndef MT_GEMM_EPI_SCALAR
+#if defined(__HIPCC__) || defined(MT_HIP)
 #define MT_GEMM_EPI_SCALAR 0
+#else
+#define MT_GEMM_EPI_SCALAR 1
+#endif
 #endif
 #ifndef MT_GEMM_ZIGZAG   /* odd rows of the outer product walk the columns backwards (faster: NOTES) */
 #define MT_GEMM_ZIGZAG 1
@@ -215,7 +204,7 @@ struct params {
 /* Contraction-contiguous rows: lane groups of 8 copy 8 consecutive p of 4 rows (32-byte
  * global segments, conflict-free transposed stores: bank = 4 p + r mod 32). 4-byte copies;
  * a pass of the block covers THREADS / 8 rows. */
-template <int BK, bool SWAP>
+template <int BK>
 struct kmajor_loader {
     static constexpr int ROWS = THREADS / 8, PASSES = BM / ROWS;
     const float *g;      /* row r0 at contraction offset kk of the next tile */
@@ -225,7 +214,7 @@ struct kmajor_loader {
     __device__ __forceinline__ void init(const float *x, int64_t ld, int64_t rows, int64_t row0, int64_t p0) {
         const int t = threadIdx.x, r0 = t >> 3;
         kk = t & 7;
-        soff = kk * LDS + (SWAP ? r0 ^ 1 : r0);
+        soff = kk * LDS + r0;
         mt_opaque(kk);
         mt_opaque(soff);
         g = x + (row0 + r0) * ld + p0 + kk;
@@ -252,9 +241,8 @@ struct kmajor_loader {
 
 /* Output-contiguous rows, 16-byte aligned (x aligned, ld % 4 == 0): a warp copies 128
  * consecutive floats of one contraction step, 16 bytes a lane; a pass covers THREADS / 32 steps. */
-template <int BK, bool SWAP>
+template <int BK>
 struct rmajor_vec_loader {
-    static_assert(!SWAP, "a 16-byte copy cannot swap columns");
     static constexpr int STEPS = THREADS / 32;
     const float *g;
     int soff, kr, nbytes;   /* nbytes: bytes of this lane's 4 columns that exist (0..16) */
@@ -288,7 +276,7 @@ struct rmajor_vec_loader {
 
 /* Output-contiguous rows, any alignment: 4-byte copies, a warp covers 32 consecutive floats;
  * a pass covers THREADS / 128 steps. */
-template <int BK, bool SWAP>
+template <int BK>
 struct rmajor_loader {
     static constexpr int STEPS = THREADS / 128;
     const float *g;
@@ -298,7 +286,7 @@ struct rmajor_loader {
     __device__ __forceinline__ void init(const float *x, int64_t ld, int64_t rows, int64_t row0, int64_t p0) {
         const int t = threadIdx.x, col = t & 127;
         kr = t >> 7;
-        soff = kr * LDS + (SWAP ? col ^ 1 : col);
+        soff = kr * LDS + col;
         mt_opaque(kr);
         mt_opaque(soff);
         g = x + (p0 + kr) * ld + row0 + col;
@@ -323,10 +311,10 @@ struct rmajor_loader {
 
 /* Loader kinds: 0 contraction-contiguous, 1 output-contiguous (4-byte), 2 output-contiguous
  * (16-byte). */
-template <int KIND, int BK, bool SWAP> struct loader_of;
-template <int BK, bool SWAP> struct loader_of<0, BK, SWAP> { typedef kmajor_loader<BK, SWAP> type; };
-template <int BK, bool SWAP> struct loader_of<1, BK, SWAP> { typedef rmajor_loader<BK, SWAP> type; };
-template <int BK, bool SWAP> struct loader_of<2, BK, SWAP> { typedef rmajor_vec_loader<BK, SWAP> type; };
+template <int KIND, int BK> struct loader_of;
+template <int BK> struct loader_of<0, BK> { typedef kmajor_loader<BK> type; };
+template <int BK> struct loader_of<1, BK> { typedef rmajor_loader<BK> type; };
+template <int BK> struct loader_of<2, BK> { typedef rmajor_vec_loader<BK> type; };
 
 /* ---- the kernel ---------------------------------------------------------------------------
  * THREADS threads own a 128 x 128 tile of C in WARPS_M x WARPS_N warps of WM x WN outputs; in
@@ -364,11 +352,8 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     mt_opaque(am);   /* kept in registers: recomputing them from threadIdx each tile stalled on S2R */
     mt_opaque(bn);
 
-    /* B's loader kind and whether it swaps columns (MT_GEMM_BSWAP, above) */
-    constexpr int KBL = MT_GEMM_BSWAP == 2 && KB == 2 && KA != 0 ? 1 : KB;
-    constexpr bool BSWAP = MT_GEMM_BSWAP && KBL != 2;
-    typename loader_of<KA, BK, false>::type la;
-    typename loader_of<KBL, BK, BSWAP>::type lb;
+    typename loader_of<KA, BK>::type la;
+    typename loader_of<KB, BK>::type lb;
     la.init(P.a, P.lda, P.m, row0, p_begin);
     lb.init(P.b, P.ldb, P.n, col0, p_begin);
     const bool interior = row0 + BM <= P.m && col0 + BN <= P.n;
@@ -424,8 +409,7 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
             MT_PRAGMA_UNROLL
             for (int h = 0; h < GN; ++h) {
                 const float4 f = *(const float4 *)(Bs + kk * LDS + bn + SN * h);
-                if (BSWAP) { bv[4 * h] = f.y; bv[4 * h + 1] = f.x; bv[4 * h + 2] = f.w; bv[4 * h + 3] = f.z; }
-                else { bv[4 * h] = f.x; bv[4 * h + 1] = f.y; bv[4 * h + 2] = f.z; bv[4 * h + 3] = f.w; }
+                bv[4 * h] = f.x; bv[4 * h + 1] = f.y; bv[4 * h + 2] = f.z; bv[4 * h + 3] = f.w;
             }
         };
         auto chain_step = [&](const float (&av)[TM], const float (&bv)[TN]) {
@@ -492,7 +476,8 @@ __global__ void __launch_bounds__(THREADS, MT_GEMM_MIN_BLOCKS) k_gemm(const para
     else pipeline(mt_flag<false>());
     mt_cp_async_wait<0>();
 
-    /* epilogue: C = chain (+ bias), 16-byte stores where the row allows */
+    /* epilogue: C = chain (+ bias); 16-byte stores where the row allows, unless
+     * MT_GEMM_EPI_SCALAR (CUDA's default, above) */
     const bool vec_c = !MT_GEMM_EPI_SCALAR && ((P.ldc & 3) == 0) && ((((uintptr_t)C) & 15u) == 0);
     MT_PRAGMA_UNROLL
     for (int i = 0; i < TM; ++i) {
