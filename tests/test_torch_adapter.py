@@ -527,33 +527,32 @@ def test_bad_shapes_are_refused_with_the_users_argument_names_and_nothing_writte
         assert _snapshot(*args[:1], *layer.parameters()) == before
 
 
-# torch's own refusal of class indices it does not take: reworded in torch 2.13, which also takes
-# uint8 ("expected target dtype to be Long or Byte"); older torch ("expected scalar type Long but
-# found Int" on the H200 machine's 2.11) takes int64 only. The adapter follows the installed torch.
-_TORCH_TAKES_BYTE = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
-_TORCH_TARGET_DTYPE_WORDS = ("expected target dtype to be Long or Byte" if _TORCH_TAKES_BYTE
+# torch's own refusal of class indices it does not take, reworded in torch 2.13 ("expected target
+# dtype to be Long or Byte"; the H200 machine's 2.11 says "expected scalar type Long but found
+# Int"). Both take int64 and uint8.
+_TORCH_TARGET_DTYPE_WORDS = ("expected target dtype to be Long or Byte"
+                             if torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
                              else "expected scalar type Long but found")
 
 
 def test_cross_entropy_refuses_what_torch_refuses_in_torch_words(mode):
     # Code that runs on the adapter must run on torch: class indices of int32, int16, int8 or bool
-    # (and uint8 before torch 2.13) are refused as the installed torch refuses them; int64 (and
-    # uint8 from 2.13) are taken. The messages speak of torch's arguments, not the native API's.
+    # are refused as the installed torch refuses them; int64 and uint8 are taken by both. The
+    # messages speak of torch's arguments, not the native API's.
     _need(mode, torch.device("cpu"), "loss")
     x, ids = _leaf(_rand((4, 3), 45)), torch.tensor([0, 1, 2, 0])
-    refused = (torch.int32, torch.int16, torch.int8, torch.bool) + (() if _TORCH_TAKES_BYTE else (torch.uint8,))
-    for dtype in refused:
+    for dtype in (torch.int32, torch.int16, torch.int8, torch.bool):
         with pytest.raises(TypeError, match=r"^mojo_train\.torch\.functional\.cross_entropy: target has dtype "
-                                            r"%s; class indices must be int64%s, as torch's cross_entropy "
-                                            r"requires: convert with target\.long\(\)$"
-                                            % (re.escape(str(dtype)), r" \(or uint8\)" if _TORCH_TAKES_BYTE else "")):
+                                            r"%s; class indices must be int64 \(or uint8\), as torch's "
+                                            r"cross_entropy requires: convert with target\.long\(\)$"
+                                            % re.escape(str(dtype))):
             F.cross_entropy(x, ids.to(dtype), numeric_mode=mode.numeric_mode)
         with pytest.raises(RuntimeError, match=_TORCH_TARGET_DTYPE_WORDS):
             torch.nn.functional.cross_entropy(x, ids.to(dtype))
-    if _TORCH_TAKES_BYTE:   # taken by both, with the int64 indices' loss
-        torch.nn.functional.cross_entropy(x, ids.to(torch.uint8))
-        assert float(F.cross_entropy(x, ids.to(torch.uint8), numeric_mode=mode.numeric_mode)) == float(
-            F.cross_entropy(x, ids, numeric_mode=mode.numeric_mode))
+    # uint8: taken by both, with the int64 indices' loss
+    torch.nn.functional.cross_entropy(x, ids.to(torch.uint8))
+    assert float(F.cross_entropy(x, ids.to(torch.uint8), numeric_mode=mode.numeric_mode)) == float(
+        F.cross_entropy(x, ids, numeric_mode=mode.numeric_mode))
     # a float target: the fix is the target's own (no model.float()), and the shape in English
     with pytest.raises(TypeError, match=r"target has dtype torch\.float64; mojo_train computes in float32 only and "
                                         r"never casts \(convert with target\.float\(\)\)$"):

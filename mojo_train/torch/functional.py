@@ -200,24 +200,21 @@ def _generator(generator, mode, where):
     return generator
 
 
-# Class-index targets the installed torch's cross_entropy takes: int64, and uint8 from torch 2.13
-# on ("expected target dtype to be Long or Byte"). Before 2.13 torch took int64 only ("expected
-# scalar type Long but found ...": the H200 machine's 2.11 did not give 2.13's words; 2.12 untested).
-_TORCH_TAKES_BYTE_TARGETS = torch.torch_version.TorchVersion(torch.__version__) >= (2, 13)
-_INDEX_TARGETS = (torch.int64, torch.uint8) if _TORCH_TAKES_BYTE_TARGETS else (torch.int64,)
+# Class-index targets torch's cross_entropy takes: int64 and uint8 (uint8 since pytorch/pytorch
+# #59765, 2021; measured taken by torch 2.11 on the H200 machine, CPU and CUDA, and by 2.13 here).
+_INDEX_TARGETS = (torch.int64, torch.uint8)
 
 
 def _target(target, where):
     """Refuse a float target that is not float32 or that requires grad (no gradient with respect
     to probability targets is computed), and class indices of a dtype torch refuses (int32,
-    int16, int8, bool, and uint8 where the installed torch is older than 2.13: code that runs
-    here must run on torch); int64 and uint8 indices go to the native loss as they are."""
+    int16, int8, bool: code that runs here must run on torch); int64 and uint8 indices go to the
+    native loss as they are."""
     if not isinstance(target, torch.Tensor):
         raise TypeError(where_msg(where, "target must be a torch.Tensor, got %s" % type(target).__name__))
     if not target.dtype.is_floating_point and target.dtype not in _INDEX_TARGETS:
-        raise TypeError(where_msg(where, "target has dtype %s; class indices must be int64%s, as torch's "
-                                  "cross_entropy requires: convert with target.long()"
-                                  % (target.dtype, " (or uint8)" if _TORCH_TAKES_BYTE_TARGETS else "")))
+        raise TypeError(where_msg(where, "target has dtype %s; class indices must be int64 (or uint8), as "
+                                  "torch's cross_entropy requires: convert with target.long()" % target.dtype))
     if target.dtype.is_floating_point:
         float32(target, "target", where, of_model=False)
         if target.requires_grad and torch.is_grad_enabled():
