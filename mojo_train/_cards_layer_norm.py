@@ -10,8 +10,7 @@ names. The shapes are odd (D = 1, 3, 67, 255, 1023, 4097), cross the chunks of t
 constant rows (variance 0 or one rounding away from it; a range low,low is that constant).
 """
 from . import _card_format as _cards
-from ._array import Array
-from .device import to_device
+from ._cards_linear import _tensor
 from .layer_norm import layer_norm_backward, layer_norm_forward
 
 CONTRACT = "layer_norm v1"
@@ -29,15 +28,7 @@ def _draw(backend, case, name, shape):
     a range low,low is that one value everywhere (a constant row: no draw)."""
     if name not in case.args:
         return None
-    n = 1
-    for d in shape:
-        n *= d
-    low, high = case.args[name]
-    if low == high:
-        const = Array.from_list([low] * n, "float32").reshape(shape)
-        return to_device(const, "identical") if _cards._ON_DEVICE else const
-    spec = _cards.Case("draw", {"seed": case.args["seed"], "sizes": (n,)}, "")
-    return _cards._filled(backend, spec, _STREAMS[name], (low, high))[0].reshape(shape)
+    return _tensor(backend, case, _STREAMS[name], case.args[name], shape)
 
 
 def _inputs(case, backend):
@@ -90,6 +81,8 @@ def _specs():
     for rows, dim in ((7, 3), (7, 1023), (2100, 300)):
         for x, eps in _RANGES:
             both("rows=%d dim=%d" % (rows, dim), "%s w=-2,2 b=-1,1" % x, eps)
+    for rows, dim in ((7, 3), (2100, 300)):   # eps = 0 on constant rows: r = inf, NaN everywhere (canonical)
+        both("rows=%d dim=%d" % (rows, dim), "x=1.5,1.5 w=-2,2 b=-1,1", "0")
     return specs
 
 

@@ -11,6 +11,8 @@ multiple of any block, K and N of 1, 3, 67, 1023) and to cross the token rule's 
 
 """
 from . import _card_format as _cards
+from ._array import Array
+from .device import to_device
 from .linear import linear_backward, linear_forward
 
 CONTRACT = "dense v1"
@@ -25,13 +27,22 @@ _LINEAR_KEYS = dict(_SIZE, m=_cards._count, n=_cards._count, k=_cards._count, a=
                     w=_cards._pair, bias=_cards._flag)
 
 
-def _draw(backend, case, name, shape):
+def _tensor(backend, case, stream, bounds, shape):
+    """A tensor of ``shape`` drawn from ``stream`` in ``bounds``; bounds low,low is that one value
+    everywhere (a constant: no draw)."""
     n = 1
     for d in shape:
         n *= d
-    bounds = case.args["w" if name == "bias" else name]
+    low, high = bounds
+    if low == high:
+        const = Array.from_list([low] * n, "float32").reshape(shape)
+        return to_device(const, "identical") if _cards._ON_DEVICE else const
     spec = _cards.Case("draw", {"seed": case.args["seed"], "sizes": (n,)}, "")
-    return _cards._filled(backend, spec, _STREAMS[name], bounds)[0].reshape(shape)
+    return _cards._filled(backend, spec, stream, bounds)[0].reshape(shape)
+
+
+def _draw(backend, case, name, shape):
+    return _tensor(backend, case, _STREAMS[name], case.args["w" if name == "bias" else name], shape)
 
 
 def _sha(x):

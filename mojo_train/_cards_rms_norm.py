@@ -4,7 +4,9 @@ runners, registered with _cards as the card ``rms_norm`` (fixtures/rms_norm.card
 Inputs are drawn as the linear cards draw theirs (_cards_linear._draw: x from stream 0, the
 weight from stream 1, dy from stream 3, each in C order from offset 0); outputs are digested
 in the order of their names. The shapes cross RMSNorm's chunks (over 4096 columns) and the
-token rule's leaves (over 2048 rows), with subnormal and large-magnitude inputs.
+token rule's leaves (over 1024 rows), with subnormal and large-magnitude inputs. The last lines
+take CUDA's one-pass backward (at least 8 leaves, dim a multiple of 128): a last leaf of one
+row, a last window shorter than the others, two chunks with one lane row in the second.
 """
 from . import _card_format as _cards
 from ._cards_linear import CONTRACT, _NOTES, _SIZE, _draw, _sha
@@ -44,6 +46,8 @@ def _rms_outputs(case):
 # (rows, dim): row trees of one lane row up to three chunks; > 2048 rows cross leaves.
 _RMS_SHAPES = [(1, 1), (3, 3), (5, 67), (64, 255), (64, 256), (33, 1023), (17, 4096), (9, 4097),
                (3, 8193), (2100, 300), (3000, 129), (5000, 257)]
+# (rows, dim) of the one-pass backward's lines (8 leaves and more).
+_RMS_ONE_PASS_SHAPES = [(7169, 384), (8200, 128), (7169, 4224)]
 _RMS_RANGES = [("x=%s" % SUB, "1e-5"),           # subnormal x: eps carries the scale
                ("x=%s" % SUB_SQ, "0"),           # squares subnormal, summed by gradual underflow
                ("x=-1e15,1e15", "1e-6")]         # large x: r**3 subnormal in the backward
@@ -61,6 +65,14 @@ def _rms_cases():
             size = "rows=%d dim=%d" % (rows, dim)
             specs.append("rms_norm_forward %s %s w=-2,2 eps=%s" % (size, x, eps))
             specs.append("rms_norm_backward %s %s w=-2,2 dy=%s eps=%s" % (size, x, UNIT, eps))
+    for rows, dim in _RMS_ONE_PASS_SHAPES:
+        size = "rows=%d dim=%d" % (rows, dim)
+        specs.append("rms_norm_backward %s x=%s w=0.5,1.5 dy=%s eps=1e-5" % (size, UNIT, UNIT))
+    for x, eps in _RMS_RANGES:   # the last: dx holds one NaN (inf - inf), canonical
+        specs.append("rms_norm_backward rows=7169 dim=384 %s w=-2,2 dy=%s eps=%s" % (x, UNIT, eps))
+    for rows, dim in ((7, 3), (2100, 300), (7169, 384)):   # rows of zeros, eps = 0: r = inf, NaN everywhere
+        specs.append("rms_norm_forward rows=%d dim=%d x=0,0 w=-2,2 eps=0" % (rows, dim))
+        specs.append("rms_norm_backward rows=%d dim=%d x=0,0 w=-2,2 dy=%s eps=0" % (rows, dim, UNIT))
     return [_cards._seeded(" ".join(s.split())) for s in specs]
 
 

@@ -31,6 +31,13 @@ def mat(shape, seed, low=-1.0, high=1.0, wide=False):
     return Array.from_bytes(data.tobytes(), shape, "float32")
 
 
+def words(x):
+    """The distinct 32-bit words of an output (host or device) as 8 hex digits each: NaN bits."""
+    import struct
+    raw = (x.to_host() if hasattr(x, "to_host") else x).tobytes()
+    return {"%08x" % v for v in struct.unpack("<%dI" % (len(raw) // 4), raw)}
+
+
 def values(x):
     """The float values of an output (host or device), in C order."""
     if hasattr(x, "to_host"):

@@ -25,7 +25,7 @@ import tolerances as tol
 from _helpers import ENONFINITE, _lane_tree, _tree_fold, add32, f32, fma32, thread_counts
 from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
-    rows_of, same_bits, token_tree, values
+    rows_of, same_bits, token_tree, values, words
 from _layer_helpers import HYPOTHESIS, outputs_sha as sha
 
 LF, LB = mt.layer_norm_forward, mt.layer_norm_backward
@@ -397,6 +397,16 @@ def test_eps_zero_on_a_constant_row_is_nan_as_in_torch(layer_norm_mode):
     ours = values(LF(x, None, None, 0.0, numeric_mode=layer_norm_mode.numeric_mode))
     ref = torch.nn.functional.layer_norm(torch.full((2, 4), 0.25, dtype=torch.float64), (4,), eps=0.0)
     assert all(math.isnan(v) for v in ours) and bool(torch.isnan(ref).all())
+
+
+def test_every_nan_written_is_the_canonical_quiet_nan(layer_norm_identical):
+    """eps = 0 on a constant row: xhat = 0 * inf. x86 and NVIDIA make NaNs of other signs and
+    payloads; the contract writes 0x7fc00000 in y, dx and dweight (dbias, sums of dy, is finite)."""
+    x = Array.from_list([0.25] * 8, "float32").reshape((2, 4))
+    w, b, dy = mat((4,), 41, 0.5, 1.5), mat((4,), 42), mat((2, 4), 43)
+    y = LF(x, w, b, 0.0, numeric_mode="identical")
+    dx, dw, db = mt.layer_norm_backward(dy, x, w, b, 0.0, numeric_mode="identical")
+    assert all(words(t) == {"7fc00000"} for t in (y, dx, dw)) and "7fc00000" not in words(db)
 
 
 def _figures_case(rng):

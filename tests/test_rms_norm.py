@@ -17,13 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mojo_train as mt
+from mojo_train import Array
 from mojo_train._native import ffi
 
 import tolerances as tol
 from _helpers import _lane_tree, _tree_fold, f32, fma32
 from _layer_helpers import LEAF, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
-    rows_of, same_bits, token_tree, values
+    rows_of, same_bits, token_tree, values, words
 from _layer_helpers import HYPOTHESIS, outputs_sha as sha
 
 
@@ -104,6 +105,15 @@ def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(rms_norm_
     assert_nonfinite_refused(*NONFINITE[i], rms_norm_mode.numeric_mode, d, bad)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("arg", ["dy", "x", "w"])
+def test_a_nonfinite_input_of_a_backward_of_many_leaves_is_refused(rms_norm_mode, arg, bad):
+    """7169 x 128 takes CUDA's one-pass backward (8 leaves, dim a multiple of 128); the poison
+    sits in the middle, inside a leaf whose chains other blocks carry."""
+    d = {"x": mat((7169, 128), 15), "w": mat((128,), 16), "dy": mat((7169, 128), 17)}
+    assert_nonfinite_refused("rms_norm_backward", arg, _rb, rms_norm_mode.numeric_mode, d, bad)
+
+
 @pytest.mark.parametrize("rows", [0, 3])
 def test_a_nonfinite_weight_is_refused_with_or_without_rows(rms_norm_mode, rows):
     """With no rows, no kernel reads the weight along the way: it is still checked."""
@@ -137,6 +147,16 @@ def _c_cases(lib, keep):
 def test_the_c_entries_refuse_bad_sizes_pointers_and_eps_writing_nothing(rms_norm_mode):
     keep = []
     assert_c_refusals_write_nothing(rms_norm_mode.backend.lib, _c_cases(rms_norm_mode.backend.lib, keep))
+
+
+def test_every_nan_written_is_the_canonical_quiet_nan(rms_norm_identical):
+    """eps = 0 on rows of zeros: r = inf and x * r = 0 * inf. x86 and NVIDIA make NaNs of other
+    signs and payloads; the contract writes 0x7fc00000 in y, dx and dweight."""
+    x = Array.from_list([0.0] * 8, "float32").reshape((2, 4))
+    w, dy = mat((4,), 41, 0.5, 1.5), mat((2, 4), 43)
+    y = mt.rms_norm_forward(x, w, 0.0, numeric_mode="identical")
+    dx, dw = mt.rms_norm_backward(dy, x, w, 0.0, numeric_mode="identical")
+    assert all(words(t) == {"7fc00000"} for t in (y, dx, dw))
 
 
 def test_empty_rows_are_answered_without_reading_anything(rms_norm_mode):
@@ -203,6 +223,24 @@ def test_outputs_do_not_depend_on_the_thread_count(rms_norm_mode):
     digest = lambda: sha(mt.rms_norm_forward(x, g, numeric_mode=rms_norm_mode.numeric_mode),  # noqa: E731
                          *mt.rms_norm_backward(dy, x, g, numeric_mode=rms_norm_mode.numeric_mode))
     assert len(digests_over_thread_counts(rms_norm_mode, digest)) == 1
+
+
+@pytest.mark.parametrize("blocks", [8, 24, 200])
+def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_blocks(rms_norm_identical, blocks,
+                                                                                  monkeypatch):
+    """At most `blocks` blocks a launch: CUDA's one-pass backward then walks the 9 leaves with
+    1, 3 or 9 groups of 8 blocks at once; the CPU oracle's bits every time."""
+    need_device(rms_norm_identical)
+    lib = rms_norm_identical.backend.lib
+    x, dy, w = mat((8300, 256), 31), mat((8300, 256), 32), mat((256,), 33, 0.5, 1.5)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    assert lib.mt_set_launch_geometry(256, blocks) == 0
+    try:
+        assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
+    finally:
+        lib.mt_set_launch_geometry(256, 0)
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too

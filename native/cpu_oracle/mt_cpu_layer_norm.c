@@ -193,7 +193,7 @@ static void fold_into(float *out, float *part, int64_t leaves, int64_t dim) {
         return;
     }
     mt_token_fold_rows(part, leaves, dim);
-    if (part != out) memcpy(out, part, (size_t)dim * sizeof(float));
+    for (int64_t c = 0; c < dim; ++c) out[c] = mt_canonical_nan(part[c]);
 }
 
 static void ln_params_end(ln_params *p, float *dweight, float *dbias, int64_t dim) {

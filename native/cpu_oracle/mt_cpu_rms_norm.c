@@ -48,8 +48,8 @@ typedef struct {
 
 MT_SIMD static void rms_scale_row(float *restrict y, const float *restrict x, const float *restrict w,
                                   float r, int64_t n) {
-    if (w) for (int64_t i = 0; i < n; ++i) y[i] = (x[i] * r) * w[i];
-    else for (int64_t i = 0; i < n; ++i) y[i] = x[i] * r;
+    if (w) for (int64_t i = 0; i < n; ++i) y[i] = mt_rms_y(x[i], r, w[i]);
+    else for (int64_t i = 0; i < n; ++i) y[i] = mt_rms_y1(x[i], r);
 }
 
 /* The forward's pass 1, rows in parallel: each row's finiteness and r, reading the row once
@@ -165,6 +165,7 @@ static int rms_dweight(float *dweight, const float *dy, const float *x, const fl
         memcpy(dweight, partials, (size_t)dim * sizeof(float));
         mt_scratch_free(partials, bytes);
     }
+    for (int64_t c = 0; c < dim; ++c) dweight[c] = mt_canonical_nan(dweight[c]);
     return MT_OK;
 }
 

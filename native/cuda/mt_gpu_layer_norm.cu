@@ -254,8 +254,8 @@ __global__ void __launch_bounds__(LN_COL_THREADS)
     if (bad_dev[BAD_X] | bad_dev[BAD_DY] | bad_dev[BAD_W]) return;
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= dim) return;
-    if (dweight) dweight[c] = mt_token_tree(pw + c * leaves, leaves, 0);
-    if (dbias) dbias[c] = mt_token_tree(pb + c * leaves, leaves, 0);
+    if (dweight) dweight[c] = mt_canonical_nan(mt_token_tree(pw + c * leaves, leaves, 0));
+    if (dbias) dbias[c] = mt_canonical_nan(mt_token_tree(pb + c * leaves, leaves, 0));
 }
 
 /* ---- host ---- */

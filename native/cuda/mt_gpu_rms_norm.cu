@@ -90,9 +90,10 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
                 if (w) {
                     float4 g = *(const float4 *)(w + i);
                     bw |= mt_norm_bad4(g);
-                    o = make_float4((q.x * rs) * g.x, (q.y * rs) * g.y, (q.z * rs) * g.z, (q.w * rs) * g.w);
+                    o = make_float4(mt_rms_y(q.x, rs, g.x), mt_rms_y(q.y, rs, g.y), mt_rms_y(q.z, rs, g.z),
+                                    mt_rms_y(q.w, rs, g.w));
                 } else {
-                    o = make_float4(q.x * rs, q.y * rs, q.z * rs, q.w * rs);
+                    o = make_float4(mt_rms_y1(q.x, rs), mt_rms_y1(q.y, rs), mt_rms_y1(q.z, rs), mt_rms_y1(q.w, rs));
                 }
                 MT_STCS((float4 *)(out + i), o);
             },
@@ -101,9 +102,9 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
                 bx |= !mt_is_finite(v);
                 if (w) {
                     bw |= !mt_is_finite(w[i]);
-                    out[i] = (v * rs) * w[i];
+                    out[i] = mt_rms_y(v, rs, w[i]);
                 } else {
-                    out[i] = v * rs;
+                    out[i] = mt_rms_y1(v, rs);
                 }
             });
         __syncthreads();   /* the row's shared memory is free again */
@@ -198,8 +199,225 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
     k_rms_dweight_fold(float *dweight, float *part, int64_t dim, int64_t leaves, const int32_t *bad_dev) {
     if (bad_dev[BAD_X] | bad_dev[BAD_DY] | bad_dev[BAD_W]) return;
     int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c < dim) dweight[c] = mt_token_tree(part + c * leaves, leaves, 0);
+    if (c < dim) dweight[c] = mt_canonical_nan(mt_token_tree(part + c * leaves, leaves, 0));
 }
+
+/* ---- the backward with dweight in one pass over x and dy (CUDA) ----------------------------
+ * The three kernels above read x and dy twice: the row kernel owns whole rows (a row's two
+ * sums come before any of its dx), the dweight leaves own whole columns of a leaf. Here a block
+ * owns a leaf's rows for one lane group: lanes 16 s .. 16 s + 15 of every chunk, i.e. the
+ * 64-byte pieces at columns 128 j + 16 s (dim % 128 == 0: every lane of every chunk has
+ * whole steps). Its lanes' chains over those columns (the chunk fold's own chains, whole) are
+ * computed from shared memory and published; the RMS_GROUPS blocks of a leaf wait for each
+ * other's lanes, window by window, and each then runs the lane tree, the tree over chunks and
+ * r, k of every row itself (the same arithmetic in every block), writes its columns of dx and
+ * carries its columns' dweight chains down the leaf in shared memory:
+ * acc = fma(dy, x * r, acc), rows ascending. Same bits as the three kernels, one read of x
+ * and dy. Windows of W rows are staged by cp.async three deep: window w + 1's lanes are
+ * published before window w's wait. A lane's value travels with its window's tag in one 64-bit
+ * store (single-copy atomic; the ring is zeroed first, tags start at 1), so a reader spins on
+ * exactly the words it needs and no fence or counter is involved (a fence a window and a
+ * counter cost 417 -> 380 -> see bench/results/NOTES.md, eighteenth session).
+ * A cooperative launch keeps every block resident (a block spins on its group); the grid is
+ * RMS_GROUPS x the leaves at once, each group walking leaves g, g + groups, ...
+ * 16 groups of 8 lanes (32-byte pieces, two blocks an SM) measured slower (492 us against
+ * 417 on the H200) and were dropped. */
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+#define RMS_FUSED 1
+#else
+#define RMS_FUSED 0
+#endif
+#define RMS_GROUPS 8                            /* blocks of one leaf */
+#define RMS_GLANES (MT_LANES / RMS_GROUPS)      /* lanes of one block: 64-byte pieces */
+#define RMS_FUSED_THREADS 512                   /* a window's lane chains: one job a thread at W = 16 */
+#define RMS_RING 4                              /* windows of lanes in flight per group */
+#define RMS_FUSED_MIN_LEAVES 8                  /* fewer leaves would leave most SMs idle */
+#define RMS_FUSED_MAX_W 32
+
+#if RMS_FUSED
+struct rms_fused_args {
+    float *dx, *part;
+    uint64_t *pub;      /* RMS_RING windows of lanes per group: (tag << 32) | float bits, zeroed */
+    const float *dy, *x, *w;
+    int32_t *bad_dev, *bad;
+    float eps;
+    int64_t rows, dim, leaves;
+    int wrows;          /* W: rows a window, a power of two dividing MT_TOKEN_LEAF */
+};
+
+/* Shared floats of one block: three windows of x and dy, w and the chains of its columns, r and
+ * k of a window's rows, their chunk roots. */
+__host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows) {
+    int64_t cols = dim / MT_LANES * RMS_GLANES;
+    return 3 * 2 * wrows * cols + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim);
+}
+
+__global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(const rms_fused_args A) {
+    extern __shared__ float4 smem4[];
+    const int s = blockIdx.x % RMS_GROUPS, group = blockIdx.x / RMS_GROUPS, groups = gridDim.x / RMS_GROUPS;
+    const int W = A.wrows, tid = threadIdx.x, nt = blockDim.x;
+    const int64_t dim = A.dim;
+    /* 32-bit sizes (dim < 2^22 here: a window's shared memory bounds it) */
+    const int segs = (int)(dim / MT_LANES), cols = segs * RMS_GLANES, chunks = (int)mt_chunk_count(dim), q4 = cols / 4;
+    const int tile = 2 * W * cols, ring = W * 2 * chunks * MT_LANES;
+    float *tiles = (float *)smem4, *ws = tiles + 3 * tile, *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W,
+          *roots = kv + W;
+    const float dimf = (float)dim;
+    bool bx = false, bdy = false, bw = false;
+    /* A thread's float4 of a window: rows my_i, my_i + rpp, ..., float4 columns my_k, my_k + kstep, ... */
+    const int rpp = q4 >= nt ? 1 : nt / q4, kstep = q4 >= nt ? nt : q4;
+    const int my_i = q4 >= nt ? 0 : tid / q4, my_k = q4 >= nt ? tid : tid % q4;
+    const bool walks = my_i < rpp;
+    /* the global column of the thread's first float4, and how far the next one is */
+    const int64_t my_gcol = (int64_t)(4 * my_k / RMS_GLANES) * MT_LANES + RMS_GLANES * (blockIdx.x % RMS_GROUPS) +
+                            4 * my_k % RMS_GLANES;
+    const int64_t gstep = (int64_t)(4 * kstep / RMS_GLANES) * MT_LANES;   /* 4 kstep is a multiple of RMS_GLANES */
+    /* column k of the block (k = 16 j + o) is the global column 128 j + 16 s + o */
+    auto gcol = [&](int k) { return (int64_t)(k / RMS_GLANES) * MT_LANES + RMS_GLANES * s + k % RMS_GLANES; };
+    for (int k = tid; k < cols; k += nt) {
+        float v = A.w[gcol(k)];
+        bw |= !mt_is_finite(v);
+        ws[k] = v;
+        acc[k] = 0.0f;
+    }
+    int64_t seq = 0;   /* windows the group walked before this leaf: window w's lanes sit in ring slot (seq + w) % RMS_RING */
+    for (int64_t L = group; L < A.leaves; L += groups) {
+        const int64_t r_leaf = L * MT_TOKEN_LEAF;
+        const int n_leaf = (int)(A.rows - r_leaf < MT_TOKEN_LEAF ? A.rows - r_leaf : MT_TOKEN_LEAF);
+        const int nwin = (n_leaf + W - 1) / W;
+        auto rows_of = [&](int w) { return n_leaf - w * W < W ? n_leaf - w * W : W; };
+        auto lanes_of = [&](int w) { return A.pub + ((int64_t)group * RMS_RING + (seq + w) % RMS_RING) * ring; };
+        auto tag_of = [&](int w) { return (uint64_t)(uint32_t)(seq + w + 1) << 32; };   /* the ring was zeroed */
+        auto issue = [&](int w) {   /* window w's x and dy into its third of the tiles (one group) */
+            if (w < nwin && walks) {
+                float *t = tiles + (w % 3) * tile;
+                const int n = rows_of(w);
+                const float *xg = A.x + (r_leaf + (int64_t)w * W) * dim, *dg = A.dy + (r_leaf + (int64_t)w * W) * dim;
+                for (int i = my_i; i < n; i += rpp) {
+                    const float *xr = xg + i * dim + my_gcol, *dr = dg + i * dim + my_gcol;
+                    for (int k4 = my_k; k4 < q4; k4 += kstep, xr += gstep, dr += gstep) {
+                        mt_cp_async16(t + i * cols + 4 * k4, xr, 16);
+                        mt_cp_async16(t + (W + i) * cols + 4 * k4, dr, 16);
+                    }
+                }
+            }
+            mt_cp_async_commit();
+        };
+        auto publish = [&](int w) {   /* window w's lane chains: RMS_GLANES threads per (sum, row, chunk) */
+            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * cols;
+            uint64_t *pub = lanes_of(w);
+            const uint64_t tag = tag_of(w);
+            const int n = rows_of(w), o = tid % RMS_GLANES, units = n * chunks;
+            /* the sum varies slowest: whole warps take one sum (no divergence) where units is even */
+            for (int u = tid / RMS_GLANES; u < 2 * units; u += nt / RMS_GLANES) {
+                const int q = u >= units, rc = u - q * units, i = rc / chunks, c = rc - i * chunks;
+                const int j0 = c * MT_ROWS, steps = segs - j0 < MT_ROWS ? segs - j0 : MT_ROWS;
+                const float *xr = xs + i * cols + j0 * RMS_GLANES + o, *dr = dys + i * cols + j0 * RMS_GLANES + o;
+                const float *wr = ws + j0 * RMS_GLANES + o;
+                float a = 0.0f;
+                if (q)
+                    for (int v = 0; v < steps; ++v) {
+                        const int j = (MT_SAB_RMS_NORM ? steps - 1 - v : v) * RMS_GLANES;
+                        a = fmaf(dr[j] * wr[j], xr[j], a);   /* MT_STEP_GDOT */
+                    }
+                else
+                    for (int v = 0; v < steps; ++v) {
+                        const int j = (MT_SAB_RMS_NORM ? steps - 1 - v : v) * RMS_GLANES;
+                        a = fmaf(xr[j], xr[j], a);           /* MT_STEP_SUMSQ */
+                    }
+                /* the value and its window's tag in one single-copy-atomic 64-bit store: no fence */
+                const uint64_t word = tag | __float_as_uint(a);
+                uint64_t *at = pub + ((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o;
+                asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(word) : "memory");
+            }
+        };
+        auto stats = [&](int w) {   /* r and k of window w's rows: each lane waits for its 4 lanes' tags */
+            const uint64_t *pub = lanes_of(w);
+            const uint64_t tag = tag_of(w);
+            const int n = rows_of(w), lane = tid & 31;
+            for (int item = tid / 32; item < n * 2 * chunks; item += nt / 32) {
+                const uint64_t *at = pub + item * MT_LANES + 4 * lane;
+                uint64_t v[4];
+                for (;;) {
+                    bool ready = true;
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v[e]) : "l"(at + e) : "memory");
+                        ready &= (v[e] & 0xffffffff00000000ull) == tag;
+                    }
+                    if (ready) break;
+                    __nanosleep(20);
+                }
+                float a[4] = {__uint_as_float((uint32_t)v[0]), __uint_as_float((uint32_t)v[1]),
+                              __uint_as_float((uint32_t)v[2]), __uint_as_float((uint32_t)v[3])};
+                const float root = mt_warp_lane_tree(a);
+                if (lane == 0) roots[item] = root;
+            }
+            __syncthreads();
+            if (tid < n) {
+                const float ss = mt_tree_fold(roots + 2 * tid * chunks, chunks);
+                const float gd = mt_tree_fold(roots + (2 * tid + 1) * chunks, chunks);
+                const float r = mt_rms_rstd(ss, dimf, A.eps);
+                rsv[tid] = r;
+                kv[tid] = mt_rms_k(gd, dimf, r);
+            }
+            __syncthreads();
+        };
+        auto apply = [&](int w) {   /* window w's dx, and its rows' steps of the dweight chains */
+            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * cols;
+            const int n = rows_of(w);
+            float *dxg = A.dx ? A.dx + (r_leaf + (int64_t)w * W) * dim : nullptr;
+            if (walks)
+                for (int i = my_i; i < n; i += rpp) {
+                    float *dxr = dxg ? dxg + i * dim + my_gcol : nullptr;
+                    for (int k4 = my_k; k4 < q4; k4 += kstep, dxr += dxg ? gstep : 0) {
+                        const int k = 4 * k4;
+                        const float4 q = *(const float4 *)(xs + i * cols + k), g = *(const float4 *)(dys + i * cols + k);
+                        bx |= mt_norm_bad4(q);
+                        bdy |= mt_norm_bad4(g);
+                        if (dxg) {
+                            const float4 wv = *(const float4 *)(ws + k);
+                            const float r = rsv[i], kk = kv[i];
+                            MT_STCS((float4 *)dxr,
+                                    make_float4(mt_rms_dx(g.x, wv.x, q.x, r, kk), mt_rms_dx(g.y, wv.y, q.y, r, kk),
+                                                mt_rms_dx(g.z, wv.z, q.z, r, kk), mt_rms_dx(g.w, wv.w, q.w, r, kk)));
+                        }
+                    }
+                }
+            for (int k = tid; k < cols; k += nt) {
+                float a = acc[k];
+                for (int i = 0; i < n; ++i) a = MT_DOT_STEP(dys[i * cols + k], xs[i * cols + k] * rsv[i], a);
+                acc[k] = a;
+            }
+            __syncthreads();   /* the window's third of the tiles is free */
+        };
+        issue(0);
+        issue(1);
+        mt_cp_async_wait<1>();
+        __syncthreads();
+        publish(0);
+        for (int w = 0; w < nwin; ++w) {
+            issue(w + 2);   /* into the third window w - 1 used */
+            if (w + 1 < nwin) {
+                mt_cp_async_wait<1>();
+                __syncthreads();
+                publish(w + 1);
+            }
+            stats(w);
+            apply(w);
+        }
+        for (int k = tid; k < cols; k += nt) {
+            A.part[gcol(k) * A.leaves + L] = acc[k];
+            acc[k] = 0.0f;
+        }
+        seq += nwin;
+    }
+    mt_cp_async_wait<0>();
+    if (bx) A.bad[BAD_X] = A.bad_dev[BAD_X] = 1;
+    if (bdy) A.bad[BAD_DY] = A.bad_dev[BAD_DY] = 1;
+    if (bw) A.bad[BAD_W] = A.bad_dev[BAD_W] = 1;
+}
+#endif
 
 /* ---- host ---- */
 
@@ -229,8 +447,62 @@ MT_NOINLINE int rms_forward(float *y, const float *x, const float *weight, float
     return mt_rows_finish(st, order, 2, RMS_NAMES, f.sy ? y : nullptr, f.y, rows * dim * 4, nullptr, nullptr, 0);
 }
 
+/* dweight from its leaf partials (b.pw), unless an input was refused. */
+int rms_dweight_fold(const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves) {
+    k_rms_dweight_fold<<<mt_norm_leaf_grid(dim, leaves, RMS_COL_THREADS).x, RMS_COL_THREADS, 0, MT_STREAM>>>(
+        b.dweight, b.pw, dim, leaves, b.flags);
+    return mt_rows_launched("rms_norm dweight fold");
+}
+
+/* The one-pass backward (k_rms_backward_leaves) when it applies: *done says whether it ran.
+ * It needs dweight, dim % 128 == 0, 16-byte aligned rows, at least RMS_FUSED_MIN_LEAVES leaves
+ * and shared memory for a window; MOJO_TRAIN_RMS_ONE_PASS=0 switches it off (an A/B switch:
+ * the same bits either way). */
+int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
+    *done = false;
+#if RMS_FUSED
+    static const bool off = getenv("MOJO_TRAIN_RMS_ONE_PASS") && getenv("MOJO_TRAIN_RMS_ONE_PASS")[0] == '0';
+    const int64_t leaves = mt_token_leaves(rows);
+    if (off || !b.dweight || !b.w || dim % MT_LANES || !mt_norm_bwd_vec(b, dim) || leaves < RMS_FUSED_MIN_LEAVES)
+        return MT_OK;
+    const size_t optin = (size_t)mt_rows_limits().smem_optin;
+    int wrows = RMS_FUSED_MAX_W;
+    while (wrows > 1 && (size_t)rms_fused_floats(dim, wrows) * 4 > optin) wrows /= 2;
+    const size_t smem = (size_t)rms_fused_floats(dim, wrows) * 4;
+    if (smem > optin) return MT_OK;
+    static std::once_flag once;
+    int rc, per_sm = 0;
+    if ((rc = mt_rows_allow_smem(k_rms_backward_leaves, once))) return rc;
+    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves, RMS_FUSED_THREADS, smem),
+                 "occupancy");
+    int64_t groups = (int64_t)per_sm * mt_rows_limits().sms / RMS_GROUPS, cap = mt_gpu_blocks(INT64_MAX / 2, 1) / RMS_GROUPS;
+    if (groups > cap) groups = cap;
+    if (groups > leaves) groups = leaves;
+    if (groups < 1) return MT_OK;
+    rms_fused_args a;
+    a.dx = b.dx; a.part = b.pw; a.dy = b.dy; a.x = b.x; a.w = b.w;
+    a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves; a.wrows = wrows;
+    const int64_t ring_bytes = groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 8;
+    if ((leaves + groups - 1) / groups * (MT_TOKEN_LEAF / wrows) >= INT32_MAX) return MT_OK;   /* 32-bit tags */
+    if ((rc = b.arena.alloc((void **)&a.pub, ring_bytes))) return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(a.pub, 0, (size_t)ring_bytes, MT_STREAM), "lane ring");
+    void *args[1] = {&a};
+    MT_GPU_CHECK(cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves, dim3((unsigned)(groups * RMS_GROUPS)),
+                                             dim3(RMS_FUSED_THREADS), args, smem, MT_STREAM),
+                 "rms_norm backward (one pass)");
+    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
+    *done = true;
+#else
+    (void)b; (void)eps; (void)rows; (void)dim; (void)st;
+#endif
+    return MT_OK;
+}
+
 /* The backward's kernels (b.stats: r per row; b.pw: dweight's leaf partials). */
-int rms_bwd_launch(const mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
+int rms_bwd_launch(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
+    bool done = false;
+    int rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
+    if (rc0 || done) return rc0;
     static std::once_flag once[4];
     mt_norm_plan p = mt_norm_plan_rows(2, 2, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);
     bool vec = mt_norm_bwd_vec(b, dim);
@@ -244,8 +516,7 @@ int rms_bwd_launch(const mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t d
     dim3 g = mt_norm_leaf_grid(dim, leaves, RMS_COL_THREADS);
     k_rms_dweight_leaves<<<g, RMS_COL_THREADS, 0, MT_STREAM>>>(b.pw, b.dy, b.x, b.stats, rows, dim, leaves);
     if ((rc = mt_rows_launched("rms_norm dweight leaves"))) return rc;
-    k_rms_dweight_fold<<<g.x, RMS_COL_THREADS, 0, MT_STREAM>>>(b.dweight, b.pw, dim, leaves, b.flags);
-    return mt_rows_launched("rms_norm dweight fold");
+    return rms_dweight_fold(b, dim, leaves);
 }
 
 MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,

@@ -198,6 +198,17 @@ __device__ __forceinline__ float4 mt_load4(const float *p) {
  * descending when `reversed` (a sabotage switch; pass a constant). Then the lane tree (h = 64
  * .. 4 by shuffles, 2 and 1 in registers); out[k] is valid in thread 0. The C forms are
  * mt_chunk_sumsq and MT_DEFINE_CHUNK_FOLD. */
+/* mt_lane_tree on one warp: thread t holds lanes 4t .. 4t+3 in a[0..3] (consumed); h = 64 .. 4
+ * by shuffles, 2 and 1 in registers. The root is valid in thread 0. */
+__device__ __forceinline__ float mt_warp_lane_tree(float (&a)[4]) {
+    for (int d = 16; d >= 1; d >>= 1) {
+        a[0] = a[0] + MT_WARP_DOWN(a[0], d); a[1] = a[1] + MT_WARP_DOWN(a[1], d);
+        a[2] = a[2] + MT_WARP_DOWN(a[2], d); a[3] = a[3] + MT_WARP_DOWN(a[3], d);
+    }
+    a[0] = a[0] + a[2]; a[1] = a[1] + a[3];   /* h = 2 */
+    return a[0] + a[1];                       /* h = 1 */
+}
+
 #define MT_FOLD_BATCH 4
 template <int K, class F>
 __device__ __forceinline__ void mt_warp_chunk_fold(float (&out)[K], const F &f, int64_t n, int t, bool reversed) {
@@ -223,14 +234,7 @@ __device__ __forceinline__ void mt_warp_chunk_fold(float (&out)[K], const F &f, 
     for (int q = 0; q < 4; ++q)
         if (l + q < rest) f.one(a, q, full * MT_LANES + l + q);
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-        for (int d = 16; d >= 1; d >>= 1) {      /* lane tree, h = 64 .. 4 */
-            a[k][0] = a[k][0] + MT_WARP_DOWN(a[k][0], d); a[k][1] = a[k][1] + MT_WARP_DOWN(a[k][1], d);
-            a[k][2] = a[k][2] + MT_WARP_DOWN(a[k][2], d); a[k][3] = a[k][3] + MT_WARP_DOWN(a[k][3], d);
-        }
-        a[k][0] = a[k][0] + a[k][2]; a[k][1] = a[k][1] + a[k][3];   /* h = 2 */
-        out[k] = a[k][0] + a[k][1];                                 /* h = 1 */
-    }
+    for (int k = 0; k < K; ++k) out[k] = mt_warp_lane_tree(a[k]);
 }
 
 /* The step functor of one input x and one quantity: acc = OP::step(acc, element). */

@@ -198,9 +198,13 @@ MT_HD float mt_ce_grad_nd(float e, float s, float a, float y, float g) {
 /* 1 / sqrt(ss / dim + eps) from a row's sum of squares: three roundings and a division. */
 MT_HD float mt_rms_rstd(float ss, float dimf, float eps) { return 1.0f / sqrtf(ss / dimf + eps); }
 
-/* dx_i = r * g_i - k * x_i with g_i = dy_i * w_i and k = (c / dim) * (r * r * r). */
+/* dx_i = r * g_i - k * x_i with g_i = dy_i * w_i and k = (c / dim) * (r * r * r). Outputs are
+ * written through mt_canonical_nan: finite inputs can still give a NaN (r = inf on a zero row with
+ * eps = 0; inf - inf when r**3 overflows), and the vendors' NaNs differ in sign and payload. */
 MT_HD float mt_rms_k(float c, float dimf, float r) { return (c / dimf) * ((r * r) * r); }
-MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return r * (dy * w) - k * x; }
+MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return mt_canonical_nan(r * (dy * w) - k * x); }
+MT_HD float mt_rms_y(float x, float r, float w) { return mt_canonical_nan((x * r) * w); }
+MT_HD float mt_rms_y1(float x, float r) { return mt_canonical_nan(x * r); }   /* without weight */
 
 /* ---- LayerNorm (contract: native/contracts/layer_norm.md) --------------------------------
  * Per row: mu = (chunk tree of x) / D; var = (chunk tree of fma(x - mu, x - mu, acc)) / D
@@ -215,10 +219,14 @@ MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return r *
 #endif
 MT_HD float mt_ln_mean(float s, float dimf) { return s / dimf; }
 MT_HD float mt_ln_xhat(float x, float mu, float r) { return (x - mu) * r; }
-MT_HD float mt_ln_y(float x, float mu, float r, float w, float b) { return fmaf(mt_ln_xhat(x, mu, r), w, b); }
+/* y and dx are written through mt_canonical_nan (RMSNorm's rule: eps = 0 on a constant row gives
+ * 0 * inf) */
+MT_HD float mt_ln_y(float x, float mu, float r, float w, float b) {
+    return mt_canonical_nan(fmaf(mt_ln_xhat(x, mu, r), w, b));
+}
 /* dx_i = r * ((g_i - mg) - xhat_i * mgx), g_i = dy_i * w_i, mg = sum(g) / D, mgx = sum(g xhat) / D */
 MT_HD float mt_ln_dx(float dy, float w, float x, float mu, float r, float mg, float mgx) {
-    return r * ((dy * w - mg) - mt_ln_xhat(x, mu, r) * mgx);
+    return mt_canonical_nan(r * ((dy * w - mg) - mt_ln_xhat(x, mu, r) * mgx));
 }
 /* The row folds: sum of x; of (x - mu)^2 by fma; of g = dy * w (w NULL: dy); of g * xhat by fma. */
 #define MT_STEP_LN_SUM(acc, i) (acc) = (acc) + x[i]
