@@ -214,10 +214,10 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
  * carries its columns' dweight chains down the leaf in shared memory:
  * acc = fma(dy, x * r, acc), rows ascending. Same bits as the three kernels, one read of x
  * and dy. Windows of W rows are staged by cp.async three deep: window w + 1's lanes are
- * published before window w's wait. A lane's value travels with its window's tag in one 64-bit
- * store (single-copy atomic; the ring is zeroed first, tags start at 1), so a reader spins on
- * exactly the words it needs and no fence or counter is involved (a fence a window and a
- * counter cost 417 -> 380 -> see bench/results/NOTES.md, eighteenth session).
+ * published before window w's wait: a block's lanes go out with one release at gpu scope
+ * (after a barrier: cumulative) on the window's counter, and thread 0 of each reader acquires
+ * it before a barrier. (Every thread's fence instead: 417 us; each lane tagged with its window
+ * in one 64-bit store, no counter: 421 us; this: 380 us, bench/results/NOTES.md.)
  * A cooperative launch keeps every block resident (a block spins on its group); the grid is
  * RMS_GROUPS x the leaves at once, each group walking leaves g, g + groups, ...
  * 16 groups of 8 lanes (32-byte pieces, two blocks an SM) measured slower (492 us against
@@ -236,10 +236,9 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
 
 #if RMS_FUSED
 struct rms_fused_args {
-    float *dx, *part;
-    uint64_t *pub;      /* RMS_RING windows of lanes per group: (tag << 32) | float bits, zeroed */
+    float *dx, *part, *pub;   /* pub: RMS_RING windows of lanes per group */
     const float *dy, *x, *w;
-    int32_t *bad_dev, *bad;
+    int32_t *count, *bad_dev, *bad;   /* count: blocks that published each window (leaf, window) */
     float eps;
     int64_t rows, dim, leaves;
     int wrows;          /* W: rows a window, a power of two dividing MT_TOKEN_LEAF */
@@ -285,9 +284,9 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         const int64_t r_leaf = L * MT_TOKEN_LEAF;
         const int n_leaf = (int)(A.rows - r_leaf < MT_TOKEN_LEAF ? A.rows - r_leaf : MT_TOKEN_LEAF);
         const int nwin = (n_leaf + W - 1) / W;
+        int32_t *count = A.count + L * (MT_TOKEN_LEAF / W);
         auto rows_of = [&](int w) { return n_leaf - w * W < W ? n_leaf - w * W : W; };
         auto lanes_of = [&](int w) { return A.pub + ((int64_t)group * RMS_RING + (seq + w) % RMS_RING) * ring; };
-        auto tag_of = [&](int w) { return (uint64_t)(uint32_t)(seq + w + 1) << 32; };   /* the ring was zeroed */
         auto issue = [&](int w) {   /* window w's x and dy into its third of the tiles (one group) */
             if (w < nwin && walks) {
                 float *t = tiles + (w % 3) * tile;
@@ -305,8 +304,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         };
         auto publish = [&](int w) {   /* window w's lane chains: RMS_GLANES threads per (sum, row, chunk) */
             const float *xs = tiles + (w % 3) * tile, *dys = xs + W * cols;
-            uint64_t *pub = lanes_of(w);
-            const uint64_t tag = tag_of(w);
+            float *pub = lanes_of(w);
             const int n = rows_of(w), o = tid % RMS_GLANES, units = n * chunks;
             /* the sum varies slowest: whole warps take one sum (no divergence) where units is even */
             for (int u = tid / RMS_GLANES; u < 2 * units; u += nt / RMS_GLANES) {
@@ -325,31 +323,26 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                         const int j = (MT_SAB_RMS_NORM ? steps - 1 - v : v) * RMS_GLANES;
                         a = fmaf(xr[j], xr[j], a);           /* MT_STEP_SUMSQ */
                     }
-                /* the value and its window's tag in one single-copy-atomic 64-bit store: no fence */
-                const uint64_t word = tag | __float_as_uint(a);
-                uint64_t *at = pub + ((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o;
-                asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(word) : "memory");
+                pub[((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o] = a;
             }
+            __syncthreads();   /* then one release at gpu scope publishes the block's writes (cumulative) */
+            if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + w) : "memory");
         };
-        auto stats = [&](int w) {   /* r and k of window w's rows: each lane waits for its 4 lanes' tags */
-            const uint64_t *pub = lanes_of(w);
-            const uint64_t tag = tag_of(w);
-            const int n = rows_of(w), lane = tid & 31;
-            for (int item = tid / 32; item < n * 2 * chunks; item += nt / 32) {
-                const uint64_t *at = pub + item * MT_LANES + 4 * lane;
-                uint64_t v[4];
+        auto stats = [&](int w) {   /* r and k of window w's rows, once every block published */
+            if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
+                int32_t seen;
                 for (;;) {
-                    bool ready = true;
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v[e]) : "l"(at + e) : "memory");
-                        ready &= (v[e] & 0xffffffff00000000ull) == tag;
-                    }
-                    if (ready) break;
+                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count + w) : "memory");
+                    if (seen >= RMS_GROUPS) break;
                     __nanosleep(20);
                 }
-                float a[4] = {__uint_as_float((uint32_t)v[0]), __uint_as_float((uint32_t)v[1]),
-                              __uint_as_float((uint32_t)v[2]), __uint_as_float((uint32_t)v[3])};
+            }
+            __syncthreads();
+            const float *pub = lanes_of(w);
+            const int n = rows_of(w), lane = tid & 31;
+            for (int item = tid / 32; item < n * 2 * chunks; item += nt / 32) {
+                const float4 v = __ldcg((const float4 *)(pub + item * MT_LANES) + lane);   /* L2: never a stale L1 line */
+                float a[4] = {v.x, v.y, v.z, v.w};
                 const float root = mt_warp_lane_tree(a);
                 if (lane == 0) roots[item] = root;
             }
@@ -482,10 +475,11 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     rms_fused_args a;
     a.dx = b.dx; a.part = b.pw; a.dy = b.dy; a.x = b.x; a.w = b.w;
     a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves; a.wrows = wrows;
-    const int64_t ring_bytes = groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 8;
-    if ((leaves + groups - 1) / groups * (MT_TOKEN_LEAF / wrows) >= INT32_MAX) return MT_OK;   /* 32-bit tags */
-    if ((rc = b.arena.alloc((void **)&a.pub, ring_bytes))) return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(a.pub, 0, (size_t)ring_bytes, MT_STREAM), "lane ring");
+    const int64_t windows = leaves * (MT_TOKEN_LEAF / wrows);
+    if ((rc = b.arena.alloc((void **)&a.pub, groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 4)) ||
+        (rc = b.arena.alloc((void **)&a.count, windows * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
     void *args[1] = {&a};
     MT_GPU_CHECK(cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves, dim3((unsigned)(groups * RMS_GROUPS)),
                                              dim3(RMS_FUSED_THREADS), args, smem, MT_STREAM),
