@@ -10,6 +10,9 @@ every numeric mode stays within tests/tolerances.py's bound of torch in float64.
 ``PYTHONPATH=. python tests/test_rms_norm.py N`` prints the bound figures of tolerances.py.
 """
 import math
+import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -241,6 +244,17 @@ def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_bloc
         assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
     finally:
         lib.mt_set_launch_geometry(256, 0)
+
+
+def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical):
+    """MOJO_TRAIN_RMS_ONE_PASS=0 keeps CUDA's row kernel and dweight leaves where the one-pass
+    kernel would run (the card's lines of 8 leaves and more); other vendors read nothing of it.
+    In a process of its own: the variable is read once."""
+    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "rms_norm"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"^rms_norm\s+%s\s+(\d+)/\1\b" % rms_norm_identical.vendor, out.stdout, re.M), out.stdout
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too
