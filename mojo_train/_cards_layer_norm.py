@@ -5,7 +5,7 @@ Inputs come from _cards' one filler (Philox through mt_uniform_fill): x from str
 weight from stream 1, the bias from stream 2, dy from stream 3, each in C order from offset 0
 (the streams of the linear and RMSNorm cards). Outputs are digested in the order of their
 names. The shapes are odd (D = 1, 3, 67, 255, 1023, 4097), cross the chunks of the row tree
-(over 4096 columns) and the token rule's leaves (over 2048 rows), and take every affine case
+(over 4096 columns) and the token rule's leaves (over 1024 rows), and take every affine case
 (weight and bias, either, neither); the ranges add subnormal, large-magnitude, large-mean and
 constant rows (variance 0 or one rounding away from it; a range low,low is that constant).
 """
@@ -52,7 +52,7 @@ def _backward_outputs(case):
     return ("dx",) + (("dweight",) if "w" in case.args else ()) + (("dbias",) if "b" in case.args else ())
 
 
-# (rows, dim): one row, one column, odd widths, up to three chunks; > 2048 rows cross leaves.
+# (rows, dim): one row, one column, odd widths, up to three chunks; > 1024 rows cross leaves.
 _SHAPES = [(1, 1), (3, 3), (1, 4097), (5, 67), (64, 255), (64, 256), (33, 1023), (17, 4096), (9, 4097),
            (3, 8193), (2100, 1), (2100, 300), (3000, 129), (5000, 257)]
 _AFFINE = [("w=0.5,1.5 b=-1,1", "1e-5"), ("", "1e-6")]               # every shape: both, neither

@@ -43,7 +43,7 @@ def _rms_outputs(case):
     return ("dx", "dweight") if "w" in case.args else ("dx",)
 
 
-# (rows, dim): row trees of one lane row up to three chunks; > 2048 rows cross leaves.
+# (rows, dim): row trees of one lane row up to three chunks; > 1024 rows cross leaves.
 _RMS_SHAPES = [(1, 1), (3, 3), (5, 67), (64, 255), (64, 256), (33, 1023), (17, 4096), (9, 4097),
                (3, 8193), (2100, 300), (3000, 129), (5000, 257)]
 # (rows, dim) of the one-pass backward's lines (8 leaves and more).

@@ -21,11 +21,12 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 from mojo_train import Array
+from mojo_train import _native
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import _lane_tree, _tree_fold, f32, fma32
-from _layer_helpers import LEAF, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
+from _helpers import ENONFINITE, _lane_tree, _tree_fold, f32, fma32
+from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values, words
 from _layer_helpers import HYPOTHESIS, outputs_sha as sha
@@ -255,6 +256,45 @@ def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"^rms_norm\s+%s\s+(\d+)/\1\b" % rms_norm_identical.vendor, out.stdout, re.M), out.stdout
+
+
+@pytest.mark.parametrize("bad", ["dy", "x", "w"])
+def test_a_refused_backward_of_many_leaves_never_writes_a_device_dweight(rms_norm_identical, bad):
+    """Device buffers are written in place, so here a refusal is seen in dweight itself: the
+    one-pass kernel raises the flags, and the fold that writes dweight reads them first."""
+    need_device(rms_norm_identical)
+    lib, rows, dim = rms_norm_identical.backend.lib, 7169, 128
+    host = {"x": mat((rows, dim), 51), "dy": mat((rows, dim), 52), "w": mat((dim,), 53, 0.5, 1.5)}
+    poisoned = host[bad].reshape(-1)
+    poisoned[poisoned.size // 2] = float("nan")
+    dev = {k: device_copy_at(v, 0, "identical") for k, v in host.items()}
+    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
+    dx = device_copy_at(mat((rows, dim), 54), 0, "identical")
+    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
+    rc = lib.mt_rms_norm_backward(ptr(dx), ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows, dim)
+    assert rc == ENONFINITE
+    assert ffi.string(lib.mt_last_error()).decode().startswith(("weight" if bad == "w" else bad) + " holds NaN")
+    assert values(dw) == [SENTINEL] * dim
+
+
+@pytest.mark.parametrize("dim", [8320, 16512])
+def test_wide_rows_of_many_leaves_give_the_oracles_bits(rms_norm_identical, dim, monkeypatch):
+    """CUDA's one-pass backward at windows of 8 rows (dim 8320: three chunks) and of 4 rows
+    with a second float4 a thread (dim 16512: five chunks, the last of one lane row)."""
+    need_device(rms_norm_identical)
+    rows = 7 * LEAF + 1
+    cpu = _native.load("identical", "cpu").lib
+
+    def philox(shape, stream, low, high):   # Python's generator would take minutes for 118M floats
+        a = Array(shape, "float32")
+        assert cpu.mt_uniform_fill(ffi.cast("float *", a.address), 61, stream, 0, low, high, a.size) == 0
+        return a
+
+    x, dy, w = philox((rows, dim), 0, -1.0, 1.0), philox((rows, dim), 3, -1.0, 1.0), philox((dim,), 1, 0.5, 1.5)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too

@@ -464,6 +464,14 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     const size_t smem = (size_t)rms_fused_floats(dim, wrows) * 4;
     if (smem > optin) return MT_OK;
     static std::once_flag once;
+    static int cooperative = -1;   /* the device can launch cooperative kernels (read once) */
+    if (cooperative < 0) {
+        int v = 0, dev = 0;
+        cooperative = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
+        gpuGetLastError();
+    }
+    if (!cooperative) return MT_OK;
     int rc, per_sm = 0;
     if ((rc = mt_rows_allow_smem(k_rms_backward_leaves, once))) return rc;
     MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves, RMS_FUSED_THREADS, smem),
@@ -481,9 +489,14 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
         return rc;
     MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
     void *args[1] = {&a};
-    MT_GPU_CHECK(cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves, dim3((unsigned)(groups * RMS_GROUPS)),
-                                             dim3(RMS_FUSED_THREADS), args, smem, MT_STREAM),
-                 "rms_norm backward (one pass)");
+    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves,
+                                                  dim3((unsigned)(groups * RMS_GROUPS)), dim3(RMS_FUSED_THREADS), args,
+                                                  smem, MT_STREAM);
+    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
+        gpuGetLastError();   /* e.g. another device than the one sized above: the three kernels instead */
+        return MT_OK;
+    }
+    MT_GPU_CHECK(err, "rms_norm backward (one pass)");
     if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
     *done = true;
 #else

@@ -188,16 +188,6 @@ __device__ __forceinline__ float4 mt_load4(const float *p) {
     return make_float4(p[0], p[1], p[2], p[3]);
 }
 
-/* The chunk fold of clip.md on one warp, for any step: n <= MT_CHUNK elements of one chunk,
- * K quantities folded side by side over the same lanes. The step F is a functor with
- *   F::V             what one row of four lanes reads (a float4, or several);
- *   f.load(i)        reads elements i .. i+3 (lanes 4t .. 4t+3 of one row);
- *   f.step(acc, v, i) folds them into acc[k][0..3] (and may write element-wise results);
- *   f.one(acc, q, i) reads and folds element i into acc[k][q] (the short last row).
- * Rows are walked in ascending order, loads issued MT_FOLD_BATCH rows ahead of their steps, or
- * descending when `reversed` (a sabotage switch; pass a constant). Then the lane tree (h = 64
- * .. 4 by shuffles, 2 and 1 in registers); out[k] is valid in thread 0. The C forms are
- * mt_chunk_sumsq and MT_DEFINE_CHUNK_FOLD. */
 /* mt_lane_tree on one warp: thread t holds lanes 4t .. 4t+3 in a[0..3] (consumed); h = 64 .. 4
  * by shuffles, 2 and 1 in registers. The root is valid in thread 0. */
 __device__ __forceinline__ float mt_warp_lane_tree(float (&a)[4]) {
@@ -209,6 +199,16 @@ __device__ __forceinline__ float mt_warp_lane_tree(float (&a)[4]) {
     return a[0] + a[1];                       /* h = 1 */
 }
 
+/* The chunk fold of clip.md on one warp, for any step: n <= MT_CHUNK elements of one chunk,
+ * K quantities folded side by side over the same lanes. The step F is a functor with
+ *   F::V             what one row of four lanes reads (a float4, or several);
+ *   f.load(i)        reads elements i .. i+3 (lanes 4t .. 4t+3 of one row);
+ *   f.step(acc, v, i) folds them into acc[k][0..3] (and may write element-wise results);
+ *   f.one(acc, q, i) reads and folds element i into acc[k][q] (the short last row).
+ * Rows are walked in ascending order, loads issued MT_FOLD_BATCH rows ahead of their steps, or
+ * descending when `reversed` (a sabotage switch; pass a constant). Then the lane tree (h = 64
+ * .. 4 by shuffles, 2 and 1 in registers); out[k] is valid in thread 0. The C forms are
+ * mt_chunk_sumsq and MT_DEFINE_CHUNK_FOLD. */
 #define MT_FOLD_BATCH 4
 template <int K, class F>
 __device__ __forceinline__ void mt_warp_chunk_fold(float (&out)[K], const F &f, int64_t n, int t, bool reversed) {
