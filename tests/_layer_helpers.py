@@ -33,9 +33,7 @@ def mat(shape, seed, low=-1.0, high=1.0, wide=False):
 
 def words(x):
     """The distinct 32-bit words of an output (host or device) as 8 hex digits each: NaN bits."""
-    import struct
-    raw = (x.to_host() if hasattr(x, "to_host") else x).tobytes()
-    return {"%08x" % v for v in struct.unpack("<%dI" % (len(raw) // 4), raw)}
+    return {"%08x" % bits(v) for v in values(x)}
 
 
 def values(x):

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 
 import mojo_train as mt
 from mojo_train import Array
-from mojo_train import _native
 from mojo_train._native import ffi
 
 import tolerances as tol
@@ -283,15 +282,9 @@ def test_wide_rows_of_many_leaves_give_the_oracles_bits(rms_norm_identical, dim,
     with a second float4 a thread (dim 16512: five chunks, the last of one lane row)."""
     need_device(rms_norm_identical)
     rows = 7 * LEAF + 1
-    cpu = _native.load("identical", "cpu").lib
-
-    def philox(shape, stream, low, high):   # Python's generator would take minutes for 118M floats
-        a = Array(shape, "float32")
-        assert cpu.mt_uniform_fill(ffi.cast("float *", a.address), 61, stream, 0, low, high, a.size) == 0
-        return a
-
-    x, dy, w = philox((rows, dim), 0, -1.0, 1.0), philox((rows, dim), 3, -1.0, 1.0), philox((dim,), 1, 0.5, 1.5)
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    g = mt.Generator(61, numeric_mode="identical")   # Python's generator would take minutes for 118M floats
+    x, dy, w = g.uniform((rows, dim), -1.0, 1.0), g.uniform((rows, dim), -1.0, 1.0), g.uniform((dim,), 0.5, 1.5)
     want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
     assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want

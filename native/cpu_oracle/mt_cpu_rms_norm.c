@@ -49,7 +49,7 @@ typedef struct {
 MT_SIMD static void rms_scale_row(float *restrict y, const float *restrict x, const float *restrict w,
                                   float r, int64_t n) {
     if (w) for (int64_t i = 0; i < n; ++i) y[i] = mt_rms_y(x[i], r, w[i]);
-    else for (int64_t i = 0; i < n; ++i) y[i] = mt_rms_y1(x[i], r);
+    else for (int64_t i = 0; i < n; ++i) y[i] = mt_rms_y(x[i], r, 1.0f);
 }
 
 /* The forward's pass 1, rows in parallel: each row's finiteness and r, reading the row once

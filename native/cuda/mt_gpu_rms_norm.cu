@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
                     o = make_float4(mt_rms_y(q.x, rs, g.x), mt_rms_y(q.y, rs, g.y), mt_rms_y(q.z, rs, g.z),
                                     mt_rms_y(q.w, rs, g.w));
                 } else {
-                    o = make_float4(mt_rms_y1(q.x, rs), mt_rms_y1(q.y, rs), mt_rms_y1(q.z, rs), mt_rms_y1(q.w, rs));
+                    o = make_float4(mt_rms_y(q.x, rs, 1.0f), mt_rms_y(q.y, rs, 1.0f), mt_rms_y(q.z, rs, 1.0f),
+                                    mt_rms_y(q.w, rs, 1.0f));
                 }
                 MT_STCS((float4 *)(out + i), o);
             },
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
                     bw |= !mt_is_finite(w[i]);
                     out[i] = mt_rms_y(v, rs, w[i]);
                 } else {
-                    out[i] = mt_rms_y1(v, rs);
+                    out[i] = mt_rms_y(v, rs, 1.0f);
                 }
             });
         __syncthreads();   /* the row's shared memory is free again */
@@ -267,12 +268,11 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     const int rpp = q4 >= nt ? 1 : nt / q4, kstep = q4 >= nt ? nt : q4;
     const int my_i = q4 >= nt ? 0 : tid / q4, my_k = q4 >= nt ? tid : tid % q4;
     const bool walks = my_i < rpp;
-    /* the global column of the thread's first float4, and how far the next one is */
-    const int64_t my_gcol = (int64_t)(4 * my_k / RMS_GLANES) * MT_LANES + RMS_GLANES * (blockIdx.x % RMS_GROUPS) +
-                            4 * my_k % RMS_GLANES;
-    const int64_t gstep = (int64_t)(4 * kstep / RMS_GLANES) * MT_LANES;   /* 4 kstep is a multiple of RMS_GLANES */
     /* column k of the block (k = 16 j + o) is the global column 128 j + 16 s + o */
     auto gcol = [&](int k) { return (int64_t)(k / RMS_GLANES) * MT_LANES + RMS_GLANES * s + k % RMS_GLANES; };
+    /* the global column of the thread's first float4, and how far the next one is */
+    const int64_t my_gcol = gcol(4 * my_k);
+    const int64_t gstep = (int64_t)(4 * kstep / RMS_GLANES) * MT_LANES;   /* 4 kstep is a multiple of RMS_GLANES */
     for (int k = tid; k < cols; k += nt) {
         float v = A.w[gcol(k)];
         bw |= !mt_is_finite(v);

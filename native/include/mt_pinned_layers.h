@@ -203,8 +203,7 @@ MT_HD float mt_rms_rstd(float ss, float dimf, float eps) { return 1.0f / sqrtf(s
  * eps = 0; inf - inf when r**3 overflows), and the vendors' NaNs differ in sign and payload. */
 MT_HD float mt_rms_k(float c, float dimf, float r) { return (c / dimf) * ((r * r) * r); }
 MT_HD float mt_rms_dx(float dy, float w, float x, float r, float k) { return mt_canonical_nan(r * (dy * w) - k * x); }
-MT_HD float mt_rms_y(float x, float r, float w) { return mt_canonical_nan((x * r) * w); }
-MT_HD float mt_rms_y1(float x, float r) { return mt_canonical_nan(x * r); }   /* without weight */
+MT_HD float mt_rms_y(float x, float r, float w) { return mt_canonical_nan((x * r) * w); }   /* no weight: w = 1 */
 
 /* ---- LayerNorm (contract: native/contracts/layer_norm.md) --------------------------------
  * Per row: mu = (chunk tree of x) / D; var = (chunk tree of fma(x - mu, x - mu, acc)) / D
