@@ -92,12 +92,12 @@ def assert_c_refusals_write_nothing(lib, cases):
         assert all(o[i] == SENTINEL for o in outs for i in range(24)), text
 
 
-def assert_nonfinite_refused(op, arg, call, numeric_mode, inputs, bad):
-    """``call(numeric_mode, inputs)`` with ``bad`` planted in inputs[arg] raises ValueError naming the
-    argument (``w`` is the caller's ``weight``) and the entry point ``op``, and leaves every
-    input's bytes as they were."""
+def assert_nonfinite_refused(op, arg, call, numeric_mode, inputs, bad, at=None):
+    """``call(numeric_mode, inputs)`` with ``bad`` planted in inputs[arg] (at flat index ``at``, the
+    middle by default) raises ValueError naming the argument (``w`` is the caller's ``weight``)
+    and the entry point ``op``, and leaves every input's bytes as they were."""
     poisoned = inputs[arg].reshape(-1)
-    poisoned[poisoned.size // 2] = float(bad)
+    poisoned[poisoned.size // 2 if at is None else at] = float(bad)
     before = {k: v.tobytes() for k, v in inputs.items()}
     with pytest.raises(ValueError) as info:
         call(numeric_mode, inputs)

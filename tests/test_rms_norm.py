@@ -108,13 +108,77 @@ def test_a_nonfinite_input_is_refused_by_name_and_inputs_are_untouched(rms_norm_
     assert_nonfinite_refused(*NONFINITE[i], rms_norm_mode.numeric_mode, d, bad)
 
 
-@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
 @pytest.mark.parametrize("arg", ["dy", "x", "w"])
 def test_a_nonfinite_input_of_a_backward_of_many_leaves_is_refused(rms_norm_mode, arg, bad):
     """7169 x 128 takes CUDA's one-pass backward (8 leaves, dim a multiple of 128); the poison
     sits in the middle, inside a leaf whose chains other blocks carry."""
     d = {"x": mat((7169, 128), 15), "w": mat((128,), 16), "dy": mat((7169, 128), 17)}
     assert_nonfinite_refused("rms_norm_backward", arg, _rb, rms_norm_mode.numeric_mode, d, bad)
+
+
+@pytest.mark.parametrize("zero", ["x", "w"])
+def test_an_inf_dy_against_a_zero_is_refused_as_dy(rms_norm_mode, zero):
+    """dy = inf where x or the weight is 0 makes the row's dot NaN, not inf (CUDA's one-pass
+    backward looks at a window's values only when a row's sums are not finite: 7169 x 128)."""
+    d = {"x": mat((7169, 128), 18), "w": mat((128,), 19), "dy": mat((7169, 128), 20)}
+    at = 7169 // 2 * 128 + 5
+    if zero == "x":
+        d["x"].reshape(-1)[at] = 0.0
+    else:
+        d["w"].reshape(-1)[5] = 0.0
+    assert_nonfinite_refused("rms_norm_backward", "dy", _rb, rms_norm_mode.numeric_mode, d, "inf", at)
+
+
+@pytest.mark.parametrize("arg", ["dy", "x"])
+def test_a_nonfinite_value_in_a_last_leaf_of_one_row_is_refused(rms_norm_mode, arg):
+    """7169 rows: the eighth leaf holds one row, a window of one row."""
+    d = {"x": mat((7169, 128), 24), "w": mat((128,), 25), "dy": mat((7169, 128), 26)}
+    assert_nonfinite_refused("rms_norm_backward", arg, _rb, rms_norm_mode.numeric_mode, d, "nan", 7168 * 128 + 127)
+
+
+@pytest.mark.parametrize("arg", ["dy", "x"])
+def test_a_nonfinite_value_is_refused_when_one_group_walks_every_leaf(rms_norm_identical, arg):
+    """At most 8 blocks: CUDA's one-pass backward walks the 9 leaves of 8300 x 256 with one
+    group, the poison in the ninth leaf (whose windows sit further on in the group's ring)."""
+    need_device(rms_norm_identical)
+    lib = rms_norm_identical.backend.lib
+    d = {"x": mat((8300, 256), 27), "w": mat((256,), 28), "dy": mat((8300, 256), 29)}
+    assert lib.mt_set_launch_geometry(256, 8) == 0
+    try:
+        assert_nonfinite_refused("rms_norm_backward", arg, _rb, "identical", d, "inf", 8250 * 256 + 3)
+    finally:
+        lib.mt_set_launch_geometry(256, 0)
+
+
+def test_cudas_backward_of_many_leaves_takes_the_one_pass_kernel(rms_norm_identical):
+    """mt_launch_geometry reads back the one-pass kernel's launch (512 threads, 8 blocks a leaf);
+    another vendor's backward (HIP: three kernels) records no launch of 512 threads."""
+    need_device(rms_norm_identical)
+    lib, seen = rms_norm_identical.backend.lib, ffi.new("int32_t[2]")
+    mt.add(mat((1000,), 44), mat((1000,), 45))   # a map launch records its own geometry first
+    assert lib.mt_launch_geometry(seen) == 0 and seen[0] != 512
+    mt.rms_norm_backward(mat((7169, 128), 46), mat((7169, 128), 47), mat((128,), 48), numeric_mode="identical")
+    assert lib.mt_launch_geometry(seen) == 0
+    if rms_norm_identical.vendor == "cuda":
+        assert (seen[0], seen[1]) == (512, 64)
+    else:
+        assert seen[0] != 512
+
+
+@pytest.mark.parametrize("big", ["x", "dy"])
+def test_sums_that_overflow_from_finite_values_are_not_refused(rms_norm_mode, big, monkeypatch):
+    """A row of x at 1e30 (its squares overflow to inf) or of dy at 3e38 (dy * w overflows) is
+    finite input: no refusal, and the oracle's bits (7169 x 128: CUDA's one-pass backward, whose
+    window with such a row then looks at every value)."""
+    x, dy, w = mat((7169, 128), 21), mat((7169, 128), 22), mat((128,), 23, 0.5, 1.5)
+    row = (x if big == "x" else dy).reshape(-1)
+    for c in range(128):
+        row[3000 * 128 + c] = 1e30 if big == "x" else 3e38
+    got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=rms_norm_mode.numeric_mode))
+    if rms_norm_mode.numeric_mode == "identical":
+        monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+        assert got == sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
 
 
 @pytest.mark.parametrize("rows", [0, 3])

@@ -245,23 +245,32 @@ struct rms_fused_args {
     int wrows;          /* W: rows a window, a power of two dividing MT_TOKEN_LEAF */
 };
 
+/* A row of a window in shared memory: the block's columns, and 16 floats more where they are
+ * a multiple of 32, so that the two half-warps of a publish job (rows i and i + 1) read
+ * opposite halves of the banks. */
+__host__ __device__ inline int64_t rms_fused_pitch(int64_t dim) {
+    const int64_t cols = dim / MT_LANES * RMS_GLANES;
+    return cols % 32 ? cols : cols + 16;
+}
+
 /* Shared floats of one block: three windows of x and dy, w and the chains of its columns, r and
- * k of a window's rows, their chunk roots. */
+ * k of a window's rows, their chunk roots, and a window's flag (below). */
 __host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows) {
     int64_t cols = dim / MT_LANES * RMS_GLANES;
-    return 3 * 2 * wrows * cols + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim);
+    return 3 * 2 * wrows * rms_fused_pitch(dim) + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 1;
 }
 
 __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(const rms_fused_args A) {
     extern __shared__ float4 smem4[];
     const int s = blockIdx.x % RMS_GROUPS, group = blockIdx.x / RMS_GROUPS, groups = gridDim.x / RMS_GROUPS;
-    const int W = A.wrows, tid = threadIdx.x, nt = blockDim.x;
+    const int W = A.wrows, lw = __ffs(W) - 1, tid = threadIdx.x, nt = blockDim.x;
     const int64_t dim = A.dim;
     /* 32-bit sizes (dim < 2^22 here: a window's shared memory bounds it) */
     const int segs = (int)(dim / MT_LANES), cols = segs * RMS_GLANES, chunks = (int)mt_chunk_count(dim), q4 = cols / 4;
-    const int tile = 2 * W * cols, ring = W * 2 * chunks * MT_LANES;
+    const int pitch = (int)rms_fused_pitch(dim), tile = 2 * W * pitch, ring = W * 2 * chunks * MT_LANES;
     float *tiles = (float *)smem4, *ws = tiles + 3 * tile, *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W,
           *roots = kv + W;
+    int *suspect = (int *)(roots + 2 * W * chunks);   /* a row of the window has a sum that is not finite */
     const float dimf = (float)dim;
     bool bx = false, bdy = false, bw = false;
     /* A thread's float4 of a window: rows my_i, my_i + rpp, ..., float4 columns my_k, my_k + kstep, ... */
@@ -273,6 +282,8 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     /* the global column of the thread's first float4, and how far the next one is */
     const int64_t my_gcol = gcol(4 * my_k);
     const int64_t gstep = (int64_t)(4 * kstep / RMS_GLANES) * MT_LANES;   /* 4 kstep is a multiple of RMS_GLANES */
+    const int64_t rstep = (int64_t)rpp * dim;                            /* global floats between a thread's rows */
+    const int my_s = my_i * pitch + 4 * my_k;                             /* its first float4 in a tile */
     for (int k = tid; k < cols; k += nt) {
         float v = A.w[gcol(k)];
         bw |= !mt_is_finite(v);
@@ -287,31 +298,35 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         int32_t *count = A.count + L * (MT_TOKEN_LEAF / W);
         auto rows_of = [&](int w) { return n_leaf - w * W < W ? n_leaf - w * W : W; };
         auto lanes_of = [&](int w) { return A.pub + ((int64_t)group * RMS_RING + (seq + w) % RMS_RING) * ring; };
+        /* the offset of the thread's first float of window w in x, dy and dx */
+        auto first = [&](int w) { return (r_leaf + (int64_t)w * W + my_i) * dim + my_gcol; };
         auto issue = [&](int w) {   /* window w's x and dy into its third of the tiles (one group) */
             if (w < nwin && walks) {
-                float *t = tiles + (w % 3) * tile;
+                float *t = tiles + (w % 3) * tile + my_s;
                 const int n = rows_of(w);
-                const float *xg = A.x + (r_leaf + (int64_t)w * W) * dim, *dg = A.dy + (r_leaf + (int64_t)w * W) * dim;
-                for (int i = my_i; i < n; i += rpp) {
-                    const float *xr = xg + i * dim + my_gcol, *dr = dg + i * dim + my_gcol;
-                    for (int k4 = my_k; k4 < q4; k4 += kstep, xr += gstep, dr += gstep) {
-                        mt_cp_async16(t + i * cols + 4 * k4, xr, 16);
-                        mt_cp_async16(t + (W + i) * cols + 4 * k4, dr, 16);
+                const float *xr = A.x + first(w), *dr = A.dy + first(w);
+                for (int i = my_i; i < n; i += rpp, xr += rstep, dr += rstep, t += rpp * pitch) {
+                    const float *xq = xr, *dq = dr;
+                    for (int k4 = 0; k4 < q4 - my_k; k4 += kstep, xq += gstep, dq += gstep) {
+                        mt_cp_async16(t + 4 * k4, xq, 16);
+                        mt_cp_async16(t + W * pitch + 4 * k4, dq, 16);
                     }
                 }
             }
             mt_cp_async_commit();
         };
-        auto publish = [&](int w) {   /* window w's lane chains: RMS_GLANES threads per (sum, row, chunk) */
-            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * cols;
+        auto publish = [&](int w) {   /* window w's lane chains: RMS_GLANES threads per (sum, chunk, row) */
+            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * pitch;
             float *pub = lanes_of(w);
-            const int n = rows_of(w), o = tid % RMS_GLANES, units = n * chunks;
-            /* the sum varies slowest: whole warps take one sum (no divergence) where units is even */
-            for (int u = tid / RMS_GLANES; u < 2 * units; u += nt / RMS_GLANES) {
-                const int q = u >= units, rc = u - q * units, i = rc / chunks, c = rc - i * chunks;
+            const int n = rows_of(w), o = tid % RMS_GLANES;
+            /* rows vary fastest: a warp's two jobs are rows i and i + 1 (conflict-free by the pitch)
+             * of one sum (no divergence) */
+            for (int u = tid / RMS_GLANES; u < 2 * chunks * W; u += nt / RMS_GLANES) {
+                const int i = u & (W - 1), qc = u >> lw, q = qc >= chunks, c = qc - q * chunks;
+                if (i >= n) continue;
                 const int j0 = c * MT_ROWS, steps = segs - j0 < MT_ROWS ? segs - j0 : MT_ROWS;
-                const float *xr = xs + i * cols + j0 * RMS_GLANES + o, *dr = dys + i * cols + j0 * RMS_GLANES + o;
-                const float *wr = ws + j0 * RMS_GLANES + o;
+                const int at = i * pitch + j0 * RMS_GLANES + o;
+                const float *xr = xs + at, *dr = dys + at, *wr = ws + j0 * RMS_GLANES + o;
                 float a = 0.0f;
                 if (q)
                     for (int v = 0; v < steps; ++v) {
@@ -328,7 +343,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
             __syncthreads();   /* then one release at gpu scope publishes the block's writes (cumulative) */
             if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + w) : "memory");
         };
-        auto stats = [&](int w) {   /* r and k of window w's rows, once every block published */
+        auto stats = [&](int w) {   /* r and k of window w's rows (a warp a row), once every block published */
             if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
                 int32_t seen;
                 for (;;) {
@@ -336,68 +351,80 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                     if (seen >= RMS_GROUPS) break;
                     __nanosleep(20);
                 }
+                *suspect = 0;   /* the last window's apply read it before its barrier */
             }
             __syncthreads();
             const float *pub = lanes_of(w);
             const int n = rows_of(w), lane = tid & 31;
-            for (int item = tid / 32; item < n * 2 * chunks; item += nt / 32) {
-                const float4 v = __ldcg((const float4 *)(pub + item * MT_LANES) + lane);   /* L2: never a stale L1 line */
-                float a[4] = {v.x, v.y, v.z, v.w};
-                const float root = mt_warp_lane_tree(a);
-                if (lane == 0) roots[item] = root;
+            for (int i = tid / 32; i < n; i += nt / 32) {
+                float *rt = roots + 2 * i * chunks;   /* the row's chunk roots: squares, then the dot */
+                for (int item = 0; item < 2 * chunks; ++item) {
+                    const float4 v = __ldcg((const float4 *)(pub + (2 * i * chunks + item) * MT_LANES) + lane);   /* L2: never a stale L1 line */
+                    float a[4] = {v.x, v.y, v.z, v.w};
+                    const float root = mt_warp_lane_tree(a);
+                    if (lane == 0) rt[item] = root;
+                }
+                if (lane == 0) {   /* the roots it folds are its own writes */
+                    const float ss = mt_tree_fold(rt, chunks), gd = mt_tree_fold(rt + chunks, chunks);
+                    const float r = mt_rms_rstd(ss, dimf, A.eps);
+                    rsv[i] = r;
+                    kv[i] = mt_rms_k(gd, dimf, r);
+                    if (!(mt_is_finite(ss) & mt_is_finite(gd))) *suspect = 1;
+                }
             }
             __syncthreads();
-            if (tid < n) {
-                const float ss = mt_tree_fold(roots + 2 * tid * chunks, chunks);
-                const float gd = mt_tree_fold(roots + (2 * tid + 1) * chunks, chunks);
-                const float r = mt_rms_rstd(ss, dimf, A.eps);
-                rsv[tid] = r;
-                kv[tid] = mt_rms_k(gd, dimf, r);
-            }
-            __syncthreads();
+        };
+        /* Finiteness of x and dy: a NaN or inf in a row's x makes its sum of squares NaN or inf,
+         * one in its dy (w finite or not) its dot with dy * w (a product with inf is inf or NaN,
+         * and both stay so through the chains and trees). So a window whose sums are all finite
+         * holds only finite x and dy, and only another window's values are looked at one by one
+         * (a sum can also overflow from finite values). */
+        auto look = [&](const float *xs, const float *dys, int n) {
+            for (int i = 0; i < n; ++i)
+                for (int k = tid; k < cols; k += nt) {
+                    bx |= !mt_is_finite(xs[i * pitch + k]);
+                    bdy |= !mt_is_finite(dys[i * pitch + k]);
+                }
         };
         auto apply = [&](int w) {   /* window w's dx, and its rows' steps of the dweight chains */
-            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * cols;
+            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * pitch;
             const int n = rows_of(w);
-            float *dxg = A.dx ? A.dx + (r_leaf + (int64_t)w * W) * dim : nullptr;
-            if (walks)
-                for (int i = my_i; i < n; i += rpp) {
-                    float *dxr = dxg ? dxg + i * dim + my_gcol : nullptr;
-                    for (int k4 = my_k; k4 < q4; k4 += kstep, dxr += dxg ? gstep : 0) {
-                        const int k = 4 * k4;
-                        const float4 q = *(const float4 *)(xs + i * cols + k), g = *(const float4 *)(dys + i * cols + k);
-                        bx |= mt_norm_bad4(q);
-                        bdy |= mt_norm_bad4(g);
-                        if (dxg) {
-                            const float4 wv = *(const float4 *)(ws + k);
-                            const float r = rsv[i], kk = kv[i];
-                            MT_STCS((float4 *)dxr,
-                                    make_float4(mt_rms_dx(g.x, wv.x, q.x, r, kk), mt_rms_dx(g.y, wv.y, q.y, r, kk),
-                                                mt_rms_dx(g.z, wv.z, q.z, r, kk), mt_rms_dx(g.w, wv.w, q.w, r, kk)));
-                        }
+            if (*suspect) look(xs, dys, n);
+            if (A.dx && walks) {
+                float *dxr = A.dx + first(w);
+                const float *xt = xs + my_s;
+                for (int i = my_i; i < n; i += rpp, dxr += rstep, xt += rpp * pitch) {
+                    const float r = rsv[i], kk = kv[i];
+                    float *dq = dxr;
+                    for (int k4 = 0; k4 < q4 - my_k; k4 += kstep, dq += gstep) {
+                        const float4 q = *(const float4 *)(xt + 4 * k4), g = *(const float4 *)(xt + W * pitch + 4 * k4);
+                        const float4 wv = *(const float4 *)(ws + 4 * (my_k + k4));
+                        MT_STCS((float4 *)dq,
+                                make_float4(mt_rms_dx(g.x, wv.x, q.x, r, kk), mt_rms_dx(g.y, wv.y, q.y, r, kk),
+                                            mt_rms_dx(g.z, wv.z, q.z, r, kk), mt_rms_dx(g.w, wv.w, q.w, r, kk)));
                     }
                 }
+            }
             for (int k = tid; k < cols; k += nt) {
                 float a = acc[k];
-                for (int i = 0; i < n; ++i) a = MT_DOT_STEP(dys[i * cols + k], xs[i * cols + k] * rsv[i], a);
+                for (int i = 0; i < n; ++i) a = MT_DOT_STEP(dys[i * pitch + k], xs[i * pitch + k] * rsv[i], a);
                 acc[k] = a;
             }
-            __syncthreads();   /* the window's third of the tiles is free */
+            mt_cp_async_wait<0>();   /* window w + 2 (issued a window ago) */
+            __syncthreads();         /* ... is in for everyone, and window w's third of the tiles is free */
         };
+        /* Four barriers a window: publish's (before its release), two in stats, apply's last. */
         issue(0);
         issue(1);
-        mt_cp_async_wait<1>();
+        mt_cp_async_wait<0>();
         __syncthreads();
         publish(0);
+        issue(2);
         for (int w = 0; w < nwin; ++w) {
-            issue(w + 2);   /* into the third window w - 1 used */
-            if (w + 1 < nwin) {
-                mt_cp_async_wait<1>();
-                __syncthreads();
-                publish(w + 1);
-            }
+            if (w + 1 < nwin) publish(w + 1);
             stats(w);
             apply(w);
+            issue(w + 3);   /* into the third window w used */
         }
         for (int k = tid; k < cols; k += nt) {
             A.part[gcol(k) * A.leaves + L] = acc[k];
@@ -497,6 +524,7 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
         return MT_OK;
     }
     MT_GPU_CHECK(err, "rms_norm backward (one pass)");
+    mt_gpu_record_launch(RMS_FUSED_THREADS, (int)(groups * RMS_GROUPS));   /* what mt_launch_geometry reads back */
     if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
     *done = true;
 #else
