@@ -120,7 +120,8 @@ struct mt_norm_bwd_bufs {
 };
 
 /* dy, x and dx (when there are rows), weight, dweight and dbias (each NULL: none) on the
- * device; with rows and dweight, stat_floats statistics per row and dweight's leaf partials;
+ * device; with rows and dweight, stat_floats statistics per row (0: none, the caller allocates
+ * them if it needs them) and dweight's leaf partials;
  * with rows and dbias, dbias's; the flags, zeroed. */
 inline int mt_norm_bwd_stage(mt_norm_bwd_bufs *b, float *dx, float *dweight, float *dbias, const float *dy,
                              const float *x, const float *weight, int64_t rows, int64_t dim, int stat_floats) {
@@ -132,7 +133,7 @@ inline int mt_norm_bwd_stage(mt_norm_bwd_bufs *b, float *dx, float *dweight, flo
         (weight && (rc = mt_buf_to_device((void **)&b->w, &b->sw, &b->arena, (void *)weight, dim * 4, true))) ||
         (dweight && (rc = mt_buf_to_device((void **)&b->dweight, &b->sdw, &b->arena, dweight, dim * 4, false))) ||
         (dbias && (rc = mt_buf_to_device((void **)&b->dbias, &b->sdb, &b->arena, dbias, dim * 4, false))) ||
-        (dweight && rows && ((rc = b->arena.alloc((void **)&b->stats, rows * 4 * stat_floats)) ||
+        (dweight && rows && ((stat_floats && (rc = b->arena.alloc((void **)&b->stats, rows * 4 * stat_floats))) ||
                              (rc = b->arena.alloc((void **)&b->pw, leaves * dim * 4)))) ||
         (dbias && rows && (rc = b->arena.alloc((void **)&b->pb, leaves * dim * 4))) ||
         (rc = b->arena.alloc((void **)&b->flags, 16)))

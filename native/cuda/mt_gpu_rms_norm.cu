@@ -533,7 +533,8 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     return MT_OK;
 }
 
-/* The backward's kernels (b.stats: r per row; b.pw: dweight's leaf partials). */
+/* The backward's kernels (b.pw: dweight's leaf partials; the three kernels' b.stats, r per row,
+ * allocated here: the one-pass kernel keeps r in shared memory). */
 int rms_bwd_launch(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
     bool done = false;
     int rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
@@ -544,7 +545,9 @@ int rms_bwd_launch(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt
     auto kernel = p.staged ? (vec ? k_rms_backward<true, true> : k_rms_backward<true, false>)
                            : (vec ? k_rms_backward<false, true> : k_rms_backward<false, false>);
     int rc, grid = 0;
-    if ((rc = mt_norm_launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid))) return rc;
+    if ((b.dweight && (rc = b.arena.alloc((void **)&b.stats, rows * 4))) ||   /* r per row, for the leaves */
+        (rc = mt_norm_launch_rows(kernel, once[2 * p.staged + vec], p, rows, &grid)))
+        return rc;
     kernel<<<grid, p.threads, p.smem, MT_STREAM>>>(b.dx, b.stats, b.dy, b.x, b.w, eps, rows, dim, b.flags, st->bad);
     if ((rc = mt_rows_launched("rms_norm backward")) || !b.dweight) return rc;
     int64_t leaves = mt_token_leaves(rows);
@@ -560,7 +563,7 @@ MT_NOINLINE int rms_backward(float *dx, float *dweight, const float *dy, const f
     mt_rows_status *st = nullptr;
     mt_norm_bwd_bufs b;
     if ((rc = mt_norm_begin(mt_check_rms_norm_backward_args(dweight, dy, x, weight, eps, rows, dim), &st)) ||
-        (rc = mt_norm_bwd_stage(&b, dx, dweight, nullptr, dy, x, weight, rows, dim, 1)) ||
+        (rc = mt_norm_bwd_stage(&b, dx, dweight, nullptr, dy, x, weight, rows, dim, 0)) ||
         (rc = rows == 0 ? mt_norm_bwd_no_rows(b, dim, &st->bad[BAD_W]) : rms_bwd_launch(b, eps, rows, dim, st)))
         return rc;
     static const int order[3] = {BAD_DY, BAD_X, BAD_W};
