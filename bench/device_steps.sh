@@ -1,0 +1,78 @@
+#!/bin/bash
+# bench/device_steps.sh -- the usual steps of a GPU call, so that a session does not rewrite them.
+#
+# Here, before the call (this machine builds; the device machine's Python 3.12 has torch and
+# CuPy but no cffi, and its copy of the tree keeps the session's first .git):
+#     make -j4 cuda && bash bench/device_steps.sh prepare
+# writes the cffi and pycparser wheels for Python 3.12 and the commit's name (and whether
+# native/ or mojo_train/ differ from it) into .whl/. Then call the device tool's `run` with
+# carry [".whl", "native/build"] and a command such as
+#     bash bench/device_steps.sh cards suite bench=rms_norm_cuda
+# Each step's output goes to $OUT/logs/<step>.txt, and everything comes back as $OUT/logs.tgz
+# (one file: the tool returns at most eight). Steps:
+#     cards              every card on CUDA (python -m mojo_train selfcheck, MOJO_TRAIN_VENDOR=cuda)
+#     suite              the suite on the CUDA libraries only (MOJO_TRAIN_VENDOR=cuda: without it
+#                        every test runs for the CPU libraries too, twice the time), verbose, so a
+#                        run cut by its limit ($SUITE_T seconds, default 420) still names what failed
+#     test=FILE          one test file on CUDA
+#     bench=NAME         bench/NAME.py --write in three processes (targets hold on the median of
+#                        three); the results file comes back in the archive
+#     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
+#                        bench/NAME.py, as the per-instruction table (sass.csv) and the details
+#     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
+set -u
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = prepare ]; then
+    mkdir -p .whl
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_17_x86_64 -d .whl cffi pycparser || exit 1
+    git rev-parse --short HEAD > .whl/commit
+    if [ -n "$(git status --porcelain -- native mojo_train)" ]; then echo 1; else echo 0; fi > .whl/dirty
+    echo "prepared: $(ls .whl | tr '\n' ' ')(commit $(cat .whl/commit), dirty $(cat .whl/dirty))"
+    exit 0
+fi
+[ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
+: "${OUT:?OUT must name the folder whose files come back (the device tool sets it)}"
+python3 -c "import cffi" 2>/dev/null ||
+    python3 -m pip install -q --root-user-action=ignore --no-index --find-links .whl cffi pycparser 2>&1 | tail -2
+python3 -c "import cffi" || { echo "no cffi: run 'bash bench/device_steps.sh prepare' here and carry .whl"; exit 3; }
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export MT_COMMIT=$(cat .whl/commit 2>/dev/null || echo unknown) MT_DIRTY=$(cat .whl/dirty 2>/dev/null || echo 1)
+find native/build -type f -exec touch {} +   # the copy's sources are newer: make must not rebuild
+L=$OUT/logs
+mkdir -p "$L"
+for step in "$@"; do
+    case $step in
+    cards)
+        MOJO_TRAIN_VENDOR=cuda timeout 300 python3 -m mojo_train selfcheck > "$L/cards.txt" 2>&1
+        echo "rc=$?" >> "$L/cards.txt" ;;
+    suite)
+        MOJO_TRAIN_VENDOR=cuda timeout "${SUITE_T:-420}" python3 -m pytest -v -n 16 -rfEs --tb=short tests \
+            > "$L/suite.txt" 2>&1
+        echo "rc=$?" >> "$L/suite.txt"
+        grep -E " (FAILED|ERROR) " "$L/suite.txt" > "$L/suite_failed.txt" ;;
+    test=*)
+        f=${step#test=}
+        MOJO_TRAIN_VENDOR=cuda timeout 300 python3 -m pytest -q -n 8 -rfEs "tests/$f" > "$L/test_$f.txt" 2>&1
+        echo "rc=$?" >> "$L/test_$f.txt" ;;
+    bench=*)
+        b=${step#bench=}
+        for k in 1 2 3; do timeout 200 python3 "bench/$b.py" --write >> "$L/bench_$b.txt" 2>&1; done
+        cp "bench/results/$b.jsonl" "$L/" ;;
+    ncu=*)
+        spec=${step#ncu=}
+        timeout 300 ncu --set full -k "regex:${spec%%:*}" -c 1 -f -o "$L/rep" python3 "bench/${spec#*:}.py" --repeat 3 \
+            > "$L/ncu_run.txt" 2>&1
+        ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass.csv" 2>&1
+        ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details.csv" 2>&1
+        rm -f "$L/rep.ncu-rep" ;;
+    sanitize)
+        make sanitize-cuda > "$L/sanitize.txt" 2>&1
+        echo "rc=$?" >> "$L/sanitize.txt"
+        cp bench/results/sanitize-cuda.md "$L/" ;;
+    *)
+        echo "unknown step $step" >> "$L/steps.txt" ;;
+    esac
+    echo "$step done $(date +%T)" >> "$L/steps.txt"
+done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
