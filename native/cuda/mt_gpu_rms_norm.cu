@@ -218,7 +218,10 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
  * published before window w's wait: a block's lanes go out with one release at gpu scope
  * (after a barrier: cumulative) on the window's counter, and thread 0 of each reader acquires
  * it before a barrier. (Every thread's fence instead: 417 us; each lane tagged with its window
- * in one 64-bit store, no counter: 421 us; this: 380 us, bench/results/NOTES.md.)
+ * in one 64-bit store, no counter: 421 us; this: 380 us; the release by a warp that stores no
+ * dx: no faster. With the nineteenth session's diet -- finiteness from the sums, padded rows,
+ * 32-bit walks, four barriers a window -- 440 us against 468 under ncu's base clocks; what
+ * holds it now is the lockstep of a leaf's blocks: bench/results/NOTES.md.)
  * A cooperative launch keeps every block resident (a block spins on its group); the grid is
  * RMS_GROUPS x the leaves at once, each group walking leaves g, g + groups, ...
  * 16 groups of 8 lanes (32-byte pieces, two blocks an SM) measured slower (492 us against
