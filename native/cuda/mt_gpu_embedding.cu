@@ -11,11 +11,13 @@
  * segments are runs of keys. Fold kernel: blocks walk the sorted keys (grid-stride), each
  * segment start is folded serially by one block, thread t owning columns t + j * blockDim
  * (j < EMB_COLS); a row with one segment is written at once, otherwise the partial is kept
- * at the segment's sorted index. Tree kernel: each row of several segments, one block,
- * every thread pushing its columns' partials on the leaf stack of mt_embedding.h. Scan plan:
+ * at the segment's sorted index; every segment's end (found by a galloping search) is kept at
+ * that index too. Tree kernel: each row of several segments, one block, walking the row's
+ * segments by those ends, every thread pushing its columns' partials on the leaf stack of
+ * mt_embedding.h. Scan plan:
  * blocks walk the rows, each thread one column, walking every position of every leaf.
  * Columns are independent, so neither the launch geometry nor the plan changes a bit.
- * Scratch (the call's arena): 16 bytes per id for the keys and, while 4 T d <= 1 GiB, 4 T d
+ * Scratch (the call's arena): 20 bytes per id for the keys and segment ends and, while 4 T d <= 1 GiB, 4 T d
  * bytes of leaf partials (beyond that, rows of several segments fold them in the tree kernel).
  */
 #include <vector>
@@ -138,12 +140,23 @@ __device__ __forceinline__ int64_t lower_bound(const uint64_t *keys, int64_t b, 
     return b;
 }
 
-/* The end of the (row, leaf) segment starting at sorted index i (most are short: a walk). */
+/* The end of the (row, leaf) segment starting at sorted index i: the first key at or past
+ * (row, first position of the next leaf) -- a later leaf of the row or a later row -- found by
+ * galloping from i + 1 (probes at i + 1, i + 2, i + 4, ..., then a binary search), within
+ * i + MT_TOKEN_LEAF (a leaf's positions are distinct). Most segments are one key: one probe;
+ * a walk key by key cost a dependent load a key (the most frequent row's ~1,000 keys). */
 __device__ __forceinline__ int64_t segment_end(const uint64_t *keys, int64_t i, int64_t n) {
-    uint64_t k = keys[i];
-    int64_t e = i + 1;
-    while (e < n && key_row(keys[e]) == key_row(k) && key_leaf(keys[e]) == key_leaf(k)) ++e;
-    return e;
+    const uint64_t k = keys[i];
+    const uint64_t bound = ((uint64_t)key_row(k) << 32) + (uint64_t)(key_leaf(k) + 1) * MT_TOKEN_LEAF;
+    const int64_t limit = n - i < MT_TOKEN_LEAF ? n : i + MT_TOKEN_LEAF;   /* the segment ends by here */
+    int64_t lo = i + 1, step = 1;   /* every key in [i, lo) is below bound */
+    while (lo < limit && keys[lo] < bound) {
+        const int64_t next = lo + step < limit ? lo + step : limit;
+        if (next == limit || keys[next] >= bound) return lower_bound(keys, lo + 1, next, bound);
+        lo = next + 1;
+        step *= 2;
+    }
+    return lo;
 }
 
 /* A thread's columns: c0 + j * blockDim.x for j < EMB_COLS (those < d are real). */
@@ -204,9 +217,10 @@ __global__ void k_zero(float *dw, int64_t n, const emb_status *st) {
 }
 
 /* Every (row, leaf) segment, one block each: a row of one segment is stored; otherwise (with
- * part) the partial is kept at part[i * d + c], i the segment's first sorted index. */
+ * part) the partial is kept at part[i * d + c], i the segment's first sorted index. Every
+ * segment's end goes to ends[i] for k_tree. */
 __global__ void k_fold(const uint64_t *keys, int64_t n, int64_t vocab, const float *dy, int64_t d, float *dw,
-                       float *part, int32_t acc, const emb_status *st) {
+                       float *part, uint32_t *ends, int32_t acc, const emb_status *st) {
     if (emb_refused(st)) return;
     EMB_FOR_GROUPS(c0, d) {
         for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -216,6 +230,7 @@ __global__ void k_fold(const uint64_t *keys, int64_t n, int64_t vocab, const flo
             bool row_start = i == 0 || key_row(keys[i - 1]) != v;
             if (!row_start && key_leaf(keys[i - 1]) == key_leaf(k)) continue;   /* not a segment start */
             int64_t e = segment_end(keys, i, n);
+            if (c0 == 0) ends[i] = (uint32_t)e;          /* one writer: the first column group's thread 0 */
             bool single = row_start && (e == n || key_row(keys[e]) != v);
             if (!single && !part) continue;
             float x[EMB_COLS];
@@ -226,9 +241,9 @@ __global__ void k_fold(const uint64_t *keys, int64_t n, int64_t vocab, const flo
 }
 
 /* Rows of several segments, one block each: the leaf stack over their partials (or, without
- * part, over segments folded here). */
+ * part, over segments folded here), the segments walked by the ends k_fold wrote. */
 __global__ void k_tree(const uint64_t *keys, int64_t n, int64_t vocab, const float *dy, int64_t d, float *dw,
-                       const float *part, int32_t acc, const emb_status *st) {
+                       const float *part, const uint32_t *ends, int32_t acc, const emb_status *st) {
     if (emb_refused(st)) return;
     EMB_FOR_GROUPS(c0, d) {
         for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
@@ -236,13 +251,13 @@ __global__ void k_tree(const uint64_t *keys, int64_t n, int64_t vocab, const flo
             int64_t v = key_row(k);
             if (v >= vocab) break;
             if (i > 0 && key_row(keys[i - 1]) == v) continue;          /* rows, by their first key */
-            int64_t end = lower_bound(keys, i + 1, n, (uint64_t)(v + 1) << 32);
-            if (key_leaf(keys[end - 1]) == key_leaf(k)) continue;      /* one segment: k_fold's */
+            const int64_t e0 = ends[i];
+            if (e0 == n || key_row(keys[e0]) != v) continue;           /* one segment: k_fold's */
             float val[EMB_COLS * MT_EMB_STACK], x[EMB_COLS];
             int64_t first[MT_EMB_STACK];
             int depth = 0;
-            for (int64_t s = i; s < end;) {
-                int64_t e = segment_end(keys, s, n);
+            for (int64_t s = i; s < n && key_row(keys[s]) == v;) {
+                int64_t e = ends[s];
                 if (part) {
 #pragma unroll
                     for (int j = 0; j < EMB_COLS; ++j) {
@@ -381,8 +396,9 @@ int sorted_backward(mt_arena *arena, uint64_t *keys, int64_t n, int64_t vocab, c
                     float *dw, int32_t acc, const emb_status *st) {
     int threads = mt_gpu_threads(), rc;
     uint64_t *other = nullptr;
+    uint32_t *ends = nullptr;   /* each segment's end, at its first sorted index (k_fold -> k_tree) */
     float *part = nullptr;
-    if ((rc = arena->alloc((void **)&other, n * 8))) return rc;
+    if ((rc = arena->alloc((void **)&other, n * 8)) || (rc = arena->alloc((void **)&ends, n * 4))) return rc;
     if (n * dim * 4 <= EMB_PART_CAP && (rc = arena->alloc((void **)&part, n * dim * 4))) return rc;
     EMB_LAUNCH(k_sort_runs, grid1((n + EMB_RUN - 1) / EMB_RUN, threads), threads, keys, n);
     if ((rc = launch_check("embedding sort"))) return rc;
@@ -397,9 +413,11 @@ int sorted_backward(mt_arena *arena, uint64_t *keys, int64_t n, int64_t vocab, c
         EMB_LAUNCH(k_zero, grid1(vocab * dim / 4 + 1, threads), threads, dw, vocab * dim, st);
         if ((rc = launch_check("embedding zero"))) return rc;
     }
-    EMB_LAUNCH(k_fold, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, acc, st);
+    EMB_LAUNCH(k_fold, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, ends,
+               acc, st);
     if ((rc = launch_check("embedding fold"))) return rc;
-    EMB_LAUNCH(k_tree, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, acc, st);
+    EMB_LAUNCH(k_tree, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, ends,
+               acc, st);
     return launch_check("embedding tree");
 }
 
