@@ -808,10 +808,13 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
              " int64_t, int64_t); void emu_geometry(int, int, int); const char *mt_last_error(void);")
     emu = ffi.dlopen(_emulated_library(tmp_path))
     oracle = _native.load("identical", "cpu")
+    # the last two: more columns than a block's group (EMB_COLS x threads), so with 2 blocks the
+    # fold and tree kernels walk several column groups (gridDim.y > 1)
     cases = [(7, 3, 3000, -1, 0), (50, 17, 3100, 3, 1), (1000, 5, 5000, 0, 0), (13, 33, 2049, 12, 1),
-             (300, 65, 1025, -1, 0), (1, 2, 6000, -1, 1), (2000, 9, 9000, 5, 0), (3, 2, 70001, 1, 1)]
+             (300, 65, 1025, -1, 0), (1, 2, 6000, -1, 1), (2000, 9, 9000, 5, 0), (3, 2, 70001, 1, 1),
+             (40, 300, 5000, 2, 1), (2, 257, 4100, -1, 0)]
     for (vocab, d, n, pad, acc), (threads, blocks, part_cap) in itertools.product(
-            cases, [(32, 0, 1), (64, 3, 0), (96, 7, 1)]):
+            cases, [(32, 0, 1), (64, 3, 0), (96, 7, 1), (32, 2, 1), (32, 2, 0)]):
         ids, dy = _skewed(np, n, vocab).astype(np.int32), _dy(np, n, d)
         start = _dy(np, vocab, d, seed=5)
         want = start.copy()

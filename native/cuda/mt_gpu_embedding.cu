@@ -113,32 +113,19 @@ __global__ void k_sort_runs(uint64_t *keys, int64_t n) {
 
 /* One merge pass: groups of EMB_WAYS runs of length `run` merge; each key goes to its index
  * in its own run plus, for every other run of its group, the number of that run's keys below
- * it (keys are distinct). The searches advance in lockstep, one probe of each a step, so a
- * step's loads overlap: the chain of dependent loads is one search long, not EMB_WAYS - 1. */
+ * it (keys are distinct). The searches are independent, so their loads overlap. */
 __global__ void k_merge(const uint64_t *in, uint64_t *out, int64_t n, int64_t run) {
-    int steps = 0;   /* probes that settle a search over at most `run` keys */
-    while (((int64_t)1 << steps) <= run) ++steps;
     for (int64_t i = grid_thread(); i < n; i += grid_threads()) {
         int64_t r = i / run, group = r / EMB_WAYS * EMB_WAYS, dest = group * run + (i - r * run);
         uint64_t k = in[i];
-        int64_t lo[EMB_WAYS], hi[EMB_WAYS];
-#pragma unroll
-        for (int w = 0; w < EMB_WAYS; ++w) {   /* an empty range: the key's own run, or none */
-            int64_t q = group + w, b = q * run < n ? q * run : n;
-            lo[w] = b;
-            hi[w] = q == r || n - b < run ? (q == r ? b : n) : b + run;
-        }
-        for (int t = 0; t < steps; ++t)
-#pragma unroll
-            for (int w = 0; w < EMB_WAYS; ++w)
-                if (lo[w] < hi[w]) {
-                    int64_t mid = lo[w] + (hi[w] - lo[w]) / 2;
-                    if (in[mid] < k) lo[w] = mid + 1; else hi[w] = mid;
-                }
-#pragma unroll
-        for (int w = 0; w < EMB_WAYS; ++w) {
-            int64_t q = group + w;
-            if (q != r && q * run < n) dest += lo[w] - q * run;
+        for (int64_t q = group; q < group + EMB_WAYS && q * run < n; ++q) {
+            if (q == r) continue;
+            int64_t lo = q * run, hi = n - lo < run ? n : lo + run;
+            while (lo < hi) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (in[mid] < k) lo = mid + 1; else hi = mid;
+            }
+            dest += lo - q * run;
         }
         out[dest] = k;
     }
