@@ -323,9 +323,12 @@ int launch_check(const char *what) {
     return MT_OK;
 }
 
-/* A grid of (items, column groups of `width` columns) within the launch geometry's budget. */
-dim3 grid2(int64_t items, int64_t dim, int64_t width, int threads) {
-    int64_t total = mt_gpu_blocks(items, 1), cols = (dim + width - 1) / width;
+/* A grid of (items, column groups of `width` columns) within the launch geometry's budget;
+ * each: a block for every item and column group (mt_gpu_blocks_each: k_fold's and k_tree's
+ * blocks take one key each, so a long segment holds up its own block only, not the keys a
+ * grid-stride loop would queue behind it in the same block). */
+dim3 grid2(int64_t items, int64_t dim, int64_t width, int threads, bool each = false) {
+    int64_t cols = (dim + width - 1) / width, total = each ? mt_gpu_blocks_each(items * cols, 1) : mt_gpu_blocks(items, 1);
     int64_t y = cols < total ? cols : total;
     if (y > 65535) y = 65535;
     int64_t x = total / y > 0 ? total / y : 1;
@@ -413,11 +416,11 @@ int sorted_backward(mt_arena *arena, uint64_t *keys, int64_t n, int64_t vocab, c
         EMB_LAUNCH(k_zero, grid1(vocab * dim / 4 + 1, threads), threads, dw, vocab * dim, st);
         if ((rc = launch_check("embedding zero"))) return rc;
     }
-    EMB_LAUNCH(k_fold, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, ends,
-               acc, st);
+    EMB_LAUNCH(k_fold, grid2(n, dim, EMB_COLS * threads, threads, true), threads, keys, n, vocab, dy, dim, dw, part,
+               ends, acc, st);
     if ((rc = launch_check("embedding fold"))) return rc;
-    EMB_LAUNCH(k_tree, grid2(n, dim, EMB_COLS * threads, threads), threads, keys, n, vocab, dy, dim, dw, part, ends,
-               acc, st);
+    EMB_LAUNCH(k_tree, grid2(n, dim, EMB_COLS * threads, threads, true), threads, keys, n, vocab, dy, dim, dw, part,
+               ends, acc, st);
     return launch_check("embedding tree");
 }
 

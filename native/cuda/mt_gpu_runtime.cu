@@ -125,6 +125,13 @@ int mt_gpu_blocks(int64_t work_items, int64_t items_per_block) {
     return (int)(need < cap ? need : cap);
 }
 
+int mt_gpu_blocks_each(int64_t work_items, int64_t items_per_block) {
+    int64_t need = (work_items + items_per_block - 1) / items_per_block;
+    int64_t cap = g_max_blocks.load() > 0 ? g_max_blocks.load() : (int64_t)INT32_MAX;
+    if (need < 1) need = 1;
+    return (int)(need < cap ? need : cap);
+}
+
 void mt_gpu_record_launch(int threads, int blocks) {
     g_last_threads = threads;
     g_last_blocks = blocks;

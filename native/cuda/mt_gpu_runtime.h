@@ -32,6 +32,10 @@ bool mt_gpu_own_range(const void *p, int64_t bytes);   /* [p, p + bytes) inside 
 void mt_gpu_count_h2d(int64_t bytes);
 void mt_gpu_count_d2h(int64_t bytes);
 int mt_gpu_blocks(int64_t work_items, int64_t items_per_block);
+/* A block for every items_per_block items, without mt_gpu_blocks's cap of 16 blocks an SM (a
+ * test's mt_set_launch_geometry still caps it): for kernels whose blocks' work is uneven and
+ * short, so that the block scheduler, not a grid-stride loop, spreads it. */
+int mt_gpu_blocks_each(int64_t work_items, int64_t items_per_block);
 int mt_gpu_threads(void);
 void mt_gpu_record_launch(int threads, int blocks);
 

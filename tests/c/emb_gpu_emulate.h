@@ -81,6 +81,10 @@ inline int mt_gpu_blocks(int64_t items, int64_t per_block) {
     int64_t need = (items + per_block - 1) / per_block, cap = emu_max_blocks > 0 ? emu_max_blocks : 64;
     return (int)(need < 1 ? 1 : need < cap ? need : cap);
 }
+inline int mt_gpu_blocks_each(int64_t items, int64_t per_block) {
+    int64_t need = (items + per_block - 1) / per_block, cap = emu_max_blocks > 0 ? emu_max_blocks : INT32_MAX;
+    return (int)(need < 1 ? 1 : need < cap ? need : cap);
+}
 inline void mt_gpu_record_launch(int, int) {}
 inline void mt_gpu_count_d2h(int64_t) {}
 
