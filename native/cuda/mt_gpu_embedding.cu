@@ -324,11 +324,14 @@ int launch_check(const char *what) {
 }
 
 /* A grid of (items, column groups of `width` columns) within the launch geometry's budget;
- * each: a block for every item and column group (mt_gpu_blocks_each: k_fold's and k_tree's
- * blocks take one key each, so a long segment holds up its own block only, not the keys a
- * grid-stride loop would queue behind it in the same block). */
+ * each: a block for every EMB_EACH items and column group (mt_gpu_blocks_each), for k_fold and
+ * k_tree, whose blocks walk keys in turn: a long segment then holds up the few keys of its own
+ * block, not the ~8 that the budget of 16 blocks an SM queued behind it at T = 16,384, while
+ * blocks stay few enough that their launches cost little (bench/results/NOTES.md, a model). */
+#define EMB_EACH 4
 dim3 grid2(int64_t items, int64_t dim, int64_t width, int threads, bool each = false) {
-    int64_t cols = (dim + width - 1) / width, total = each ? mt_gpu_blocks_each(items * cols, 1) : mt_gpu_blocks(items, 1);
+    int64_t cols = (dim + width - 1) / width;
+    int64_t total = each ? mt_gpu_blocks_each((items + EMB_EACH - 1) / EMB_EACH * cols, 1) : mt_gpu_blocks(items, 1);
     int64_t y = cols < total ? cols : total;
     if (y > 65535) y = 65535;
     int64_t x = total / y > 0 ? total / y : 1;
