@@ -118,18 +118,20 @@ void mt_gpu_count_d2h(int64_t bytes) { g_d2h += bytes; }
 
 int mt_gpu_threads(void) { return g_threads.load(); }
 
-int mt_gpu_blocks(int64_t work_items, int64_t items_per_block) {
+/* Blocks for work_items, at most a test's max_blocks when one is set, else at most `cap`. */
+static int blocks_capped(int64_t work_items, int64_t items_per_block, int64_t cap) {
     int64_t need = (work_items + items_per_block - 1) / items_per_block;
-    int64_t cap = g_max_blocks.load() > 0 ? g_max_blocks.load() : (int64_t)g_sms * 16;
+    if (g_max_blocks.load() > 0) cap = g_max_blocks.load();
     if (need < 1) need = 1;
     return (int)(need < cap ? need : cap);
 }
 
+int mt_gpu_blocks(int64_t work_items, int64_t items_per_block) {
+    return blocks_capped(work_items, items_per_block, (int64_t)g_sms * 16);
+}
+
 int mt_gpu_blocks_each(int64_t work_items, int64_t items_per_block) {
-    int64_t need = (work_items + items_per_block - 1) / items_per_block;
-    int64_t cap = g_max_blocks.load() > 0 ? g_max_blocks.load() : (int64_t)INT32_MAX;
-    if (need < 1) need = 1;
-    return (int)(need < cap ? need : cap);
+    return blocks_capped(work_items, items_per_block, INT32_MAX);
 }
 
 void mt_gpu_record_launch(int threads, int blocks) {

@@ -77,14 +77,13 @@ inline bool mt_gpu_is_device(const void *p) {
 }
 inline int mt_gpu_ready(void) { return MT_OK; }
 inline int mt_gpu_threads(void) { return emu_threads; }
-inline int mt_gpu_blocks(int64_t items, int64_t per_block) {
-    int64_t need = (items + per_block - 1) / per_block, cap = emu_max_blocks > 0 ? emu_max_blocks : 64;
+inline int emu_blocks(int64_t items, int64_t per_block, int64_t cap) {
+    int64_t need = (items + per_block - 1) / per_block;
+    if (emu_max_blocks > 0) cap = emu_max_blocks;
     return (int)(need < 1 ? 1 : need < cap ? need : cap);
 }
-inline int mt_gpu_blocks_each(int64_t items, int64_t per_block) {
-    int64_t need = (items + per_block - 1) / per_block, cap = emu_max_blocks > 0 ? emu_max_blocks : INT32_MAX;
-    return (int)(need < 1 ? 1 : need < cap ? need : cap);
-}
+inline int mt_gpu_blocks(int64_t items, int64_t per_block) { return emu_blocks(items, per_block, 64); }
+inline int mt_gpu_blocks_each(int64_t items, int64_t per_block) { return emu_blocks(items, per_block, INT32_MAX); }
 inline void mt_gpu_record_launch(int, int) {}
 inline void mt_gpu_count_d2h(int64_t) {}
 
