@@ -13,7 +13,8 @@
 #     cards              every card on CUDA (python -m mojo_train selfcheck, MOJO_TRAIN_VENDOR=cuda)
 #     suite              the suite on the CUDA libraries only (MOJO_TRAIN_VENDOR=cuda: without it
 #                        every test runs for the CPU libraries too, twice the time), verbose, so a
-#                        run cut by its limit ($SUITE_T seconds, default 420) still names what failed
+#                        run cut by its limit ($SUITE_T seconds, default 420) still names what failed;
+#                        $SUITE_K, when set, is pytest's -k (e.g. "not sabotaged": those builds are slow)
 #     test=FILE          one test file on CUDA
 #     bench=NAME         bench/NAME.py --write in three processes (targets hold on the median of
 #                        three); the results file comes back in the archive
@@ -48,7 +49,7 @@ for step in "$@"; do
         echo "rc=$?" >> "$L/cards.txt" ;;
     suite)
         MOJO_TRAIN_VENDOR=cuda timeout "${SUITE_T:-420}" python3 -m pytest -v -n 16 -rfEs --tb=short tests \
-            > "$L/suite.txt" 2>&1
+            ${SUITE_K:+-k "$SUITE_K"} > "$L/suite.txt" 2>&1
         echo "rc=$?" >> "$L/suite.txt"
         grep -E " (FAILED|ERROR) " "$L/suite.txt" > "$L/suite_failed.txt" ;;
     test=*)

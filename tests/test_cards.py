@@ -280,6 +280,9 @@ def test_every_card_holds_on_device_buffers_at_any_launch_geometry(identical, ge
             results = _cards.check_card(path, identical.vendor, device=True)
             assert results and all(r.ok for r in results), [r for r in results if not r.ok][:3]
             seen = _native.ffi.new("int32_t[2]")
-            assert lib.mt_launch_geometry(seen) == 0 and seen[0] == geometry[0]
+            assert lib.mt_launch_geometry(seen) == 0
+            # every launch takes the set threads a block but CUDA's one-pass RMSNorm backward (512
+            # whatever the setting; tests/test_rms_norm.py reads it back), the rms_norm card's last
+            assert seen[0] == geometry[0] or (_name(path) == "rms_norm" and seen[0] == 512), (_name(path), seen[0])
     finally:
         lib.mt_set_launch_geometry(256, 0)

@@ -1,0 +1,68 @@
+"""What one small call costs on the host, ours against torch's, on a GPU (the part of every figure
+that is not the kernel).
+
+    python bench/call_overhead_cuda.py [--n 4096] [--repeat 400] [--write]
+
+Every figure is the median wall-clock of --repeat calls over n floats (small: the kernels take a
+few microseconds, so what is left is the host's part and one round trip to the GPU). Ours
+synchronizes before it returns (its status read); torch's calls are followed by
+torch.cuda.synchronize(), as in every benchmark here. Figures, in microseconds:
+  torch_add          torch.add(x, y) on torch CUDA tensors
+  add_fresh          mojo_train.elementwise.add(x, y) on the same torch tensors (a new output)
+  add_fresh_device   the same on mojo_train DeviceArrays
+  add_out            add(x, y, out=z) (the finiteness pre-pass first: two kernels)
+  c_add              the native mt_add alone into a kept output, through cffi (no Python wrapper)
+  probe              the Python description of one torch CUDA tensor (_ops.f32_in)
+  alloc_free         a DeviceArray of n floats made and dropped (mt_device_alloc / mt_device_free)
+  torch_sync         torch.cuda.synchronize() on an idle GPU
+  embedding_forward  64 ids into a (1024, 768) table, ours (DeviceArrays) and torch's (torch_...)
+So add_fresh - c_add is the Python wrapper, c_add - torch_sync the native call's own host time.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _gpu import cuda_torch, fp, gpu_record, timed  # noqa: E402
+from _timing import bench_args  # noqa: E402
+
+import mojo_train as mt  # noqa: E402
+from mojo_train import _ops, elementwise as ew  # noqa: E402
+from mojo_train._native import load  # noqa: E402
+from mojo_train.embedding import embedding_forward  # noqa: E402
+
+
+def main():
+    args = bench_args(__doc__, 400, ("--n", 4096))
+    torch = cuda_torch()
+    n, r = args.n, args.repeat
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, y = (torch.rand(n, device="cuda", generator=gen) for _ in range(2))
+    z = torch.empty_like(x)
+    xd, yd = mt.to_device(x.cpu().numpy()), mt.to_device(y.cpu().numpy())
+    lib = load("identical", "cuda").lib
+    sync = torch.cuda.synchronize
+    us = {}
+    us["torch_add"] = timed(lambda: torch.add(x, y), r, sync=sync)
+    us["add_fresh"] = timed(lambda: ew.add(x, y), r)
+    us["add_fresh_device"] = timed(lambda: ew.add(xd, yd), r)
+    us["add_out"] = timed(lambda: ew.add(x, y, out=z), r)
+    fresh = _ops.map_flags(None)
+    us["c_add"] = timed(lambda: lib.mt_add(fp(z), fp(x), fp(y), n, fresh), r)
+    us["probe"] = timed(lambda: _ops.f32_in(x, "x", "add"), r)
+    us["alloc_free"] = timed(lambda: mt.DeviceArray.empty((n,)), r)
+    us["torch_sync"] = timed(sync, r)
+    table = torch.rand(1024, 768, device="cuda", generator=gen)
+    ids = torch.randint(0, 1024, (64,), device="cuda", generator=gen)
+    table_d, ids_d = mt.to_device(table.cpu().numpy()), mt.to_device(ids.cpu().numpy())
+    us["embedding_forward"] = timed(lambda: embedding_forward(table_d, ids_d), r)
+    us["torch_embedding_forward"] = timed(lambda: torch.nn.functional.embedding(ids, table), r, sync=sync)
+    us = {k: v * 1e6 for k, v in us.items()}
+    assert ew.add(x, y).to_host().tobytes() == (x + y).cpu().numpy().tobytes(), "add differs from torch's"
+    print("  ".join("%s %.1f us" % kv for kv in us.items()))
+    gpu_record(args, "call_overhead_cuda", {"n": n, "us": us}, torch)
+
+
+if __name__ == "__main__":
+    main()
