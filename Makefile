@@ -177,11 +177,15 @@ CUDA_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cuda_$(t).$(SO)
 cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS)))
 
 # $(call cuda_lib,<host C flags>,<nvcc flags of the numeric mode>,<folder of the host objects>): the
-# one recipe of a CUDA library, the sabotage build's included.
+# one recipe of a CUDA library, the sabotage build's included. <lib>.sources: the digest of every
+# source it was built from, which bench/device_steps.sh checks before a library travels to the GPU
+# machine (file times can say "up to date" of a library built from older sources: a copy that
+# keeps times, a restored folder; the nineteenth session's embedding kernels never ran for that).
 define cuda_lib
 	@mkdir -p $(3)
 	$(call host_objs,$(1) -DMT_VENDOR_NAME='"cuda"',$(3))
 	$(NVCC) $(NVCC_BASE) $(2) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(3)) && $(call seal,$@)
+	$(SHA256) $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) > $@.sources
 endef
 
 $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)

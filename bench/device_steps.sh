@@ -27,6 +27,10 @@ if [ "${1:-}" = prepare ]; then
     mkdir -p .whl
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 -d .whl cffi pycparser || exit 1
+    for lib in native/build/libmojo_train_cuda_*.so; do   # built from today's sources, whatever the file times say
+        [ -f "$lib.sources" ] && sha256sum -c --quiet "$lib.sources" >/dev/null 2>&1 ||
+            { echo "$lib was not built from these sources: make -B -j4 cuda"; exit 1; }
+    done
     git rev-parse --short HEAD > .whl/commit
     if [ -n "$(git status --porcelain -- native mojo_train)" ]; then echo 1; else echo 0; fi > .whl/dirty
     echo "prepared: $(ls .whl | tr '\n' ' ')(commit $(cat .whl/commit), dirty $(cat .whl/dirty))"

@@ -136,7 +136,7 @@ _ERRORS = {STATUS["einval"]: ValueError, STATUS["enonfinite"]: ValueError, STATU
            STATUS["edevice"]: RuntimeError, STATUS["eunsupported"]: NotImplementedError}
 
 _lock = threading.Lock()
-_loaded = {}          # (vendor, numeric mode) -> Backend
+_loaded = {}          # (vendor, numeric mode), or ("environment", its two raw values) -> Backend
 _attempts = {}        # (vendor, numeric mode) -> [(path, outcome)]
 _last_choice = {}     # what the most recent default load chose, and why
 
@@ -429,6 +429,20 @@ def load(numeric_mode=None, vendor=None):
     loads and has a device, passing over refused libraries (each is listed in the error when
     none loads, and in ``backend_info()["tried"]``).
     """
+    if numeric_mode is None and vendor is None:   # every call of every op: the environment's, once per value
+        env = os.environ
+        key = ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
+        backend = _loaded.get(key)
+        if backend is None:
+            backend = _load(default_numeric_mode(), default_vendor())
+            with _lock:
+                _loaded[key] = backend
+        return backend
+    return _load(numeric_mode, vendor)
+
+
+def _load(numeric_mode, vendor):
+    """load() of the named (or None: the environment's) numeric mode and vendor."""
     numeric_mode = default_numeric_mode() if numeric_mode is None else _normalize(numeric_mode, NUMERIC_MODES, "numeric_mode", "numeric_mode=")
     vendor = default_vendor() if vendor is None else _normalize(vendor, ("auto",) + VENDORS, "vendor", "vendor=")
     key = (vendor, numeric_mode)

@@ -174,15 +174,16 @@ def out_f32(shape, on_device, numeric_mode):
     return Array.empty(shape, "float32")
 
 
+_FLOAT_P = ffi.typeof("float *")
+
+
 def fptr(x):
     """``float *`` of an output we allocated, or of an input Probe (None -> NULL)."""
     if x is None:
         return ffi.NULL
-    if isinstance(x, Array):
-        return ffi.cast("float *", x.address)
-    if isinstance(x, _buffer.Probe):
-        return ffi.cast("float *", x.address)
-    return ffi.cast("float *", x.ptr)
+    if isinstance(x, (_buffer.Probe, Array)):
+        return ffi.cast(_FLOAT_P, x.address)
+    return ffi.cast(_FLOAT_P, x.ptr)
 
 
 def vptr(p):

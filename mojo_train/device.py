@@ -29,19 +29,22 @@ def gpu_backend(numeric_mode, where):
     return backend
 
 
+_FLOAT_P, _VOID_PP, _VOID_P, _UINTPTR = (ffi.typeof(t) for t in ("float *", "void **", "void *", "uintptr_t"))
+
+
 class _Allocation:
     """One device allocation, freed when the last array viewing it is gone."""
 
     __slots__ = ("backend", "ptr", "nbytes")
 
     def __init__(self, backend, nbytes):
-        out = ffi.new("void **")
+        out = ffi.new(_VOID_PP)
         backend.check(backend.lib.mt_device_alloc(out, max(int(nbytes), 1)), "DeviceArray")
-        self.backend, self.ptr, self.nbytes = backend, int(ffi.cast("uintptr_t", out[0])), nbytes
+        self.backend, self.ptr, self.nbytes = backend, int(ffi.cast(_UINTPTR, out[0])), nbytes
 
     def __del__(self):
         try:
-            self.backend.lib.mt_device_free(ffi.cast("void *", self.ptr))
+            self.backend.lib.mt_device_free(ffi.cast(_VOID_P, self.ptr))
         except Exception:   # interpreter shutdown
             pass
 
@@ -81,14 +84,23 @@ class DeviceArray:
             self._alloc = _alloc
             self._zero()
         self._alloc = _alloc
-        self._cptr = ffi.cast("float *", _alloc.ptr + _offset)   # for the hot calls
+        self._cptr = ffi.cast(_FLOAT_P, _alloc.ptr + _offset)   # for the hot calls
 
     @classmethod
     def empty(cls, shape, dtype="float32", numeric_mode=None):
         """An uninitialised DeviceArray (for outputs a kernel fills completely)."""
         shape, n = _checked_shape(shape, dtype)
-        alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), n * _ITEMSIZE[dtype])
-        return cls(shape, dtype, _alloc=alloc)
+        nbytes = n * _ITEMSIZE[dtype]
+        return cls._over(shape, dtype, nbytes, _Allocation(gpu_backend(numeric_mode, "DeviceArray"), nbytes))
+
+    @classmethod
+    def _over(cls, shape, dtype, nbytes, alloc, offset=0):
+        """The array of checked ``shape`` and ``dtype`` over ``alloc`` from ``offset`` (no check
+        again: an op's output is made on every call)."""
+        a = object.__new__(cls)
+        a.shape, a.dtype, a._offset, a.nbytes, a._alloc = shape, dtype, offset, nbytes, alloc
+        a._cptr = ffi.cast(_FLOAT_P, alloc.ptr + offset)
+        return a
 
     @classmethod
     def _borrowing(cls, shape, ptr, owner, dtype="float32", numeric_mode=None):
