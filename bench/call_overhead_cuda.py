@@ -17,6 +17,10 @@ torch.cuda.synchronize(), as in every benchmark here. Figures, in microseconds:
   torch_sync         torch.cuda.synchronize() on an idle GPU
   embedding_forward  64 ids into a (1024, 768) table, ours (DeviceArrays) and torch's (torch_...)
 So add_fresh - c_add is the Python wrapper, c_add - torch_sync the native call's own host time.
+The same at 2**--big-log2n floats (default 28, bench/elementwise_cuda.py's size; --big-repeat
+calls): big_add (ours through the API, a new output each call), big_add_c (the native call into
+a kept output), big_add_torch, big_alloc_free (a DeviceArray of that size made and dropped): what
+a large call adds on the host beside its kernel.
 """
 import os
 import sys
@@ -34,7 +38,7 @@ from mojo_train.embedding import embedding_forward  # noqa: E402
 
 
 def main():
-    args = bench_args(__doc__, 400, ("--n", 4096))
+    args = bench_args(__doc__, 400, ("--n", 4096), ("--big-log2n", 28), ("--big-repeat", 20))
     torch = cuda_torch()
     n, r = args.n, args.repeat
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -58,10 +62,18 @@ def main():
     table_d, ids_d = mt.to_device(table.cpu().numpy()), mt.to_device(ids.cpu().numpy())
     us["embedding_forward"] = timed(lambda: embedding_forward(table_d, ids_d), r)
     us["torch_embedding_forward"] = timed(lambda: torch.nn.functional.embedding(ids, table), r, sync=sync)
+    big = 1 << args.big_log2n
+    xb, yb = (torch.rand(big, device="cuda", generator=gen) for _ in range(2))
+    zb = torch.empty_like(xb)
+    rb = args.big_repeat
+    us["big_add"] = timed(lambda: ew.add(xb, yb), rb)
+    us["big_add_c"] = timed(lambda: lib.mt_add(fp(zb), fp(xb), fp(yb), big, fresh), rb)
+    us["big_add_torch"] = timed(lambda: torch.add(xb, yb), rb, sync=sync)
+    us["big_alloc_free"] = timed(lambda: mt.DeviceArray.empty((big,)), rb)
     us = {k: v * 1e6 for k, v in us.items()}
     assert ew.add(x, y).to_host().tobytes() == (x + y).cpu().numpy().tobytes(), "add differs from torch's"
     print("  ".join("%s %.1f us" % kv for kv in us.items()))
-    gpu_record(args, "call_overhead_cuda", {"n": n, "us": us}, torch)
+    gpu_record(args, "call_overhead_cuda", {"n": n, "big_n": big, "us": us}, torch)
 
 
 if __name__ == "__main__":
