@@ -69,7 +69,7 @@ namespace {
 int prepass(const float *da, const float *db, int64_t n, const mt_gpu_flag &flag) {
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(da) && (!db || mt_gpu_aligned16(db));
-    int blocks = mt_gpu_blocks_each(vec ? (n + 3) / 4 : n, threads);   /* a thread a group: as the maps */
+    int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
     if (vec) mt_k_nonfinite2<1><<<blocks, threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
     else mt_k_nonfinite2<0><<<blocks, threads, 0, MT_STREAM>>>(da, db, n, flag.dev);
     MT_GPU_CHECK(gpuGetLastError(), "finiteness pre-pass");
@@ -193,11 +193,7 @@ template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
-    /* A thread per float4 group (or element), not mt_gpu_blocks' 16 blocks an SM walking the
-     * grid: bench/elementwise_variants.cu measured the residual add over 2^28 floats at 4.35 TB/s
-     * so against 4.05 (0.741 against 0.794 ms on the H200); a test's launch geometry still caps
-     * the grid, and the unrolled loop above then walks it. */
-    int blocks = mt_gpu_blocks_each(vec ? (n + 3) / 4 : n, threads);
+    int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
     mt_gpu_record_launch(threads, blocks);
     if (flag.fused) {
         if (vec) mt_k_elt<OP, 1, true><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
