@@ -109,26 +109,50 @@ def _is_a(x, module, name):
     return any(c.__name__ == name and c.__module__ == module for c in type(x).__mro__)
 
 
-_ARRAY, _DEVICE, _TORCH, _OTHER = "array", "device", "torch", "other"
-_KIND_OF_TYPE = {}      # type -> one of the four, found once per class (a call probes several)
+# What an argument's class is, found once per class (a call probes several): a mojo_train.Array,
+# a DeviceArray, a torch tensor read from its own fields, a torch tensor whose class exports its
+# memory its own way (a subclass with its own __dlpack__ or __cuda_array_interface__: asked, as
+# any foreign object), or anything else. At most _KINDS_KEPT classes are remembered (classes made
+# in a loop would otherwise be kept alive).
+_ARRAY, _DEVICE, _TORCH, _TORCH_OWN_EXPORT, _OTHER = "array", "device", "torch", "torch, own export", "other"
+_KIND_OF_TYPE = {}
+_KINDS_KEPT = 256
+
+
+def _same_export(t, base, names):
+    """True when class ``t`` takes every attribute of ``names`` from ``base`` unchanged."""
+    return all(getattr(t, n, None) is getattr(base, n, None) for n in names)
+
+
+def _classify(x):
+    t = type(x)
+    if _is_a(x, __package__ + "._array", "Array"):
+        return _ARRAY
+    if _is_a(x, __package__ + ".device", "DeviceArray"):
+        base = next(c for c in t.__mro__ if c.__name__ == "DeviceArray")
+        return _DEVICE if _same_export(t, base, ("__cuda_array_interface__",)) else _OTHER
+    if _is_a(x, "torch", "Tensor"):
+        plain = _same_export(t, sys.modules["torch"].Tensor, ("__dlpack__", "__cuda_array_interface__"))
+        return _TORCH if plain else _TORCH_OWN_EXPORT
+    return _OTHER
 
 
 def _kind(x):
-    """Whether ``x`` is a mojo_train.Array, a mojo_train.DeviceArray, a torch.Tensor (or a subclass
-    of one of them) or none of these."""
+    """One of _ARRAY, _DEVICE, _TORCH, _TORCH_OWN_EXPORT, _OTHER for ``x`` (see above)."""
     t = type(x)
     kind = _KIND_OF_TYPE.get(t)
     if kind is None:
-        kind = (_ARRAY if _is_a(x, __package__ + "._array", "Array") else
-                _DEVICE if _is_a(x, __package__ + ".device", "DeviceArray") else
-                _TORCH if _is_a(x, "torch", "Tensor") else _OTHER)
+        kind = _classify(x)
+        if len(_KIND_OF_TYPE) >= _KINDS_KEPT:
+            _KIND_OF_TYPE.clear()
         _KIND_OF_TYPE[t] = kind
     return kind
 
 
 def is_torch_tensor(x):
     """True for a torch.Tensor or a subclass (nn.Parameter), without importing torch."""
-    return _kind(x) is _TORCH
+    kind = _kind(x)
+    return kind is _TORCH or kind is _TORCH_OWN_EXPORT
 
 
 def _is_array(x):
@@ -208,13 +232,29 @@ def _foreign_probe(x, name, where):
     CPU tensors: a memoryview over their memory); None when it exports neither. A torch
     tensor that requires grad is read through ``x.detach()``, which shares its memory."""
     torch = is_torch_tensor(x)
+    if torch:
+        _refuse_lazy_views(x, name, where)
     src = x.detach() if torch and x.requires_grad else x
     p = _interface_probe(x, src)
     if p is None and callable(getattr(src, "__dlpack__", None)):
         p = _dlpack_probe(x, src)
+    if p is not None and p.nbytes and not p._address:
+        raise ValueError(where_msg(where, "%s has no memory to read (address 0 for %d bytes: a fake, meta or "
+                                   "storage-freed tensor)" % (name, p.nbytes)))
     if p is not None and torch:
         p.versioned = x
     return p
+
+
+def _refuse_lazy_views(x, name, where):
+    """A torch tensor whose negation or conjugation is a bit, not in its memory: its memory holds
+    other values than it has (neither DLPack nor ``__cuda_array_interface__`` says so)."""
+    if x.is_neg():
+        raise ValueError(where_msg(where, "%s is a lazily negated view (torch's negative bit): its memory holds "
+                                   "the values before negation; pass %s.resolve_neg()" % (name, name)))
+    if x.is_conj():
+        raise ValueError(where_msg(where, "%s is a lazily conjugated view (torch's conjugate bit): its memory holds "
+                                   "the values before conjugation; pass %s.resolve_conj()" % (name, name)))
 
 
 _TORCH_DTYPES = {}      # torch dtype -> our name, for the dtypes a memoryview can be cast to
@@ -246,12 +286,16 @@ def _torch_probe(x):
     try:
         n = x.numel()
         address = x.data_ptr() if n else 0
-    except RuntimeError:      # e.g. a tensor without storage (fake, functional): the general path says why
+    except RuntimeError:      # e.g. a tensor without storage (functional): the general path says why
+        return None
+    if n and not address:     # a fake tensor, or one whose storage was resized away: refused there
         return None
     d = DTYPES[dtype]
     p = Probe(x, None, d.char, dtype, d.itemsize, tuple(x.shape), n, n * d.itemsize, False, True, address)
     if device == "cpu":
-        p.view = _owned_view(x, address, p.nbytes, d.char, p.shape)
+        # owned by an alias of the memory, not by x: a Parameter whose storage is swapped later
+        # (p.data = ..., module.double()) keeps the memory a kept Probe (an optimizer's) points into
+        p.view = _owned_view(x.detach(), address, p.nbytes, d.char, p.shape)
     else:
         p.device = True
     p.versioned = x

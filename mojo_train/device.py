@@ -91,7 +91,8 @@ class DeviceArray:
         """An uninitialised DeviceArray (for outputs a kernel fills completely)."""
         shape, n = _checked_shape(shape, dtype)
         nbytes = n * _ITEMSIZE[dtype]
-        return cls._over(shape, dtype, nbytes, _Allocation(gpu_backend(numeric_mode, "DeviceArray"), nbytes))
+        alloc = _Allocation(gpu_backend(numeric_mode, "DeviceArray"), nbytes)
+        return cls._over(shape, dtype, nbytes, alloc) if cls is DeviceArray else cls(shape, dtype, _alloc=alloc)
 
     @classmethod
     def _over(cls, shape, dtype, nbytes, alloc, offset=0):

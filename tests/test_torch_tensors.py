@@ -67,6 +67,58 @@ def test_the_view_of_a_cpu_tensor_keeps_its_memory_alive():
     assert view.tolist() == [n - 3.0, n - 2.0, n - 1.0] and len(others) == 4
 
 
+@pytest.mark.parametrize("swap", ["data", "set_", "double"])
+def test_a_probed_view_keeps_its_memory_when_the_parameters_storage_is_swapped(swap):
+    """An optimizer keeps the Probes of its parameters; a Parameter whose storage is swapped
+    afterwards (p.data = ..., p.set_(...), module.double()) must leave the probed memory alive
+    (stale, not freed: the step then writes where it was built to)."""
+    n = 1 << 20                     # 4 MiB: malloc maps it alone and unmaps it when it is freed
+    layer = torch.nn.Linear(n, 1, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.arange(n, dtype=torch.float32).reshape(1, n))
+    view = probe(layer.weight, "x", "step").view
+    with torch.no_grad():
+        if swap == "data":
+            layer.weight.data = torch.zeros(1)
+        elif swap == "set_":
+            layer.weight.set_(torch.zeros(1))
+        else:
+            layer.double()
+    gc.collect()
+    others = [torch.full((n,), -1.0) for _ in range(4)]
+    assert view.cast("B").cast("f")[n - 3:].tolist() == [n - 3.0, n - 2.0, n - 1.0] and len(others) == 4
+
+
+@pytest.mark.parametrize("lazy, fix", [(lambda t: torch._neg_view(t), "resolve_neg()"),
+                                       (lambda t: torch.complex(t, t).conj(), "resolve_conj()")])
+def test_a_lazily_negated_or_conjugated_view_is_refused_naming_the_fix(lazy, fix):
+    """Its memory holds the values before the negation (conjugation): reading it would give
+    a + b for add(-a, b)."""
+    a = torch.arange(4, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"mojo_train.add: a is a lazily .* pass a\.%s" % fix.replace("(", r"\(")
+                       .replace(")", r"\)")):
+        mt.add(lazy(a), a)
+
+
+def test_a_tensor_without_memory_is_refused():
+    t = torch.ones(8)
+    t.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match=r"mojo_train.add: a has no memory to read \(address 0 for 32 bytes"):
+        mt.add(t, torch.ones(8))
+
+
+def test_a_subclass_exporting_its_own_way_is_asked():
+    """A Tensor subclass with its own __dlpack__ is asked for its memory, not read around it."""
+    class Refusing(torch.Tensor):
+        def __dlpack__(self, *args, **kwargs):
+            raise BufferError("this tensor does not export")
+
+    t = torch.ones(4).as_subclass(Refusing)
+    with pytest.raises(BufferError, match="does not export"):
+        probe(t, "x", "add")
+    assert probe(torch.nn.Parameter(torch.ones(4)), "x", "add").address   # Parameter: read from its fields
+
+
 def test_a_single_tensor_is_one_parameter_not_a_list_of_its_rows(mode):
     _need(mode, "optim")
     t = torch.ones(3, 4, requires_grad=True)
