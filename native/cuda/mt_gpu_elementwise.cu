@@ -140,9 +140,14 @@ __device__ __forceinline__ float elt(float a, float b) {
  * too few to cover the memory latency. Each element is still read before the same thread
  * writes it, so an in-place call (out == a) reads what it was given. The empty asm statement
  * after the loads stops the compiler from sinking each load to its first use. */
-/* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). */
+/* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). LEAN: no unrolled
+ * loop, for the memory-bound add, launched with a thread per group (lean_map): a kernel of few
+ * registers then keeps 2,048 threads an SM with their loads in flight, which
+ * bench/elementwise_variants.cu measured at 4.35 TB/s against the capped, unrolled walk's 4.05.
+ * (The maps with an exp or erf stay on that walk: a thread per group made SiLU 36% slower, the
+ * NOTES' twentieth session.) */
 #define MT_MAP_UNROLL 4
-template <int OP, int VEC, bool FUSED>
+template <int OP, int VEC, bool FUSED, bool LEAN>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
                                                        mt_gpu_flag flag) {
     if (!FUSED && mt_map_refused(flag)) return;
@@ -150,7 +155,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = VEC ? n / 4 : 0;
     int64_t g = start;
-    for (; g + (MT_MAP_UNROLL - 1) * stride < groups; g += MT_MAP_UNROLL * stride) {
+    for (; !LEAN && g + (MT_MAP_UNROLL - 1) * stride < groups; g += MT_MAP_UNROLL * stride) {
         float4 qa[MT_MAP_UNROLL], qb[MT_MAP_UNROLL];
 #pragma unroll
         for (int u = 0; u < MT_MAP_UNROLL; u++) {
@@ -189,18 +194,23 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
+/* The maps without transcendental arithmetic: memory-bound, so the lean kernel. */
+__host__ __device__ constexpr bool lean_map(int op) { return op == OP_ADD; }
+
 template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
+    constexpr bool LEAN = lean_map(OP);
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
-    int blocks = mt_gpu_blocks(vec ? (n + 3) / 4 : n, threads);
+    int64_t items = vec ? (n + 3) / 4 : n;
+    int blocks = LEAN ? mt_gpu_blocks_each(items, threads) : mt_gpu_blocks(items, threads);
     mt_gpu_record_launch(threads, blocks);
     if (flag.fused) {
-        if (vec) mt_k_elt<OP, 1, true><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
-        else mt_k_elt<OP, 0, true><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        if (vec) mt_k_elt<OP, 1, true, LEAN><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        else mt_k_elt<OP, 0, true, LEAN><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
     } else {
-        if (vec) mt_k_elt<OP, 1, false><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
-        else mt_k_elt<OP, 0, false><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        if (vec) mt_k_elt<OP, 1, false, LEAN><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
+        else mt_k_elt<OP, 0, false, LEAN><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag);
     }
     return MT_OK;
 }
