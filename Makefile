@@ -184,9 +184,19 @@ cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmo
 define cuda_lib
 	@mkdir -p $(3)
 	$(call host_objs,$(1) -DMT_VENDOR_NAME='"cuda"',$(3))
-	$(NVCC) $(NVCC_BASE) $(2) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(3)) && $(call seal,$@)
-	$(SHA256) $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) > $@.sources
+	d=$$($(SHA256) $(CUDA_DIGESTED)) && \
+	$(NVCC) $(NVCC_BASE) $(2) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(3)) && $(call seal,$@) && \
+	printf '%s\n' "$$d" > $@.sources$(TMP) && mv -f $@.sources$(TMP) $@.sources
 endef
+
+# The files a CUDA library is built from, flags included (the Makefile): their digest is taken
+# before nvcc starts (an edit during the build makes the library stale, not its stamp) and kept
+# as <lib>.sources; `make cuda-sources` prints today's, which bench/device_steps.sh compares.
+CUDA_DIGESTED = $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) Makefile
+cuda-sources:
+	@$(SHA256) $(CUDA_DIGESTED)
+
+.PHONY: cuda-sources
 
 $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	$(call cuda_lib,$(MODE_FLAGS_$*),$(NVCC_MODE_$*),$(BUILD)/obj-cuda-$*)

@@ -134,10 +134,11 @@ __device__ __forceinline__ float elt(float a, float b) {
 }
 
 /* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. A
- * thread loads MT_MAP_UNROLL groups (a grid stride apart, so a warp's loads stay coalesced)
- * before it computes and stores any: the compiler cannot move a load above a store to `out`
- * (it may alias an input), so one group per trip would leave one load in flight per thread,
- * too few to cover the memory latency. Each element is still read before the same thread
+ * thread of the capped grid (not LEAN) loads MT_MAP_UNROLL groups (a grid stride apart, so a
+ * warp's loads stay coalesced) before it computes and stores any: the compiler cannot move a
+ * load above a store to `out` (it may alias an input), so one group per trip would leave one
+ * load in flight per thread, too few to cover the memory latency at this kernel's register
+ * count (LEAN: a thread a group, and many more threads). Each element is still read before the same thread
  * writes it, so an in-place call (out == a) reads what it was given. The empty asm statement
  * after the loads stops the compiler from sinking each load to its first use. */
 /* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). LEAN: no unrolled

@@ -131,7 +131,13 @@ int mt_gpu_blocks(int64_t work_items, int64_t items_per_block) {
 }
 
 int mt_gpu_blocks_each(int64_t work_items, int64_t items_per_block) {
+#if defined(MT_HIP) || defined(__HIPCC__)
+    /* HIP refuses a grid of more than 2^32 - 1 threads along x (hipErrorInvalidConfiguration);
+     * every kernel launched this way walks its items grid-stride, so a capped grid still covers them */
+    return blocks_capped(work_items, items_per_block, (int64_t)UINT32_MAX / MT_MAX_THREADS);
+#else
     return blocks_capped(work_items, items_per_block, INT32_MAX);
+#endif
 }
 
 void mt_gpu_record_launch(int threads, int blocks) {
