@@ -33,3 +33,47 @@ def test_an_unknown_step_is_named_in_the_archive(bash, tmp_path):
         steps = t.extractfile("logs/steps.txt").read().decode()
     assert "unknown step no_such_step" in steps and "no_such_step done" in steps
     assert not (tmp_path / "logs").exists()   # only the archive comes back
+
+
+def _tree(tmp_path):
+    """A copy of what the script's stamp check reads: the script, the Makefile, the native
+    sources, and three stand-in CUDA libraries stamped as `make cuda-sources` says now."""
+    root = os.path.dirname(os.path.dirname(SCRIPT))
+    tree = tmp_path / "tree"
+    (tree / "bench").mkdir(parents=True)
+    shutil.copy(SCRIPT, tree / "bench")
+    shutil.copy(os.path.join(root, "Makefile"), tree)
+    for part in ("cuda", "include", "common"):
+        shutil.copytree(os.path.join(root, "native", part), tree / "native" / part)
+    (tree / "native" / "build").mkdir()
+    stamp = subprocess.run(["make", "-s", "--no-print-directory", "cuda-sources"], cwd=tree, capture_output=True,
+                           text=True, timeout=60, check=True).stdout
+    libs = [tree / "native" / "build" / ("libmojo_train_cuda_%s.so" % m) for m in ("identical", "deterministic", "fast")]
+    for lib in libs:
+        lib.write_bytes(b"stand-in")
+        (tree / "native" / "build" / (lib.name + ".sources")).write_text(stamp)
+        os.utime(lib, (1_000_000_000, 1_000_000_000))    # older than every source
+    return tree, libs
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_a_library_stamped_from_other_sources_stops_the_steps_untouched(bash, tmp_path, stale):
+    """On the device the script touches the CUDA libraries (so that make does not rebuild them
+    from the copy's newer sources) only when their stamps name this tree's sources and Makefile;
+    a stale stamp stops it (exit 4) naming the library, and nothing is touched."""
+    if shutil.which("make") is None or shutil.which("sha256sum") is None:
+        pytest.skip("make or sha256sum is not installed")
+    tree, libs = _tree(tmp_path)
+    if stale:
+        with open(tree / "native" / "cuda" / "mt_gpu_runtime.cu", "a") as f:
+            f.write("\n/* edited after the build */\n")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = subprocess.run([bash, str(tree / "bench" / "device_steps.sh"), "no_such_step"], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, OUT=str(out_dir)))
+    if stale:
+        assert out.returncode == 4 and "libmojo_train_cuda_identical.so was not built from these sources" in out.stdout
+        assert "mt_gpu_runtime.cu" in out.stdout and all(os.stat(lib).st_mtime == 1_000_000_000 for lib in libs)
+    else:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert all(os.stat(lib).st_mtime > 1_000_000_000 for lib in libs)
