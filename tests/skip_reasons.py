@@ -45,6 +45,7 @@ REVIEWED = (
     ("reference", r"^this machine has fewer than two CUDA GPUs for torch \(NCCL needs one a rank\)$"),
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc) is not installed"),
     ("reference", r"^bash or tar is not installed$"),   # bench/device_steps.sh's tests
+    ("reference", r"^make or sha256sum is not installed$"),   # its source stamp check (the Makefile's fallback is shasum)
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)
     ("reference", r"^.+ finds no C library headers for its target \(Debian: libc6-dev-\*-cross\)$"),   # .ci/run installs it
     ("reference", r"^the loader knows no ELF machine number for this host \("),   # a platform outside its table
