@@ -171,11 +171,7 @@ def probe(x, name, where):
         if p is not None:
             return p
     elif kind is _DEVICE:   # its __cuda_array_interface__, read from its fields
-        d = DTYPES[x.dtype]
-        p = Probe(x, None, _char_of(x.dtype), x.dtype, d.itemsize, x.shape, x.nbytes // d.itemsize, x.nbytes, False,
-                  True, x.ptr)
-        p.device = True
-        return p
+        return _described(x, None, x.ptr, x.shape, x.dtype, DTYPES[x.dtype].itemsize, None, False, True)
     if kind is _ARRAY:      # before 3.12 an Array exports no buffer; its own view has its shape
         view, shape = x.memview(), x.shape
     else:
@@ -272,8 +268,9 @@ def _torch_dtypes():
 def _torch_probe(x):
     """The Probe of a C-contiguous strided torch tensor on the CPU or a CUDA device, read from its
     own attributes: what ``_foreign_probe`` finds through DLPack or ``__cuda_array_interface__``
-    (same fields, same view of host memory), without a capsule or an interface dict: ~1 us
-    instead of 5-18 (bench/call_overhead_cuda.py). None for any other tensor (a sparse, meta,
+    (same fields, same view of host memory), without a capsule or an interface dict: a CUDA
+    tensor 2.3 us instead of 5.3 on the H200 machine (bench/call_overhead_cuda.py's probe), a
+    CPU tensor ~4 us instead of 18.6 on a 2-core VM. None for any other tensor (a sparse, meta,
     negative- or conjugate-bit, strided or unusual dtype one), which takes the general path
     and its messages."""
     torch = sys.modules["torch"]
@@ -290,14 +287,11 @@ def _torch_probe(x):
         return None
     if n and not address:     # a fake tensor, or one whose storage was resized away: refused there
         return None
-    d = DTYPES[dtype]
-    p = Probe(x, None, d.char, dtype, d.itemsize, tuple(x.shape), n, n * d.itemsize, False, True, address)
+    p = _described(x, None, address, x.shape, dtype, DTYPES[dtype].itemsize, None, False, device != "cpu")
     if device == "cpu":
         # owned by an alias of the memory, not by x: a Parameter whose storage is swapped later
         # (p.data = ..., module.double()) keeps the memory a kept Probe (an optimizer's) points into
-        p.view = _owned_view(x.detach(), address, p.nbytes, d.char, p.shape)
-    else:
-        p.device = True
+        p.view = _owned_view(x.detach(), address, p.nbytes, p.format, p.shape)
     p.versioned = x
     return p
 

@@ -286,6 +286,7 @@ def test_every_card_holds_on_device_buffers_at_any_launch_geometry(identical, ge
             # whatever the setting; tests/test_rms_norm.py reads it back): the rms_norm card's last,
             # still the last launch after a card that launches nothing (schedule)
             rms_ran = rms_ran or _name(path) == "rms_norm"
-            assert seen[0] == geometry[0] or (rms_ran and seen[0] == 512), (_name(path), seen[0])
+            one_pass = rms_ran and identical.vendor == "cuda" and seen[0] == 512
+            assert seen[0] == geometry[0] or one_pass, (_name(path), seen[0])
     finally:
         lib.mt_set_launch_geometry(256, 0)
