@@ -20,7 +20,11 @@ So add_fresh - c_add is the Python wrapper, c_add - torch_sync the native call's
 The same at 2**--big-log2n floats (default 28, bench/elementwise_cuda.py's size; --big-repeat
 calls): big_add (ours through the API, a new output each call), big_add_c (the native call into
 a kept output), big_add_torch, big_alloc_free (a DeviceArray of that size made and dropped): what
-a large call adds on the host beside its kernel.
+a large call adds on the host beside its kernel. With deferred refusals on (mojo_train.deferred:
+the call queues its kernels, the output's allocation and free do not synchronize; each call then
+``mt.synchronize()``): deferred_add_fresh_device, deferred_embedding_forward, deferred_big_add,
+deferred_big_alloc_free, deferred_sync (on an idle GPU); and per call of ten queued before one
+synchronization, deferred_add_queued10 against torch_add_queued10.
 """
 import os
 import sys
@@ -70,6 +74,16 @@ def main():
     us["big_add_c"] = timed(lambda: lib.mt_add(fp(zb), fp(xb), fp(yb), big, fresh), rb)
     us["big_add_torch"] = timed(lambda: torch.add(xb, yb), rb, sync=sync)
     us["big_alloc_free"] = timed(lambda: mt.DeviceArray.empty((big,)), rb)
+    msync = mt.synchronize
+    with mt.deferred_refusals():
+        us["deferred_add_fresh_device"] = timed(lambda: ew.add(xd, yd), r, sync=msync)
+        us["deferred_embedding_forward"] = timed(lambda: embedding_forward(table_d, ids_d), r, sync=msync)
+        us["deferred_big_add"] = timed(lambda: ew.add(xb, yb), rb, sync=msync)
+        us["deferred_big_alloc_free"] = timed(lambda: mt.DeviceArray.empty((big,)), rb, sync=msync)
+        us["deferred_sync"] = timed(msync, r)
+        # ten calls queued, then one synchronization: what the host costs when the GPU is busy
+        us["deferred_add_queued10"] = timed(lambda: [ew.add(xd, yd) for _ in range(10)], r // 10, sync=msync) / 10
+        us["torch_add_queued10"] = timed(lambda: [torch.add(x, y) for _ in range(10)], r // 10, sync=sync) / 10
     us = {k: v * 1e6 for k, v in us.items()}
     assert ew.add(x, y).to_host().tobytes() == (x + y).cpu().numpy().tobytes(), "add differs from torch's"
     print("  ".join("%s %.1f us" % kv for kv in us.items()))

@@ -7,7 +7,10 @@ of 2**log2n float32 passed to mojo_train directly, each figure the median of --r
 synchronized calls after warm-up. Ours is timed two ways: as torch is called, returning a new
 output (``silu_ms``, ``forward_ms``...: the output is declared fresh, MT_MAP_OUT_FRESH, so the
 finiteness check rides along in the one pass), and into a preallocated ``out=``
-(``silu_out_ms``...: a pre-pass first, so that a refusal leaves out= untouched).
+(``silu_out_ms``...: a pre-pass first, so that a refusal leaves out= untouched). SiLU and add
+are timed a third way: with deferred refusals (``silu_deferred_ms``, ``add_deferred_ms``; each
+call followed by ``mt.synchronize()``, as torch's by ``torch.cuda.synchronize()``), where the
+call does not wait for the GPU itself and the output's allocation and free do not synchronize.
 Bytes, fresh: as torch's, SiLU and GELU forward 8 per element (read x, write y), add and the
 backwards 12; with out= one more read of each input: 12 and 20. Before timing, the first 2**20
 SiLU outputs are checked against the CPU oracle. GELU (both approximations, x in [-6, 6)):
@@ -106,11 +109,17 @@ def bench(torch, n, repeat, bw):
     add = timed(lambda: ew.add(x, y), repeat)
     add_out = timed(lambda: ew.add(x, y, out=dx), repeat)
     add_t = timed(lambda: torch.add(x, y), repeat, sync=torch.cuda.synchronize)
+    with mt.deferred_refusals():   # each call then synchronized by mt.synchronize, as torch's by its own
+        silu_d = timed(lambda: ew.silu_forward(x), repeat, sync=mt.synchronize)
+        add_d = timed(lambda: ew.add(x, y), repeat, sync=mt.synchronize)
+        same_d = _same(torch, ew.silu_forward(x), y)
     rows["elementwise"] = {"elements": n, "silu_ms": silu * 1e3, "silu_out_ms": silu_out * 1e3,
                            "silu_torch_ms": silu_t * 1e3, "silu_of_copy_bw": 8 * n / silu / bw,
                            "silu_fresh_equals_out": _same(torch, ew.silu_forward(x), y),
                            "add_ms": add * 1e3, "add_out_ms": add_out * 1e3, "add_torch_ms": add_t * 1e3,
-                           "add_of_copy_bw": 12 * n / add / bw}
+                           "add_of_copy_bw": 12 * n / add / bw,
+                           "silu_deferred_ms": silu_d * 1e3, "add_deferred_ms": add_d * 1e3,
+                           "silu_deferred_equals_out": same_d}
     rows.update(bench_gelu(torch, n, repeat, bw))
     return rows
 
@@ -123,6 +132,8 @@ def main():
           % (args.log2n, o["silu_ms"], 100 * o["silu_of_copy_bw"], o["silu_out_ms"], o["silu_torch_ms"],
              rows["silu_matches_cpu"] and o["silu_fresh_equals_out"], o["add_ms"], 100 * o["add_of_copy_bw"],
              o["add_out_ms"], o["add_torch_ms"]))
+    print("deferred refusals (each call then mt.synchronize()): silu %.3f ms, add %.3f ms; same bits: %s"
+          % (o["silu_deferred_ms"], o["add_deferred_ms"], o["silu_deferred_equals_out"]))
     for a in _APPROXIMATE:
         g = rows["gelu_" + a]
         print("gelu %s over 2^%d: forward %.3f ms (%.0f%%; out= %.3f; torch %.3f), backward %.3f ms (%.0f%%; out= "

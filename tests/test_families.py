@@ -67,7 +67,8 @@ def _named_files(folder, pattern):
 def test_every_family_named_file_belongs_to_a_family(folder, pattern):
     """No file carries a family-like name that is not a family (a second name for one op)."""
     shared = {"gemm", "tensors", "vendor", "pool", "runtime", "cross_device", "check", "sanitize", "profile",
-              "torch_adapter", "distributed", "call_overhead"}
-    # not ops: shared parts (distributed: the collective around every op; call_overhead: every call's host part)
+              "torch_adapter", "distributed", "call_overhead", "deferred"}
+    # not ops: shared parts (distributed: the collective around every op; call_overhead: every call's host part;
+    # deferred: when every deferrable call's refusal is told)
     strays = [n for n in _named_files(folder, pattern) if n not in FAMILIES and n not in shared]
     assert not strays, "%s: %s" % ("/".join(folder), strays)

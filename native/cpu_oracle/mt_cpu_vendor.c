@@ -43,6 +43,23 @@ int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
 
 int mt_synchronize(void) { return MT_OK; }
 
+/* Every call of this vendor reports its refusal at once, which the deferred contract allows:
+ * the switch is only kept, per thread, for mt_deferred_refusals. */
+static _Thread_local int32_t t_deferred;
+
+int mt_set_deferred_refusals(int32_t on) {
+    if (on != 0 && on != 1) return mt_fail(MT_EINVAL, "on must be 0 or 1, got %d", (int)on);
+    t_deferred = on;
+    return MT_OK;
+}
+
+int mt_deferred_refusals(int32_t *out) {
+    int rc = mt_check_ptr(out, "out");
+    if (rc) return rc;
+    *out = t_deferred;
+    return MT_OK;
+}
+
 int mt_is_device_pointer(int32_t *out, const void *ptr) {
     int rc = mt_check_ptr(out, "out");
     if (rc) return rc;

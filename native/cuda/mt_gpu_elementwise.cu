@@ -19,11 +19,11 @@
 uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 
 /* ---- the refusal words and the pre-pass ---- */
-int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena) {
+int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena, mt_status *slot) {
     int rc = arena->alloc((void **)&f->dev, 8);
     if (rc) return rc;
     MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 8, MT_STREAM), "refusal words reset");
-    f->mapped = mt_mapped_status();
+    f->mapped = slot ? slot : mt_mapped_status();
     if (f->mapped) f->mapped->bad_params = f->mapped->bad_grads = 0;   /* pinned host memory */
     return MT_OK;
 }
@@ -78,11 +78,11 @@ int prepass(const float *da, const float *db, int64_t n, const mt_gpu_flag &flag
 
 }  // namespace
 
-int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[3],
+int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[4],
                mt_map_launch launch, void *ctx) {
     int rc = mt_check_map_flags(flags);
     if (rc || n == 0) return rc;
-    if ((rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_gpu_ready_deferring())) return rc;
     mt_arena arena;
     const float *da = nullptr, *db = nullptr;
     float *dout = nullptr;
@@ -93,14 +93,24 @@ int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t f
     bool in_place = out == a || (b && out == b);
     if (in_place) dout = (float *)(out == a ? da : db), sout = out == a ? sa : sb;
     else if ((rc = mt_buf_to_device((void **)&dout, &sout, &arena, out, n * 4, false))) return rc;
+    /* Deferred (mt_gpu_deferred.h) when the thread defers and nothing is staged: no
+     * synchronization, the refusal words go to a slot, and the kernels read the poison word. */
+    bool defer = mt_deferred_on() && !sa && !sb && !sout;
+    if (!defer && (rc = mt_deferred_flush())) return rc;
     mt_gpu_flag flag;
     flag.fused = !in_place && (sout || (flags & MT_MAP_OUT_FRESH));
+    mt_deferred_slot *slot = nullptr;
+    if (defer && (rc = mt_deferred_take(&slot, &flag.poison))) return rc;
     int bad[2] = {0, 0};
-    if ((rc = mt_gpu_flag_init(&flag, &arena)) ||
+    if ((rc = mt_gpu_flag_init(&flag, &arena, slot ? &slot->st : nullptr)) ||
         (!flag.fused && (rc = prepass(da, b && b != a ? db : nullptr, n, flag))) ||
         (rc = launch(ctx, dout, da, db, n, flag)))
         return rc;
     MT_GPU_CHECK(gpuGetLastError(), names[0]);
+    if (defer) {
+        mt_deferred_commit(MT_DEFER_MAP, names[3], names[1], names[2], 0);
+        return MT_OK;
+    }
     if ((rc = mt_gpu_flag_read(&flag, bad))) return rc;
     if (bad[0] || bad[1])   /* a staged twin is never downloaded: the caller's host output is untouched */
         return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad[0] ? names[1] : names[2],
@@ -216,7 +226,7 @@ int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt
     return MT_OK;
 }
 
-int run(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[3],
+int run(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[4],
         mt_map_launch launch) {
     int rc;
     if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) || (rc = mt_check_ptr(b, names[2])))
@@ -233,29 +243,29 @@ int run(float *out, const float *a, const float *b, int64_t n, uint32_t flags, c
 extern "C" {
 
 int mt_silu_forward(float *y, const float *x, int64_t n, uint32_t flags) {
-    static const char *const names[3] = {"y", "x", "x"};
+    static const char *const names[4] = {"y", "x", "x", "mt_silu_forward"};
     return run(y, x, x, n, flags, names, launch_elt<OP_SILU>);
 }
 
 int mt_silu_backward(float *dx, const float *dy, const float *x, int64_t n, uint32_t flags) {
-    static const char *const names[3] = {"dx", "dy", "x"};
+    static const char *const names[4] = {"dx", "dy", "x", "mt_silu_backward"};
     return run(dx, dy, x, n, flags, names, launch_elt<OP_SILU_GRAD>);
 }
 
 int mt_add(float *out, const float *a, const float *b, int64_t n, uint32_t flags) {
-    static const char *const names[3] = {"out", "a", "b"};
+    static const char *const names[4] = {"out", "a", "b", "mt_add"};
     return run(out, a, b, n, flags, names, launch_elt<OP_ADD>);
 }
 
 int mt_gelu_forward(float *y, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
-    static const char *const names[3] = {"y", "x", "x"};
+    static const char *const names[4] = {"y", "x", "x", "mt_gelu_forward"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
     return run(y, x, x, n, flags, names, approximate == MT_GELU_TANH ? launch_elt<OP_GELU_TANH> : launch_elt<OP_GELU>);
 }
 
 int mt_gelu_backward(float *dx, const float *dy, const float *x, int64_t n, int32_t approximate, uint32_t flags) {
-    static const char *const names[3] = {"dx", "dy", "x"};
+    static const char *const names[4] = {"dx", "dy", "x", "mt_gelu_backward"};
     const char *bad = mt_gelu_approximate_problem(approximate);
     if (bad) return mt_fail(MT_EINVAL, "%s, got %d", bad, (int)approximate);
     return run(dx, dy, x, n, flags, names,

@@ -3,7 +3,8 @@
  * No atomics. Every call: argument checks on the host; staging of host buffers; one check
  * kernel (ids in range, dy and -- accumulating -- dweight finite; the sort plan's keys);
  * kernels that write outputs first read the device status and do nothing after a refusal;
- * one synchronizing status read; the download of staged outputs only on success.
+ * one synchronizing status read; the download of staged outputs only on success. The forward
+ * on device buffers of a thread that defers refusals (mt_gpu_deferred.h) skips that read.
  *
  * Backward, sort plan: keys id << 32 | position (padding and bad ids get vocab) are sorted
  * (each thread sorts a run of 16, then 8-way merge passes place every key by its ranks in
@@ -29,6 +30,7 @@
 #include "emb_gpu_emulate.h"
 #define EMB_LAUNCH(kernel, grid, threads, ...) emu_launch(kernel, grid, threads, __VA_ARGS__)
 #else
+#include "mt_gpu_deferred.h"
 #include "mt_gpu_runtime.h"
 #define EMB_LAUNCH(kernel, grid, threads, ...) kernel<<<(grid), (threads), 0, MT_STREAM>>>(__VA_ARGS__)
 #endif
@@ -77,7 +79,8 @@ __device__ bool any_nonfinite(const float *x, int64_t n) {
 /* The pre-pass. keys (sort plan only): id << 32 | position, or vocab << 32 | position for a
  * padding or out-of-range id, so those sort after every row. Every writer of a flag stores 1. */
 __global__ void k_check(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, int64_t pad, const float *dy,
-                        int64_t n_dy, const float *dw, int64_t n_dw, uint64_t *keys, emb_status *st) {
+                        int64_t n_dy, const float *dw, int64_t n_dw, uint64_t *keys, emb_status *st,
+                        int32_t *poison) {
     bool bad = false;
     for (int64_t i = grid_thread(); i < n; i += grid_threads()) {
         int64_t id = mt_emb_id(ids, id_bytes, i);
@@ -85,7 +88,10 @@ __global__ void k_check(const void *ids, int32_t id_bytes, int64_t n, int64_t vo
         bad |= !ok;
         if (keys) keys[i] = ((uint64_t)(ok && id != pad ? id : vocab) << 32) | (uint64_t)i;
     }
-    if (bad) st->bad_ids = 1;
+    if (bad) {
+        st->bad_ids = 1;
+        if (poison) *poison = 1;   /* a deferred call's refusal (mt_gpu_deferred.h) */
+    }
     if (dy && any_nonfinite(dy, n_dy)) st->bad_dy = 1;
     if (dw && any_nonfinite(dw, n_dw)) st->bad_dw = 1;
 }
@@ -307,10 +313,22 @@ __global__ void k_scan(const void *ids, int32_t id_bytes, int64_t n, int64_t voc
     }
 }
 
-/* The forward: row copies as 32-bit words (every bit kept). */
+/* The forward: row copies as 32-bit words (every bit kept). Deferred (slot_bad and slot_at
+ * set: a slot of mt_gpu_deferred.h), a refusal is written to the slot -- the first refused
+ * position and its id, found by one thread, then the flag -- and nothing is copied after an
+ * earlier deferred call's refusal either (the poison word). */
 __global__ void k_gather(uint32_t *out, const uint32_t *w, const void *ids, int32_t id_bytes, int64_t n, int64_t d,
-                         const emb_status *st) {
-    if (emb_refused(st)) return;
+                         const emb_status *st, int64_t vocab, int32_t *slot_bad, int64_t *slot_at,
+                         const int32_t *poison) {
+    if (slot_bad && st->bad_ids && blockIdx.x == 0 && threadIdx.x == 0) {
+        int64_t i = 0, id = 0;
+        for (; i < n; ++i)
+            if ((id = mt_emb_id(ids, id_bytes, i)) < 0 || id >= vocab) break;
+        slot_at[0] = i;
+        slot_at[1] = id;
+        *slot_bad = 1;
+    }
+    if (emb_refused(st) || (poison && *poison)) return;
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
         const uint32_t *src = w + mt_emb_id(ids, id_bytes, r) * d;
         for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[r * d + c] = src[c];
@@ -438,7 +456,7 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
     int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim);
     if (rc) return rc;
     if (n_ids == 0) return MT_OK;
-    if ((rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_gpu_ready_deferring())) return rc;
     mt_arena arena;
     emb_status *st = nullptr;
     void *dids, *dw, *dout;
@@ -447,14 +465,24 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
         (rc = stage(&dw, &s_w, &arena, weight, vocab * dim * 4, true)) ||
         (rc = stage(&dout, &s_out, &arena, out, n_ids * dim * 4, false)))
         return rc;
+    /* Deferred (mt_gpu_deferred.h) when the thread defers and nothing is staged. */
+    bool defer = mt_deferred_on() && !s_ids && !s_w && !s_out;
+    mt_deferred_slot *slot = nullptr;
+    int32_t *poison = nullptr;
+    if ((!defer && (rc = mt_deferred_flush())) || (defer && (rc = mt_deferred_take(&slot, &poison)))) return rc;
     int threads = mt_gpu_threads();
     EMB_LAUNCH(k_check, grid1(n_ids, threads), threads, dids, id_bytes, n_ids, vocab, -1, nullptr, 0, nullptr, 0,
-               nullptr, st);
+               nullptr, st, poison);
     if ((rc = launch_check("embedding check"))) return rc;
     EMB_LAUNCH(k_gather, grid1(n_ids * threads, threads), threads, (uint32_t *)dout, (const uint32_t *)dw, dids,
-               id_bytes, n_ids, dim, st);
-    if ((rc = launch_check("embedding gather")) || (rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim)))
-        return rc;
+               id_bytes, n_ids, dim, st, vocab, slot ? &slot->st.bad_params : nullptr, slot ? &slot->where : nullptr,
+               poison);
+    if ((rc = launch_check("embedding gather"))) return rc;
+    if (defer) {
+        mt_deferred_commit(MT_DEFER_EMBEDDING, "mt_embedding_forward", "ids", "weight", vocab);
+        return MT_OK;
+    }
+    if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim))) return rc;
     if (s_out) {
         if ((rc = mt_buf_to_host(out, dout, n_ids * dim * 4))) return rc;
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");
@@ -484,7 +512,7 @@ int mt_embedding_backward(float *dweight, const float *dy, const void *ids, int3
     int threads = mt_gpu_threads();
     int64_t work = acc && vocab > n_ids ? vocab * dim : n_ids * dim;     /* floats the pre-pass reads */
     EMB_LAUNCH(k_check, grid1(work / 4 + 1, threads), threads, dids, id_bytes, n_ids, vocab, pad, (const float *)ddy,
-               n_ids * dim, acc ? (const float *)ddw : nullptr, vocab * dim, keys, st);
+               n_ids * dim, acc ? (const float *)ddw : nullptr, vocab * dim, keys, st, nullptr);
     if ((rc = launch_check("embedding check"))) return rc;
     if (sort)
         rc = sorted_backward(&arena, keys, n_ids, vocab, (const float *)ddy, dim, (float *)ddw, acc, st);

@@ -167,7 +167,7 @@ int launch_dropout(void *vctx, float *y, const float *x, const float *, int64_t 
 }
 
 int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
-                   uint32_t flags, const char *const names[3]) {
+                   uint32_t flags, const char *const names[4]) {
     int rc;
     const char *why = mt_dropout_problem(p);
     if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = span_check(offset, n)))
@@ -222,13 +222,13 @@ int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, 
 
 int mt_dropout_forward(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t n,
                        uint32_t flags) {
-    static const char *const names[3] = {"y", "x", "x"};
+    static const char *const names[4] = {"y", "x", "x", "mt_dropout_forward"};
     return dropout_common(y, x, p, seed, stream, offset, n, flags, names);
 }
 
 int mt_dropout_backward(float *dx, const float *dy, float p, uint64_t seed, uint64_t stream, uint64_t offset,
                         int64_t n, uint32_t flags) {
-    static const char *const names[3] = {"dx", "dy", "dy"};
+    static const char *const names[4] = {"dx", "dy", "dy", "mt_dropout_backward"};
     return dropout_common(dx, dy, p, seed, stream, offset, n, flags, names);
 }
 

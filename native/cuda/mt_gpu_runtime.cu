@@ -3,6 +3,7 @@
 #include <map>
 #include <mutex>
 #include <string.h>
+#include "mt_gpu_deferred.h"
 #include "mt_gpu_runtime.h"
 
 static std::atomic<int64_t> g_h2d{0}, g_d2h{0};
@@ -27,7 +28,8 @@ uint64_t mt_vendor_features(void) {
 #endif
 }
 
-int mt_gpu_ready(void) {
+/* mt_gpu_ready (mt_gpu_deferred.cu) is this, then the flush of deferred calls. */
+int mt_gpu_ready_deferring(void) {
     int n = 0;
     gpuError_t err = gpuGetDeviceCount(&n);
     if (err != gpuSuccess)
@@ -438,12 +440,14 @@ int mt_device_count(int32_t *out) {
 
 int mt_device_alloc(void **out, int64_t nbytes) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready_deferring())) return rc;
     if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
     void *p = nullptr;
-    /* Stream-ordered, then synchronized: the memory is usable on any stream on return. */
+    /* Stream-ordered, then synchronized: the memory is usable on any stream on return. A thread
+     * that defers refusals keeps its calls queued: the memory is then usable in the order of
+     * this thread's stream (and of the legacy default stream, which synchronizes with it). */
     MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM), "device allocation");
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
+    if (!mt_deferred_on()) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
         g_own[(uintptr_t)p] = (size_t)nbytes;
@@ -459,8 +463,10 @@ int mt_device_free(void *ptr) {
         g_own.erase((uintptr_t)ptr);
     }
     /* Back to the pool after the whole device is idle (as cudaFree would wait), so no kernel
-     * on any stream -- torch's included -- can still be reading it when it is reused. */
-    MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+     * on any stream -- torch's included -- can still be reading it when it is reused. A thread
+     * that defers refusals frees in its stream's order (work on the legacy default stream,
+     * torch's unless told otherwise, is ordered with it; a side stream's is not). */
+    if (!mt_deferred_on()) MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
     MT_GPU_CHECK(gpuFreeAsync(ptr, MT_STREAM), "device free");
     return MT_OK;
 }
@@ -488,7 +494,7 @@ int mt_synchronize(void) {
 
 int mt_is_device_pointer(int32_t *out, const void *ptr) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready())) return rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready_deferring())) return rc;
     *out = ptr ? (int32_t)mt_gpu_is_device(ptr) : 0;
     return MT_OK;
 }

@@ -1,6 +1,7 @@
 /* mt_gpu_runtime.h -- host glue shared by the GPU ops: pointer classification, staging of
  * host buffers through device memory (counted), the per-call device arena, launch geometry.
- * Every call runs on the calling thread's default stream and synchronizes before returning.
+ * Every call runs on the calling thread's default stream and synchronizes before returning,
+ * except the deferrable calls of a thread that defers refusals (mt_gpu_deferred.h).
  */
 #ifndef MT_GPU_RUNTIME_H
 #define MT_GPU_RUNTIME_H
@@ -26,7 +27,10 @@ int mt_gpu_error(gpuError_t err, const char *what);
         if (mt_err_ != gpuSuccess) return mt_gpu_error(mt_err_, what); \
     } while (0)
 
-int mt_gpu_ready(void);            /* MT_OK once a device is usable, else a clear refusal */
+/* MT_OK once a device is usable, else a clear refusal; first reports a refusal among the
+ * calling thread's deferred calls (mt_gpu_deferred.h), so every call that cannot itself skip
+ * after one calls this before it queues anything. */
+int mt_gpu_ready(void);
 bool mt_gpu_is_device(const void *p);
 bool mt_gpu_own_range(const void *p, int64_t bytes);   /* [p, p + bytes) inside one allocation of ours */
 void mt_gpu_count_h2d(int64_t bytes);

@@ -35,8 +35,9 @@ extern "C" {
  * 6: the maps (SiLU, GELU, add, dropout) take `uint32_t flags` last (MT_MAP_OUT_FRESH: the
  * finiteness check fused into the one pass for an output declared fresh); an optimizer step
  * no longer refuses a non-finite parameter (optim.md step 3).
- * 7: attention takes dropout: (dropout_p, seed, stream, offset) last (attention.md, "Dropout"). */
-#define MT_ABI_VERSION 7
+ * 7: attention takes dropout: (dropout_p, seed, stream, offset) last (attention.md, "Dropout").
+ * 8: deferred refusals (mt_set_deferred_refusals, mt_deferred_refusals; contracts/README.md). */
+#define MT_ABI_VERSION 8
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -379,6 +380,14 @@ int mt_device_alloc(void **out /* (1) */, int64_t nbytes);
 int mt_device_free(void *ptr);
 int mt_memcpy(void *dst /* (nbytes) */, const void *src /* (nbytes) */, int64_t nbytes);
 int mt_synchronize(void);
+/* Deferred refusals (contracts/README.md, "Deferred refusals"), for the calling thread: with
+ * on = 1, the maps (SiLU, GELU, add, dropout) and the embedding forward on device buffers
+ * return without waiting for the GPU, and a refusal of theirs is reported later -- by
+ * mt_synchronize, mt_memcpy, any other GPU call, or mt_set_deferred_refusals(0) -- naming the
+ * call and its argument; the refused call and every deferred call after it write nothing to a
+ * caller's buffer. On the cpu vendor every call reports at once (the switch is kept). */
+int mt_set_deferred_refusals(int32_t on);
+int mt_deferred_refusals(int32_t *out /* (1) */);
 int mt_is_device_pointer(int32_t *out /* (1) */, const void *ptr);
 int mt_transfer_bytes(int64_t *out /* (2): host to device, device to host, since load */);
 int mt_set_launch_geometry(int32_t threads_per_block, int32_t max_blocks);

@@ -76,6 +76,21 @@ inline bool mt_gpu_is_device(const void *p) {
     return (uintptr_t)p < it->first + it->second;
 }
 inline int mt_gpu_ready(void) { return MT_OK; }
+/* Deferred refusals (native/cuda/mt_gpu_deferred.h) are never on here: every call reads its
+ * status at once, so the slot and the poison word stay unused. */
+struct mt_deferred_slot {
+    struct {
+        int32_t bad_params, bad_grads, nonfinite_total, scale;
+        float total, coef;
+    } st;
+    int64_t where, value;
+};
+#define MT_DEFER_EMBEDDING 2
+inline int mt_gpu_ready_deferring(void) { return MT_OK; }
+inline bool mt_deferred_on(void) { return false; }
+inline int mt_deferred_flush(void) { return MT_OK; }
+inline int mt_deferred_take(mt_deferred_slot **, int32_t **) { return MT_EINVAL; }
+inline void mt_deferred_commit(int, const char *, const char *, const char *, int64_t) {}
 inline int mt_gpu_threads(void) { return emu_threads; }
 inline int emu_blocks(int64_t items, int64_t per_block, int64_t cap) {
     int64_t need = (items + per_block - 1) / per_block;
