@@ -24,7 +24,8 @@ a large call adds on the host beside its kernel. With deferred refusals on (mojo
 the call queues its kernels, the output's allocation and free do not synchronize; each call then
 ``mt.synchronize()``): deferred_add_fresh_device, deferred_embedding_forward, deferred_big_add,
 deferred_big_alloc_free, deferred_sync (on an idle GPU); and per call of ten queued before one
-synchronization, deferred_add_queued10 against torch_add_queued10.
+synchronization (the host's part alone while the GPU is busy): deferred_add_queued10 against
+torch_add_queued10, deferred_c_add_queued10 (the native call alone), deferred_alloc_free_queued10.
 """
 import os
 import sys
@@ -41,8 +42,24 @@ from mojo_train._native import load  # noqa: E402
 from mojo_train.embedding import embedding_forward  # noqa: E402
 
 
+def _profile(call, sync, calls=5000):
+    """cProfile of `calls` queued calls (deferring, so the host's part alone): the top functions."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    sync()
+    prof.disable()
+    print("cProfile of %d deferred small adds on DeviceArrays (tottime, then cumtime):" % calls)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(22)
+    pstats.Stats(prof).sort_stats("cumtime").print_stats(12)
+
+
 def main():
-    args = bench_args(__doc__, 400, ("--n", 4096), ("--big-log2n", 28), ("--big-repeat", 20))
+    args = bench_args(__doc__, 400, ("--n", 4096), ("--big-log2n", 28), ("--big-repeat", 20),
+                      ("--cprofile", False, "print a cProfile of deferred small adds (not recorded)"))
     torch = cuda_torch()
     n, r = args.n, args.repeat
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -84,6 +101,12 @@ def main():
         # ten calls queued, then one synchronization: what the host costs when the GPU is busy
         us["deferred_add_queued10"] = timed(lambda: [ew.add(xd, yd) for _ in range(10)], r // 10, sync=msync) / 10
         us["torch_add_queued10"] = timed(lambda: [torch.add(x, y) for _ in range(10)], r // 10, sync=sync) / 10
+        us["deferred_c_add_queued10"] = timed(lambda: [lib.mt_add(fp(z), fp(x), fp(y), n, fresh) for _ in range(10)],
+                                              r // 10, sync=msync) / 10
+        us["deferred_alloc_free_queued10"] = timed(lambda: [mt.DeviceArray.empty((n,)) for _ in range(10)], r // 10,
+                                                   sync=msync) / 10
+        if args.cprofile:
+            _profile(lambda: ew.add(xd, yd), msync)
     us = {k: v * 1e6 for k, v in us.items()}
     assert ew.add(x, y).to_host().tobytes() == (x + y).cpu().numpy().tobytes(), "add differs from torch's"
     print("  ".join("%s %.1f us" % kv for kv in us.items()))

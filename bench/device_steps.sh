@@ -30,13 +30,14 @@ CUDA_LIBS="native/build/libmojo_train_cuda_identical.so native/build/libmojo_tra
            native/build/libmojo_train_cuda_fast.so"
 built_from_these_sources() {
     local now lib ok=0
-    now=$(make -s --no-print-directory cuda-sources) || return 1
+    # sorted: make's $(wildcard) lists a folder in its file system's order, which differs there
+    now=$(make -s --no-print-directory cuda-sources | sort) || return 1
     for lib in $CUDA_LIBS; do
         if [ ! -f "$lib" ]; then
             if [ "${1:-}" = all ]; then echo "$lib is missing: make -j4 cuda"; ok=1; fi
-        elif [ "$(cat "$lib.sources" 2>/dev/null)" != "$now" ]; then
+        elif [ "$(sort "$lib.sources" 2>/dev/null)" != "$now" ]; then
             echo "$lib was not built from these sources and flags:"
-            diff <(cat "$lib.sources" 2>/dev/null) <(echo "$now") | grep '^[<>]' | head -5
+            diff <(sort "$lib.sources" 2>/dev/null) <(echo "$now") | grep '^[<>]' | head -5
             echo "rebuild with: make -B -j4 cuda"; ok=1
         fi
     done

@@ -22,9 +22,11 @@ uint64_t mt_elementwise_features(void) { return MT_FEATURE_ELEMENTWISE; }
 int mt_gpu_flag_init(mt_gpu_flag *f, mt_arena *arena, mt_status *slot) {
     int rc = arena->alloc((void **)&f->dev, 8);
     if (rc) return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 8, MT_STREAM), "refusal words reset");
     f->mapped = slot ? slot : mt_mapped_status();
     if (f->mapped) f->mapped->bad_params = f->mapped->bad_grads = 0;   /* pinned host memory */
+    /* A fused kernel only stores 1 into the device words, and the host reads the mapped ones:
+     * only a checked call (its kernel reads them) or one without mapped words clears them. */
+    if (!f->fused || !f->mapped) MT_GPU_CHECK(gpuMemsetAsync(f->dev, 0, 8, MT_STREAM), "refusal words reset");
     return MT_OK;
 }
 

@@ -29,7 +29,10 @@ uint64_t mt_vendor_features(void) {
 }
 
 /* mt_gpu_ready (mt_gpu_deferred.cu) is this, then the flush of deferred calls. */
+static std::atomic<bool> g_ready{false};   /* a device was found usable once: it stays so */
+
 int mt_gpu_ready_deferring(void) {
+    if (g_ready.load(std::memory_order_acquire)) return MT_OK;
     int n = 0;
     gpuError_t err = gpuGetDeviceCount(&n);
     if (err != gpuSuccess)
@@ -56,6 +59,7 @@ int mt_gpu_ready_deferring(void) {
         cudaGetLastError();
 #endif
     }
+    g_ready.store(true, std::memory_order_release);
     return MT_OK;
 }
 
