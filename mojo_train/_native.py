@@ -421,6 +421,19 @@ def default_vendor():
                       "vendor", "MOJO_TRAIN_VENDOR")
 
 
+_ENV_BYTES = getattr(os.environ, "_data", None)   # CPython's own bytes mapping behind os.environ (POSIX)
+if os.name == "posix" and type(_ENV_BYTES) is dict:
+    def _environment_key():
+        """The raw values of the two variables load() depends on: read from os.environ's own
+        mapping, which os.environ[...] = v and del update (a dict lookup, where os.environ.get
+        encodes the name and decodes the value: a few microseconds of every op's call)."""
+        return ("environment", _ENV_BYTES.get(b"MOJO_TRAIN_NUMERIC_MODE"), _ENV_BYTES.get(b"MOJO_TRAIN_VENDOR"))
+else:
+    def _environment_key():
+        env = os.environ
+        return ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
+
+
 def load(numeric_mode=None, vendor=None):
     """The Backend for (vendor, numeric_mode); defaults from the environment.
 
@@ -430,8 +443,7 @@ def load(numeric_mode=None, vendor=None):
     none loads, and in ``backend_info()["tried"]``).
     """
     if numeric_mode is None and vendor is None:   # every call of every op: the environment's, once per value
-        env = os.environ
-        key = ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
+        key = _environment_key()
         backend = _loaded.get(key)
         if backend is None:
             backend = _load(default_numeric_mode(), default_vendor())

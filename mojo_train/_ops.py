@@ -162,14 +162,18 @@ def device_outputs(allocate):
         _DEVICE_OUTPUTS.allocate = previous
 
 
-def out_f32(shape, on_device, numeric_mode):
+def out_f32(shape, on_device, numeric_mode, backend=None):
     """An uninitialised float32 output on the chosen side (device_outputs' allocator within one,
     for a non-empty device output: an empty torch tensor's address is NULL, which some entry
-    points refuse for an output)."""
+    points refuse for an output). ``backend``: the call's own (placement's), when ``shape``
+    comes from its probes (a tuple of ints): the output is made without loading or checking
+    again."""
     if on_device:
         allocate = getattr(_DEVICE_OUTPUTS, "allocate", None)
         if allocate is not None and all(shape):     # an empty one keeps a non-null address of ours
             return allocate(tuple(shape), numeric_mode)
+        if backend is not None:
+            return DeviceArray._fresh(backend, shape)
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
     return Array.empty(shape, "float32")
 
@@ -179,6 +183,8 @@ _FLOAT_P = ffi.typeof("float *")
 
 def fptr(x):
     """``float *`` of an output we allocated, or of an input Probe (None -> NULL)."""
+    if type(x) is DeviceArray:     # an op's own output: its pointer is made once
+        return x._cptr
     if x is None:
         return ffi.NULL
     if isinstance(x, (_buffer.Probe, Array)):

@@ -95,6 +95,15 @@ class DeviceArray:
         return cls._over(shape, dtype, nbytes, alloc) if cls is DeviceArray else cls(shape, dtype, _alloc=alloc)
 
     @classmethod
+    def _fresh(cls, backend, shape):
+        """An uninitialised float32 DeviceArray of ``backend`` (a GPU vendor's), of a ``shape``
+        already checked (an op's output, shaped by its inputs' probes)."""
+        n = 1
+        for d in shape:
+            n *= d
+        return cls._over(tuple(shape), "float32", 4 * n, _Allocation(backend, 4 * n))
+
+    @classmethod
     def _over(cls, shape, dtype, nbytes, alloc, offset=0):
         """The array of checked ``shape`` and ``dtype`` over ``alloc`` from ``offset`` (no check
         again: an op's output is made on every call)."""

@@ -50,7 +50,7 @@ def _map(where, fn, inputs, out, numeric_mode, extra=()):
                                        "explicitly to one shape" % (first, shape, name, tuple(p.shape), where)))
     pout = _ops.out_arg(where, out, shape, probes)
     backend, on_device = _ops.placement(where, numeric_mode, out=pout, **dict(probes))
-    result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode)
+    result = out if out is not None else _ops.out_f32(probes[0][1].shape, on_device, numeric_mode, backend)
     target = pout if pout is not None else result
     backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n,
                                            *extra, _ops.map_flags(pout, fresh)), where)

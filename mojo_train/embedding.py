@@ -118,7 +118,7 @@ def _gather(where, w, pi, id_bytes, shape, numeric_mode):
     """embedding_forward's native call on checked Probes: table ``w``, ids ``pi`` of ``shape``."""
     backend, on_device = _ops.placement(where, numeric_mode, weight=w, ids=pi)
     vocab, d = w.shape
-    out = _ops.out_f32(shape + (d,), on_device, numeric_mode)
+    out = _ops.out_f32(shape + (d,), on_device, numeric_mode, backend)
     rc = backend.lib.mt_embedding_forward(_ops.fptr(out), _ops.fptr(w), _ops.vptr(pi), id_bytes, pi.nelems,
                                           vocab, d)
     backend.check(rc, where)
