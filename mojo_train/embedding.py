@@ -163,7 +163,7 @@ def _scatter(where, g, pi, id_bytes, vocab, d, pad, flags, grad, numeric_mode):
         _buffer.refuse_overlap(where, ("grad", pg), [("dy", g), ("ids", pi)], in_place=False)
         flags |= 1
     backend, on_device = _ops.placement(where, numeric_mode, dy=g, ids=pi, grad=pg)
-    out = grad if grad is not None else _ops.out_f32((vocab, d), on_device, numeric_mode)
+    out = grad if grad is not None else _ops.out_f32((vocab, d), on_device, numeric_mode, backend)
     rc = backend.lib.mt_embedding_backward(_ops.fptr(pg if pg is not None else out), _ops.fptr(g), _ops.vptr(pi),
                                            id_bytes, pi.nelems, vocab, d, pad, flags)
     # the C library's name of the table added into is the caller's grad

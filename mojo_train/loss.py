@@ -197,10 +197,10 @@ def cross_entropy(logits, targets, weight=None, ignore_index=-100, reduction="me
         batch, inner = 0, 1
     backend, on_device = _ops.placement(where, numeric_mode, logits=lp, targets=tp, weight=wp)
     if red == 0:
-        rows, out = _ops.out_f32(row_shape, on_device, backend.numeric_mode), None
+        rows, out = _ops.out_f32(row_shape, on_device, backend.numeric_mode, backend), None
     else:
-        rows, out = None, _ops.out_f32((1,), on_device, backend.numeric_mode)
-    dlogits = _ops.out_f32(tuple(lp.shape), on_device, backend.numeric_mode) if return_grad else None
+        rows, out = None, _ops.out_f32((1,), on_device, backend.numeric_mode, backend)
+    dlogits = _ops.out_f32(tuple(lp.shape), on_device, backend.numeric_mode, backend) if return_grad else None
     if tbytes and wp is None and inner == 1:       # loss.md's first sections: mt_cross_entropy itself
         rc = backend.lib.mt_cross_entropy(_ops.fptr(out), _ops.fptr(rows), _ops.fptr(dlogits), _ops.fptr(lp),
                                           _ops.vptr(tp), tbytes, batch, vocab, ignore, red, eps, num)

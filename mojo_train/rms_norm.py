@@ -57,7 +57,7 @@ def rms_norm_forward(x, weight=None, eps=None, *, numeric_mode=None):
     where = "rms_norm_forward"
     px, pw, eps, d = _rms_args(x, weight, eps, where)
     backend, on_device = _ops.placement(where, numeric_mode, x=px, weight=pw)
-    y = _ops.out_f32(tuple(px.shape), on_device, numeric_mode)
+    y = _ops.out_f32(tuple(px.shape), on_device, numeric_mode, backend)
     rc = backend.lib.mt_rms_norm_forward(_ops.fptr(y), _ops.fptr(px), _ops.fptr(pw), eps, _ops.leading_rows(px.shape), d)
     backend.check(rc, where)
     return y
@@ -76,8 +76,8 @@ def rms_norm_backward(dy, x, weight=None, eps=None, *, numeric_mode=None):
     pdy = _ops.f32_in(dy, "dy", where)
     _ops.dy_like_x(pdy, px, where)
     backend, on_device = _ops.placement(where, numeric_mode, dy=pdy, x=px, weight=pw)
-    dx = _ops.out_f32(tuple(px.shape), on_device, numeric_mode)
-    dw = None if pw is None else _ops.out_f32((d,), on_device, numeric_mode)
+    dx = _ops.out_f32(tuple(px.shape), on_device, numeric_mode, backend)
+    dw = None if pw is None else _ops.out_f32((d,), on_device, numeric_mode, backend)
     rc = backend.lib.mt_rms_norm_backward(_ops.fptr(dx), _ops.fptr(dw), _ops.fptr(pdy), _ops.fptr(px),
                                           _ops.fptr(pw), eps, _ops.leading_rows(px.shape), d)
     backend.check(rc, where)
