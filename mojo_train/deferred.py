@@ -8,15 +8,22 @@ its deferrable calls -- ``silu_*``, ``gelu_*``, ``add``, dropout and ``embedding
 every buffer is device memory -- queued without a wait. Their bits do not change, nor does what
 a refusal writes (nothing to a caller's buffer): only the moment it is raised moves, to the next
 
-- :func:`synchronize`, or the end of a :func:`deferred_refusals` block;
-- copy to or from the host (``DeviceArray.to_host()``, ``to_device``);
+- :func:`synchronize`, or the end of a :func:`deferred_refusals` block (a nested block's end
+  too: it waits for everything the thread queued);
+- copy to or from the host (``DeviceArray.to_host()``, ``to_device``, a zero-filled
+  ``DeviceArray(shape)``), or export of a DeviceArray to another library
+  (``__cuda_array_interface__``, ``__dlpack__``), and, in the torch adapter, each call made
+  while torch's current stream is not its default one;
 - call of any other GPU op of the library (an optimizer step, a loss, a linear, ...).
 
 The error names the refused call and its argument. Every deferred call queued after it writes
 nothing to a caller's buffer either (a new output of theirs is undefined), so a refusal cannot
 leak into parameters or optimizer state; torch work on those outputs in between is not covered.
 The contract: ``native/contracts/README.md``, "Deferred refusals". The switch is per thread and
-per loaded library (numeric mode); on the cpu vendor every call reports at once.
+per loaded library (numeric mode); on the cpu vendor every call reports at once. Memory the
+thread allocates or frees while deferring follows its stream's order: hand a new DeviceArray to
+another thread only after :func:`synchronize`. A refusal still queued when the thread exits is
+never told.
 """
 import contextlib
 

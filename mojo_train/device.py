@@ -187,8 +187,18 @@ class DeviceArray:
         shape = reshaped_dims(shape, self.size, "DeviceArray.reshape")
         return DeviceArray(tuple(shape), self.dtype, _alloc=self._alloc, _offset=self._offset)
 
+    def _complete(self):
+        """Before the memory is handed to another library: when the calling thread defers
+        refusals (mojo_train.deferred), wait for its queued calls (raising a refusal among
+        them), so the data is complete on every stream, as a waiting call leaves it."""
+        b = self._alloc.backend
+        flag = ffi.new("int32_t *")
+        if b.lib.mt_deferred_refusals(flag) == 0 and flag[0]:
+            b.check(b.lib.mt_synchronize(), "DeviceArray")
+
     @property
     def __cuda_array_interface__(self):
+        self._complete()
         return {"version": 3, "shape": self.shape, "typestr": _TYPESTR[self.dtype],
                 "data": (self.ptr, False), "strides": None, "stream": None}
 
@@ -199,6 +209,7 @@ class DeviceArray:
 
     def __dlpack__(self, stream=None, **kwargs):
         from . import _dlpack
+        self._complete()
         kind, dev = self.__dlpack_device__()
         return _dlpack.export_capsule(self.ptr, self.shape, self.dtype, kind, dev, self)
 

@@ -95,12 +95,16 @@ def test_deferred_calls_give_the_waiting_calls_bits(gpu):
     ids = to_device(mojo_train.Array.from_list([(7 * i) % 50 for i in range(333)], "int64"), nm)
 
     def outputs():
-        gen = Generator(11)
-        return [_host(mojo_train.add(x, y, numeric_mode=nm)), _host(mojo_train.silu_forward(x, numeric_mode=nm)),
-                _host(mojo_train.silu_backward(y, x, numeric_mode=nm)),
-                _host(mojo_train.gelu_forward(x, "tanh", numeric_mode=nm)),
-                _host(gen.dropout(x, 0.25)[0]) if gpu.has("random") else b"",
-                _host(mojo_train.embedding_forward(table, ids, numeric_mode=nm))]
+        """Every call queued before any download: new outputs (fused) and out= (checked)."""
+        gen = Generator(11, numeric_mode=nm)
+        kept = DeviceArray.empty((N,), numeric_mode=nm)
+        got = [mojo_train.add(x, y, numeric_mode=nm), mojo_train.silu_forward(x, numeric_mode=nm),
+               mojo_train.silu_backward(y, x, numeric_mode=nm), mojo_train.gelu_forward(x, "tanh", numeric_mode=nm),
+               mojo_train.embedding_forward(table, ids, numeric_mode=nm),
+               mojo_train.gelu_backward(y, x, out=kept, numeric_mode=nm)]
+        if gpu.has("random"):
+            got.append(gen.dropout(x, 0.25)[0])
+        return [_host(a) for a in got]
 
     waiting = outputs()
     with mojo_train.deferred_refusals(numeric_mode=nm):
@@ -130,7 +134,8 @@ def test_calls_after_a_refusal_write_nothing_to_caller_buffers(gpu):
     mojo_train.add(acc, a, out=acc, numeric_mode=nm)              # in place after it: writes nothing
     mojo_train.silu_forward(acc, out=acc, numeric_mode=nm)        # likewise
     with pytest.raises(ValueError, match=r"mt_silu_forward refused \(deferred: call 1 of the 3 queued.*x holds "
-                                         r"NaN or inf; it wrote nothing, nor did the 2 queued after it"):
+                                         r"NaN or inf; nothing was written to a caller's buffer by it or by the 2 "
+                                         r"calls queued after it"):
         mojo_train.synchronize(numeric_mode=nm)
     assert _host(acc) == before
     mojo_train.add(acc, a, out=acc, numeric_mode=nm)              # after the report: writes again
@@ -150,16 +155,77 @@ def test_a_download_raises_a_pending_refusal(gpu):
 def test_another_gpu_op_raises_a_pending_refusal_and_writes_nothing(gpu):
     nm = gpu.numeric_mode
     x = to_device(_nan_at(f32_array(N, 13), 5), nm)
-    dst = to_device(f32_array(N, 14), nm)
-    before = _host(dst)
+    dy = to_device(f32_array(6 * 8, 14), nm).reshape(6, 8)
+    ids = to_device(mojo_train.Array.from_list([0, 1, 2, 1, 0, 3], "int64"), nm)
+    grad = to_device(f32_array(4 * 8, 15), nm).reshape(4, 8)
+    before = _host(grad)
     mojo_train.set_deferred_refusals(True, numeric_mode=nm)
     mojo_train.silu_forward(x, numeric_mode=nm)
-    with pytest.raises(ValueError, match="mt_silu_forward refused"):
-        mojo_train.relu_forward(dst, numeric_mode=nm)               # not deferrable: reports first
-    with pytest.raises(ValueError, match="mt_silu_forward refused"):  # the block's end reports too
+    with pytest.raises(ValueError, match="mt_silu_forward refused"):   # not deferrable: reports before it writes
+        mojo_train.embedding_backward(dy, ids, 4, grad=grad, numeric_mode=nm)
+    assert _host(grad) == before
+    mojo_train.embedding_backward(dy, ids, 4, grad=grad, numeric_mode=nm)   # told once: this one writes
+    assert _host(grad) != before
+    with pytest.raises(ValueError, match="mt_silu_forward refused"):    # the block's end reports too
         with mojo_train.deferred_refusals(numeric_mode=nm):
             mojo_train.silu_forward(x, numeric_mode=nm)
-    assert _host(dst) == before
+
+
+def test_a_checked_call_and_dropout_raise_the_poison_too(gpu):
+    nm = gpu.numeric_mode
+    bad = to_device(_nan_at(f32_array(N, 19), N // 2), nm)
+    good = to_device(f32_array(N, 20), nm)
+    into, acc = DeviceArray.empty((N,), numeric_mode=nm), to_device(f32_array(N, 21), nm)
+    before = _host(acc)
+    mojo_train.set_deferred_refusals(True, numeric_mode=nm)
+    mojo_train.silu_forward(bad, out=into, numeric_mode=nm)          # the pre-pass path (out= given)
+    mojo_train.add(acc, good, out=acc, numeric_mode=nm)
+    with pytest.raises(ValueError, match=r"mt_silu_forward refused \(deferred: call 1 of the 2"):
+        mojo_train.synchronize(numeric_mode=nm)
+    assert _host(acc) == before
+    if gpu.has("random"):
+        Generator(3, numeric_mode=nm).dropout(bad, 0.5)              # fused: a new output
+        mojo_train.add(acc, good, out=acc, numeric_mode=nm)
+        with pytest.raises(ValueError, match="mt_dropout_forward refused .*x holds NaN or inf"):
+            mojo_train.synchronize(numeric_mode=nm)
+        assert _host(acc) == before
+
+
+def test_the_poison_is_the_refusing_threads_own(gpu):
+    nm = gpu.numeric_mode
+    bad = to_device(_nan_at(f32_array(N, 22), 1), nm)
+    good = to_device(f32_array(N, 23), nm)
+    acc = to_device(f32_array(N, 24), nm)
+    before = _host(acc)
+    mojo_train.set_deferred_refusals(True, numeric_mode=nm)
+    mojo_train.add(bad, good, numeric_mode=nm)                       # refused on this thread, not yet told
+    errors = []
+
+    def other():
+        try:
+            with mojo_train.deferred_refusals(numeric_mode=nm):
+                mojo_train.add(acc, good, out=acc, numeric_mode=nm)
+        except Exception as exc:   # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors == []
+    with pytest.raises(ValueError, match="mt_add refused .*a holds NaN or inf"):
+        mojo_train.synchronize(numeric_mode=nm)
+    assert _host(acc) != before   # the other thread's in-place add wrote: the poison was this thread's
+
+
+def test_an_export_waits_for_the_queued_calls(gpu):
+    nm = gpu.numeric_mode
+    x = to_device(_nan_at(f32_array(N, 25), 9), nm)
+    mojo_train.set_deferred_refusals(True, numeric_mode=nm)
+    z = mojo_train.silu_forward(x, numeric_mode=nm)
+    with pytest.raises(ValueError, match="mt_silu_forward refused"):
+        z.__cuda_array_interface__
+    assert z.__cuda_array_interface__["data"][0] == z.ptr        # nothing queued now: no error
+
 
 
 def test_turning_the_switch_off_raises_a_pending_refusal(gpu):

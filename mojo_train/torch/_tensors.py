@@ -26,7 +26,11 @@ type -- is handed over as the tensor itself, which the native API probes as befo
 Streams (CUDA). Every native CUDA entry point runs on the calling thread's per-thread default
 stream (``cudaStreamPerThread``) and synchronizes it before returning (it reads back its
 finiteness status), so its outputs are complete when it returns and torch may use them on any
-stream. The other way, work torch queued on its current stream -- which produced our inputs --
+stream. A thread that defers refusals (``mojo_train.deferred``) has its deferrable calls return
+before they ran: on torch's default stream CUDA's rule below orders torch's later work after
+them (and a dropped input's or output's memory, reused by torch on that stream, likewise); on
+any other stream ``native`` waits for them after each call (``_complete_for_torch``). The
+other way, work torch queued on its current stream -- which produced our inputs --
 is ordered before ours only when that stream is the legacy default stream (the per-thread
 stream is a blocking stream: its work waits for the legacy stream's, by CUDA's rule), not when it
 is a stream of torch's pool (``torch.cuda.Stream()`` creates non-blocking ones). So
@@ -124,7 +128,9 @@ def native(where, names, fn, *args, **kwargs):
             return fn(*args, **kwargs)
         try:
             with device_outputs(_torch_outputs(device)):
-                return fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
+            _complete_for_torch(device)
+            return out
         except BaseException:
             # A refusal comes after the call's synchronization, but an internal error (a scratch
             # allocation failing after a launch) may leave kernels writing into the torch outputs,
@@ -136,6 +142,8 @@ def native(where, names, fn, *args, **kwargs):
         if not text.startswith("mojo_train."):
             raise
         text = text.split(": ", 1)[1]
+        if "(deferred: call" in text:    # an earlier call's refusal: its own argument names
+            names = None
         raise type(exc)(where_msg(where, rename_arguments(text, names) if names else text)) from None
 
 
@@ -179,6 +187,23 @@ def probed(t):
     p = Probe(t, view, fmt, dtype, itemsize, shape, nelems, nbytes, False, True, address)
     p.device, p.versioned = device, t
     return p
+
+
+def _complete_for_torch(device):
+    """After a native call on ``device``: when the calling thread defers refusals
+    (mojo_train.deferred) and torch's current stream is not the legacy default stream, wait for
+    the queued calls (raising a refusal among them), so the outputs are complete on that stream,
+    which is not ordered with ours (see the module docstring); on the default stream CUDA's
+    rule orders torch's later work after ours, and nothing waits."""
+    if device.type != "cuda":
+        return
+    if _RAW_STREAM is not None and device.index is not None and _RAW_STREAM(device.index) == 0:
+        return
+    if torch.cuda.current_stream(device).cuda_stream == 0:
+        return
+    from .. import deferred
+    if deferred.deferred_refusals_enabled():
+        deferred.synchronize()
 
 
 def wait_for_torch(device):

@@ -1,5 +1,6 @@
 /* mt_gpu_deferred.cu -- see mt_gpu_deferred.h: the calling thread's ring of slots, its poison
  * word, the flush, and the C ABI's switch (mt_set_deferred_refusals). */
+#include <atomic>
 #include <stdio.h>
 #include <string.h>
 #include <string>
@@ -16,13 +17,16 @@ struct deferred_call {
     int64_t limit = 0;
 };
 
+std::atomic<int> g_pending_threads{0};   /* threads whose deferred_state::taken > 0 */
+
 struct deferred_state {
     bool on = false;
     mt_deferred_slot *slots = nullptr;   /* MT_DEFER_SLOTS, mapped pinned memory */
     int32_t *poison = nullptr;           /* device memory: 1 after a refusal, until the flush */
     int taken = 0;                       /* slots handed out since the last flush */
     std::vector<deferred_call> calls;
-    ~deferred_state() {
+    ~deferred_state() {      /* a thread's exit drops what it queued untold */
+        if (taken) g_pending_threads.fetch_sub(1, std::memory_order_acq_rel);
         if (slots) gpuFreeHost(slots);
         if (poison) gpuFree(poison);
     }
@@ -69,46 +73,47 @@ int deferred_refusal(int i, char *msg, size_t len) {
 
 bool mt_deferred_on(void) { return t_def.on; }
 
-int mt_deferred_take(mt_deferred_slot **slot, int32_t **poison) {
+bool mt_deferred_elsewhere(void) {
+    return g_pending_threads.load(std::memory_order_acquire) > (t_def.taken ? 1 : 0);
+}
+
+int mt_deferred_take(mt_deferred_slot **slot, int32_t **poison, int kind, const char *what, const char *a,
+                     const char *b, int64_t limit) {
     int rc;
     if ((rc = deferred_alloc())) return rc;
     if (t_def.taken == MT_DEFER_SLOTS && (rc = mt_deferred_flush())) return rc;
+    if (!t_def.taken) g_pending_threads.fetch_add(1, std::memory_order_acq_rel);
     int i = t_def.taken++;
     memset(&t_def.slots[i], 0, sizeof(mt_deferred_slot));   /* no kernel uses it: the last flush synchronized */
-    t_def.calls[i].kind = 0;
-    *slot = &t_def.slots[i];
-    *poison = t_def.poison;
-    return MT_OK;
-}
-
-void mt_deferred_commit(int kind, const char *what, const char *a, const char *b, int64_t limit) {
-    deferred_call &c = t_def.calls[t_def.taken - 1];
+    deferred_call &c = t_def.calls[i];
     c.kind = kind;
     c.what = what ? what : "";
     c.a = a ? a : "";
     c.b = b ? b : "";
     c.limit = limit;
+    *slot = &t_def.slots[i];
+    *poison = t_def.poison;
+    return MT_OK;
 }
 
 int mt_deferred_flush(void) {
     if (!t_def.taken) return MT_OK;
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "the deferred calls");
-    int n = t_def.taken;
-    t_def.taken = 0;
-    /* Cleared in stream order: every later kernel reads 0 (a refusal raised it; a call that
-     * failed after its kernels were queued may have raised it unreported). */
+    int n = t_def.taken, first = -1, code = 0;
+    char msg[256] = "";
+    for (int i = 0; i < n && !code; ++i)
+        if ((code = deferred_refusal(i, msg, sizeof msg))) first = i;
+    /* Cleared in stream order, so every later kernel reads 0; the calls are forgotten only
+     * once that is queued (a failure leaves them to the next flush). */
     MT_GPU_CHECK(gpuMemsetAsync(t_def.poison, 0, sizeof(int32_t), MT_STREAM), "the deferred calls' poison word");
-    for (int i = 0; i < n; ++i) {
-        char msg[256];
-        int code = deferred_refusal(i, msg, sizeof msg);
-        if (code)
-            return mt_fail(code,
-                           "%s refused (deferred: call %d of the %d queued since the last synchronization): %s; "
-                           "it wrote nothing, nor did the %d queued after it to a caller's buffer (their new "
-                           "outputs are undefined)",
-                           t_def.calls[i].what.c_str(), i + 1, n, msg, n - i - 1);
-    }
-    return MT_OK;
+    t_def.taken = 0;
+    g_pending_threads.fetch_sub(1, std::memory_order_acq_rel);
+    if (!code) return MT_OK;
+    return mt_fail(code,
+                   "%s refused (deferred: call %d of the %d queued since the last synchronization): %s; "
+                   "nothing was written to a caller's buffer by it or by the %d calls queued after it "
+                   "(their new outputs are undefined)",
+                   t_def.calls[first].what.c_str(), first + 1, n, msg, n - first - 1);
 }
 
 int mt_gpu_ready(void) {

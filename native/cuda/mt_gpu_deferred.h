@@ -28,13 +28,18 @@ enum mt_deferred_kind { MT_DEFER_MAP = 1, MT_DEFER_EMBEDDING = 2 };
 /* Whether the calling thread defers (mt_set_deferred_refusals). */
 bool mt_deferred_on(void);
 
-/* The next slot of the calling thread (its words cleared) and the thread's poison word; a full
- * ring is flushed first (so this may report an earlier call's refusal). */
-int mt_deferred_take(mt_deferred_slot **slot, int32_t **poison);
+/* Whether a thread other than the calling one has deferred calls queued (mt_device_free: a
+ * stream-ordered free is then not ordered with that thread's stream). */
+bool mt_deferred_elsewhere(void);
 
-/* Names the call that took the last slot, once its kernels are queued: `what` the call, `a`
- * and `b` its inputs' names (maps), `limit` the vocab (embedding). The strings are copied. */
-void mt_deferred_commit(int kind, const char *what, const char *a, const char *b, int64_t limit);
+/* The next slot of the calling thread (its words cleared) and the thread's poison word, for
+ * the call named by `kind`, `what` (the call), `a` and `b` (its inputs, maps) and `limit` (the
+ * vocab, embedding): recorded before any launch, so that a refusal its kernels write is told
+ * even when the call fails after queueing them. A full ring is flushed first (so this may
+ * report an earlier call's refusal). A kernel raises the poison word only where it also writes
+ * its slot, so a raised poison word always has a slot that tells why. */
+int mt_deferred_take(mt_deferred_slot **slot, int32_t **poison, int kind, const char *what, const char *a,
+                     const char *b, int64_t limit);
 
 /* Synchronize when calls are queued, then report the first refusal among them (MT_ENONFINITE
  * or MT_EINVAL, as the call itself would have) and forget them all. */

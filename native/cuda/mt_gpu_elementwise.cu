@@ -102,17 +102,14 @@ int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t f
     mt_gpu_flag flag;
     flag.fused = !in_place && (sout || (flags & MT_MAP_OUT_FRESH));
     mt_deferred_slot *slot = nullptr;
-    if (defer && (rc = mt_deferred_take(&slot, &flag.poison))) return rc;
+    if (defer && (rc = mt_deferred_take(&slot, &flag.poison, MT_DEFER_MAP, names[3], names[1], names[2], 0))) return rc;
     int bad[2] = {0, 0};
     if ((rc = mt_gpu_flag_init(&flag, &arena, slot ? &slot->st : nullptr)) ||
         (!flag.fused && (rc = prepass(da, b && b != a ? db : nullptr, n, flag))) ||
         (rc = launch(ctx, dout, da, db, n, flag)))
         return rc;
     MT_GPU_CHECK(gpuGetLastError(), names[0]);
-    if (defer) {
-        mt_deferred_commit(MT_DEFER_MAP, names[3], names[1], names[2], 0);
-        return MT_OK;
-    }
+    if (defer) return MT_OK;
     if ((rc = mt_gpu_flag_read(&flag, bad))) return rc;
     if (bad[0] || bad[1])   /* a staged twin is never downloaded: the caller's host output is untouched */
         return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad[0] ? names[1] : names[2],

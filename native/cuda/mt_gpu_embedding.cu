@@ -79,8 +79,7 @@ __device__ bool any_nonfinite(const float *x, int64_t n) {
 /* The pre-pass. keys (sort plan only): id << 32 | position, or vocab << 32 | position for a
  * padding or out-of-range id, so those sort after every row. Every writer of a flag stores 1. */
 __global__ void k_check(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, int64_t pad, const float *dy,
-                        int64_t n_dy, const float *dw, int64_t n_dw, uint64_t *keys, emb_status *st,
-                        int32_t *poison) {
+                        int64_t n_dy, const float *dw, int64_t n_dw, uint64_t *keys, emb_status *st) {
     bool bad = false;
     for (int64_t i = grid_thread(); i < n; i += grid_threads()) {
         int64_t id = mt_emb_id(ids, id_bytes, i);
@@ -88,10 +87,7 @@ __global__ void k_check(const void *ids, int32_t id_bytes, int64_t n, int64_t vo
         bad |= !ok;
         if (keys) keys[i] = ((uint64_t)(ok && id != pad ? id : vocab) << 32) | (uint64_t)i;
     }
-    if (bad) {
-        st->bad_ids = 1;
-        if (poison) *poison = 1;   /* a deferred call's refusal (mt_gpu_deferred.h) */
-    }
+    if (bad) st->bad_ids = 1;
     if (dy && any_nonfinite(dy, n_dy)) st->bad_dy = 1;
     if (dw && any_nonfinite(dw, n_dw)) st->bad_dw = 1;
 }
@@ -313,13 +309,12 @@ __global__ void k_scan(const void *ids, int32_t id_bytes, int64_t n, int64_t voc
     }
 }
 
-/* The forward: row copies as 32-bit words (every bit kept). Deferred (slot_bad and slot_at
- * set: a slot of mt_gpu_deferred.h), a refusal is written to the slot -- the first refused
- * position and its id, found by one thread, then the flag -- and nothing is copied after an
- * earlier deferred call's refusal either (the poison word). */
+/* The forward: row copies as 32-bit words (every bit kept). Deferred (slot_bad, slot_at and
+ * poison set: mt_gpu_deferred.h), a refusal is written to the slot -- the first refused
+ * position and its id, found by one thread (a refusal's cost only), then the flag -- and
+ * raises the poison word; nothing is copied after an earlier deferred call's refusal either. */
 __global__ void k_gather(uint32_t *out, const uint32_t *w, const void *ids, int32_t id_bytes, int64_t n, int64_t d,
-                         const emb_status *st, int64_t vocab, int32_t *slot_bad, int64_t *slot_at,
-                         const int32_t *poison) {
+                         const emb_status *st, int64_t vocab, int32_t *slot_bad, int64_t *slot_at, int32_t *poison) {
     if (slot_bad && st->bad_ids && blockIdx.x == 0 && threadIdx.x == 0) {
         int64_t i = 0, id = 0;
         for (; i < n; ++i)
@@ -327,6 +322,7 @@ __global__ void k_gather(uint32_t *out, const uint32_t *w, const void *ids, int3
         slot_at[0] = i;
         slot_at[1] = id;
         *slot_bad = 1;
+        *poison = 1;
     }
     if (emb_refused(st) || (poison && *poison)) return;
     for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -469,19 +465,19 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
     bool defer = mt_deferred_on() && !s_ids && !s_w && !s_out;
     mt_deferred_slot *slot = nullptr;
     int32_t *poison = nullptr;
-    if ((!defer && (rc = mt_deferred_flush())) || (defer && (rc = mt_deferred_take(&slot, &poison)))) return rc;
+    if ((!defer && (rc = mt_deferred_flush())) ||
+        (defer && (rc = mt_deferred_take(&slot, &poison, MT_DEFER_EMBEDDING, "mt_embedding_forward", "ids", "weight",
+                                          vocab))))
+        return rc;
     int threads = mt_gpu_threads();
     EMB_LAUNCH(k_check, grid1(n_ids, threads), threads, dids, id_bytes, n_ids, vocab, -1, nullptr, 0, nullptr, 0,
-               nullptr, st, poison);
+               nullptr, st);
     if ((rc = launch_check("embedding check"))) return rc;
     EMB_LAUNCH(k_gather, grid1(n_ids * threads, threads), threads, (uint32_t *)dout, (const uint32_t *)dw, dids,
                id_bytes, n_ids, dim, st, vocab, slot ? &slot->st.bad_params : nullptr, slot ? &slot->where : nullptr,
                poison);
     if ((rc = launch_check("embedding gather"))) return rc;
-    if (defer) {
-        mt_deferred_commit(MT_DEFER_EMBEDDING, "mt_embedding_forward", "ids", "weight", vocab);
-        return MT_OK;
-    }
+    if (defer) return MT_OK;
     if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim))) return rc;
     if (s_out) {
         if ((rc = mt_buf_to_host(out, dout, n_ids * dim * 4))) return rc;
@@ -512,7 +508,7 @@ int mt_embedding_backward(float *dweight, const float *dy, const void *ids, int3
     int threads = mt_gpu_threads();
     int64_t work = acc && vocab > n_ids ? vocab * dim : n_ids * dim;     /* floats the pre-pass reads */
     EMB_LAUNCH(k_check, grid1(work / 4 + 1, threads), threads, dids, id_bytes, n_ids, vocab, pad, (const float *)ddy,
-               n_ids * dim, acc ? (const float *)ddw : nullptr, vocab * dim, keys, st, nullptr);
+               n_ids * dim, acc ? (const float *)ddw : nullptr, vocab * dim, keys, st);
     if ((rc = launch_check("embedding check"))) return rc;
     if (sort)
         rc = sorted_backward(&arena, keys, n_ids, vocab, (const float *)ddy, dim, (float *)ddw, acc, st);

@@ -178,7 +178,7 @@ mt_arena::mt_arena() {
         return;
     }
     sc.active = true;
-    if (sc.grow_to > sc.cap || !sc.dev) {     /* previous calls on this thread have synchronized */
+    if (sc.grow_to > sc.cap || !sc.dev) {     /* gpuFree below waits for the device: queued (deferred) calls too */
         size_t want_cap = sc.grow_to > (size_t)(1 << 20) ? sc.grow_to : (size_t)(1 << 20);
         if (sc.dev) gpuFree(sc.dev);
         if (sc.pinned) gpuFreeHost(sc.pinned);
@@ -288,7 +288,7 @@ int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
         }
         if (e.used < victim->used) victim = &e;
     }
-    if (victim->dev) {                       /* earlier calls on this thread have synchronized */
+    if (victim->dev) {                       /* gpuFree waits for the device (deferred calls use no cache entry) */
         gpuFree(victim->dev);
         victim->dev = nullptr;
     }
@@ -469,8 +469,9 @@ int mt_device_free(void *ptr) {
     /* Back to the pool after the whole device is idle (as cudaFree would wait), so no kernel
      * on any stream -- torch's included -- can still be reading it when it is reused. A thread
      * that defers refusals frees in its stream's order (work on the legacy default stream,
-     * torch's unless told otherwise, is ordered with it; a side stream's is not). */
-    if (!mt_deferred_on()) MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+     * torch's unless told otherwise, is ordered with it; a side stream's is not), unless another
+     * thread has deferred calls queued (its stream is not ordered with this one). */
+    if (!mt_deferred_on() || mt_deferred_elsewhere()) MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
     MT_GPU_CHECK(gpuFreeAsync(ptr, MT_STREAM), "device free");
     return MT_OK;
 }

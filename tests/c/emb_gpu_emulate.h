@@ -89,8 +89,9 @@ struct mt_deferred_slot {
 inline int mt_gpu_ready_deferring(void) { return MT_OK; }
 inline bool mt_deferred_on(void) { return false; }
 inline int mt_deferred_flush(void) { return MT_OK; }
-inline int mt_deferred_take(mt_deferred_slot **, int32_t **) { return MT_EINVAL; }
-inline void mt_deferred_commit(int, const char *, const char *, const char *, int64_t) {}
+inline int mt_deferred_take(mt_deferred_slot **, int32_t **, int, const char *, const char *, const char *, int64_t) {
+    return MT_EINVAL;
+}
 inline int mt_gpu_threads(void) { return emu_threads; }
 inline int emu_blocks(int64_t items, int64_t per_block, int64_t cap) {
     int64_t need = (items + per_block - 1) / per_block;
