@@ -821,6 +821,8 @@ EXEMPT = {
     "mojo_train.WarmupCosineLR.config": "takes no argument; every schedule target's oracle compares it",
     "mojo_train.release_host_cache": "takes no argument; tests/test_host_blocks.py checks what it frees, and every "
                                      "target's large outputs pass through the cache it empties",
+    "mojo_train.deferred_refusals": "a context manager over set_deferred_refusals and synchronize, whose arguments "
+                                    "are fuzzed; tests/test_deferred.py checks what it does",
 }
 EXEMPT.update(("mojo_train.Array.%s" % p, _PROPERTY) for p in ("shape", "dtype", "itemsize", "size", "nbytes",
                                                                 "ndim", "address"))

@@ -806,6 +806,41 @@ class TransferBytes(FnTarget):
         assert isinstance(up, int) and isinstance(down, int) and up >= 0 and down >= 0
 
 
+# ---- deferred refusals (mojo_train.deferred): the switch and the synchronization -------------
+
+class SetDeferredRefusals(FnTarget):
+    """The switch takes True or False only; the oracle reads it back and turns it off again
+    (no later example runs deferring)."""
+    name, fn, covers = "set_deferred_refusals", "set_deferred_refusals", ("mojo_train.set_deferred_refusals",)
+    params = (Scalar("on", st.booleans(), bad(1, 0, "yes", None, 1.0, [True])),)
+
+    def check(self, c):
+        import mojo_train
+        nm = c.lit("numeric_mode")
+        try:
+            assert c.result is None
+            assert mojo_train.deferred_refusals_enabled(numeric_mode=nm) is c.lit("on")
+        finally:
+            mojo_train.set_deferred_refusals(False, numeric_mode=nm)
+
+
+class DeferredRefusalsEnabled(FnTarget):
+    name, fn, covers = ("deferred_refusals_enabled", "deferred_refusals_enabled",
+                        ("mojo_train.deferred_refusals_enabled",))
+    params = ()
+
+    def check(self, c):
+        assert c.result is False   # no target leaves the switch on
+
+
+class Synchronize(FnTarget):
+    name, fn, covers = "synchronize", "synchronize", ("mojo_train.synchronize",)
+    params = ()
+
+    def check(self, c):
+        assert c.result is None
+
+
 # ---- the harness's own sabotaged targets (tests/test_fuzz.py proves the suite reports them) ----
 
 class Sabotage(Target):
@@ -865,4 +900,5 @@ def _array_targets():
 
 MISC_TARGETS = _schedule_targets() + _array_targets() + [
     ToDevice(), CopyFrom(), DeviceReshape(), ToHost(), EmbeddingCtor(), FromPretrained(), LayerForward(),
-    LayerBackward(), LayerWeight(), SaveLoad(), BackendInfo(), MemoryStats(), TransferBytes()] + SABOTAGE
+    LayerBackward(), LayerWeight(), SaveLoad(), BackendInfo(), MemoryStats(), TransferBytes(), SetDeferredRefusals(),
+    DeferredRefusalsEnabled(), Synchronize()] + SABOTAGE
