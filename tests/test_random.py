@@ -295,6 +295,21 @@ def test_sincospi_bits_do_not_depend_on_optimisation(sincos, flags):
     assert run(flags) == out
 
 
+@pytest.mark.parametrize("flags", [["-O2", "-ffp-contract=off"], ["-O3", "-march=native", "-ffp-contract=off"]])
+def test_box_mullers_shortcuts_give_the_general_routines_bits_on_every_input(tmp_path, flags):
+    """mt_sincospif_angle and mt_logf_normal (the normal draws' shortcuts) against mt_sincospif
+    and mt_logf on all 2^24 angles 2 u2 and all 2^24 values of u1 (bench/box_muller_identity.c)."""
+    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    if not cc:
+        pytest.skip("no C compiler: the pinned sin/cos is not compiled here")
+    exe = str(tmp_path / "box_muller_identity")
+    src = os.path.join(REPO, "bench", "box_muller_identity.c")
+    subprocess.run([cc, *flags, "-I", INCLUDE, src, "-o", exe, "-lm"], check=True)
+    done = subprocess.run([exe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == ("angles: 16777216 inputs, 0 differing; logs: 16777216 inputs, 0 differing"), done.stdout
+
+
 def test_the_random_section_uses_no_libm_and_no_double():
     import re
     text = open(os.path.join(INCLUDE, "mt_pinned_elementwise.h")).read()

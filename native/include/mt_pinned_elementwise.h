@@ -49,18 +49,15 @@ MT_HD void mt_philox_words(uint32_t out[4], uint64_t seed, uint64_t stream, uint
 #define MT_PI_HI 3.1415927410125732421875f                         /* 0x40490fdb */
 #define MT_PI_LO -8.74227765734758577309548854827880859375e-08f     /* 0xb3bbbd2e */
 
-/* sin(pi r) for |r| <= 1/4: pi r + r^3 (S0 + z S1(z)), z = r^2, carried as exact pairs
- * (r^2 = z + zl, r^3 = c + cl, r * MT_PI_HI = ah + al, c * S0 = m + ml) and summed by
- * Fast2Sum (|ah| >= |m|) with one final rounding. |r| < 2^-64: the same sum pi r scaled by
- * 2^64 and rounded once onto the (possibly subnormal) grid. */
-MT_HD float mt_sinpi_core(float r) {
+/* sin(pi r) for 2^-64 <= |r| <= 1/4 (mt_sinpi_core's main path): pi r + r^3 (S0 + z S1(z)),
+ * z = r^2, carried as exact pairs (r^2 = z + zl, r^3 = c + cl, r * MT_PI_HI = ah + al,
+ * c * S0 = m + ml) and summed by Fast2Sum (|ah| >= |m|) with one final rounding. */
+MT_HD float mt_sinpi_main(float r) {
     const float S0 = -5.167712688446044921875f;          /* 0xc0a55de7 */
     const float S1 = 2.550152301788330078125f;           /* 0x402335b2 */
     const float S2 = -0.598763287067413330078125f;       /* 0xbf19488d */
     const float S3 = 0.073389939963817596435546875f;     /* 0x3d964d77 */
     const float S4 = 0.0465819649398326873779296875f;    /* 0x3d3eccbb */
-    const float UP = 18446744073709551616.0f;            /* 2^64 */
-    const float DOWN = 5.42101086242752217003726400434970855712890625e-20f;   /* 2^-64 */
     float z = r * r;
     float zl = fmaf(r, r, -z);
     float c = r * z;
@@ -81,7 +78,15 @@ MT_HD float mt_sinpi_core(float r) {
 #endif
     float sum = ah + m;
     float err = m - (sum - ah);                      /* ah + m = sum + err */
-    float y = sum + (((n + (ml + cl * S0)) + lo) + err);
+    return sum + (((n + (ml + cl * S0)) + lo) + err);
+}
+
+/* sin(pi r) for |r| <= 1/4: the main path, or for |r| < 2^-64 the same sum pi r scaled by
+ * 2^64 and rounded once onto the (possibly subnormal) grid. */
+MT_HD float mt_sinpi_core(float r) {
+    const float UP = 18446744073709551616.0f;            /* 2^64 */
+    const float DOWN = 5.42101086242752217003726400434970855712890625e-20f;   /* 2^-64 */
+    float y = mt_sinpi_main(r);
     float rs = r * UP;                               /* exact */
     float big = rs * MT_PI_HI;
     float bigl = fmaf(rs, MT_PI_HI, -big);
@@ -137,6 +142,30 @@ MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
     *cos_out = mt_math_pick(bad, mt_bits_f32(MT_MATH_QNAN), cc);
 }
 
+/* mt_sincospif(x) for Box-Muller's angle x = 2 u2 = k 2^-23, 0 <= k < 2^24: the same bits in
+ * fewer operations. Such an x lies in [0, 2), so it is its own reduced value xm (no sign, no
+ * truncation, no NaN); r = xm - kf/2 is a multiple of 2^-23, +0 or at least 2^-23 in
+ * magnitude, where mt_sinpi_core's tiny path is not taken (at +0 both give +0). Checked against
+ * mt_sincospif for every k by bench/box_muller_identity.c (tests/test_random.py). */
+MT_HD void mt_sincospif_angle(float x, float *sin_out, float *cos_out) {
+    const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
+    float kf = (2.0f * x + SHIFT) - SHIFT;
+    int q = (int)kf & 3;
+    float r = x - 0.5f * kf;
+    float s = mt_sinpi_main(r), c = mt_cospi_core(r);
+    float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
+    *sin_out = mt_math_pick(q >= 2, 0.0f - ss, ss);
+    *cos_out = mt_math_pick(q == 1 || q == 2, 0.0f - cc, cc);
+}
+
+/* mt_logf(x) for a positive normal finite x (Box-Muller's u1 = m 2^-24, 1 <= m <= 2^24): the
+ * same bits without the special cases' tests. Checked for every such u1 with mt_sincospif_angle. */
+MT_HD float mt_logf_normal(float x) {
+    int e;
+    float m = mt_math_split(x, &e);
+    return mt_math_log_core((float)e, m - 1.0f, 0.0f);
+}
+
 /* ---- normal draws (Box-Muller) ----------------------------------------------------------
  * Stream elements 2j and 2j + 1 (words w0, w1 of one Philox block's pair j mod 2):
  * u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24 in [0, 1) (both exact),
@@ -145,9 +174,9 @@ MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
 MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
     float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-08f;
     float u2 = mt_u01(w1);
-    float rad = sqrtf(0.0f - 2.0f * mt_logf(u1));
+    float rad = sqrtf(0.0f - 2.0f * mt_logf_normal(u1));   /* = mt_logf(u1): u1 is normal */
     float s, c;
-    mt_sincospif(2.0f * u2, &s, &c);
+    mt_sincospif_angle(2.0f * u2, &s, &c);                 /* = mt_sincospif(2 u2) */
     *z0 = rad * c;
     *z1 = rad * s;
 }
