@@ -421,17 +421,28 @@ def default_vendor():
                       "vendor", "MOJO_TRAIN_VENDOR")
 
 
-_ENV_BYTES = getattr(os.environ, "_data", None)   # CPython's own bytes mapping behind os.environ (POSIX)
-if os.name == "posix" and type(_ENV_BYTES) is dict:
-    def _environment_key():
-        """The raw values of the two variables load() depends on: read from os.environ's own
-        mapping, which os.environ[...] = v and del update (a dict lookup, where os.environ.get
-        encodes the name and decodes the value: a few microseconds of every op's call)."""
-        return ("environment", _ENV_BYTES.get(b"MOJO_TRAIN_NUMERIC_MODE"), _ENV_BYTES.get(b"MOJO_TRAIN_VENDOR"))
-else:
-    def _environment_key():
-        env = os.environ
-        return ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
+# CPython keeps os.environ's values in a dict of bytes on POSIX (os.environ._data): reading it
+# is one dict lookup, where os.environ.get encodes the name and decodes the value.
+_BYTES_ENVIRON = os.name == "posix" and type(getattr(os.environ, "_data", None)) is dict and \
+    getattr(os.environ, "encodekey", lambda k: None)("A") == b"A"
+
+
+def _environment_key():
+    """The raw values of the two variables load() depends on, read from the os.environ of now
+    (a test may replace the object): from its own bytes mapping where it has one (every write
+    through os.environ, monkeypatch included, updates it), else through .get."""
+    env = os.environ
+    data = getattr(env, "_data", None) if _BYTES_ENVIRON else None
+    if type(data) is dict:
+        return ("environment", data.get(b"MOJO_TRAIN_NUMERIC_MODE"), data.get(b"MOJO_TRAIN_VENDOR"))
+    return ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
+
+
+def _raw(value, default):
+    """An environment value of _environment_key as a str (default when unset)."""
+    if value is None:
+        return default
+    return os.fsdecode(value) if isinstance(value, bytes) else value
 
 
 def load(numeric_mode=None, vendor=None):
@@ -445,8 +456,10 @@ def load(numeric_mode=None, vendor=None):
     if numeric_mode is None and vendor is None:   # every call of every op: the environment's, once per value
         key = _environment_key()
         backend = _loaded.get(key)
-        if backend is None:
-            backend = _load(default_numeric_mode(), default_vendor())
+        if backend is None:   # from the key's own values, so that the cache and the load agree
+            backend = _load(_normalize(_raw(key[1], "identical"), NUMERIC_MODES, "numeric_mode",
+                                       "MOJO_TRAIN_NUMERIC_MODE"),
+                            _normalize(_raw(key[2], "auto"), ("auto",) + VENDORS, "vendor", "MOJO_TRAIN_VENDOR"))
             with _lock:
                 _loaded[key] = backend
         return backend

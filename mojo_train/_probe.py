@@ -9,6 +9,7 @@ module sits below ``_array`` and ``_buffer`` (which builds the tensor checks on 
 our Array and torch tensors by class name, importing neither. Native byte order only: this
 library targets little-endian hosts.
 """
+import operator
 import sys
 
 import cffi
@@ -231,7 +232,7 @@ def _foreign_probe(x, name, where):
     if torch:
         _refuse_lazy_views(x, name, where)
     src = x.detach() if torch and x.requires_grad else x
-    p = _interface_probe(x, src)
+    p = _interface_probe(x, src, name, where)
     if p is None and callable(getattr(src, "__dlpack__", None)):
         p = _dlpack_probe(x, src)
     if p is not None and p.nbytes and not p._address:
@@ -296,7 +297,7 @@ def _torch_probe(x):
     return p
 
 
-def _interface_probe(x, src):
+def _interface_probe(x, src, name, where):
     cai = getattr(src, "__cuda_array_interface__", None)
     if cai is None:
         return None
@@ -304,8 +305,25 @@ def _interface_probe(x, src):
     dtype = BY_TYPESTR.get(ts[1:], ts) if ts[:1] in "<|=" else ts + " (big-endian)"
     itemsize = int(ts[2:]) if ts[2:].isdigit() else 0
     ptr, readonly = cai["data"]
-    return _described(x, None, int(ptr or 0), cai["shape"], dtype, itemsize,
+    return _described(x, None, int(ptr or 0), _interface_shape(cai["shape"], name, where), dtype, itemsize,
                       cai.get("strides"), readonly, True)
+
+
+def _interface_shape(shape, name, where):
+    """A foreign exporter's shape as a tuple of non-negative Python ints (every other probe's
+    shape is one already), else ValueError naming the argument: an op's output is shaped by it
+    unchecked (DeviceArray._fresh)."""
+    try:
+        dims = tuple(shape)
+        if any(isinstance(d, bool) for d in dims):
+            raise TypeError
+        dims = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        dims = None
+    if dims is None or any(d < 0 for d in dims):
+        raise ValueError(where_msg(where, "%s's __cuda_array_interface__ has shape %r; a shape is a tuple of "
+                                   "non-negative ints" % (name, shape)))
+    return dims
 
 
 def _dlpack_probe(x, src):

@@ -26,12 +26,40 @@ another thread only after :func:`synchronize`. A refusal still queued when the t
 never told.
 """
 import contextlib
+import threading
 
 from ._native import ffi, load, numeric_mode_arg
 
 __all__ = ["deferred_refusals", "set_deferred_refusals", "deferred_refusals_enabled", "synchronize"]
 
 _INT32_P = ffi.typeof("int32_t *")
+# A refusal an export raised (DeviceArray._complete), held until synchronize() or the switch's
+# turning off collects it: torch probes __cuda_array_interface__ with hasattr, which swallows
+# the exception, then tries __dlpack__, which must refuse again.
+_HELD = threading.local()
+
+
+def _raise_held():
+    held = getattr(_HELD, "refusal", None)
+    if held is not None:
+        _HELD.refusal = None
+        raise held
+
+
+def complete_for_export(backend, where):
+    """Before device memory of ``backend`` goes to another library: when the calling thread
+    defers refusals, wait for its queued calls; a refusal among them (or one an earlier export
+    raised and nobody collected) is raised, and held for the next export too."""
+    held = getattr(_HELD, "refusal", None)
+    if held is not None:
+        raise held
+    flag = ffi.new(_INT32_P)
+    if backend.lib.mt_deferred_refusals(flag) == 0 and flag[0]:
+        try:
+            backend.check(backend.lib.mt_synchronize(), where)
+        except ValueError as exc:
+            _HELD.refusal = exc
+            raise
 
 
 def _backend(numeric_mode, where):
@@ -46,6 +74,8 @@ def set_deferred_refusals(on, *, numeric_mode=None):
         raise TypeError("mojo_train.%s: on must be True or False, got %r" % (where, on))
     backend = _backend(numeric_mode, where)
     backend.check(backend.lib.mt_set_deferred_refusals(1 if on else 0), where)
+    if not on:
+        _raise_held()
 
 
 def deferred_refusals_enabled(*, numeric_mode=None):
@@ -62,6 +92,7 @@ def synchronize(*, numeric_mode=None):
     deferred calls, if any (a no-op on the cpu vendor)."""
     where = "synchronize"
     backend = _backend(numeric_mode, where)
+    _raise_held()
     backend.check(backend.lib.mt_synchronize(), where)
 
 

@@ -190,11 +190,10 @@ class DeviceArray:
     def _complete(self):
         """Before the memory is handed to another library: when the calling thread defers
         refusals (mojo_train.deferred), wait for its queued calls (raising a refusal among
-        them), so the data is complete on every stream, as a waiting call leaves it."""
-        b = self._alloc.backend
-        flag = ffi.new("int32_t *")
-        if b.lib.mt_deferred_refusals(flag) == 0 and flag[0]:
-            b.check(b.lib.mt_synchronize(), "DeviceArray")
+        them, held for the next export until synchronize() collects it), so the data is
+        complete on every stream, as a waiting call leaves it."""
+        from . import deferred   # late: deferred is a sibling the package imports after this module
+        deferred.complete_for_export(self._alloc.backend, "DeviceArray")
 
     @property
     def __cuda_array_interface__(self):

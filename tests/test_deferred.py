@@ -222,8 +222,12 @@ def test_an_export_waits_for_the_queued_calls(gpu):
     x = to_device(_nan_at(f32_array(N, 25), 9), nm)
     mojo_train.set_deferred_refusals(True, numeric_mode=nm)
     z = mojo_train.silu_forward(x, numeric_mode=nm)
+    assert not hasattr(z, "__cuda_array_interface__")   # torch's own test: hasattr swallows the refusal ...
     with pytest.raises(ValueError, match="mt_silu_forward refused"):
-        z.__cuda_array_interface__
+        z.__dlpack__()                                   # ... so the next export raises it again
+    with pytest.raises(ValueError, match="mt_silu_forward refused"):
+        mojo_train.synchronize(numeric_mode=nm)          # and synchronize collects it, once
+    mojo_train.synchronize(numeric_mode=nm)
     assert z.__cuda_array_interface__["data"][0] == z.ptr        # nothing queued now: no error
 
 

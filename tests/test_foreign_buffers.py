@@ -64,3 +64,13 @@ def test_a_gradient_list_reused_and_then_changed_is_seen_afresh(mode):
     grads[0] = mt.Array.from_list([1.0, 1.0])
     opt.step(grads)
     assert p[0].tolist() == [-4.0, -5.0] and p[1].tolist() == [-12.0, -16.0]
+
+
+@pytest.mark.parametrize("shape", [(-2, -3), (4, -1), (True, 2), (2.0, 3), "ab"])
+def test_an_interface_shape_that_is_not_non_negative_ints_is_refused_by_name(mode, shape):
+    """An op's new output is shaped by its input's probe without another check (the device
+    outputs of DeviceArray._fresh), so a foreign exporter's shape is checked when it is probed."""
+    fake = FakeDeviceTensor(6)
+    fake.__cuda_array_interface__["shape"] = shape
+    with pytest.raises(ValueError, match=r"silu_forward: x's __cuda_array_interface__ has shape .*non-negative ints"):
+        mt.silu_forward(fake, numeric_mode=mode.numeric_mode)

@@ -218,9 +218,9 @@ MT_HD float mt_attn_drop(float x, uint64_t seed, uint64_t stream, uint64_t eleme
  * every float there by bench/expf_identity.c). GPU device code takes the branch: a warp whose
  * lanes all lie in the range -- almost every warp of real data -- skips the clamp and the
  * subnormal scaling. The CPU keeps the branch-free mt_expf, which its loops vectorize. */
-MT_HD float mt_expf_ranged(float x) {
-    return (x >= MT_EXPF_MID_LO && x <= MT_EXPF_MID_HI) ? mt_expf_mid(x) : mt_expf(x);
-}
+MT_HD int mt_expf_in_mid(float x) { return x >= MT_EXPF_MID_LO && x <= MT_EXPF_MID_HI; }
+
+MT_HD float mt_expf_ranged(float x) { return mt_expf_in_mid(x) ? mt_expf_mid(x) : mt_expf(x); }
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
 #define MT_ELT_EXPF mt_expf_ranged
 #else
@@ -230,9 +230,12 @@ MT_HD float mt_expf_ranged(float x) {
 /* ---- SiLU and the residual add ----------------------------------------------------------
  * silu(x) = x / d with d = 1 + mt_expf(-x) (= x * sigmoid(x); e = +inf for x < -88.72
  * gives -0, never NaN). Gradient: dy * (s * (1 + x * t)) with s = 1 / d and t = 1 - s,
- * formed as e * s for x > 0 (no cancellation) and as 1 - s otherwise. */
-MT_HD float mt_silu(float x) {
-    float d = 1.0f + MT_ELT_EXPF(-x);
+ * formed as e * s for x > 0 (no cancellation) and as 1 - s otherwise. The _of forms take e
+ * from the caller: mt_expf(-x), or mt_expf_mid(-x) where mt_expf_in_mid(-x) (the GPU maps
+ * test a float4 group's four arguments once). */
+/* SiLU given e = mt_expf(-x) (from any routine with its bits). */
+MT_HD float mt_silu_of(float x, float e) {
+    float d = 1.0f + e;
 #if MT_SAB_ELEMENTWISE
     return x * (1.0f / d);
 #else
@@ -240,12 +243,16 @@ MT_HD float mt_silu(float x) {
 #endif
 }
 
-MT_HD float mt_silu_grad(float dy, float x) {
-    float e = MT_ELT_EXPF(-x);
+MT_HD float mt_silu(float x) { return mt_silu_of(x, MT_ELT_EXPF(-x)); }
+
+/* SiLU's gradient given e = mt_expf(-x). */
+MT_HD float mt_silu_grad_of(float dy, float x, float e) {
     float s = 1.0f / (1.0f + e);
     float t = mt_math_pick(x > 0.0f, e * s, 1.0f - s);
     return dy * (s * MT_ELT_MADD(x, t, 1.0f));
 }
+
+MT_HD float mt_silu_grad(float dy, float x) { return mt_silu_grad_of(dy, x, MT_ELT_EXPF(-x)); }
 
 /* a + b, one rounding (subnormal sums kept). */
 MT_HD float mt_add_elem(float a, float b) {
