@@ -411,14 +411,20 @@ def numeric_mode_arg(numeric_mode, where):
     return _normalize(numeric_mode, NUMERIC_MODES, "numeric_mode", "numeric_mode=", where)
 
 
-def default_numeric_mode():
-    return _normalize(os.environ.get("MOJO_TRAIN_NUMERIC_MODE", "identical"), NUMERIC_MODES,
-                      "numeric_mode", "MOJO_TRAIN_NUMERIC_MODE")
+_NOW = object()   # default_numeric_mode / default_vendor: read the environment now
 
 
-def default_vendor():
-    return _normalize(os.environ.get("MOJO_TRAIN_VENDOR", "auto"), ("auto",) + VENDORS,
-                      "vendor", "MOJO_TRAIN_VENDOR")
+def default_numeric_mode(raw=_NOW):
+    """MOJO_TRAIN_NUMERIC_MODE's numeric mode: of the environment now, or of ``raw`` (a value of
+    _environment_key: str or bytes, None when unset)."""
+    value = os.environ.get("MOJO_TRAIN_NUMERIC_MODE") if raw is _NOW else raw
+    return _normalize(_text(value, "identical"), NUMERIC_MODES, "numeric_mode", "MOJO_TRAIN_NUMERIC_MODE")
+
+
+def default_vendor(raw=_NOW):
+    """MOJO_TRAIN_VENDOR's vendor, as default_numeric_mode."""
+    value = os.environ.get("MOJO_TRAIN_VENDOR") if raw is _NOW else raw
+    return _normalize(_text(value, "auto"), ("auto",) + VENDORS, "vendor", "MOJO_TRAIN_VENDOR")
 
 
 # CPython keeps os.environ's values in a dict of bytes on POSIX (os.environ._data): reading it
@@ -438,8 +444,8 @@ def _environment_key():
     return ("environment", env.get("MOJO_TRAIN_NUMERIC_MODE"), env.get("MOJO_TRAIN_VENDOR"))
 
 
-def _raw(value, default):
-    """An environment value of _environment_key as a str (default when unset)."""
+def _text(value, default):
+    """An environment value (str, or bytes from _environment_key) as a str; default when unset."""
     if value is None:
         return default
     return os.fsdecode(value) if isinstance(value, bytes) else value
@@ -457,9 +463,7 @@ def load(numeric_mode=None, vendor=None):
         key = _environment_key()
         backend = _loaded.get(key)
         if backend is None:   # from the key's own values, so that the cache and the load agree
-            backend = _load(_normalize(_raw(key[1], "identical"), NUMERIC_MODES, "numeric_mode",
-                                       "MOJO_TRAIN_NUMERIC_MODE"),
-                            _normalize(_raw(key[2], "auto"), ("auto",) + VENDORS, "vendor", "MOJO_TRAIN_VENDOR"))
+            backend = _load(default_numeric_mode(key[1]), default_vendor(key[2]))
             with _lock:
                 _loaded[key] = backend
         return backend

@@ -134,8 +134,12 @@ static inline int64_t mt_emb_first_bad_id(const void *ids, int32_t id_bytes, int
     return -1;
 }
 
+/* The words of a refused id (position, id, vocab as long long): the waiting call's message and
+ * a deferred call's (native/cuda/mt_gpu_deferred.cu). */
+#define MT_EMB_BAD_ID_WORDS "ids[%lld] = %lld is outside [0, %lld) (vocab)"
+
 static inline int mt_emb_bad_id(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab) {
-    return mt_fail(MT_EINVAL, "ids[%lld] = %lld is outside [0, %lld) (vocab); nothing was written", (long long)n,
+    return mt_fail(MT_EINVAL, MT_EMB_BAD_ID_WORDS "; nothing was written", (long long)n,
                    (long long)mt_emb_id(ids, id_bytes, n), (long long)vocab);
 }
 

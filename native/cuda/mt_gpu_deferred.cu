@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 #include "mt_gpu_deferred.h"
+#include "mt_embedding.h"   /* after mt_gpu.h (through the line above): HIP defines its keywords there */
 
 #define MT_DEFER_SLOTS 1024   /* calls queued between two synchronizations before one is forced */
 
@@ -62,8 +63,7 @@ int deferred_refusal(int i, char *msg, size_t len) {
         return MT_ENONFINITE;
     }
     if (c.kind == MT_DEFER_EMBEDDING && s.st.bad_params) {
-        snprintf(msg, len, "ids[%lld] = %lld is outside [0, %lld) (vocab)", (long long)s.where, (long long)s.value,
-                 (long long)c.limit);
+        snprintf(msg, len, MT_EMB_BAD_ID_WORDS, (long long)s.where, (long long)s.value, (long long)c.limit);
         return MT_EINVAL;
     }
     return 0;
