@@ -50,13 +50,29 @@ MODE_FLAGS_fast := -DMT_NUMERIC_MODE=2 -ffp-contract=fast
 
 NUMERIC_MODES := identical deterministic fast
 CPU_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
+# identical_ftz's CPU library (its recipe and why it needs clang and llvm-link: below)
+FTZ_CLANG ?= clang
+FTZ_LLVM_LINK ?= $(shell v=$$($(FTZ_CLANG) -dumpversion 2>/dev/null | cut -d. -f1); command -v llvm-link-$$v 2>/dev/null || command -v llvm-link 2>/dev/null)
+FTZ_HAVE_TOOLS := $(if $(and $(shell command -v $(FTZ_CLANG) 2>/dev/null),$(FTZ_LLVM_LINK)),yes,)
+FTZ_IR_FLAGS := -std=c11 -O0 -Xclang -disable-O0-optnone -fPIC -fno-fast-math -fno-math-errno -fvisibility=hidden \
+	$(INCLUDES) -D_GNU_SOURCE -DMT_NUMERIC_MODE=3 -DMT_NO_CLONES -ffp-contract=off -DMT_VENDOR_NAME='"cpu"'
+FTZ_LIB := $(BUILD)/libmojo_train_cpu_identical_ftz.$(SO)
 
 ifdef SABOTAGE
 SABOTAGE_FLAG := -DMT_SABOTAGE_$(shell echo $(SABOTAGE) | tr a-z A-Z)
 all: $(call with_manifests,$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cpu_identical.$(SO))
 else
 all: $(call with_manifests,$(CPU_LIBS))
+# (identical_ftz is built by the host's clang: not beside a cross build)
+ifeq ($(FTZ_HAVE_TOOLS)$(findstring aarch64,$(CC)),yes)
+all: $(call with_manifests,$(FTZ_LIB))
+else
+all: ftz-tools-note
 endif
+endif
+ftz-tools-note:
+	@echo "note: the identical_ftz CPU library is not built $(if $(FTZ_HAVE_TOOLS),beside a cross build (CC=$(CC)),(it needs clang and llvm-link; Debian: apt-get install clang llvm))"
+.PHONY: ftz-tools-note
 
 # A library without its manifest (built before manifests existed, or the manifest deleted) is
 # rebuilt, so that a manifest only ever vouches for bytes this build wrote (seal); a library
@@ -76,6 +92,30 @@ $(BUILD)/libmojo_train_cpu_%.$(SO): $(CPU_SRC) $(CPU_HDRS)
 
 $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 	$(call cpu_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG))
+
+# ---- identical_ftz: the CPU oracle under the flush rule (native/contracts/ftz.md) ---------------
+# Every source to unoptimized LLVM IR (clang), every float32 operation in it replaced by a call of
+# the rule's functions (native/cpu_oracle/mt_ftz_ir.py; it stops the build on anything it cannot
+# map), linked with those functions (native/include/mt_ftz.h, plain IEEE code) and made internal,
+# then optimized and compiled once. The portable loops (-DMT_NO_CLONES): the AVX-512 GEMM and
+# attention forms are vector code the rewrite does not map. Needs clang and the llvm-link of the
+# same LLVM version; `make` builds it when both are there and says so when they are not.
+
+$(FTZ_LIB): $(CPU_SRC) $(CPU_HDRS) native/cpu_oracle/mt_ftz_ir.py
+	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
+	set -e; d=$(BUILD)/ftz-ir$(TMP); rm -rf $$d; mkdir -p $$d; trap 'rm -rf '"$$d" EXIT; \
+	for f in $(CPU_SRC); do b=$$d/$$(basename $$f .c); \
+	    $(FTZ_CLANG) $(FTZ_IR_FLAGS) -S -emit-llvm $$f -o $$b.ll; $(PYTHON) native/cpu_oracle/mt_ftz_ir.py $$b.ll $$b.ftz.ll; done; \
+	$(FTZ_CLANG) -x c -std=c11 -O2 -fPIC -fno-fast-math -fno-math-errno -ffp-contract=off -DMT_FTZ_FN= \
+	    -S -emit-llvm native/include/mt_ftz.h -o $$d/rule.ll; \
+	$(FTZ_LLVM_LINK) -S -o $$d/lib.ll $$d/*.ftz.ll $$d/rule.ll; \
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --check-linked $$d/lib.ll; \
+	sed -E 's/^define (dso_local |hidden )*(float|double) @(mt_ftz_[a-z_]+)\(/define internal \2 @\3(/' $$d/lib.ll > $$d/lib.internal.ll; \
+	$(FTZ_CLANG) -O3 -fPIC -c $$d/lib.internal.ll -o $$d/lib.o; \
+	$(FTZ_CLANG) -shared $(SONAME) -o $@$(TMP) $$d/lib.o $(LDLIBS); $(call seal,$@)
+
+ftz: $(call with_manifests,$(FTZ_LIB))
+.PHONY: ftz
 
 # ---- sanitizers (make asan): the CPU libraries with AddressSanitizer + UndefinedBehaviorSanitizer
 # Built into native/build/asan/ from the same recipe; use them with the sanitizer runtimes

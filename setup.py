@@ -48,9 +48,12 @@ def native_files():
     """(source path, folder inside the package) for every file the installed package needs."""
     libs = sorted(glob.glob(os.path.join(HERE, "native", "build", "libmojo_train_*" + SUFFIX)))
     pairs = [(p, "lib") for lib in libs for p in (lib, lib + ".sha256")]   # the loader checks the digest
-    headers = ("mojo_train.h", "mt_pinned.h", "mt_pinned_math.h", "mt_pinned_layers.h", "mt_pinned_elementwise.h")
+    headers = ("mojo_train.h", "mt_pinned.h", "mt_pinned_math.h", "mt_pinned_layers.h", "mt_pinned_elementwise.h",
+               "mt_ftz.h")
     pairs += [(os.path.join(HERE, "native", "include", h), "include") for h in headers]
     pairs += [(p, "fixtures") for p in sorted(glob.glob(os.path.join(HERE, "fixtures", "*.card")))]
+    ftz = os.path.join("fixtures", "identical_ftz")    # identical_ftz's cards (native/contracts/ftz.md)
+    pairs += [(p, ftz) for p in sorted(glob.glob(os.path.join(HERE, ftz, "*.card")))]
     return pairs
 
 

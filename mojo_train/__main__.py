@@ -1,6 +1,6 @@
 """``python -m mojo_train <command>``: the cross-vendor self-check and backend information.
 
-    selfcheck [--write] [--card NAME] [--shard K/N]
+    selfcheck [--write] [--card NAME] [--shard K/N] [--numeric-mode identical|identical_ftz]
                          check every fixtures/*.card (or one; or every N-th line from the K-th,
                          counting from 0, so that N runs split a card) on every loadable vendor's
                          identical numeric mode -- only MOJO_TRAIN_VENDOR's when it names one -- and
@@ -68,19 +68,20 @@ def _backend(numeric_mode=None, vendor=None):
         raise _Mistake(str(exc)) from None
 
 
-def _loadable_vendors():
-    """(every vendor whose identical numeric mode loads, [(vendor, why) of those that do not]); a
-    vendor MOJO_TRAIN_VENDOR names must load."""
+def _loadable_vendors(numeric_mode="identical"):
+    """(every vendor whose ``numeric_mode`` loads, [(vendor, why) of those that do not]); a
+    vendor MOJO_TRAIN_VENDOR names must load its identical numeric mode (identical_ftz is built
+    for fewer vendors: one without it is listed as not checked)."""
     vendors, absent = [], []
     try:
         asked = _native.default_vendor()
     except ValueError as exc:
         raise _Mistake(str(exc)) from None
-    if asked != "auto":
+    if asked != "auto" and numeric_mode == "identical":
         return [_backend("identical", asked).vendor], absent
-    for vendor in _native.VENDORS:
+    for vendor in (_native.VENDORS if asked == "auto" else (asked,)):
         try:
-            _native.load("identical", vendor)
+            _native.load(numeric_mode, vendor)
         except _native.BackendError as exc:
             absent.append((vendor, _why(exc, fix=False)))
             continue
@@ -88,23 +89,24 @@ def _loadable_vendors():
     return vendors, absent
 
 
-def _write(paths):
+def _write(numeric_mode):
     folder = next((d for d in _cards.fixtures_dirs() if os.path.isdir(d)), _cards.fixtures_dirs()[-1])
+    folder = os.path.join(folder, _cards.card_folder(numeric_mode))
     os.makedirs(folder, exist_ok=True)
     for name in _cards.CASES:
         path = os.path.join(folder, name + _cards.CARD_SUFFIX)
-        print("%s: appended %d case(s) from the cpu oracle" % (path, len(_cards.write_missing(path))))
-    return _cards.card_paths()
+        print("%s: appended %d case(s) from the cpu oracle" % (path, len(_cards.write_missing(path, numeric_mode))))
+    return _cards.card_paths(numeric_mode)
 
 
-def _has_device(vendor):
-    return _native.load("identical", vendor).has("device_buffers")
+def _has_device(vendor, numeric_mode="identical"):
+    return _native.load(numeric_mode, vendor).has("device_buffers")
 
 
-def _lacks_family(card, vendor):
+def _lacks_family(card, vendor, numeric_mode="identical"):
     """Whether the card is a family's whose feature bit the vendor's library does not declare
     (a family not built for that vendor yet: its card is skipped there, not failed)."""
-    return card in _native.FEATURES and not _native.load("identical", vendor).has(card)
+    return card in _native.FEATURES and not _native.load(numeric_mode, vendor).has(card)
 
 
 def _check_card_name(card):
@@ -125,44 +127,48 @@ def _shard(text):
     return k, n
 
 
-def selfcheck(write=False, card=None, shard=(0, 1)):
+def selfcheck(write=False, card=None, shard=(0, 1), numeric_mode=None):
+    """Every card of each card numeric mode (identical, identical_ftz; or the one asked for) on
+    every vendor whose library of that mode loads; 0 when every line checked passed."""
     _check_card_name(card)
-    paths = _write(_cards.card_paths()) if write else _cards.card_paths()
-    if card is not None:
-        paths = [p for p in paths if _cards.card_name(p) == card]
-    if not paths:
-        print("no cards found (looked in %s)" % ", ".join(_cards.fixtures_dirs()))
-        return 1
-    vendors, absent = _loadable_vendors()
-    if not vendors:
-        for vendor, why in absent:
-            print("%s: %s" % (vendor, why))
-        print("no vendor's identical numeric mode could be loaded: nothing was checked")
-        return 1
-    rows, failures, checked = [], [], 0
-    for path in paths:
-        for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v)]:
-            if _lacks_family(_cards.card_name(path), vendor):
-                rows.append((_cards.card_name(path), vendor + (" (device buffers)" if device else ""),
-                             "skipped", "(no %s in mt_features)" % _cards.card_name(path)))
-                continue
-            start = time.perf_counter()
-            results = _cards.check_card(path, vendor, device, shard)
-            seconds = time.perf_counter() - start
-            passed = sum(r.ok for r in results)
-            where = vendor + (" (device buffers)" if device else "")
-            rows.append((_cards.card_name(path), where, "%d/%d" % (passed, len(results)), "%.2fs" % seconds))
-            failures += [(rows[-1][0], where, r) for r in results if not r.ok]
-            checked += len(results)
+    rows, failures, checked, notes = [], [], 0, []
+    for mode in (_cards.CARD_MODES if numeric_mode is None else (numeric_mode,)):
+        paths = _write(mode) if write else _cards.card_paths(mode)
+        if card is not None:
+            paths = [p for p in paths if _cards.card_name(p) == card]
+        if not paths:
+            print("no %s cards found (looked in %s)" % (mode, ", ".join(_cards.fixtures_dirs())))
+            return 1
+        vendors, absent = _loadable_vendors(mode)
+        if not vendors and mode == "identical":
+            for vendor, why in absent:
+                print("%s: %s" % (vendor, why))
+            print("no vendor's identical numeric mode could be loaded: nothing was checked")
+            return 1
+        for path in paths:
+            for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v, mode)]:
+                where = vendor + (" (device buffers)" if device else "") + ("" if mode == "identical" else " " + mode)
+                name = _cards.card_name(path)
+                if _lacks_family(name, vendor, mode):
+                    rows.append((name, where, "skipped", "(no %s in mt_features)" % name))
+                    continue
+                start = time.perf_counter()
+                results = _cards.check_card(path, vendor, device, shard, mode)
+                seconds = time.perf_counter() - start
+                rows.append((name, where, "%d/%d" % (sum(r.ok for r in results), len(results)), "%.2fs" % seconds))
+                failures += [(name, where, r) for r in results if not r.ok]
+                checked += len(results)
+        notes += ["not checked on %s%s (no library of it loads here): %s"
+                  % (vendor, "" if mode == "identical" else " " + mode, why) for vendor, why in absent]
     width = max([len("card")] + [len(r[0]) for r in rows])
     for row in [("card", "vendor", "passed", "time")] + rows:
-        print("%-*s %-24s %-10s %s" % ((width,) + row))
-    for card, vendor, r in failures:
-        print("FAIL %s on %s: %s\n     mismatching: %s" % (card, vendor, r.case, ", ".join(r.mismatches)))
+        print("%-*s %-38s %-10s %s" % ((width,) + row))
+    for name, where, r in failures:
+        print("FAIL %s on %s: %s\n     mismatching: %s" % (name, where, r.case, ", ".join(r.mismatches)))
     print("%s: %d card lines checked on %s, %d failed" % ("FAILED" if failures else "passed", checked,
-                                                          ", ".join(vendors), len(failures)))
-    for vendor, why in absent:      # a vendor without a library here is not a failure
-        print("not checked on %s (no library of it loads here): %s" % (vendor, why))
+                                                          ", ".join(sorted({r[1] for r in rows})), len(failures)))
+    for note in notes:      # a vendor without a library here is not a failure
+        print(note)
     return 1 if failures else 0
 
 
@@ -226,6 +232,8 @@ def _parser():
     check.add_argument("--card", help="check this card only (e.g. optim)")
     check.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
                        help="only every N-th case line from the K-th (0-based): N runs split the cards")
+    check.add_argument("--numeric-mode", choices=_cards.CARD_MODES, default=None,
+                       help="the cards of this numeric mode only (default: identical, then identical_ftz)")
     i = sub.add_parser("info", help="print backend_info()")
     i.add_argument("--vendor", choices=("auto",) + _native.VENDORS, default=None)
     i.add_argument("--numeric-mode", choices=_native.NUMERIC_MODES, default=None)
@@ -248,7 +256,7 @@ def main(argv=None):
     args = _parser().parse_args(argv)
     try:
         if args.command == "selfcheck":
-            return selfcheck(args.write, args.card, args.shard)
+            return selfcheck(args.write, args.card, args.shard, args.numeric_mode)
         if args.command == "demo":
             return demo(args.vendor, args.steps, args.svg, args.print_every, args.model, args.distributed)
         return info(args.vendor, args.numeric_mode)

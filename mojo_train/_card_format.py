@@ -230,14 +230,38 @@ def format_line(case, digests):
     return "%s | %s" % (case.text, " ".join("%s=%s" % (n, digests[n]) for n in output_names(case)))
 
 
+# ---- the numeric mode the cards run (identical; identical_ftz has cards of its own) ----------------
+CARD_MODES = ("identical", "identical_ftz")
+_MODE = ["identical"]
+
+
+def mode():
+    """The numeric mode the card runners pass to every call (``identical`` unless inside
+    :func:`mode_selected`)."""
+    return _MODE[-1]
+
+
+@contextlib.contextmanager
+def mode_selected(numeric_mode):
+    """The cards run ``numeric_mode`` while inside (one of CARD_MODES)."""
+    if numeric_mode not in CARD_MODES:
+        raise CardError("cards exist for the numeric modes %s, not %r" % (", ".join(CARD_MODES), numeric_mode))
+    _MODE.append(numeric_mode)
+    try:
+        yield
+    finally:
+        _MODE.pop()
+
+
 # ---- the runner (public API, one vendor's identical numeric mode) ----------------------------------
 @contextlib.contextmanager
 def vendor_selected(vendor):
-    """MOJO_TRAIN_VENDOR=vendor while inside (not thread-safe); yields its identical Backend."""
+    """MOJO_TRAIN_VENDOR=vendor while inside (not thread-safe); yields its Backend of the cards'
+    numeric mode (:func:`mode`)."""
     old = os.environ.get("MOJO_TRAIN_VENDOR")
     os.environ["MOJO_TRAIN_VENDOR"] = vendor
     try:
-        yield _native.load("identical", vendor)
+        yield _native.load(mode(), vendor)
     finally:
         if old is None:
             del os.environ["MOJO_TRAIN_VENDOR"]
@@ -248,20 +272,38 @@ def vendor_selected(vendor):
 _ON_DEVICE = []   # non-empty while cards run on device buffers (see check_card)
 
 
+def input_backend(backend):
+    """The library that draws a case's inputs: the identical numeric mode's of the same vendor,
+    whatever mode the card checks. identical_ftz's own fill flushes (a subnormal bound reads as
+    zero, no drawn value is subnormal), so its cards take the identical inputs -- subnormals
+    included -- and the flush rule applies from the op's first read of them on."""
+    return backend if backend.numeric_mode == "identical" else _native.load("identical", backend.vendor)
+
+
+def draw(backend, seed, stream, bounds, n, host=False):
+    """n float32 of (seed, stream) from offset 0, uniform in ``bounds``, drawn by the identical
+    mode's fill of the vendor (:func:`input_backend`): a DeviceArray while cards run on device
+    buffers (unless ``host``), else an Array."""
+    device = _ON_DEVICE and not host
+    a = DeviceArray((n,), "float32", numeric_mode=mode()) if device else Array((n,), "float32")
+    backend = input_backend(backend)
+    rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.ptr if device else a.address), seed, stream, 0,
+                                     bounds[0], bounds[1], n)
+    backend.check(rc, "mt_uniform_fill")
+    return a
+
+
 def _filled(backend, case, stream, bounds):
     """One float32 tensor per tensor of ``case`` (an Array, or a DeviceArray filled on the
     device when running on device buffers), drawn from (seed, stream) at flat offsets: the whole
     list in one fill, then copied out tensor by tensor (one launch, not one per tensor: a list of
     5,000 tensors drawn one launch each took minutes under compute-sanitizer's racecheck)."""
     sizes = case.args["sizes"]
-    new = (lambda n: DeviceArray((n,), "float32", numeric_mode="identical")) if _ON_DEVICE else \
+    new = (lambda n: DeviceArray((n,), "float32", numeric_mode=mode())) if _ON_DEVICE else \
         (lambda n: Array((n,), "float32"))
     address = (lambda a: a.ptr) if _ON_DEVICE else (lambda a: a.address)
     ffi = _native.ffi
-    whole = new(sum(sizes))
-    rc = backend.lib.mt_uniform_fill(ffi.cast("float *", address(whole)), case.args["seed"], stream, 0,
-                                     bounds[0], bounds[1], whole.size)
-    backend.check(rc, "mt_uniform_fill")
+    whole = draw(backend, case.args["seed"], stream, bounds, sum(sizes))
     if len(sizes) == 1:
         return [whole]
     arrays, offset = [], 0
@@ -328,15 +370,16 @@ def compare(want, got):
     return [n for n in want if got.get(n) != want[n]] + [n for n in got if n not in want]
 
 
-def check_card(path, vendor, device=False, shard=(0, 1)):
-    """Run every line of the card on ``vendor``'s identical numeric mode: a list of Result(case text,
-    ok, mismatching outputs). A case that raises fails with ``raised <error>`` as its mismatch.
-    With ``device``, inputs are drawn straight into device memory and stay there. ``shard`` (k, n)
-    runs the lines whose index is k modulo n only (n runs with k = 0..n-1 check every line once)."""
+def check_card(path, vendor, device=False, shard=(0, 1), numeric_mode="identical"):
+    """Run every line of the card on ``vendor``'s ``numeric_mode`` (identical, or identical_ftz for
+    the cards of card_paths("identical_ftz")): a list of Result(case text, ok, mismatching
+    outputs). A case that raises fails with ``raised <error>`` as its mismatch. With ``device``,
+    inputs are drawn straight into device memory and stay there. ``shard`` (k, n) runs the lines
+    whose index is k modulo n only (n runs with k = 0..n-1 check every line once)."""
     card = read_card(path)
     results = []
     k, n = shard
-    with vendor_selected(vendor) as backend, _placed(device):
+    with mode_selected(numeric_mode), vendor_selected(vendor) as backend, _placed(device):
         for line in card.lines[k::n]:
             try:
                 bad = compare(line.digests, run_case(line.case, backend))
@@ -346,26 +389,34 @@ def check_card(path, vendor, device=False, shard=(0, 1)):
     return results
 
 
-def _header(name):
-    return ["# mojo_train card %s; contract %s; inputs: %s" % (name, CONTRACTS[name], _INPUTS),
+def contract_of(name, numeric_mode="identical"):
+    """The contract a card of ``name`` is for: its op's, and under identical_ftz the flush rule's too."""
+    return CONTRACTS[name] + ("" if numeric_mode == "identical" else "+" + FTZ_CONTRACT)
+
+
+FTZ_CONTRACT = "ftz/1"   # native/contracts/ftz.md
+
+
+def _header(name, numeric_mode="identical"):
+    return ["# mojo_train card %s; contract %s; inputs: %s" % (name, contract_of(name, numeric_mode), _INPUTS),
             "# append-only: a changed digest needs a contract version bump. A case line is",
             "#   <op> key=value ... | output=<sha256 of the output's bytes> ..."] + list(_NOTES[name])
 
 
-def write_missing(path):
-    """Append, from the CPU oracle's identical numeric mode, a line for every case of the card that is
+def write_missing(path, numeric_mode="identical"):
+    """Append, from the CPU oracle's ``numeric_mode``, a line for every case of the card that is
     defined in code but absent from the file (creating it with its header if needed). Existing
     lines are never rewritten. Returns the specs appended."""
     name = card_name(path)
     if name not in CASES:
         raise CardError("%s: no cases are defined in code for card %r" % (path, name))
     cases = [parse_case(spec, "%s (in code)" % name) for spec in CASES[name]()]
-    have, prefix = set(), "\n".join(_header(name)) + "\n"
+    have, prefix = set(), "\n".join(_header(name, numeric_mode)) + "\n"
     if os.path.exists(path):
         card = read_card(path)
-        if card.contract != CONTRACTS[name]:
+        if card.contract != contract_of(name, numeric_mode):
             raise CardError("%s: the card is for contract %r, the code for %r; a contract bump "
-                            "starts a new card file" % (path, card.contract, CONTRACTS[name]))
+                            "starts a new card file" % (path, card.contract, contract_of(name, numeric_mode)))
         have = {case_key(line.case) for line in card.lines}
         with open(path, "rb") as f:
             data = f.read()
@@ -377,7 +428,7 @@ def write_missing(path):
             missing.append(c)
     if not missing:
         return []
-    with vendor_selected("cpu") as backend:
+    with mode_selected(numeric_mode), vendor_selected("cpu") as backend:
         rows = [format_line(c, run_case(c, backend)) for c in missing]
     with open(path, "a", encoding="utf-8") as f:
         f.write(prefix + "".join(row + "\n" for row in rows))
@@ -390,10 +441,19 @@ def fixtures_dirs():
     return [os.path.join(package, "fixtures"), os.path.join(os.path.dirname(package), "fixtures")]
 
 
-def card_paths():
-    """The ``*.card`` files of the first fixtures folder that exists (sorted), or []."""
+def card_folder(numeric_mode="identical"):
+    """Where a fixtures folder keeps the cards of ``numeric_mode``: itself for identical, its
+    subfolder of the mode's name otherwise (fixtures/identical_ftz/)."""
+    return "" if numeric_mode == "identical" else numeric_mode
+
+
+def card_paths(numeric_mode="identical"):
+    """The ``*.card`` files of ``numeric_mode`` in the first fixtures folder that exists (sorted), or []."""
     for d in fixtures_dirs():
         if os.path.isdir(d):
+            d = os.path.join(d, card_folder(numeric_mode))
+            if not os.path.isdir(d):
+                return []
             return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(CARD_SUFFIX))
     return []
 

@@ -25,7 +25,7 @@ _LINEAR_KEYS = {"seed": _cards._count, "tokens": _cards._count, "parts": _cards.
 def _run_accumulate(case, backend):
     a = case.args
     parts = [_cards._filled(backend, case, i, a["g"]) for i in range(1, a["parts"] + 1)]
-    return {"grads": _cards._sha(accumulate_grads(parts, a.get("tokens"), numeric_mode="identical"))}
+    return {"grads": _cards._sha(accumulate_grads(parts, a.get("tokens"), numeric_mode=_cards.mode()))}
 
 
 def _draw(backend, seed, stream, sizes, bounds):
@@ -44,9 +44,9 @@ def _run_linear(case, backend):
     k, n = a["width"], a["classes"]
     weight = _draw(backend, a["seed"], 0, (n * k,), (-1.0, 1.0))[0].reshape(n, k)
     grads = [list(linear_backward(dc, x, weight, need_input_grad=False, need_bias_grad=True,
-                                  numeric_mode="identical")[1:])
+                                  numeric_mode=_cards.mode())[1:])
              for x, dc in zip(_rows(backend, a, 1, k, a["g"]), _rows(backend, a, 2, n, a["g"]))]
-    dweight, dbias = accumulate_grads(grads, a["tokens"], numeric_mode="identical")
+    dweight, dbias = accumulate_grads(grads, a["tokens"], numeric_mode=_cards.mode())
     return {"dweight": _cards._sha([dweight]), "dbias": _cards._sha([dbias])}
 
 

@@ -20,7 +20,6 @@ from .attention import scaled_dot_product_attention, scaled_dot_product_attentio
 from .random import Generator
 
 CONTRACT = "attention v1"
-_MODE = "identical"
 _STREAMS = {"q": 0, "k": 1, "v": 2, "do": 3, "m": 4, "keep": 5, "drop": 6}
 _MASK_SHAPES = {"b2": lambda a: (a["tq"], a["tk"]), "f2": lambda a: (a["tq"], a["tk"]),
                 "b4": lambda a: (a["b"], a["h"], a["tq"], a["tk"]), "f4": lambda a: (a["b"], a["h"], a["tq"], a["tk"]),
@@ -54,7 +53,7 @@ class _DeviceBoolMask:
     bytes are the mask, exported as bool (``|b1``) the way a torch CUDA bool tensor is."""
 
     def __init__(self, keep, shape):
-        self._bytes = to_device(Array.from_list([int(k) for k in keep], "uint8").reshape(shape), "identical")
+        self._bytes = to_device(Array.from_list([int(k) for k in keep], "uint8").reshape(shape), _cards.mode())
         self.shape = shape
 
     @property
@@ -78,7 +77,7 @@ def _mask(backend, case):
         return memoryview(bytearray(keep)).cast("?", shape)
     values = _floats(_draw(backend, case, "m", shape, a.get("m", (0.0, 0.0))))
     mask = Array.from_list([x if k else float("-inf") for x, k in zip(values, keep)], "float32").reshape(shape)
-    return to_device(mask, "identical") if _cards._ON_DEVICE else mask
+    return to_device(mask, _cards.mode()) if _cards._ON_DEVICE else mask
 
 
 def _run(case, backend):
@@ -87,10 +86,10 @@ def _run(case, backend):
     q, k = _draw(backend, case, "q", qshape, a["qk"]), _draw(backend, case, "k", kvshape, a["qk"])
     v, dout = _draw(backend, case, "v", kvshape, a["v"]), _draw(backend, case, "do", qshape, a["do"])
     kw = dict(attn_mask=_mask(backend, case), is_causal=a.get("causal", False), scale=a.get("scale"),
-              enable_gqa=a["h"] != a["hkv"], numeric_mode=_MODE)
+              enable_gqa=a["h"] != a["hkv"], numeric_mode=_cards.mode())
     drop = {}
     if a.get("drop", 0.0) > 0.0:
-        g = Generator(a["seed"], numeric_mode=_MODE)
+        g = Generator(a["seed"], numeric_mode=_cards.mode())
         for _ in range(_STREAMS["drop"]):
             g.next_stream()
         drop = {"dropout_p": a["drop"], "generator": g}

@@ -55,7 +55,7 @@ def _grads(case, backend):
     sizes = case.args["sizes"]
     drawn = iter(_cards._filled(backend, case._replace(args=dict(case.args, sizes=[n for n in sizes if n])), 1,
                                 case.args["g"]))
-    empty = (lambda: DeviceArray((0,), "float32", numeric_mode="identical")) if _cards._ON_DEVICE else \
+    empty = (lambda: DeviceArray((0,), "float32", numeric_mode=_cards.mode())) if _cards._ON_DEVICE else \
         (lambda: Array((0,), "float32"))
     grads = [next(drawn) if n else empty() for n in sizes]
     ffi = _native.ffi
@@ -87,7 +87,7 @@ def _run_clip(case, backend):
     backend.check(rc, "mt_grad_norms")
     kwargs = {"error_if_nonfinite": case.args["error_if_nonfinite"]} if "error_if_nonfinite" in case.args else {}
     try:
-        raw = _cards._f32(mojo_train.clip_grad_norm_(grads, case.args["max_norm"], p, numeric_mode="identical",
+        raw = _cards._f32(mojo_train.clip_grad_norm_(grads, case.args["max_norm"], p, numeric_mode=_cards.mode(),
                                                      **kwargs))
     except ValueError:
         raw = _REFUSED

@@ -11,7 +11,6 @@ goes through the public API on the selected vendor's identical numeric mode.
 from . import _card_format as _cards
 from . import elementwise
 
-_MODE = "identical"
 BIG, SUB = _cards.BIG, _cards.SUB
 _OUT = _cards._named("out")
 _Y_DX = _cards._named("y", "dx")
@@ -21,8 +20,8 @@ def _run_silu(case, backend):
     a = case.args
     x = _cards._input(backend, case, 0, a["x"])
     dy = _cards._input(backend, case, 1, a["dy"])
-    y = elementwise.silu_forward(x, numeric_mode=_MODE)
-    dx = elementwise.silu_backward(dy, x, numeric_mode=_MODE)
+    y = elementwise.silu_forward(x, numeric_mode=_cards.mode())
+    dx = elementwise.silu_backward(dy, x, numeric_mode=_cards.mode())
     return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
 
 
@@ -36,8 +35,8 @@ def _run_gelu(case, backend):
     a = case.args
     x = _cards._input(backend, case, 0, a["x"])
     dy = _cards._input(backend, case, 1, a["dy"])
-    y = elementwise.gelu_forward(x, a["approximate"], numeric_mode=_MODE)
-    dx = elementwise.gelu_backward(dy, x, a["approximate"], numeric_mode=_MODE)
+    y = elementwise.gelu_forward(x, a["approximate"], numeric_mode=_cards.mode())
+    dx = elementwise.gelu_backward(dy, x, a["approximate"], numeric_mode=_cards.mode())
     return {"y": _cards._sha([y]), "dx": _cards._sha([dx])}
 
 
@@ -46,14 +45,14 @@ def _run_relu(case, backend):
     draw = _cards.Case("draw", {"seed": a["seed"], "sizes": (a["n"],)}, "")
     x = _cards._input(backend, draw, 0, a["x"])
     dy = _cards._input(backend, draw, 3, a["dy"])
-    return {"y": _cards._sha([elementwise.relu_forward(x, numeric_mode=_MODE)]),
-            "dx": _cards._sha([elementwise.relu_backward(dy, x, numeric_mode=_MODE)])}
+    return {"y": _cards._sha([elementwise.relu_forward(x, numeric_mode=_cards.mode())]),
+            "dx": _cards._sha([elementwise.relu_backward(dy, x, numeric_mode=_cards.mode())])}
 
 
 def _run_add(case, backend):
     a = case.args
     out = elementwise.add(_cards._input(backend, case, 0, a["a"]), _cards._input(backend, case, 1, a["b"]),
-                          numeric_mode=_MODE)
+                          numeric_mode=_cards.mode())
     return {"out": _cards._sha([out])}
 
 

@@ -39,11 +39,7 @@ _BACKWARD_KEYS = dict(_COMMON, g=_cards._pair, padding_idx=_int, accumulate=_car
 
 def _draw(backend, seed, stream, n, bounds):
     """n float32 from (seed, stream) uniform in bounds: an Array, or a DeviceArray on device runs."""
-    a = DeviceArray((n,), "float32", numeric_mode="identical") if _cards._ON_DEVICE else Array((n,), "float32")
-    address = a.ptr if _cards._ON_DEVICE else a.address
-    backend.check(backend.lib.mt_uniform_fill(_native.ffi.cast("float *", address), seed, stream, 0,
-                                              bounds[0], bounds[1], n), "mt_uniform_fill")
-    return a
+    return _cards.draw(backend, seed, stream, bounds, n)
 
 
 def skewed_ids(backend, seed, n, vocab, skew, id_bytes=8):
@@ -59,22 +55,19 @@ def skewed_ids(backend, seed, n, vocab, skew, id_bytes=8):
 
 
 def _draw_host(backend, seed, stream, n):
-    a = Array((n,), "float32")
-    backend.check(backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.address), seed, stream, 0, 0.0, 1.0,
-                                              n), "mt_uniform_fill")
-    return a
+    return _cards.draw(backend, seed, stream, (0.0, 1.0), n, host=True)
 
 
 def _inputs(case, backend):
     a = case.args
     ids = skewed_ids(backend, a["seed"], a["n"], a["vocab"], a.get("skew", 1), a.get("id_bytes", 8))
-    return to_device(ids, numeric_mode="identical") if _cards._ON_DEVICE else ids
+    return to_device(ids, numeric_mode=_cards.mode()) if _cards._ON_DEVICE else ids
 
 
 def _run_forward(case, backend):
     a = case.args
     table = _draw(backend, a["seed"], 0, a["vocab"] * a["dim"], a["w"]).reshape(a["vocab"], a["dim"])
-    out = embedding_forward(table, _inputs(case, backend), numeric_mode="identical")
+    out = embedding_forward(table, _inputs(case, backend), numeric_mode=_cards.mode())
     return {"out": _cards._sha([out])}
 
 
@@ -85,7 +78,7 @@ def _run_backward(case, backend):
     if a.get("accumulate"):
         grad = _draw(backend, a["seed"], 3, a["vocab"] * a["dim"], a["g"]).reshape(a["vocab"], a["dim"])
     dw = embedding_backward(dy, _inputs(case, backend), a["vocab"], padding_idx=a.get("padding_idx"), grad=grad,
-                            plan=a.get("plan", "auto"), numeric_mode="identical")
+                            plan=a.get("plan", "auto"), numeric_mode=_cards.mode())
     return {"dweight": _cards._sha([dw])}
 
 

@@ -36,7 +36,7 @@ def _tensor(backend, case, stream, bounds, shape):
     low, high = bounds
     if low == high:
         const = Array.from_list([low] * n, "float32").reshape(shape)
-        return to_device(const, "identical") if _cards._ON_DEVICE else const
+        return to_device(const, _cards.mode()) if _cards._ON_DEVICE else const
     spec = _cards.Case("draw", {"seed": case.args["seed"], "sizes": (n,)}, "")
     return _cards._filled(backend, spec, stream, bounds)[0].reshape(shape)
 
@@ -59,13 +59,13 @@ def _linear_inputs(case, backend):
 
 def _run_forward(case, backend):
     a, w, bias = _linear_inputs(case, backend)
-    return {"out": _sha(linear_forward(a, w, bias, numeric_mode="identical"))}
+    return {"out": _sha(linear_forward(a, w, bias, numeric_mode=_cards.mode()))}
 
 
 def _run_backward(case, backend):
     a, w, bias = _linear_inputs(case, backend)
     dc = _draw(backend, case, "dc", (case.args["m"], case.args["n"]))
-    grads = linear_backward(dc, a, w, need_bias_grad=bias is not None, numeric_mode="identical")
+    grads = linear_backward(dc, a, w, need_bias_grad=bias is not None, numeric_mode=_cards.mode())
     return dict(zip(_backward_outputs(case), (_sha(g) for g in grads)))
 
 
@@ -94,7 +94,17 @@ def _linear_cases():
             size = "m=%d n=%d k=%d" % (m, n, k)
             specs.append("linear_forward %s %s bias=0" % (size, inputs))   # a bias would swallow the chain
             specs.append("linear_backward %s %s %s bias=1" % (size, inputs, grads))
+    # Products that round up to +-FLT_MIN from below: (2^-63 - 2^-87) 2^-63 = 2^-126 - 2^-150, a tie
+    # that rounds to the even FLT_MIN; identical_ftz flushes them (tininess before rounding).
+    for below in (_JUST_BELOW, "-" + _JUST_BELOW):
+        inputs = "a=%s,%s w=2**-63,2**-63" % (below, below)
+        for k in (1, 3):
+            specs.append("linear_forward m=2 n=3 k=%d %s bias=0" % (k, inputs))
+        specs.append("linear_backward m=2 n=3 k=3 %s dc=2**-63,2**-63 bias=0" % inputs)
     return [_cards._seeded(s) for s in specs]
+
+
+_JUST_BELOW = "1.0842021078620191e-19"   # the float32 2^-63 - 2^-87 (0x1.fffffep-64), exactly
 
 
 

@@ -74,11 +74,7 @@ def _outputs(case):
 
 def _uniform(backend, seed, stream, low, high, n):
     """n floats of (seed, stream) from offset 0, on the device when cards run there."""
-    a = DeviceArray((n,), "float32", numeric_mode="identical") if _cards._ON_DEVICE else Array((n,), "float32")
-    rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.ptr if _cards._ON_DEVICE else a.address),
-                                     seed, stream, 0, low, high, n)
-    backend.check(rc, "mt_uniform_fill")
-    return a
+    return _cards.draw(backend, seed, stream, (low, high), n)
 
 
 def _host(a):
@@ -103,7 +99,7 @@ def targets_for(backend, args):
 
 
 def _placed(a):
-    return mojo_train.to_device(a, numeric_mode="identical") if _cards._ON_DEVICE else a
+    return mojo_train.to_device(a, numeric_mode=_cards.mode()) if _cards._ON_DEVICE else a
 
 
 def _logits_shape(args):
@@ -154,7 +150,7 @@ def _run(case, backend):
     reduction, grad = args.get("reduction", "mean"), args.get("grad", False)
     got = mojo_train.cross_entropy(logits, targets, weight=weight, ignore_index=args.get("ignore_index", -100),
                                    reduction=reduction, label_smoothing=args.get("smoothing", 0.0),
-                                   num_items=args.get("num_items"), return_grad=grad, numeric_mode="identical")
+                                   num_items=args.get("num_items"), return_grad=grad, numeric_mode=_cards.mode())
     loss, dlogits = got if grad else (got, None)
     out = {"row_loss": _cards._sha([loss])} if reduction == "none" else {"loss": _cards._sha(raw=_cards._f32(loss))}
     if grad:

@@ -100,7 +100,7 @@ def _run_optim(case, backend):
     args = case.args
     params = _cards._filled(backend, case, 0, args["p"])
     first, kwargs, late = _grouped(args, params)
-    opt = getattr(mojo_train, _OPTIMIZERS[case.op])(first, numeric_mode="identical", **kwargs)
+    opt = getattr(mojo_train, _OPTIMIZERS[case.op])(first, numeric_mode=_cards.mode(), **kwargs)
     totals = []
     for step in range(1, args["steps"] + 1):
         if late is not None and step == args["late"]:

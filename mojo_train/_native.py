@@ -40,7 +40,7 @@ import cffi
 
 from ._errors import where_msg
 
-NUMERIC_MODES = ("identical", "deterministic", "fast")
+NUMERIC_MODES = ("identical", "deterministic", "fast", "identical_ftz")
 VENDORS = ("cpu", "cuda", "hip", "metal")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
 

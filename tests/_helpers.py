@@ -14,6 +14,23 @@ import random
 import struct
 from fractions import Fraction
 
+# ---- what a numeric mode promises about subnormals ----------------------------------------
+GRADUAL_UNDERFLOW_SKIPS = {
+    "approximate": "IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)",
+    "flush_rule": "gradual underflow is not this numeric mode's promise (it flushes by the stated rule of "
+                  "native/contracts/ftz.md: tests/test_ftz_rule.py and its cards check that)",
+}
+
+
+def skip_unless_gradual_underflow(backend):
+    """Skip (pytest) where the library under test declares it does not keep subnormals: CUDA's
+    fast numeric mode (approximate) and identical_ftz (flush_rule)."""
+    import pytest
+    for feature, why in GRADUAL_UNDERFLOW_SKIPS.items():
+        if backend.has(feature):
+            pytest.skip(why)
+
+
 # ---- float32 rounding ---------------------------------------------------------------------
 
 

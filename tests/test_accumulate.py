@@ -19,7 +19,7 @@ import pytest
 import mojo_train as mt
 from mojo_train import Array, _cards, accumulate_grads, accumulation_is_aligned
 
-from _helpers import f32, raw
+from _helpers import f32, raw, skip_unless_gradual_underflow
 
 LEAF = 1024
 
@@ -140,8 +140,7 @@ def f32_add(a, b):
 @pytest.mark.parametrize("steps", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 33, 64])
 @pytest.mark.parametrize("n", [1, 255, 256, 257, 1000])
 def test_accumulate_is_the_pairwise_tree_with_float32_additions(acc, steps, n):
-    if acc.has("approximate"):
-        pytest.skip("IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)")
+    skip_unless_gradual_underflow(acc)
     rng = random.Random(steps * 1000 + n)
     parts = [[_value(rng) for _ in range(n)] for _ in range(steps)]
     got = accumulate_grads([f32s(p) for p in parts], None, numeric_mode=acc.numeric_mode)

@@ -18,6 +18,7 @@ from mojo_train import __main__ as cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARDS = sorted(glob.glob(os.path.join(REPO, "fixtures", "*" + _cards.CARD_SUFFIX)))
+FTZ_CARDS = sorted(glob.glob(os.path.join(REPO, "fixtures", "identical_ftz", "*" + _cards.CARD_SUFFIX)))
 HEADER = "# mojo_train card x; contract optimizer v1; inputs: Philox"
 DIGEST = "0" * 64
 
@@ -113,6 +114,54 @@ def test_a_sabotaged_build_fails_its_card(path, capsys, request):
         with capsys.disabled():
             print("\n  as expected, make SABOTAGE=%s breaks %d of %d lines of %s.card (needs %.0f%%)"
                   % (op, got["failed"], got["total"], op, 100 * floor))
+
+
+# ---- identical_ftz (native/contracts/ftz.md): its own cards, with teeth for the flush --------------
+def _cpu_ftz():
+    try:
+        return _native.load("identical_ftz", "cpu")
+    except _native.BackendError:
+        pytest.skip("the cpu oracle's identical_ftz numeric mode is not built (make)")
+
+
+def test_every_card_has_an_identical_ftz_card():
+    assert sorted(map(_name, FTZ_CARDS)) == sorted(map(_name, CARDS)), \
+        "run python -m mojo_train selfcheck --write --numeric-mode identical_ftz"
+
+
+@pytest.mark.parametrize("path", FTZ_CARDS, ids=_name)
+def test_every_line_of_the_identical_ftz_card_matches_on_the_cpu_oracle(path):
+    _cpu_ftz()
+    assert _cards.read_card(path).contract.endswith("+" + _cards.FTZ_CONTRACT)
+    results = _cards.check_card(path, "cpu", numeric_mode="identical_ftz")
+    failed = ["%s: %s" % (r.case, ", ".join(r.mismatches)) for r in results if not r.ok]
+    assert results and not failed, "%d of %d lines differ:\n%s" % (len(failed), len(results), "\n".join(failed))
+
+
+@pytest.mark.parametrize("name", sorted(_cards.CASES))
+def test_every_case_defined_in_code_has_a_line_in_its_identical_ftz_card(name):
+    path = os.path.join(REPO, "fixtures", "identical_ftz", name + _cards.CARD_SUFFIX)
+    have = {_cards.case_key(line.case) for line in _cards.read_card(path).lines}
+    assert all(_cards.case_key(_cards.parse_case(spec, "code")) in have for spec in _cards.CASES[name]())
+
+
+# The schedule's values are host scalars of learning rates, never near FLT_MIN: its card cannot
+# tell a flush from none, and says so here.
+NO_SUBNORMAL_CASES = {"schedule"}
+
+
+@pytest.mark.parametrize("path", FTZ_CARDS, ids=_name)
+def test_a_library_without_the_flush_fails_the_identical_ftz_cards(path):
+    """The sabotage control of the flush: the identical library (gradual underflow, no flush) runs
+    the identical_ftz card's lines and must fail some; the cases that differ are the subnormal
+    inputs, the products that round up to FLT_MIN and the negative tiny results."""
+    _cpu_identical()
+    results = _cards.check_card(path, "cpu", numeric_mode="identical")
+    failed = sum(not r.ok for r in results)
+    if _name(path) in NO_SUBNORMAL_CASES:
+        assert failed == 0
+    else:
+        assert failed >= 1, "%s.card's identical_ftz lines all hold without the flush: no teeth" % _name(path)
 
 
 # ---- the reader -----------------------------------------------------------------------------
@@ -231,9 +280,9 @@ def test_selfcheck_prints_the_table_and_exits_1_naming_a_failing_case(tmp_path, 
     rows[-1] = _flip(victim, "grads")
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(rows)
-    monkeypatch.setattr(_cards, "card_paths", lambda: [path])
+    monkeypatch.setattr(_cards, "card_paths", lambda numeric_mode="identical": [path])
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
-    assert cli.selfcheck() == 1
+    assert cli.selfcheck(numeric_mode="identical") == 1
     out = capsys.readouterr().out
     assert "card" in out and "vendor" in out and "FAIL clip on cpu" in out
     assert victim.partition(" | ")[0] in out and "mismatching: grads" in out

@@ -1,7 +1,7 @@
 """Every op family has its room at every layer, under one name (CONTRIBUTING.md, "The house").
 
 A family is a contract in native/contracts/ (math.md, the pinned routines every family shares,
-is not a family). Each must have its CPU oracle source (or, host-only, its native/common/
+and ftz.md, the identical_ftz numeric mode's rule over every family, are not families). Each must have its CPU oracle source (or, host-only, its native/common/
 source), its GPU source or a host-only note in the contract's opening lines, its Python
 module, its card generator and card, and its test file; a benchmark, where there is one, is
 named by the family too.
@@ -15,7 +15,7 @@ from mojo_train import _native
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTRACTS = os.path.join(ROOT, "native", "contracts")
-NOT_FAMILIES = {"README", "math"}
+NOT_FAMILIES = {"README", "math", "ftz"}
 FAMILIES = sorted(f[:-3] for f in os.listdir(CONTRACTS) if f.endswith(".md") and f[:-3] not in NOT_FAMILIES)
 
 
@@ -67,8 +67,8 @@ def _named_files(folder, pattern):
 def test_every_family_named_file_belongs_to_a_family(folder, pattern):
     """No file carries a family-like name that is not a family (a second name for one op)."""
     shared = {"gemm", "tensors", "vendor", "pool", "runtime", "cross_device", "check", "sanitize", "profile",
-              "torch_adapter", "distributed", "call_overhead", "deferred"}
+              "torch_adapter", "distributed", "call_overhead", "deferred", "timeline"}
     # not ops: shared parts (distributed: the collective around every op; call_overhead: every call's host part;
-    # deferred: when every deferrable call's refusal is told)
+    # deferred: when every deferrable call's refusal is told; timeline: where a multi-kernel call's GPU time goes)
     strays = [n for n in _named_files(folder, pattern) if n not in FAMILIES and n not in shared]
     assert not strays, "%s: %s" % ("/".join(folder), strays)

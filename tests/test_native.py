@@ -108,8 +108,9 @@ def test_identity_exports_agree_with_what_was_asked(mode):
     assert int(lib.mt_features()) == mode.backend.features
     for capability in ("optim", "clip", "random"):
         assert mode.has(capability), capability
-    if mode.numeric_mode == "identical":
+    if mode.numeric_mode in ("identical", "identical_ftz"):
         assert mode.has("pinned_math") and not mode.has("contraction")
+        assert mode.has("flush_rule") == (mode.numeric_mode == "identical_ftz")
     else:
         assert mode.has("contraction") and not mode.has("pinned_math")
 
@@ -351,8 +352,8 @@ def test_every_constructor_refuses_a_bad_numeric_mode_when_constructed(name, bad
     with pytest.raises(ValueError) as info:
         CONSTRUCTORS[name](bad, p)
     msg = str(info.value)
-    assert msg.startswith("mojo_train.%s: numeric_mode must be one of identical, deterministic, fast, got %r"
-                          % (name, bad)), msg
+    assert msg.startswith("mojo_train.%s: numeric_mode must be one of identical, deterministic, fast, identical_ftz, "
+                          "got %r" % (name, bad)), msg
     assert p.tolist() == [1.0, 2.0]
 
 
@@ -378,7 +379,7 @@ def test_a_function_refuses_a_bad_numeric_mode_naming_itself(name):
     with pytest.raises(ValueError) as info:
         FUNCTIONS[name]("bogus", g)
     assert str(info.value).startswith("mojo_train.%s: numeric_mode must be one of identical, deterministic, "
-                                      "fast, got 'bogus'" % name), str(info.value)
+                                      "fast, identical_ftz, got 'bogus'" % name), str(info.value)
     assert g.tolist() == [3.0, 4.0]
 
 

@@ -80,6 +80,8 @@ const char *mt_vendor(void) { return MT_VENDOR_NAME; }
 const char *mt_numeric_mode(void) {
 #if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
     return "identical";
+#elif MT_NUMERIC_MODE == MT_MODE_IDENTICAL_FTZ
+    return "identical_ftz";
 #elif MT_NUMERIC_MODE == MT_MODE_DETERMINISTIC
     return "deterministic";
 #else
@@ -91,7 +93,9 @@ uint64_t mt_features(void) {
     uint64_t f = mt_vendor_features() | mt_optim_features() | mt_clip_features() | mt_loss_features() | mt_linear_features() | mt_rms_norm_features() | mt_layer_norm_features() | mt_lm_head_features() |
                  mt_embedding_features() | mt_random_features() | mt_accumulate_features() |
                  mt_elementwise_features() | mt_schedule_features() | mt_attention_features();
-#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
+#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL_FTZ
+    f |= MT_FEATURE_PINNED_MATH | MT_FEATURE_FLUSH_RULE;
+#elif MT_PINNED_ARITHMETIC
     f |= MT_FEATURE_PINNED_MATH;
 #else
     f |= MT_FEATURE_CONTRACTION;

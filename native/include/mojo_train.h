@@ -88,7 +88,8 @@ enum mt_feature {         /* mt_features() bits: one per op family, then capabil
     MT_FEATURE_THREADS = 1 << 10,       /* thread pool */
     MT_FEATURE_PINNED_MATH = 1 << 16,   /* pinned routines (identical numeric mode) */
     MT_FEATURE_CONTRACTION = 1 << 17,   /* fma contraction allowed (deterministic, fast) */
-    MT_FEATURE_APPROXIMATE = 1 << 18    /* approximate division/sqrt, flushed subnormals (GPU fast) */
+    MT_FEATURE_APPROXIMATE = 1 << 18,   /* approximate division/sqrt, flushed subnormals (GPU fast) */
+    MT_FEATURE_FLUSH_RULE = 1 << 20     /* the identical_ftz numeric mode's stated flush of subnormals */
 };
 
 int mt_abi_version(void);

@@ -38,12 +38,17 @@
 #define MT_MODE_IDENTICAL 0
 #define MT_MODE_DETERMINISTIC 1
 #define MT_MODE_FAST 2
+/* identical_ftz: the identical mode's arithmetic, every float32 operation under the flush rule
+ * of native/contracts/ftz.md (the CPU oracle applies it to its compiled IR: mt_ftz.h) */
+#define MT_MODE_IDENTICAL_FTZ 3
 #ifndef MT_NUMERIC_MODE
 #define MT_NUMERIC_MODE MT_MODE_IDENTICAL
 #endif
+/* The pinned arithmetic of the identical contract (identical and identical_ftz). */
+#define MT_PINNED_ARITHMETIC (MT_NUMERIC_MODE == MT_MODE_IDENTICAL || MT_NUMERIC_MODE == MT_MODE_IDENTICAL_FTZ)
 
-/* a*b + c: two roundings in the identical numeric mode, one (fused) elsewhere. */
-#if MT_NUMERIC_MODE == MT_MODE_IDENTICAL
+/* a*b + c: two roundings in the identical numeric modes, one (fused) elsewhere. */
+#if MT_PINNED_ARITHMETIC
 #define MT_MADD(a, b, c) ((a) * (b) + (c))
 #else
 #define MT_MADD(a, b, c) fmaf((a), (b), (c))

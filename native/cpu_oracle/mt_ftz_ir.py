@@ -1,0 +1,200 @@
+"""Rewrites clang's LLVM IR of the CPU oracle so that every float32 operation obeys the flush rule
+of the identical_ftz numeric mode (native/contracts/ftz.md; the rule's one definition is
+native/include/mt_ftz.h).
+
+    python3 native/cpu_oracle/mt_ftz_ir.py IN.ll OUT.ll
+    python3 native/cpu_oracle/mt_ftz_ir.py --check-linked LIBRARY.ll
+
+IN.ll: one translation unit compiled with ``clang -O0 -Xclang -disable-O0-optnone -S -emit-llvm``
+(unoptimized, so every operation of the source is still one instruction). Each float32 fadd, fsub,
+fmul, fdiv becomes a call of mt_ftz_add / _sub / _mul / _div; fma, sqrt, min/max and the integer
+roundings (as intrinsics or libm calls) of mt_ftz_fma / _sqrt / _min / _max / _floor ...; an fcmp
+compares mt_ftz_in of its operands; fptrunc from double is mt_ftz_from_double and fpext to double
+mt_ftz_to_double. Bit operations stay (load, store, select, phi, fneg, fabs, copysign, bitcast),
+as do conversions from integers (never subnormal). Anything else that touches a float32 -- frem,
+arithmetic on vectors of floats (the build takes the portable loops), atomics, a call of a function this script does not know that takes or returns
+float -- stops the build with the line named, so no operation can slip through unflushed.
+Double arithmetic is host arithmetic on double values (the contract is float32's) and stays.
+"""
+import re
+import sys
+
+BINARY = {"fadd": "mt_ftz_add", "fsub": "mt_ftz_sub", "fmul": "mt_ftz_mul", "fdiv": "mt_ftz_div"}
+CALLS = {   # callee -> (primitive, arity)
+    "llvm.fma.f32": ("mt_ftz_fma", 3), "fmaf": ("mt_ftz_fma", 3),
+    "llvm.sqrt.f32": ("mt_ftz_sqrt", 1), "sqrtf": ("mt_ftz_sqrt", 1),
+    "llvm.maxnum.f32": ("mt_ftz_max", 2), "fmaxf": ("mt_ftz_max", 2),
+    "llvm.minnum.f32": ("mt_ftz_min", 2), "fminf": ("mt_ftz_min", 2),
+    "llvm.floor.f32": ("mt_ftz_floor", 1), "floorf": ("mt_ftz_floor", 1),
+    "llvm.ceil.f32": ("mt_ftz_ceil", 1), "ceilf": ("mt_ftz_ceil", 1),
+    "llvm.trunc.f32": ("mt_ftz_trunc", 1), "truncf": ("mt_ftz_trunc", 1),
+    "llvm.rint.f32": ("mt_ftz_rint", 1), "rintf": ("mt_ftz_rint", 1),
+    "llvm.nearbyint.f32": ("mt_ftz_rint", 1), "nearbyintf": ("mt_ftz_rint", 1),
+    "llvm.round.f32": ("mt_ftz_round", 1), "roundf": ("mt_ftz_round", 1),
+}
+BIT_OPS = {"llvm.fabs.f32", "fabsf", "llvm.copysign.f32", "copysignf"}
+PRIMITIVES = {
+    "mt_ftz_in": "float (float)", "mt_ftz_add": "float (float, float)", "mt_ftz_sub": "float (float, float)",
+    "mt_ftz_mul": "float (float, float)", "mt_ftz_div": "float (float, float)",
+    "mt_ftz_fma": "float (float, float, float)", "mt_ftz_sqrt": "float (float)",
+    "mt_ftz_max": "float (float, float)", "mt_ftz_min": "float (float, float)",
+    "mt_ftz_floor": "float (float)", "mt_ftz_ceil": "float (float)", "mt_ftz_trunc": "float (float)",
+    "mt_ftz_rint": "float (float)", "mt_ftz_round": "float (float)",
+    "mt_ftz_from_double": "float (double)", "mt_ftz_to_double": "double (float)",
+}
+
+_BIN = re.compile(r"^(\s*%[\w.]+ = )(fadd|fsub|fmul|fdiv) ((?:[a-z]+ )*)float (.*)$")
+_CMP = re.compile(r"^(\s*%[\w.]+ = )fcmp ((?:[a-z]+ )*)([a-z]+) float (.*)$")
+_TRUNC = re.compile(r"^(\s*%[\w.]+ = )fptrunc double (.*) to float\s*$")
+_EXT = re.compile(r"^(\s*%[\w.]+ = )fpext float (.*) to double\s*$")
+_CALL = re.compile(r"^(\s*(?:%[\w.]+ = )?(?:tail |musttail |notail )?call [^@]*?)@([\w.$]+)\((.*)$")
+_DEFINE = re.compile(r"^define .*?@([\w.$]+)\(")
+_DECLARE = re.compile(r"^declare .*?@([\w.$]+)\(")
+
+
+class Refused(Exception):
+    """An instruction touching float32 that the rule does not cover."""
+
+
+def split_operands(text):
+    """Top-level comma-separated operands of an instruction's tail."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur).strip())
+    return out
+
+
+def _touches_float(line):
+    return re.search(r"\bfloat\b", line) is not None
+
+
+def rewrite_line(line, fresh):
+    """The rewritten line(s) of one instruction; fresh() names a new value."""
+    m = _BIN.match(line)
+    if m:
+        ops = split_operands(m.group(4))
+        return ["%scall float @%s(float %s, float %s)" % (m.group(1), BINARY[m.group(2)], ops[0], ops[1])]
+    m = _CMP.match(line)
+    if m:
+        ops = split_operands(m.group(4))
+        a, b = fresh(), fresh()
+        indent = re.match(r"^\s*", line).group(0)
+        return ["%s%s = call float @mt_ftz_in(float %s)" % (indent, a, ops[0]),
+                "%s%s = call float @mt_ftz_in(float %s)" % (indent, b, ops[1]),
+                "%sfcmp %s%s float %s, %s" % (m.group(1), m.group(2), m.group(3), a, b)]
+    m = _TRUNC.match(line)
+    if m:
+        return ["%scall float @mt_ftz_from_double(double %s)" % (m.group(1), m.group(2).strip())]
+    m = _EXT.match(line)
+    if m:
+        return ["%scall double @mt_ftz_to_double(float %s)" % (m.group(1), m.group(2).strip())]
+    m = _CALL.match(line)
+    if m and m.group(2) in CALLS:
+        prim, arity = CALLS[m.group(2)]
+        args = split_operands(m.group(3).rsplit(")", 1)[0])
+        if len(args) != arity or not all(a.startswith("float ") for a in args):
+            raise Refused("unexpected arguments")
+        return ["%s@%s(%s)" % (m.group(1).replace(" fast ", " "), prim, ", ".join(args))]
+    return None
+
+
+def check_untouched(line):
+    """Raise for an instruction left as it was that computes on float32: frem, a float atomic, a
+    vector of floats, or an intrinsic of float this script does not map (bit operations pass)."""
+    if not line.startswith(" ") or not _touches_float(line):
+        return      # top-level entities (types, globals, declarations: checked after linking)
+    s = line.strip()
+    if re.search(r"= (fadd|fsub|fmul|fdiv|frem|fcmp [a-z]+|fptrunc|fpext|[a-z ]*call[^@]*@llvm\.[\w.]*v\d+f32)\b.*"
+                 r"<\s*\d+\s+x\s+(float|double)\s*>", s):
+        raise Refused("arithmetic on a vector of floats (build with -DMT_NO_CLONES: the portable loops)")
+    if re.search(r"(^|= )frem\b|atomicrmw\s+(volatile\s+)?f(add|sub|max|min)\b", s):
+        raise Refused("an operation the rule does not cover")
+    m = _CALL.match(line)
+    if m and m.group(2).startswith("llvm.") and m.group(2) not in BIT_OPS and \
+            re.search(r"\bf32\b|call float\b", m.group(2) + " " + m.group(1)):
+        raise Refused("the intrinsic %s" % m.group(2))
+
+
+def check_linked(text):
+    """Raise for a function the linked library calls but does not define (a libm routine, say)
+    whose signature has a float and that the rule does not map."""
+    defined = set()
+    for line in text.splitlines():
+        d = _DEFINE.match(line)
+        if d:
+            defined.add(d.group(1))
+    for line in text.splitlines():
+        d = _DECLARE.match(line)
+        if not d or d.group(1) in defined or not _touches_float(line.split("@", 1)[0] + line.split("(", 1)[-1]):
+            continue
+        name = d.group(1)
+        if name in BIT_OPS or name in PRIMITIVES or name in CALLS or name.startswith("llvm."):
+            continue
+        raise Refused("the library calls %s, which takes or returns float and is not defined in it:\n  %s"
+                      % (name, line.strip()))
+
+
+def rewrite(text):
+    """The whole module rewritten, with the primitives declared; Refused names the first line left."""
+    out, n = [], [0]
+    defined, declared = set(), set()
+
+    def fresh():
+        n[0] += 1
+        return "%%ftz.%d" % n[0]
+
+    for i, line in enumerate(text.splitlines()):
+        d = _DEFINE.match(line)
+        if d:
+            defined.add(d.group(1))
+        d = _DECLARE.match(line)
+        if d:
+            declared.add(d.group(1))
+        try:
+            new = rewrite_line(line, fresh)
+            if new is None:
+                check_untouched(line)
+                out.append(line)
+            else:
+                out.extend(new)
+        except Refused as e:
+            raise Refused("line %d: %s:\n  %s" % (i + 1, e, line.strip()))
+    for name, sig in PRIMITIVES.items():
+        if name not in defined and name not in declared:
+            ret, args = sig.split(" ", 1)
+            out.append("declare %s @%s%s" % (ret, name, args))
+    return "\n".join(out) + "\n"
+
+
+def main(argv):
+    if len(argv) == 3 and argv[1] == "--check-linked":
+        with open(argv[2]) as f:
+            text = f.read()
+        try:
+            check_linked(text)
+        except Refused as e:
+            sys.exit("%s: %s" % (argv[2], e))
+        return
+    if len(argv) != 3:
+        sys.exit(__doc__)
+    with open(argv[1]) as f:
+        text = f.read()
+    try:
+        new = rewrite(text)
+    except Refused as e:
+        sys.exit("%s: %s" % (argv[1], e))
+    with open(argv[2], "w") as f:
+        f.write(new)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
