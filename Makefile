@@ -54,8 +54,9 @@ CPU_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
 FTZ_CLANG ?= clang
 FTZ_LLVM_LINK ?= $(shell v=$$($(FTZ_CLANG) -dumpversion 2>/dev/null | cut -d. -f1); command -v llvm-link-$$v 2>/dev/null || command -v llvm-link 2>/dev/null)
 FTZ_HAVE_TOOLS := $(if $(and $(shell command -v $(FTZ_CLANG) 2>/dev/null),$(FTZ_LLVM_LINK)),yes,)
-FTZ_IR_FLAGS := -std=c11 -O0 -Xclang -disable-O0-optnone -fPIC -fno-fast-math -fno-math-errno -fvisibility=hidden \
-	$(INCLUDES) -D_GNU_SOURCE -DMT_NUMERIC_MODE=3 -DMT_NO_CLONES -ffp-contract=off -DMT_VENDOR_NAME='"cpu"'
+FTZ_IR_BASE := -std=c11 -fPIC -fno-fast-math -fno-math-errno -fvisibility=hidden \
+	$(INCLUDES) -D_GNU_SOURCE -DMT_NUMERIC_MODE=3 -DMT_NO_CLONES -ffp-contract=off
+FTZ_IR_FLAGS := $(FTZ_IR_BASE) -DMT_VENDOR_NAME='"cpu"'
 FTZ_LIB := $(BUILD)/libmojo_train_cpu_identical_ftz.$(SO)
 
 ifdef SABOTAGE
@@ -103,16 +104,8 @@ $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 
 $(FTZ_LIB): $(CPU_SRC) $(CPU_HDRS) native/cpu_oracle/mt_ftz_ir.py
 	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
-	set -e; d=$(BUILD)/ftz-ir$(TMP); rm -rf $$d; mkdir -p $$d; trap 'rm -rf '"$$d" EXIT; \
-	for f in $(CPU_SRC); do b=$$d/$$(basename $$f .c); \
-	    $(FTZ_CLANG) $(FTZ_IR_FLAGS) -S -emit-llvm $$f -o $$b.ll; $(PYTHON) native/cpu_oracle/mt_ftz_ir.py $$b.ll $$b.ftz.ll; done; \
-	$(FTZ_CLANG) -x c -std=c11 -O2 -fPIC -fno-fast-math -fno-math-errno -ffp-contract=off -DMT_FTZ_FN= \
-	    -S -emit-llvm native/include/mt_ftz.h -o $$d/rule.ll; \
-	$(FTZ_LLVM_LINK) -S -o $$d/lib.ll $$d/*.ftz.ll $$d/rule.ll; \
-	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --check-linked $$d/lib.ll; \
-	sed -E 's/^define (dso_local |hidden )*(float|double) @(mt_ftz_[a-z_]+)\(/define internal \2 @\3(/' $$d/lib.ll > $$d/lib.internal.ll; \
-	$(FTZ_CLANG) -O3 -fPIC -c $$d/lib.internal.ll -o $$d/lib.o; \
-	$(FTZ_CLANG) -shared $(SONAME) -o $@$(TMP) $$d/lib.o $(LDLIBS); $(call seal,$@)
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile $@.o$(TMP) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(CPU_SRC) -- $(FTZ_IR_FLAGS) \
+	    && $(FTZ_CLANG) -shared $(SONAME) -o $@$(TMP) $@.o$(TMP) $(LDLIBS) && rm -f $@.o$(TMP) && $(call seal,$@)
 
 ftz: $(call with_manifests,$(FTZ_LIB))
 .PHONY: ftz
@@ -212,7 +205,13 @@ NVCC_BASE := -O3 -std=c++17 $(CUDA_ARCH) $(INCLUDES) -Inative/cuda -Xcompiler -f
 NVCC_MODE_identical := -DMT_NUMERIC_MODE=0 --fmad=false -prec-div=true -prec-sqrt=true -ftz=false
 NVCC_MODE_deterministic := -DMT_NUMERIC_MODE=1 --fmad=true -prec-div=true -prec-sqrt=true -ftz=false
 NVCC_MODE_fast := -DMT_NUMERIC_MODE=2 --use_fast_math
-CUDA_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
+# identical_ftz: the device's own flush (-ftz=true: .ftz on every float32 instruction) for the
+# rule of native/contracts/ftz.md. Whether the hardware judges tininess before rounding, as the
+# rule does, is what its cards' boundary lines (products that round up to FLT_MIN) check on a GPU.
+# Its host code (native/common) goes through the CPU oracle's rewrite, as the oracle's does.
+NVCC_MODE_identical_ftz := -DMT_NUMERIC_MODE=3 --fmad=false -prec-div=true -prec-sqrt=true -ftz=true
+CUDA_MODES := $(NUMERIC_MODES) $(if $(FTZ_HAVE_TOOLS),identical_ftz)
+CUDA_LIBS := $(foreach t,$(CUDA_MODES),$(BUILD)/libmojo_train_cuda_$(t).$(SO))
 
 cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cuda_identical.$(SO),$(CUDA_LIBS)))
 
@@ -224,9 +223,20 @@ cuda: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmo
 define cuda_lib
 	@mkdir -p $(3)
 	$(call host_objs,$(1) -DMT_VENDOR_NAME='"cuda"',$(3))
+	$(call cuda_link,$(2),$(call host_o,$(3)))
+endef
+# $(call cuda_link,<nvcc flags>,<host objects>): nvcc over the kernels and the host objects, sealed, stamped.
+define cuda_link
 	d=$$($(SHA256) $(CUDA_DIGESTED)) && \
-	$(NVCC) $(NVCC_BASE) $(2) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(call host_o,$(3)) && $(call seal,$@) && \
+	$(NVCC) $(NVCC_BASE) $(1) -DMT_VENDOR_NAME='"cuda"' -shared -o $@$(TMP) $(CUDA_SRC) $(2) && $(call seal,$@) && \
 	printf '%s\n' "$$d" > $@.sources$(TMP) && mv -f $@.sources$(TMP) $@.sources
+endef
+# $(call ftz_host_obj,<vendor>,<object>): native/common under identical_ftz's rule, as one object.
+define ftz_host_obj
+	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
+	@mkdir -p $(dir $(2))
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile $(2) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(SHARED_HOST_SRC) -- \
+	    $(FTZ_IR_BASE) -DMT_VENDOR_NAME='"$(1)"'
 endef
 
 # The files a CUDA library is built from, flags included (the Makefile): their digest is taken
@@ -243,6 +253,10 @@ $(BUILD)/libmojo_train_cuda_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 
 $(BUILD)/sabotage-%/libmojo_train_cuda_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	$(call cuda_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG),$(NVCC_MODE_identical) $(SABOTAGE_FLAG),$(BUILD)/sabotage-$*/obj)
+
+$(BUILD)/libmojo_train_cuda_identical_ftz.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) native/cpu_oracle/mt_ftz_ir.py
+	$(call ftz_host_obj,cuda,$(BUILD)/obj-cuda-identical_ftz/host.o)
+	$(call cuda_link,$(NVCC_MODE_identical_ftz),$(BUILD)/obj-cuda-identical_ftz/host.o)
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -287,7 +301,10 @@ HIPCC_EXACT := -fhip-fp32-correctly-rounded-divide-sqrt -fno-gpu-flush-denormals
 HIPCC_MODE_identical := -DMT_NUMERIC_MODE=0 -ffp-contract=off -fno-fast-math $(HIPCC_EXACT)
 HIPCC_MODE_deterministic := -DMT_NUMERIC_MODE=1 -ffp-contract=fast -fno-fast-math $(HIPCC_EXACT)
 HIPCC_MODE_fast := -DMT_NUMERIC_MODE=2 -ffp-contract=fast -Xarch_device -ffast-math -fgpu-flush-denormals-to-zero -fno-hip-fp32-correctly-rounded-divide-sqrt
-HIP_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_hip_$(t).$(SO))
+# identical_ftz: identical's flags with the device's flush on (the rule's tininess unmeasured on AMD)
+HIPCC_MODE_identical_ftz := -DMT_NUMERIC_MODE=3 -ffp-contract=off -fno-fast-math -fhip-fp32-correctly-rounded-divide-sqrt \
+	-fgpu-flush-denormals-to-zero
+HIP_LIBS := $(foreach t,$(CUDA_MODES),$(BUILD)/libmojo_train_hip_$(t).$(SO))
 
 hip: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_hip_identical.$(SO),$(HIP_LIBS)))
 
@@ -296,7 +313,10 @@ hip: $(call with_manifests,$(if $(SABOTAGE),$(BUILD)/sabotage-$(SABOTAGE)/libmoj
 define hip_lib
 	@mkdir -p $(3)
 	$(call host_objs,$(1) -DMT_VENDOR_NAME='"hip"',$(3))
-	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(2) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(call host_o,$(3)) && $(call seal,$@)
+	$(call hip_link,$(2),$(call host_o,$(3)))
+endef
+define hip_link
+	HIP_PLATFORM=amd $(HIPCC) $(HIPCC_BASE) $(1) -DMT_VENDOR_NAME='"hip"' -shared -o $@$(TMP) -x hip $(CUDA_SRC) -x none $(2) && $(call seal,$@)
 endef
 
 $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
@@ -304,6 +324,10 @@ $(BUILD)/libmojo_train_hip_%.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 
 $(BUILD)/sabotage-%/libmojo_train_hip_identical.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC)
 	$(call hip_lib,$(MODE_FLAGS_identical) $(SABOTAGE_FLAG),$(HIPCC_MODE_identical) $(SABOTAGE_FLAG),$(BUILD)/sabotage-$*/obj-hip)
+
+$(BUILD)/libmojo_train_hip_identical_ftz.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) native/cpu_oracle/mt_ftz_ir.py
+	$(call ftz_host_obj,hip,$(BUILD)/obj-hip-identical_ftz/host.o)
+	$(call hip_link,$(HIPCC_MODE_identical_ftz),$(BUILD)/obj-hip-identical_ftz/host.o)
 
 .PHONY: hip
 
@@ -334,6 +358,21 @@ example: $(BUILD)/train_xor
 	cd "$${TMPDIR:-/tmp}" && $(abspath $(BUILD))/train_xor
 
 .PHONY: example
+
+# ---- Metal (macOS only): the float-behaviour probe (native/metal/mt_ftz_probe.*) ------------------
+# make metal-probe builds native/build/mt_ftz_probe; run it with the kernel's path, it prints a JSON
+# report of how the Mac's GPU treats subnormals (.github/workflows/macos.yml keeps it). The Metal
+# libraries themselves are not written yet (native/metal/README.md).
+$(BUILD)/mt_ftz_probe: native/metal/mt_ftz_probe.m native/metal/mt_ftz_probe_cases.c native/metal/mt_ftz_probe_cases.h \
+		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
+	@test "$(UNAME)" = Darwin || { echo "the Metal probe builds on macOS only"; exit 1; }
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -ffp-contract=off -fno-fast-math -fobjc-arc -Inative/include -Inative/metal -o $@ native/metal/mt_ftz_probe.m \
+	    native/metal/mt_ftz_probe_cases.c -framework Metal -framework Foundation
+
+metal-probe: $(BUILD)/mt_ftz_probe
+
+.PHONY: metal-probe
 
 # ---- portability (make portability): the CPU oracle's cards from other compilers and CPUs -----
 # Every card, identical numeric mode, from three more builds of the very same sources: clang on

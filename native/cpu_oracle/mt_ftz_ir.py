@@ -4,6 +4,12 @@ native/include/mt_ftz.h).
 
     python3 native/cpu_oracle/mt_ftz_ir.py IN.ll OUT.ll
     python3 native/cpu_oracle/mt_ftz_ir.py --check-linked LIBRARY.ll
+    python3 native/cpu_oracle/mt_ftz_ir.py --compile OUT.o CLANG LLVM_LINK SOURCE.c ... -- CFLAGS ...
+
+--compile is the whole build of C sources under the rule, as the Makefile runs it: each source
+to IR (CLANG with CFLAGS, -O0 -Xclang -disable-O0-optnone), rewritten, all linked with the rule's
+functions (native/include/mt_ftz.h compiled as plain IEEE code), checked (--check-linked), the
+rule's functions made internal, then optimized (-O3) into one position-independent object.
 
 IN.ll: one translation unit compiled with ``clang -O0 -Xclang -disable-O0-optnone -S -emit-llvm``
 (unoptimized, so every operation of the source is still one instruction). Each float32 fadd, fsub,
@@ -16,6 +22,7 @@ arithmetic on vectors of floats (the build takes the portable loops), atomics, a
 float -- stops the build with the line named, so no operation can slip through unflushed.
 Double arithmetic is host arithmetic on double values (the contract is float32's) and stays.
 """
+import os
 import re
 import sys
 
@@ -125,8 +132,9 @@ def check_untouched(line):
 
 
 def check_linked(text):
-    """Raise for a function the linked library calls but does not define (a libm routine, say)
-    whose signature has a float and that the rule does not map."""
+    """Raise for a function the linked code calls but does not define (a libm routine, say) whose
+    signature has a float and that the rule does not map. ``mt_*`` functions are the library's
+    own: a GPU library's host code calls its kernels' launchers, which its GPU compiler builds."""
     defined = set()
     for line in text.splitlines():
         d = _DEFINE.match(line)
@@ -138,6 +146,8 @@ def check_linked(text):
             continue
         name = d.group(1)
         if name in BIT_OPS or name in PRIMITIVES or name in CALLS or name.startswith("llvm."):
+            continue
+        if name.startswith("mt_"):    # the library's own, from its other part (a GPU library's kernels)
             continue
         raise Refused("the library calls %s, which takes or returns float and is not defined in it:\n  %s"
                       % (name, line.strip()))
@@ -175,7 +185,48 @@ def rewrite(text):
     return "\n".join(out) + "\n"
 
 
+RULE_HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "mt_ftz.h")
+
+
+def compile_sources(out, clang, llvm_link, sources, cflags):
+    """The object ``out`` of C ``sources`` with every float32 operation under the rule."""
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="mt_ftz_ir.") as work:
+        rewritten = []
+        for i, src in enumerate(sources):
+            ll, ftz = os.path.join(work, "%d.ll" % i), os.path.join(work, "%d.ftz.ll" % i)
+            subprocess.run([clang, *cflags, "-O0", "-Xclang", "-disable-O0-optnone", "-S", "-emit-llvm", src, "-o", ll],
+                           check=True)
+            with open(ll) as f:
+                text = rewrite(f.read())
+            with open(ftz, "w") as f:
+                f.write(text)
+            rewritten.append(ftz)
+        rule, linked = os.path.join(work, "rule.ll"), os.path.join(work, "linked.ll")
+        subprocess.run([clang, "-x", "c", "-std=c11", "-O2", "-fPIC", "-fno-fast-math", "-fno-math-errno",
+                        "-ffp-contract=off", "-DMT_FTZ_FN=", "-S", "-emit-llvm", RULE_HEADER, "-o", rule], check=True)
+        subprocess.run([llvm_link, "-S", "-o", linked, *rewritten, rule], check=True)
+        with open(linked) as f:
+            text = f.read()
+        check_linked(text)
+        internal = re.sub(r"^define (?:dso_local |hidden )*(float|double) @(mt_ftz_\w+)\(",
+                          r"define internal \1 @\2(", text, flags=re.M)
+        final = os.path.join(work, "final.ll")
+        with open(final, "w") as f:
+            f.write(internal)
+        subprocess.run([clang, "-O3", "-fPIC", "-c", final, "-o", out], check=True)
+
+
 def main(argv):
+    if len(argv) >= 6 and argv[1] == "--compile":
+        rest = argv[5:]
+        cut = rest.index("--") if "--" in rest else len(rest)
+        try:
+            compile_sources(argv[2], argv[3], argv[4], rest[:cut], rest[cut + 1:])
+        except Refused as e:
+            sys.exit("mt_ftz_ir: %s" % e)
+        return
     if len(argv) == 3 and argv[1] == "--check-linked":
         with open(argv[2]) as f:
             text = f.read()
