@@ -54,7 +54,8 @@ CPU_LIBS := $(foreach t,$(NUMERIC_MODES),$(BUILD)/libmojo_train_cpu_$(t).$(SO))
 FTZ_CLANG ?= clang
 FTZ_LLVM_LINK ?= $(shell v=$$($(FTZ_CLANG) -dumpversion 2>/dev/null | cut -d. -f1); command -v llvm-link-$$v 2>/dev/null || command -v llvm-link 2>/dev/null)
 FTZ_HAVE_TOOLS := $(if $(and $(shell command -v $(FTZ_CLANG) 2>/dev/null),$(FTZ_LLVM_LINK)),yes,)
-FTZ_IR_BASE := -std=c11 -fPIC -fno-fast-math -fno-math-errno -fvisibility=hidden \
+FTZ_TARGET ?=
+FTZ_IR_BASE := $(FTZ_TARGET) -std=c11 -fPIC -fno-fast-math -fno-math-errno -fvisibility=hidden \
 	$(INCLUDES) -D_GNU_SOURCE -DMT_NUMERIC_MODE=3 -DMT_NO_CLONES -ffp-contract=off
 FTZ_IR_FLAGS := $(FTZ_IR_BASE) -DMT_VENDOR_NAME='"cpu"'
 FTZ_LIB := $(BUILD)/libmojo_train_cpu_identical_ftz.$(SO)
@@ -64,16 +65,20 @@ SABOTAGE_FLAG := -DMT_SABOTAGE_$(shell echo $(SABOTAGE) | tr a-z A-Z)
 all: $(call with_manifests,$(BUILD)/sabotage-$(SABOTAGE)/libmojo_train_cpu_identical.$(SO))
 else
 all: $(call with_manifests,$(CPU_LIBS))
-# (identical_ftz is built by the host's clang: not beside a cross build)
-ifeq ($(FTZ_HAVE_TOOLS)$(findstring aarch64,$(CC)),yes)
-all: $(call with_manifests,$(FTZ_LIB))
-else
-all: ftz-tools-note
+# identical_ftz is built by clang for the host's CPU (FTZ_TARGET empty): `make` tries it where the
+# tools exist and CC compiles for the same CPU (not beside a cross build), and says so when it
+# cannot; `make ftz` insists (.ci/run), as does make portability for its aarch64 build.
+arch_of = $(firstword $(subst -, ,$(shell $(1) -dumpmachine 2>/dev/null)))
+FTZ_IN_ALL ?= $(if $(FTZ_HAVE_TOOLS),$(if $(filter $(call arch_of,$(FTZ_CLANG)),$(call arch_of,$(CC))),yes))
+all: ftz-if-possible
 endif
-endif
-ftz-tools-note:
+ftz-if-possible:
+ifeq ($(FTZ_IN_ALL),yes)
+	@$(MAKE) --no-print-directory ftz || echo "note: the identical_ftz CPU library was not built (the error is above; make ftz repeats it)"
+else ifneq ($(FTZ_IN_ALL),no)
 	@echo "note: the identical_ftz CPU library is not built $(if $(FTZ_HAVE_TOOLS),beside a cross build (CC=$(CC)),(it needs clang and llvm-link; Debian: apt-get install clang llvm))"
-.PHONY: ftz-tools-note
+endif
+.PHONY: ftz-if-possible
 
 # A library without its manifest (built before manifests existed, or the manifest deleted) is
 # rebuilt, so that a manifest only ever vouches for bytes this build wrote (seal); a library
@@ -104,8 +109,9 @@ $(BUILD)/sabotage-%/libmojo_train_cpu_identical.$(SO): $(CPU_SRC) $(CPU_HDRS)
 
 $(FTZ_LIB): $(CPU_SRC) $(CPU_HDRS) native/cpu_oracle/mt_ftz_ir.py
 	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
+	@mkdir -p $(dir $@)
 	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile $@.o$(TMP) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(CPU_SRC) -- $(FTZ_IR_FLAGS) \
-	    && $(FTZ_CLANG) -shared $(SONAME) -o $@$(TMP) $@.o$(TMP) $(LDLIBS) && rm -f $@.o$(TMP) && $(call seal,$@)
+	    && $(FTZ_CLANG) $(FTZ_TARGET) -shared $(SONAME) -o $@$(TMP) $@.o$(TMP) $(LDLIBS) && rm -f $@.o$(TMP) && $(call seal,$@)
 
 ftz: $(call with_manifests,$(FTZ_LIB))
 .PHONY: ftz
@@ -376,7 +382,8 @@ metal-probe: $(BUILD)/mt_ftz_probe
 
 # ---- portability (make portability): the CPU oracle's cards from other compilers and CPUs -----
 # Every card, identical numeric mode, from three more builds of the very same sources: clang on
-# this host, and gcc and clang for aarch64; the aarch64 libraries are run by Python for aarch64
+# this host, and gcc and clang for aarch64 (clang's builds also make identical_ftz, whose cards
+# then run too: the flush rule's functions give the same bits on both CPU families); the aarch64 libraries are run by Python for aarch64
 # under qemu-aarch64 (user mode), with Debian's interpreter fetched into $(AARCH64_PY) by
 # tests/cross/aarch64_python.sh. The one card reader (python -m mojo_train selfcheck) checks each
 # build; any differing line fails the target. Needs clang, gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user
@@ -401,7 +408,8 @@ AARCH64_RUN = qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11
 portability:
 	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
-	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang
+	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang FTZ_IN_ALL=no \
+	    FTZ_TARGET=--target=aarch64-linux-gnu all ftz
 	sh tests/cross/aarch64_python.sh $(AARCH64_PY)
 	$(MAKE) --no-print-directory -j3 --output-sync=target $(PORTABLE_CARDS)
 

@@ -3,9 +3,12 @@
     selfcheck [--write] [--card NAME] [--shard K/N] [--numeric-mode identical|identical_ftz]
                          check every fixtures/*.card (or one; or every N-th line from the K-th,
                          counting from 0, so that N runs split a card) on every loadable vendor's
-                         identical numeric mode -- only MOJO_TRAIN_VENDOR's when it names one -- and
-                         exit 1 on any mismatch; --write first appends the cases defined in
-                         code but missing from the cards, computed on the CPU oracle
+                         identical numeric mode -- only MOJO_TRAIN_VENDOR's when it names one --
+                         then every fixtures/identical_ftz/*.card on every vendor whose
+                         identical_ftz library loads (a vendor without one is listed as not
+                         checked, unless --numeric-mode asked for it), and exit 1 on any mismatch
+                         or missing card folder; --write first appends the cases defined in code
+                         but missing from the cards, computed on the CPU oracle
     info [--vendor V] [--numeric-mode M]
                          print backend_info() (defaults: MOJO_TRAIN_VENDOR, MOJO_TRAIN_NUMERIC_MODE)
     demo [--model mlp|gpt] [--vendor V] [--steps N] [--print-every N] [--svg PATH] [--distributed]
@@ -131,19 +134,22 @@ def selfcheck(write=False, card=None, shard=(0, 1), numeric_mode=None):
     """Every card of each card numeric mode (identical, identical_ftz; or the one asked for) on
     every vendor whose library of that mode loads; 0 when every line checked passed."""
     _check_card_name(card)
-    rows, failures, checked, notes = [], [], 0, []
+    rows, failures, checked, notes, missing = [], [], 0, [], []
     for mode in (_cards.CARD_MODES if numeric_mode is None else (numeric_mode,)):
         paths = _write(mode) if write else _cards.card_paths(mode)
         if card is not None:
             paths = [p for p in paths if _cards.card_name(p) == card]
         if not paths:
-            print("no %s cards found (looked in %s)" % (mode, ", ".join(_cards.fixtures_dirs())))
-            return 1
+            missing.append("no %s cards found (looked in %s)" % (mode, ", ".join(
+                os.path.join(d, _cards.card_folder(mode)) for d in _cards.fixtures_dirs())))
+            continue
         vendors, absent = _loadable_vendors(mode)
-        if not vendors and mode == "identical":
+        # the identical mode must load somewhere (and where MOJO_TRAIN_VENDOR points); another mode
+        # must when it was asked for by name
+        if not vendors and (mode == "identical" or numeric_mode is not None):
             for vendor, why in absent:
                 print("%s: %s" % (vendor, why))
-            print("no vendor's identical numeric mode could be loaded: nothing was checked")
+            print("no vendor's %s numeric mode could be loaded: nothing was checked" % mode)
             return 1
         for path in paths:
             for vendor, device in [(v, d) for v in vendors for d in (False, True) if not d or _has_device(v, mode)]:
@@ -169,7 +175,9 @@ def selfcheck(write=False, card=None, shard=(0, 1), numeric_mode=None):
                                                           ", ".join(sorted({r[1] for r in rows})), len(failures)))
     for note in notes:      # a vendor without a library here is not a failure
         print(note)
-    return 1 if failures else 0
+    for line in missing:    # a card folder the package should hold is
+        print("FAILED: " + line)
+    return 1 if failures or missing else 0
 
 
 def info(vendor=None, numeric_mode=None):

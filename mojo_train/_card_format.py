@@ -29,7 +29,7 @@ import zlib
 
 from . import _native
 from ._array import Array, float32_bits
-from .device import DeviceArray
+from .device import DeviceArray, to_device
 
 CARD_SUFFIX = ".card"
 CONTRACTS = {}   # card -> contract version (register)
@@ -272,25 +272,22 @@ def vendor_selected(vendor):
 _ON_DEVICE = []   # non-empty while cards run on device buffers (see check_card)
 
 
-def input_backend(backend):
-    """The library that draws a case's inputs: the identical numeric mode's of the same vendor,
-    whatever mode the card checks. identical_ftz's own fill flushes (a subnormal bound reads as
-    zero, no drawn value is subnormal), so its cards take the identical inputs -- subnormals
-    included -- and the flush rule applies from the op's first read of them on."""
-    return backend if backend.numeric_mode == "identical" else _native.load("identical", backend.vendor)
-
-
 def draw(backend, seed, stream, bounds, n, host=False):
-    """n float32 of (seed, stream) from offset 0, uniform in ``bounds``, drawn by the identical
-    mode's fill of the vendor (:func:`input_backend`): a DeviceArray while cards run on device
-    buffers (unless ``host``), else an Array."""
+    """n float32 of (seed, stream) from offset 0, uniform in ``bounds``, by the identical numeric
+    mode's fill: a DeviceArray while cards run on device buffers (unless ``host``), else an Array.
+    Identical cards draw with the vendor's own library (on its device when cards run there). Other
+    modes' cards draw with the CPU oracle's identical library and upload: identical_ftz's own fill
+    flushes (a subnormal bound reads as zero, no drawn value is subnormal), and a vendor may have
+    no identical library at all (Metal), so their cards read the identical cards' inputs,
+    subnormals included, and the flush rule applies from each op's first read of them on."""
     device = _ON_DEVICE and not host
-    a = DeviceArray((n,), "float32", numeric_mode=mode()) if device else Array((n,), "float32")
-    backend = input_backend(backend)
-    rc = backend.lib.mt_uniform_fill(_native.ffi.cast("float *", a.ptr if device else a.address), seed, stream, 0,
-                                     bounds[0], bounds[1], n)
-    backend.check(rc, "mt_uniform_fill")
-    return a
+    own = backend.numeric_mode == "identical"
+    filler = backend if own else _native.load("identical", "cpu")
+    a = DeviceArray((n,), "float32", numeric_mode=mode()) if device and own else Array((n,), "float32")
+    rc = filler.lib.mt_uniform_fill(_native.ffi.cast("float *", a.ptr if device and own else a.address), seed, stream,
+                                    0, bounds[0], bounds[1], n)
+    filler.check(rc, "mt_uniform_fill")
+    return to_device(a, numeric_mode=mode()) if device and not own else a
 
 
 def _filled(backend, case, stream, bounds):

@@ -31,7 +31,7 @@ def _run(case, backend):
     kwargs = {"warmup_steps": a["warmup"]}
     if a["kind"] != "constant":
         kwargs.update(total_steps=a["total"], min_lr=a.get("min", 0.0))
-    schedule = _CLASSES[a["kind"]](a["peak"], **kwargs)
+    schedule = _CLASSES[a["kind"]](a["peak"], numeric_mode=_cards.mode(), **kwargs)
     values = [schedule.lr_at(t) for t in range(a["first"], a["first"] + a["n"])]
     return {"values": _cards._sha(raw=struct.pack("<%df" % len(values), *values))}
 

@@ -10,6 +10,10 @@ in every vendor's library) a block of 1024 steps at a time and are cached.
 
 Gradient accumulation lives in mojo_train/accumulate.py; ``accumulate_grads``,
 ``accumulation_is_aligned`` and ``TOKEN_LEAF`` are re-exported here, where they used to live.
+
+Every schedule takes ``numeric_mode=`` (keyword only; None: the environment's): the library that
+computes its values. Only identical_ftz's differs, where a value below FLT_MIN is a zero
+(native/contracts/ftz.md). It is not part of ``config()``: a schedule's arguments are its config.
 """
 import array
 import numbers
@@ -78,7 +82,7 @@ class _Schedule:
 
     kind = None
 
-    def _setup(self, peak_lr, warmup_steps, total_steps, min_lr):
+    def _setup(self, peak_lr, warmup_steps, total_steps, min_lr, numeric_mode=None):
         where = type(self).__name__
         self.peak_lr = _real_arg(peak_lr, "peak_lr", where)
         if not 0.0 <= self.peak_lr <= _FLT_MAX:
@@ -97,7 +101,8 @@ class _Schedule:
                 raise ValueError(where_msg(where, "total_steps must be > warmup_steps (the decay needs at "
                                            "least one step), got total_steps=%d, warmup_steps=%d"
                                            % (self.total_steps, self.warmup_steps)))
-        self._backend = load()
+        self.numeric_mode = _native.numeric_mode_arg(numeric_mode, where)
+        self._backend = load(self.numeric_mode)
         self._code = _KIND_CODES[self.kind]
         self._tail = self.warmup_steps + 1 if self.total_steps is None else self.total_steps
         self._tail_value = self._native(self._tail, 1)[0]
@@ -197,13 +202,13 @@ class ConstantLR(_Schedule):
 
     kind = "constant"
 
-    def __init__(self, peak_lr, warmup_steps=0, **kwargs):
+    def __init__(self, peak_lr, warmup_steps=0, *, numeric_mode=None, **kwargs):
         for name in ("total_steps", "min_lr"):
             if name in kwargs:
                 raise TypeError(where_msg("ConstantLR", "%s= is not taken: a constant schedule has no decay "
                                           "(use WarmupLinearLR or WarmupCosineLR)" % name))
         _refuse_torch(kwargs, "ConstantLR")
-        self._setup(peak_lr, warmup_steps, None, 0.0)
+        self._setup(peak_lr, warmup_steps, None, 0.0, numeric_mode)
 
 
 def _from_config(cfg):
@@ -213,13 +218,13 @@ def _from_config(cfg):
 class _Decay(_Schedule):
     """The two decays: a warmup, then a decay that reaches min_lr at total_steps (required)."""
 
-    def __init__(self, peak_lr, warmup_steps=0, total_steps=None, min_lr=0.0, **kwargs):
+    def __init__(self, peak_lr, warmup_steps=0, total_steps=None, min_lr=0.0, *, numeric_mode=None, **kwargs):
         where = type(self).__name__
         _refuse_torch(kwargs, where)
         if total_steps is None:
             raise ValueError(where_msg(where, "total_steps is required (the step at which the decay "
                                        "reaches min_lr)"))
-        self._setup(peak_lr, warmup_steps, total_steps, min_lr)
+        self._setup(peak_lr, warmup_steps, total_steps, min_lr, numeric_mode)
 
 
 class WarmupLinearLR(_Decay):

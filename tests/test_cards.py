@@ -145,8 +145,8 @@ def test_every_case_defined_in_code_has_a_line_in_its_identical_ftz_card(name):
     assert all(_cards.case_key(_cards.parse_case(spec, "code")) in have for spec in _cards.CASES[name]())
 
 
-# The schedule's values are host scalars of learning rates, never near FLT_MIN: its card cannot
-# tell a flush from none, and says so here.
+# The learning-rate schedules are exempt from the rule (native/contracts/ftz.md, "Exempt": their
+# values are decided exactly, the same in both modes), so their card cannot tell a flush from none.
 NO_SUBNORMAL_CASES = {"schedule"}
 
 

@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.join(REPO, "native", "cpu_oracle"))
 import mt_ftz_ir  # noqa: E402
 
 FLT_MIN = 2.0 ** -126
-OPS = ("add", "sub", "mul", "div", "fma", "sqrt", "max", "min", "in")
+OPS = ("add", "sub", "mul", "div", "fma", "sqrt", "max", "min", "in", "from_double", "neg", "abs", "floor", "ceil",
+       "trunc", "rint", "round")
 
 HARNESS = r"""
 #include <stdio.h>
@@ -51,6 +52,13 @@ int main(void) {
         case 7: r = mt_ftz_min(f(a), f(b)); break;
         case 8: r = mt_ftz_in(f(a)); break;
         case 9: { uint64_t w = ((uint64_t)a << 32) | b; double d; memcpy(&d, &w, 8); r = mt_ftz_from_double(d); break; }
+        case 10: r = mt_ftz_neg(f(a)); break;
+        case 11: r = mt_ftz_abs(f(a)); break;
+        case 12: r = mt_ftz_floor(f(a)); break;
+        case 13: r = mt_ftz_ceil(f(a)); break;
+        case 14: r = mt_ftz_trunc(f(a)); break;
+        case 15: r = mt_ftz_rint(f(a)); break;
+        case 16: r = mt_ftz_round(f(a)); break;
         default: return 2;
         }
         printf("%08x\n", u(r));
@@ -102,8 +110,23 @@ def expected(op, a, b=0.0, c=0.0):
     a, b, c = flushed(a), flushed(b), flushed(c)
     if op == "in":
         return a
+    if op in ("neg", "abs"):
+        return -a if op == "neg" else abs(a)
+    if op in ("floor", "ceil", "trunc", "rint", "round"):
+        import math
+        if op == "rint":
+            return math.copysign(float(round(a)), a) if abs(a) < 2 ** 23 else a     # ties to even, sign kept
+        if op == "round":
+            r = math.floor(abs(a) + 0.5) if abs(a) < 2 ** 23 else abs(a)
+            return math.copysign(float(r), a)
+        r = {"floor": math.floor, "ceil": math.ceil, "trunc": math.trunc}[op](a) if abs(a) < 2 ** 23 else a
+        return math.copysign(float(r), a)      # a zero result keeps the operand's sign
     if op in ("max", "min"):
-        return (max if op == "max" else min)(a, b)     # cases with a == b are not drawn (fmaxf's zero)
+        if a == b:           # two zeros: max is +0, min is -0 (ftz.md)
+            neg = str(a).startswith("-") and str(b).startswith("-") if op == "max" else \
+                str(a).startswith("-") or str(b).startswith("-")
+            return -0.0 if neg else 0.0
+        return (max if op == "max" else min)(a, b)
     A, B, C = Fraction(a), Fraction(b), Fraction(c)
     if op == "sqrt":
         return f32(a ** 0.5) if a > 0 else a    # never tiny; sqrt(+-0) = +-0 (a is >= 0 here)
@@ -167,10 +190,12 @@ def near_min_cases(rng):
     cases += [("mul", tie, 2.0 ** -63, 0.0), ("mul", -tie, 2.0 ** -63, 0.0), ("fma", tie, 2.0 ** -63, 0.0),
               ("fma", tie, 2.0 ** -63, -0.0), ("mul", 2.0 ** -63, 2.0 ** -63, 0.0), ("add", 0.0, -0.0, 0.0),
               ("sub", -0.0, 0.0, 0.0), ("fma", -0.0, 1.0, -0.0), ("div", 0.0, -3.0, 0.0)]
-    # a division by a flushed zero, and a min/max of two equal values (which zero fmaxf picks), are
-    # not the rule's business
-    return [(op, a, b, c) for op, a, b, c in cases
-            if not (op == "div" and flushed(b) == 0) and not (op in ("max", "min") and flushed(a) == flushed(b))]
+    for x in (2.0 ** -140, -(2.0 ** -140), 0.0, -0.0, -2.5, 2.5, -0.5, 0.5, 1.5, -(2.0 ** -126), 3e38):
+        cases += [(op, x, 0.0, 0.0) for op in ("neg", "abs", "floor", "ceil", "trunc", "rint", "round")]
+    for x in (0.0, -0.0, 2.0 ** -140, -(2.0 ** -140)):
+        for y in (0.0, -0.0, 2.0 ** -140, -(2.0 ** -140)):
+            cases += [("max", x, y, 0.0), ("min", x, y, 0.0)]
+    return [(op, a, b, c) for op, a, b, c in cases if not (op == "div" and flushed(b) == 0)]   # 0/0: not the rule's
 
 
 @pytest.fixture(scope="module")
@@ -247,8 +272,9 @@ def test_the_ir_rewrite_puts_every_float_operation_under_the_rule_and_leaves_bit
     assert "call float @mt_ftz_fma(float %0, float %1, float %5)" in out
     assert "call float @mt_ftz_from_double(double %2)" in out
     assert "%6 = fcmp olt float %ftz.1, %ftz.2" in out and "%ftz.1 = call float @mt_ftz_in(float %5)" in out
-    assert "%9 = fneg float %8" in out and "@llvm.fabs.f32(float %9)" in out and "select i1 %6" in out
-    for op in ("fmul float", "fadd float", "@llvm.fma.f32(float %0", "fptrunc"):
+    assert "%9 = call float @mt_ftz_neg(float %8)" in out and "%10 = call float @mt_ftz_abs(float %9)" in out
+    assert "select i1 %6, float %7, float %10" in out          # a select moves bits
+    for op in ("fmul float", "fadd float", "fneg float", "@llvm.fma.f32(float %0", "@llvm.fabs", "fptrunc"):
         assert op not in out.split("declare")[0]
     assert "declare float @mt_ftz_in(float)" in out
 
@@ -258,10 +284,24 @@ def test_the_ir_rewrite_puts_every_float_operation_under_the_rule_and_leaves_bit
     ("  %3 = frem float %1, %2", "does not cover"),
     ("  %3 = call float @llvm.exp.f32(float %1)", "intrinsic"),
     ("  %3 = atomicrmw fadd float* %p, float 1.0 seq_cst", "does not cover"),
+    ("  %3 = fpext float %1 to x86_fp80", "form"),
+    ("  %3 = fptrunc x86_fp80 %1 to float", "form"),
+    ("  %3 = fptrunc float %1 to half", "form"),
+    ("  %3 = call float @mt_ftz_add(float %1, float 0x3800000000000000)", "below FLT_MIN"),   # 2^-127, folded
 ])
 def test_the_ir_rewrite_refuses_what_it_cannot_map(line, why):
     with pytest.raises(mt_ftz_ir.Refused, match=why):
         mt_ftz_ir.rewrite("define void @g() {\n%s\n  ret void\n}\n" % line)
+
+
+def test_the_ir_rewrite_reads_instructions_with_debug_metadata():
+    out = mt_ftz_ir.rewrite("define float @h(double %0, float %1) {\n"
+                            "  %3 = fptrunc double %0 to float, !dbg !7\n"
+                            "  %4 = fpext float %1 to double, !dbg !8\n"
+                            "  %5 = fadd float %3, %1, !dbg !9\n"
+                            "  ret float %5\n}\n")
+    assert "call float @mt_ftz_from_double(double %0)" in out and "call double @mt_ftz_to_double(float %1)" in out
+    assert "%5 = call float @mt_ftz_add(float %3, float %1)" in out
 
 
 def test_the_linked_check_refuses_an_external_function_of_float():

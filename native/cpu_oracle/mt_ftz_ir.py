@@ -13,17 +13,21 @@ rule's functions made internal, then optimized (-O3) into one position-independe
 
 IN.ll: one translation unit compiled with ``clang -O0 -Xclang -disable-O0-optnone -S -emit-llvm``
 (unoptimized, so every operation of the source is still one instruction). Each float32 fadd, fsub,
-fmul, fdiv becomes a call of mt_ftz_add / _sub / _mul / _div; fma, sqrt, min/max and the integer
-roundings (as intrinsics or libm calls) of mt_ftz_fma / _sqrt / _min / _max / _floor ...; an fcmp
-compares mt_ftz_in of its operands; fptrunc from double is mt_ftz_from_double and fpext to double
-mt_ftz_to_double. Bit operations stay (load, store, select, phi, fneg, fabs, copysign, bitcast),
-as do conversions from integers (never subnormal). Anything else that touches a float32 -- frem,
-arithmetic on vectors of floats (the build takes the portable loops), atomics, a call of a function this script does not know that takes or returns
-float -- stops the build with the line named, so no operation can slip through unflushed.
+fmul, fdiv, fneg becomes a call of mt_ftz_add / _sub / _mul / _div / _neg; fma, sqrt, fabs,
+min/max and the integer roundings (as intrinsics or libm calls) of mt_ftz_fma / _sqrt / _abs /
+_min / _max / _floor ...; an fcmp compares mt_ftz_in of its operands; fptrunc from double is
+mt_ftz_from_double and fpext to double mt_ftz_to_double. Bit operations stay (load, store,
+select, phi, copysign, bitcast), as do conversions from integers (never subnormal). Anything else
+that computes on a float32 -- frem, a float operation in a form not listed, arithmetic on vectors
+of floats (the build takes the portable loops), atomics, an unknown float intrinsic, a float
+constant below FLT_MIN (a constant expression the compiler folded by IEEE rules), a call of an
+external function that takes or returns float -- stops the build with the line named, so no
+operation slips through unflushed.
 Double arithmetic is host arithmetic on double values (the contract is float32's) and stays.
 """
 import os
 import re
+import struct
 import sys
 
 BINARY = {"fadd": "mt_ftz_add", "fsub": "mt_ftz_sub", "fmul": "mt_ftz_mul", "fdiv": "mt_ftz_div"}
@@ -38,8 +42,9 @@ CALLS = {   # callee -> (primitive, arity)
     "llvm.rint.f32": ("mt_ftz_rint", 1), "rintf": ("mt_ftz_rint", 1),
     "llvm.nearbyint.f32": ("mt_ftz_rint", 1), "nearbyintf": ("mt_ftz_rint", 1),
     "llvm.round.f32": ("mt_ftz_round", 1), "roundf": ("mt_ftz_round", 1),
+    "llvm.fabs.f32": ("mt_ftz_abs", 1), "fabsf": ("mt_ftz_abs", 1),
 }
-BIT_OPS = {"llvm.fabs.f32", "fabsf", "llvm.copysign.f32", "copysignf"}
+BIT_OPS = {"llvm.copysign.f32", "copysignf"}
 PRIMITIVES = {
     "mt_ftz_in": "float (float)", "mt_ftz_add": "float (float, float)", "mt_ftz_sub": "float (float, float)",
     "mt_ftz_mul": "float (float, float)", "mt_ftz_div": "float (float, float)",
@@ -48,12 +53,21 @@ PRIMITIVES = {
     "mt_ftz_floor": "float (float)", "mt_ftz_ceil": "float (float)", "mt_ftz_trunc": "float (float)",
     "mt_ftz_rint": "float (float)", "mt_ftz_round": "float (float)",
     "mt_ftz_from_double": "float (double)", "mt_ftz_to_double": "double (float)",
+    "mt_ftz_neg": "float (float)", "mt_ftz_abs": "float (float)",
 }
 
 _BIN = re.compile(r"^(\s*%[\w.]+ = )(fadd|fsub|fmul|fdiv) ((?:[a-z]+ )*)float (.*)$")
 _CMP = re.compile(r"^(\s*%[\w.]+ = )fcmp ((?:[a-z]+ )*)([a-z]+) float (.*)$")
-_TRUNC = re.compile(r"^(\s*%[\w.]+ = )fptrunc double (.*) to float\s*$")
-_EXT = re.compile(r"^(\s*%[\w.]+ = )fpext float (.*) to double\s*$")
+_NEG = re.compile(r"^(\s*%[\w.]+ = )fneg ((?:[a-z]+ )*)float ([^,]+?)(, !.*)?\s*$")
+_TRUNC = re.compile(r"^(\s*%[\w.]+ = )fptrunc double (.*?) to float(, !.*)?\s*$")
+_EXT = re.compile(r"^(\s*%[\w.]+ = )fpext float (.*?) to double(, !.*)?\s*$")
+# What is left after the rewrite must not compute on a float: any of these naming float (or a
+# type the contract does not know) is refused.
+_FLOAT_OP = re.compile(r"= (fadd|fsub|fmul|fdiv|frem|fneg|fcmp [a-z]+|fptrunc|fpext)\b.*\b(float|half|bfloat|x86_fp80|fp128)\b"
+                       r"|= (fptrunc|fpext) \w+ .* to (half|bfloat|x86_fp80|fp128)\b")
+# A float constant below FLT_MIN in the IR: a constant expression the compiler folded (IEEE, not the
+# rule) -- or a subnormal literal; refused either way.
+_FLOAT_CONST = re.compile(r"\bfloat (0x[0-9A-Fa-f]{16}|[-+]?\d+\.\d+e[-+]\d+)")
 _CALL = re.compile(r"^(\s*(?:%[\w.]+ = )?(?:tail |musttail |notail )?call [^@]*?)@([\w.$]+)\((.*)$")
 _DEFINE = re.compile(r"^define .*?@([\w.$]+)\(")
 _DECLARE = re.compile(r"^declare .*?@([\w.$]+)\(")
@@ -98,6 +112,9 @@ def rewrite_line(line, fresh):
         return ["%s%s = call float @mt_ftz_in(float %s)" % (indent, a, ops[0]),
                 "%s%s = call float @mt_ftz_in(float %s)" % (indent, b, ops[1]),
                 "%sfcmp %s%s float %s, %s" % (m.group(1), m.group(2), m.group(3), a, b)]
+    m = _NEG.match(line)
+    if m:
+        return ["%scall float @mt_ftz_neg(float %s)" % (m.group(1), m.group(3).strip())]
     m = _TRUNC.match(line)
     if m:
         return ["%scall float @mt_ftz_from_double(double %s)" % (m.group(1), m.group(2).strip())]
@@ -117,14 +134,20 @@ def rewrite_line(line, fresh):
 def check_untouched(line):
     """Raise for an instruction left as it was that computes on float32: frem, a float atomic, a
     vector of floats, or an intrinsic of float this script does not map (bit operations pass)."""
-    if not line.startswith(" ") or not _touches_float(line):
+    if not line.startswith(" ") or not re.search(r"\b(float|half|bfloat|x86_fp80|fp128)\b", line):
         return      # top-level entities (types, globals, declarations: checked after linking)
     s = line.strip()
-    if re.search(r"= (fadd|fsub|fmul|fdiv|frem|fcmp [a-z]+|fptrunc|fpext|[a-z ]*call[^@]*@llvm\.[\w.]*v\d+f32)\b.*"
+    if re.search(r"= (fadd|fsub|fmul|fdiv|frem|fneg|fcmp [a-z]+|fptrunc|fpext|[a-z ]*call[^@]*@llvm\.[\w.]*v\d+f32)\b.*"
                  r"<\s*\d+\s+x\s+(float|double)\s*>", s):
         raise Refused("arithmetic on a vector of floats (build with -DMT_NO_CLONES: the portable loops)")
     if re.search(r"(^|= )frem\b|atomicrmw\s+(volatile\s+)?f(add|sub|max|min)\b", s):
         raise Refused("an operation the rule does not cover")
+    if _FLOAT_OP.search(s):
+        raise Refused("a float operation in a form this rewrite does not know")
+    for c in _FLOAT_CONST.findall(s):
+        value = struct.unpack("<d", struct.pack("<Q", int(c, 16)))[0] if c.startswith("0x") else float(c)
+        if 0 < abs(value) < 2.0 ** -126:
+            raise Refused("a float constant below FLT_MIN (%s: a folded constant expression?)" % c)
     m = _CALL.match(line)
     if m and m.group(2).startswith("llvm.") and m.group(2) not in BIT_OPS and \
             re.search(r"\bf32\b|call float\b", m.group(2) + " " + m.group(1)):
@@ -188,8 +211,14 @@ def rewrite(text):
 RULE_HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "include", "mt_ftz.h")
 
 
+# Sources compiled as they are (IEEE): the learning-rate schedules, whose values are decided
+# exactly by their own proof (native/contracts/schedule.md), not computed by a sequence of float32
+# operations the rule could apply to (ftz.md, "Exempt").
+EXEMPT = ("mt_schedule.c",)
+
+
 def compile_sources(out, clang, llvm_link, sources, cflags):
-    """The object ``out`` of C ``sources`` with every float32 operation under the rule."""
+    """The object ``out`` of C ``sources`` with every float32 operation under the rule (but EXEMPT's)."""
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory(prefix="mt_ftz_ir.") as work:
@@ -199,12 +228,13 @@ def compile_sources(out, clang, llvm_link, sources, cflags):
             subprocess.run([clang, *cflags, "-O0", "-Xclang", "-disable-O0-optnone", "-S", "-emit-llvm", src, "-o", ll],
                            check=True)
             with open(ll) as f:
-                text = rewrite(f.read())
+                text = f.read() if os.path.basename(src) in EXEMPT else rewrite(f.read())
             with open(ftz, "w") as f:
                 f.write(text)
             rewritten.append(ftz)
         rule, linked = os.path.join(work, "rule.ll"), os.path.join(work, "linked.ll")
-        subprocess.run([clang, "-x", "c", "-std=c11", "-O2", "-fPIC", "-fno-fast-math", "-fno-math-errno",
+        target = [f for f in cflags if f.startswith("--target=")]      # a cross build's
+        subprocess.run([clang, *target, "-x", "c", "-std=c11", "-O2", "-fPIC", "-fno-fast-math", "-fno-math-errno",
                         "-ffp-contract=off", "-DMT_FTZ_FN=", "-S", "-emit-llvm", RULE_HEADER, "-o", rule], check=True)
         subprocess.run([llvm_link, "-S", "-o", linked, *rewritten, rule], check=True)
         with open(linked) as f:
@@ -215,7 +245,7 @@ def compile_sources(out, clang, llvm_link, sources, cflags):
         final = os.path.join(work, "final.ll")
         with open(final, "w") as f:
             f.write(internal)
-        subprocess.run([clang, "-O3", "-fPIC", "-c", final, "-o", out], check=True)
+        subprocess.run([clang, *target, "-O3", "-fPIC", "-c", final, "-o", out], check=True)
 
 
 def main(argv):

@@ -5,9 +5,9 @@
  * subnormal) is read as a zero of its own sign; a result whose EXACT value is nonzero and below
  * FLT_MIN in magnitude is a zero of the exact value's sign (tininess before rounding: a product
  * that rounds up to FLT_MIN is flushed too); every other result is the correctly rounded one.
- * Comparisons, min/max, rounding to an integer value and conversions read their inputs flushed;
- * a conversion from double flushes its result by the same rule; loads, stores, copies, selects,
- * negation, fabs and copysign move bits and flush nothing.
+ * Comparisons, min/max, negation, fabs, rounding to an integer value and conversions read their
+ * inputs flushed; a conversion from double flushes its result by the same rule; loads, stores,
+ * copies, selects and copysign move bits and flush nothing.
  *
  * These functions are the rule's one definition. The CPU oracle's identical_ftz library is its
  * ordinary C compiled to LLVM IR with every float operation replaced by a call of one of these
@@ -79,9 +79,10 @@ static inline int mt_ftz_sum_sign(const float *t, int n) {
 
 /* |a b + c| < FLT_MIN exactly, for flushed a, b, c whose fma rounds to r = +-FLT_MIN.
  * v = a b + c. With a or b zero, v = c, a normal: not below. With c zero, the product's test.
- * If |RN(a b)| > 2^-79 or |c| >= 2^-78, the terms' last bits are all multiples of 2^-126 (a
- * product's 48 bits, c's 24), so v is a multiple of FLT_MIN and equals r: not below. Otherwise
- * a = A 2^ea, b = B 2^eb with A, B in [1, 2), and, scaled by 2^S (S = -(ea + eb), 77 <= S <= 252),
+ * Given that RN(v) = +-FLT_MIN: if |RN(a b)| > 2^-79 or |c| >= 2^-78, then |a b| and |c| are
+ * both near each other and far above FLT_MIN, so their last bits (a product's 48 bits, c's 24) are
+ * multiples of 2^-126, v is a multiple of FLT_MIN and equals r: not below. Otherwise
+ * a = A 2^ea, b = B 2^eb with A, B in [1, 2), and, scaled by 2^S (S = -(ea + eb), 79 <= S <= 252),
  * A B = ph + pl exactly (no underflow), c 2^S and FLT_MIN 2^S stay finite: the sign of
  * sign(r) (ph + pl + c 2^S) - FLT_MIN 2^S is then computed exactly. */
 static inline uint32_t mt_ftz_bits(float x) { union { float f; uint32_t u; } v; v.f = x; return v.u; }
@@ -96,7 +97,7 @@ static inline int mt_ftz_fma_below(float a, float b, float c, float r) {
     uint32_t ua = mt_ftz_bits(a) & 0x7fffffffu, ub = mt_ftz_bits(b) & 0x7fffffffu;   /* normal: flushed */
     int ea = (int)(ua >> 23) - 127, eb = (int)(ub >> 23) - 127;
     float A = mt_ftz_float((ua & 0x7fffffu) | 0x3f800000u), B = mt_ftz_float((ub & 0x7fffffu) | 0x3f800000u);
-    int S = -(ea + eb), half = S / 2;     /* a b = A B 2^-S; 77 <= S <= 252 here */
+    int S = -(ea + eb), half = S / 2;     /* a b = A B 2^-S; 79 <= S <= 252 here */
     float sgn = signbit(r) ? -1.0f : 1.0f, ps = (signbit(a) != signbit(b)) ? -1.0f : 1.0f;
     float ph = A * B, pl = fmaf(A, B, -ph);                              /* A B exactly */
     float cs = (c * mt_ftz_pow2(half)) * mt_ftz_pow2(S - half);          /* c 2^S, exact */
@@ -111,9 +112,25 @@ MT_FTZ_FN float mt_ftz_fma(float a, float b, float c) {
     return r;
 }
 
-/* min and max of flushed inputs (fminf / fmaxf: a NaN loses to a number). */
-MT_FTZ_FN float mt_ftz_max(float a, float b) { return fmaxf(mt_ftz_in(a), mt_ftz_in(b)); }
-MT_FTZ_FN float mt_ftz_min(float a, float b) { return fminf(mt_ftz_in(a), mt_ftz_in(b)); }
+/* max and min of flushed inputs: a NaN loses to a number, and of two zeros max is +0 and min is
+ * -0 (IEEE 754-2019 maximumNumber / minimumNumber; C's fmaxf leaves that zero to the compiler). */
+MT_FTZ_FN float mt_ftz_max(float a, float b) {
+    float x = mt_ftz_in(a), y = mt_ftz_in(b);
+    if (x != x) return y;
+    if (y != y || x > y) return x;
+    return (x == y && !signbit(x)) ? x : y;
+}
+MT_FTZ_FN float mt_ftz_min(float a, float b) {
+    float x = mt_ftz_in(a), y = mt_ftz_in(b);
+    if (x != x) return y;
+    if (y != y || x < y) return x;
+    return (x == y && signbit(x)) ? x : y;
+}
+
+/* Negation and absolute value read their operand flushed (GPUs' flush modes treat them as
+ * arithmetic: PTX neg.ftz / abs.ftz), then move its sign bit. */
+MT_FTZ_FN float mt_ftz_neg(float a) { return -mt_ftz_in(a); }
+MT_FTZ_FN float mt_ftz_abs(float a) { return fabsf(mt_ftz_in(a)); }
 
 /* Integer-valued rounding of a flushed input (floor(-2^-140) would be -1; of -0, -0). */
 MT_FTZ_FN float mt_ftz_floor(float a) { return floorf(mt_ftz_in(a)); }
