@@ -10,7 +10,8 @@
 #     bash bench/device_steps.sh cards suite bench=rms_norm_cuda
 # Each step's output goes to $OUT/logs/<step>.txt, and everything comes back as $OUT/logs.tgz
 # (one file: the tool returns at most eight). Steps:
-#     cards              every card on CUDA (python -m mojo_train selfcheck, MOJO_TRAIN_VENDOR=cuda)
+#     cards              every card on CUDA (python -m mojo_train selfcheck, MOJO_TRAIN_VENDOR=cuda): the
+#                        identical cards, then identical_ftz's on its library
 #     suite              the suite on the CUDA libraries only (MOJO_TRAIN_VENDOR=cuda: without it
 #                        every test runs for the CPU libraries too, twice the time), verbose, so a
 #                        run cut by its limit ($SUITE_T seconds, default 420) still names what failed;
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 # <lib>.sources (the digest the build took) is `make cuda-sources` now, file for file. With
 # "all", a missing library is refused too (prepare); else only the libraries there are checked.
 CUDA_LIBS="native/build/libmojo_train_cuda_identical.so native/build/libmojo_train_cuda_deterministic.so
-           native/build/libmojo_train_cuda_fast.so"
+           native/build/libmojo_train_cuda_fast.so native/build/libmojo_train_cuda_identical_ftz.so"
 built_from_these_sources() {
     local now lib ok=0
     # sorted: make's $(wildcard) lists a folder in its file system's order, which differs there

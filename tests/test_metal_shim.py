@@ -22,7 +22,7 @@ SOURCES = sorted(glob.glob(os.path.join(METAL, "*.metal")))
 def _cxx():
     cxx = next((shutil.which(c) for c in ("clang++", "g++", "c++") if shutil.which(c)), None)
     if not cxx:
-        pytest.skip("no C++ compiler: the Metal sources are not compile-checked here")
+        pytest.skip("no C/C++ compiler: the Metal sources are not compile-checked here")
     return cxx
 
 
