@@ -264,6 +264,15 @@ $(BUILD)/libmojo_train_cuda_identical_ftz.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHAR
 	$(call ftz_host_obj,cuda,$(BUILD)/obj-cuda-identical_ftz/host.o)
 	$(call cuda_link,$(NVCC_MODE_identical_ftz),$(BUILD)/obj-cuda-identical_ftz/host.o)
 
+# The float-behaviour probe on an NVIDIA GPU, with identical_ftz's device flags (bench/ftz_probe_cuda.cu).
+$(BUILD)/ftz_probe_cuda: bench/ftz_probe_cuda.cu native/metal/mt_ftz_probe_cases.c native/metal/mt_ftz_probe_cases.h \
+		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c99 -O2 -ffp-contract=off -fno-fast-math $(INCLUDES) -Inative/metal -c native/metal/mt_ftz_probe_cases.c \
+	    -o $@.cases.o
+	$(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) -Xcompiler -ffp-contract=off \
+	    -o $@ bench/ftz_probe_cuda.cu $@.cases.o && rm -f $@.cases.o
+
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
 

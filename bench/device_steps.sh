@@ -22,6 +22,8 @@
 #     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
 #                        bench/NAME.py, as the per-instruction table (sass.csv) and the details
 #     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
+#     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
+#                        flush treats each case of native/contracts/ftz.md, as JSON (ftz_probe.json)
 set -u
 cd "$(dirname "$0")/.."
 # Each CUDA library was built from today's sources and flags, whatever the file times say: its
@@ -95,6 +97,9 @@ for step in "$@"; do
         ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass.csv" 2>&1
         ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details.csv" 2>&1
         rm -f "$L/rep.ncu-rep" ;;
+    ftz_probe)
+        native/build/ftz_probe_cuda > "$L/ftz_probe.json" 2> "$L/ftz_probe.txt"
+        echo "rc=$?" >> "$L/ftz_probe.txt" ;;
     sanitize)
         make sanitize-cuda > "$L/sanitize.txt" 2>&1
         echo "rc=$?" >> "$L/sanitize.txt"

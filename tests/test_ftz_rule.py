@@ -355,3 +355,27 @@ def test_a_move_keeps_subnormal_bits_and_a_comparison_reads_them_flushed():
     assert [bits(v) for v in relu_forward(x, numeric_mode="identical").tolist()][0] == bits(2.0 ** -140)
     # under the rule x > 0 reads +0 > 0: false, so the ReLU of a positive subnormal is 0
     assert bits(relu_forward(x, numeric_mode="identical_ftz").tolist()[0]) in (0x00000000,)
+
+
+# ---- the CUDA library's flags ---------------------------------------------------------------
+_F32_ARITH = r"^\s+(add|sub|mul|fma|div|sqrt|rcp|neg|abs|min|max|setp\.[a-z]+|cvt\.r[a-z]+i?)(\.r[nzmp])?(\.ftz)?\.f32\b"
+
+
+def test_the_cuda_identical_ftz_flags_put_ftz_on_every_float32_instruction(tmp_path):
+    """nvcc with the Makefile's NVCC_MODE_identical_ftz gives every float32 arithmetic, comparison
+    and rounding instruction its .ftz form (PTX: subnormal inputs and results flushed), negation and
+    abs included (ftz.md rule 5), and selects none (selp moves bits). Whether the hardware's flush
+    judges tininess before rounding is the GPU's to answer (bench/ftz_probe_cuda.cu)."""
+    import re
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc is not installed")
+    with open(os.path.join(REPO, "Makefile")) as f:
+        flags = re.search(r"^NVCC_MODE_identical_ftz := (.*)$", f.read(), re.M).group(1).split()
+    ptx = tmp_path / "probe.ptx"
+    subprocess.run([nvcc, "-ptx", "-O2", "-arch=sm_90", "-I", INCLUDE, "-I", os.path.join(REPO, "native", "metal"),
+                    *flags, os.path.join(REPO, "bench", "ftz_probe_cuda.cu"), "-o", str(ptx)], check=True)
+    ops = re.findall(_F32_ARITH, ptx.read_text(), re.M)
+    assert ops and all(ftz for _, _, ftz in ops), ops
+    kinds = {op.split(".")[0] for op, _, _ in ops}
+    assert {"add", "mul", "fma", "div", "sqrt", "neg", "abs", "max", "min", "setp", "cvt"} <= kinds
