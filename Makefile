@@ -111,7 +111,8 @@ $(FTZ_LIB): $(CPU_SRC) $(CPU_HDRS) native/cpu_oracle/mt_ftz_ir.py
 	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
 	@mkdir -p $(dir $@)
 	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile $@.o$(TMP) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(CPU_SRC) -- $(FTZ_IR_FLAGS) \
-	    && $(FTZ_CLANG) $(FTZ_TARGET) -shared $(SONAME) -o $@$(TMP) $@.o$(TMP) $(LDLIBS) && rm -f $@.o$(TMP) && $(call seal,$@)
+	    && $(FTZ_CLANG) $(FTZ_TARGET) -shared $(SONAME) -o $@$(TMP) $@.o$(TMP) $(LDLIBS) && rm -f $@.o$(TMP) && $(call seal,$@) \
+	    || { rm -f $@.o$(TMP) $@$(TMP); exit 1; }
 
 ftz: $(call with_manifests,$(FTZ_LIB))
 .PHONY: ftz
@@ -241,14 +242,14 @@ endef
 define ftz_host_obj
 	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
 	@mkdir -p $(dir $(2))
-	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile $(2) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(SHARED_HOST_SRC) -- \
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(2) $(FTZ_CLANG) $(FTZ_LLVM_LINK) $(SHARED_HOST_SRC) -- \
 	    $(FTZ_IR_BASE) -DMT_VENDOR_NAME='"$(1)"'
 endef
 
 # The files a CUDA library is built from, flags included (the Makefile): their digest is taken
 # before nvcc starts (an edit during the build makes the library stale, not its stamp) and kept
 # as <lib>.sources; `make cuda-sources` prints today's, which bench/device_steps.sh compares.
-CUDA_DIGESTED = $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) Makefile
+CUDA_DIGESTED = $(CUDA_SRC) $(CUDA_HDRS) $(SHARED_HOST_SRC) native/cpu_oracle/mt_ftz_ir.py Makefile
 cuda-sources:
 	@$(SHA256) $(CUDA_DIGESTED)
 
@@ -269,9 +270,8 @@ $(BUILD)/ftz_probe_cuda: bench/ftz_probe_cuda.cu native/metal/mt_ftz_probe_cases
 		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c99 -O2 -ffp-contract=off -fno-fast-math $(INCLUDES) -Inative/metal -c native/metal/mt_ftz_probe_cases.c \
-	    -o $@.cases.o
-	$(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) -Xcompiler -ffp-contract=off \
-	    -o $@ bench/ftz_probe_cuda.cu $@.cases.o && rm -f $@.cases.o
+	    -o $@.cases$(TMP) && $(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) \
+	    -Xcompiler -ffp-contract=off -o $@ bench/ftz_probe_cuda.cu -x none $@.cases$(TMP); rc=$$?; rm -f $@.cases$(TMP); exit $$rc
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
@@ -409,13 +409,15 @@ run_cards = export MOJO_TRAIN_VENDOR=cpu MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUI
 	$(2) -c "import mojo_train, platform, sys; p = mojo_train.backend_info()['path']; \
 	print('cards against', p, 'on', platform.machine()); \
 	sys.exit(None if p.startswith('$(abspath $(BUILD))/$(1)/') else 'that is not the $(1) build')" && \
+	{ test "$(1)" = aarch64-gcc || $(2) -c "import mojo_train, sys; p = mojo_train.backend_info('identical_ftz')['path']; \
+	sys.exit(None if p.startswith('$(abspath $(BUILD))/$(1)/') else 'identical_ftz: ' + p + ' is not the $(1) build')"; } && \
 	$(2) -m mojo_train selfcheck
 
 # The builds use both cores, and the three card runs go side by side (each one process; the two
 # under qemu take the longest), each run's output kept together (--output-sync).
 AARCH64_RUN = qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11
 portability:
-	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang
+	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang FTZ_IN_ALL=no all ftz
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang FTZ_IN_ALL=no \
 	    FTZ_TARGET=--target=aarch64-linux-gnu all ftz

@@ -12,8 +12,9 @@ Gradient accumulation lives in mojo_train/accumulate.py; ``accumulate_grads``,
 ``accumulation_is_aligned`` and ``TOKEN_LEAF`` are re-exported here, where they used to live.
 
 Every schedule takes ``numeric_mode=`` (keyword only; None: the environment's): the library that
-computes its values. Only identical_ftz's differs, where a value below FLT_MIN is a zero
-(native/contracts/ftz.md). It is not part of ``config()``: a schedule's arguments are its config.
+computes its values. The values are the same in every numeric mode: identical_ftz exempts the
+schedules from its flush (native/contracts/ftz.md, "Exempt"), so a value below FLT_MIN is kept,
+and an optimizer's step reads it flushed. It is not part of ``config()``.
 """
 import array
 import numbers

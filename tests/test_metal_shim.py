@@ -53,11 +53,13 @@ def test_the_shim_catches_a_type_error(tmp_path):
 
 PROBE_MAIN = r"""
 #include <stdlib.h>
+#include <string.h>
 #include "mt_ftz_probe_cases.h"
-int main(void) {           /* the rule's answers stand in for a GPU's */
+int main(int argc, char **argv) {   /* the rule's answers stand in for a GPU's; "zeros": a device that computes nothing */
     uint32_t *hw = malloc(4 * (size_t)mt_probe_count);
-    for (int k = 0; k < mt_probe_count; ++k) hw[k] = mt_probe_rule(&mt_probe_cases[k]);
-    return mt_probe_report(stdout, hw, 32, "the rule itself");
+    for (int k = 0; k < mt_probe_count; ++k) hw[k] = argc > 1 ? 0u : mt_probe_rule(&mt_probe_cases[k]);
+    int differ = mt_probe_report(stdout, hw, 32, "the rule itself");
+    return differ < 0 ? 2 : differ ? 1 : 0;
 }
 """
 
@@ -75,10 +77,18 @@ def test_the_probes_report_says_what_the_rule_says_when_a_device_follows_it(tmp_
     report = json.loads(run.stdout)
     assert report["verdicts"] == {"subnormal inputs read as zero": True, "results below FLT_MIN flushed": True,
                                   "tininess": "before rounding", "sign of a flushed negative result": "-0",
+                                  "normal cases neither rule nor IEEE (the device computed nothing trustworthy)": 0,
                                   "cases that differ from the rule": 0}
+    # the rule's own neg and abs (ftz.md rule 5), not bit flips
+    rows = {c["question"]: c for c in report["cases"]}
+    assert rows["negation of a subnormal"]["rule"] == "80000000" and rows["fabs of a negative subnormal"]["rule"] == "00000000"
     questions = " ".join(c["question"] for c in report["cases"])
     for asked in ("smallest subnormal + 0.0", "FLT_MIN * 0.5", "rounds up to FLT_MIN", "-FLT_MIN * 0.5",
                   "> 0", "copy", "select", "division", "sqrt"):
         assert asked in questions, asked
     # the cases tell the two behaviours apart: most of the subnormal ones differ between rule and IEEE
     assert sum(c["rule"] != c["ieee"] for c in report["cases"]) >= 15
+    # a device whose every answer is 0 (a paravirtual GPU running nothing) is told, not taken as flushing
+    zeros = subprocess.run([str(exe), "zeros"], capture_output=True, text=True)
+    assert zeros.returncode == 2 and json.loads(zeros.stdout)["verdicts"][
+        "normal cases neither rule nor IEEE (the device computed nothing trustworthy)"] >= 4

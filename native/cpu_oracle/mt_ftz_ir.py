@@ -5,6 +5,8 @@ native/include/mt_ftz.h).
     python3 native/cpu_oracle/mt_ftz_ir.py IN.ll OUT.ll
     python3 native/cpu_oracle/mt_ftz_ir.py --check-linked LIBRARY.ll
     python3 native/cpu_oracle/mt_ftz_ir.py --compile OUT.o CLANG LLVM_LINK SOURCE.c ... -- CFLAGS ...
+    python3 native/cpu_oracle/mt_ftz_ir.py --compile-part ... (the same, for part of a library:
+        a GPU library's host code, whose calls of the library's mt_* functions are external)
 
 --compile is the whole build of C sources under the rule, as the Makefile runs it: each source
 to IR (CLANG with CFLAGS, -O0 -Xclang -disable-O0-optnone), rewritten, all linked with the rule's
@@ -20,9 +22,9 @@ mt_ftz_from_double and fpext to double mt_ftz_to_double. Bit operations stay (lo
 select, phi, copysign, bitcast), as do conversions from integers (never subnormal). Anything else
 that computes on a float32 -- frem, a float operation in a form not listed, arithmetic on vectors
 of floats (the build takes the portable loops), atomics, an unknown float intrinsic, a float
-constant below FLT_MIN (a constant expression the compiler folded by IEEE rules), a call of an
-external function that takes or returns float -- stops the build with the line named, so no
-operation slips through unflushed.
+constant below FLT_MIN read by an instruction left as it was (a constant expression the compiler
+folded by IEEE rules: not every fold shows, see ftz.md), a call of an external function that
+takes or returns float -- stops the build with the line named.
 Double arithmetic is host arithmetic on double values (the contract is float32's) and stays.
 """
 import os
@@ -154,10 +156,10 @@ def check_untouched(line):
         raise Refused("the intrinsic %s" % m.group(2))
 
 
-def check_linked(text):
+def check_linked(text, part=False):
     """Raise for a function the linked code calls but does not define (a libm routine, say) whose
-    signature has a float and that the rule does not map. ``mt_*`` functions are the library's
-    own: a GPU library's host code calls its kernels' launchers, which its GPU compiler builds."""
+    signature has a float and that the rule does not map. With ``part`` (a GPU library's host
+    code), ``mt_*`` functions may be external: its kernels' launchers, built by the GPU compiler."""
     defined = set()
     for line in text.splitlines():
         d = _DEFINE.match(line)
@@ -170,7 +172,7 @@ def check_linked(text):
         name = d.group(1)
         if name in BIT_OPS or name in PRIMITIVES or name in CALLS or name.startswith("llvm."):
             continue
-        if name.startswith("mt_"):    # the library's own, from its other part (a GPU library's kernels)
+        if part and name.startswith("mt_"):    # the library's own, from its other part
             continue
         raise Refused("the library calls %s, which takes or returns float and is not defined in it:\n  %s"
                       % (name, line.strip()))
@@ -217,7 +219,7 @@ RULE_HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 EXEMPT = ("mt_schedule.c",)
 
 
-def compile_sources(out, clang, llvm_link, sources, cflags):
+def compile_sources(out, clang, llvm_link, sources, cflags, part=False):
     """The object ``out`` of C ``sources`` with every float32 operation under the rule (but EXEMPT's)."""
     import subprocess
     import tempfile
@@ -239,7 +241,7 @@ def compile_sources(out, clang, llvm_link, sources, cflags):
         subprocess.run([llvm_link, "-S", "-o", linked, *rewritten, rule], check=True)
         with open(linked) as f:
             text = f.read()
-        check_linked(text)
+        check_linked(text, part)
         internal = re.sub(r"^define (?:dso_local |hidden )*(float|double) @(mt_ftz_\w+)\(",
                           r"define internal \1 @\2(", text, flags=re.M)
         final = os.path.join(work, "final.ll")
@@ -249,11 +251,11 @@ def compile_sources(out, clang, llvm_link, sources, cflags):
 
 
 def main(argv):
-    if len(argv) >= 6 and argv[1] == "--compile":
+    if len(argv) >= 6 and argv[1] in ("--compile", "--compile-part"):
         rest = argv[5:]
         cut = rest.index("--") if "--" in rest else len(rest)
         try:
-            compile_sources(argv[2], argv[3], argv[4], rest[:cut], rest[cut + 1:])
+            compile_sources(argv[2], argv[3], argv[4], rest[:cut], rest[cut + 1:], argv[1] == "--compile-part")
         except Refused as e:
             sys.exit("mt_ftz_ir: %s" % e)
         return

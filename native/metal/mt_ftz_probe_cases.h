@@ -21,7 +21,8 @@ uint32_t mt_probe_rule(const mt_probe_case *c);    /* the result's bits under th
 uint32_t mt_probe_ieee(const mt_probe_case *c);    /* ... under IEEE gradual underflow */
 
 /* The report as JSON: every case (hardware, rule and IEEE bits) and the verdicts; returns the
- * number of cases where the hardware differs from the rule. */
+ * number of cases where the hardware differs from the rule, or -1 when it got a normal-number
+ * case wrong under both (a device that computes nothing, e.g. a paravirtual GPU). */
 int mt_probe_report(FILE *f, const uint32_t *hardware, uint32_t simd_width, const char *device_name);
 
 #endif
