@@ -270,8 +270,8 @@ $(BUILD)/ftz_probe_cuda: bench/ftz_probe_cuda.cu native/metal/mt_ftz_probe_cases
 		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c99 -O2 -ffp-contract=off -fno-fast-math $(INCLUDES) -Inative/metal -c native/metal/mt_ftz_probe_cases.c \
-	    -o $@.cases$(TMP) && $(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) \
-	    -Xcompiler -ffp-contract=off -o $@ bench/ftz_probe_cuda.cu -x none $@.cases$(TMP); rc=$$?; rm -f $@.cases$(TMP); exit $$rc
+	    -o $@.cases$(TMP).o && $(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) \
+	    -Xcompiler -ffp-contract=off -o $@ bench/ftz_probe_cuda.cu $@.cases$(TMP).o; rc=$$?; rm -f $@.cases$(TMP).o; exit $$rc
 
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
