@@ -37,7 +37,8 @@ def test_an_unknown_step_is_named_in_the_archive(bash, tmp_path):
 
 def _tree(tmp_path):
     """A copy of what the script's stamp check reads: the script, the Makefile, the native
-    sources, and three stand-in CUDA libraries stamped as `make cuda-sources` says now."""
+    sources (the ftz rewrite among them), and three stand-in CUDA libraries stamped as `make
+    cuda-sources` says now."""
     root = os.path.dirname(os.path.dirname(SCRIPT))
     tree = tmp_path / "tree"
     (tree / "bench").mkdir(parents=True)
@@ -45,6 +46,8 @@ def _tree(tmp_path):
     shutil.copy(os.path.join(root, "Makefile"), tree)
     for part in ("cuda", "include", "common"):
         shutil.copytree(os.path.join(root, "native", part), tree / "native" / part)
+    os.makedirs(tree / "native" / "cpu_oracle")         # the ftz rewrite builds the identical_ftz host code
+    shutil.copy(os.path.join(root, "native", "cpu_oracle", "mt_ftz_ir.py"), tree / "native" / "cpu_oracle")
     (tree / "native" / "build").mkdir()
     stamp = subprocess.run(["make", "-s", "--no-print-directory", "cuda-sources"], cwd=tree, capture_output=True,
                            text=True, timeout=60, check=True).stdout
