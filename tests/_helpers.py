@@ -14,6 +14,13 @@ import random
 import struct
 from fractions import Fraction
 
+# ---- tools ----------------------------------------------------------------------------------
+def c_compiler():
+    """The C compiler the tests compile small programs with: $CC, cc, gcc or clang, or None."""
+    import shutil
+    return next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+
+
 # ---- what a numeric mode promises about subnormals ----------------------------------------
 GRADUAL_UNDERFLOW_SKIPS = {
     "approximate": "IEEE-exact arithmetic is not this numeric mode's promise (approximate division, flushed subnormals)",

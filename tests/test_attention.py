@@ -13,7 +13,6 @@ count; every numeric mode stays within tests/tolerances.py's bound of torch in f
 """
 import math
 import os
-import shutil
 import subprocess
 import sys
 from fractions import Fraction
@@ -27,7 +26,7 @@ from mojo_train._native import ffi
 from mojo_train.random import DropoutKey, Generator
 
 import tolerances as tol
-from _helpers import f32, fma32
+from _helpers import c_compiler, f32, fma32
 from _layer_helpers import HYPOTHESIS, assert_c_refusals_write_nothing, assert_nonfinite_refused, \
     digests_over_thread_counts, print_family_figures
 
@@ -67,7 +66,7 @@ def same(xs, ys):
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory):
     """mt_expf and mt_logf of mt_pinned.h, compiled alone (the replay's transcendental steps)."""
-    cc = next((shutil.which(n) for n in (os.environ.get("CC"), "cc", "gcc", "clang") if n and shutil.which(n)), None)
+    cc = c_compiler()
     if not cc:
         pytest.skip("no C compiler: mt_pinned.h's exp and log are not compiled here")
     work = tmp_path_factory.mktemp("pinned")

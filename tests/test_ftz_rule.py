@@ -18,6 +18,7 @@ import pytest
 
 import mojo_train as mt
 from mojo_train import _native
+from _helpers import c_compiler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INCLUDE = os.path.join(REPO, "native", "include")
@@ -200,7 +201,7 @@ def near_min_cases(rng):
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
-    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    cc = c_compiler()
     if not cc:
         pytest.skip("no C compiler: mt_ftz.h is not compiled here")
     work = tmp_path_factory.mktemp("ftz")

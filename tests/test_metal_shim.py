@@ -14,6 +14,8 @@ import subprocess
 
 import pytest
 
+from _helpers import c_compiler
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METAL = os.path.join(REPO, "native", "metal")
 SOURCES = sorted(glob.glob(os.path.join(METAL, "*.metal")))
@@ -65,7 +67,7 @@ int main(int argc, char **argv) {   /* the rule's answers stand in for a GPU's; 
 
 
 def test_the_probes_report_says_what_the_rule_says_when_a_device_follows_it(tmp_path):
-    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    cc = c_compiler()
     if not cc:
         pytest.skip("no C compiler: the probe's C half is not compiled here")
     main, exe = tmp_path / "main.c", tmp_path / "probe"

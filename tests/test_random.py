@@ -16,7 +16,6 @@ fresh seed, and the seeds here were not chosen).
 import array
 import math
 import os
-import shutil
 import subprocess
 
 import pytest
@@ -26,7 +25,7 @@ from mojo_train import DeviceArray
 from mojo_train._native import ffi
 from mojo_train.random import DropoutKey, Generator
 
-from _helpers import EINVAL, REPO, bits, f32, f32_array, from_bits, raw
+from _helpers import c_compiler, EINVAL, REPO, bits, f32, f32_array, from_bits, raw
 
 INCLUDE = os.path.join(REPO, "native", "include")
 SINCOS_BOUND = 0.549   # ulp, random.md
@@ -220,7 +219,7 @@ def _sincos_inputs():
 
 @pytest.fixture(scope="module")
 def sincos(tmp_path_factory):
-    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    cc = c_compiler()
     if not cc:
         pytest.skip("no C compiler: the pinned sin/cos is not compiled here")
     work = tmp_path_factory.mktemp("sincospi")
@@ -299,7 +298,7 @@ def test_sincospi_bits_do_not_depend_on_optimisation(sincos, flags):
 def test_box_mullers_shortcuts_give_the_general_routines_bits_on_every_input(tmp_path, flags):
     """mt_sincospif_angle and mt_logf_normal (the normal draws' shortcuts) against mt_sincospif
     and mt_logf on all 2^24 angles 2 u2 and all 2^24 values of u1 (bench/box_muller_identity.c)."""
-    cc = next((shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c and shutil.which(c)), None)
+    cc = c_compiler()
     if not cc:
         pytest.skip("no C compiler: the pinned sin/cos is not compiled here")
     exe = str(tmp_path / "box_muller_identity")
