@@ -391,6 +391,51 @@ metal-probe: $(BUILD)/mt_ftz_probe
 
 .PHONY: metal-probe
 
+# ---- Metal on a CPU (make metal-emulated): the Metal kernel sources run by an emulator ---------
+# native/metal/'s kernels compiled as C++ through the shim (native/metal/shim/metal_stdlib) and run
+# one threadgroup at a time by native/metal/emulator/, behind the very host code the macOS library
+# has (native/metal/mt_metal_*.c over mt_metal_runtime.h): vendor metal_emulated, so the cards and
+# the suite check the kernels' indexing, trees and refusals here. identical_ftz puts the kernels'
+# and the host's float32 arithmetic under the flush rule (mt_ftz_ir.py), standing for a GPU that
+# follows native/contracts/ftz.md; identical runs them under IEEE gradual underflow.
+CXX ?= c++
+METAL_HOST_SRC := $(wildcard native/metal/mt_metal_*.c)
+METAL_KERNEL_SRC := $(wildcard native/metal/mt_metal_*.metal)
+METAL_HDRS := $(wildcard native/metal/*.h native/metal/emulator/*.h) native/metal/shim/metal_stdlib
+METAL_EMU_DEPS := $(SHARED_HOST_SRC) $(METAL_HOST_SRC) $(METAL_KERNEL_SRC) $(METAL_HDRS) $(HDRS) \
+	$(wildcard native/metal/emulator/*.cpp) native/cpu_oracle/mt_ftz_ir.py
+METAL_EMU_MODES := identical $(if $(FTZ_HAVE_TOOLS),identical_ftz)
+METAL_EMU_LIBS := $(foreach t,$(METAL_EMU_MODES),$(BUILD)/libmojo_train_metal_emulated_$(t).$(SO))
+METAL_EMU_CXXFLAGS := -std=c++17 -fPIC -fno-fast-math -fno-math-errno -ffp-contract=off -fvisibility=hidden \
+	-Wno-unknown-pragmas -Wno-attributes $(INCLUDES) -Inative/metal -Inative/metal/shim
+METAL_EMU_NAME := -DMT_VENDOR_NAME='"metal_emulated"'
+
+$(BUILD)/libmojo_train_metal_emulated_identical.$(SO): $(METAL_EMU_DEPS)
+	@mkdir -p $(BUILD)/obj-metal-emulated-identical
+	for f in $(SHARED_HOST_SRC) $(METAL_HOST_SRC); do $(CC) $(BASE_CFLAGS) $(MODE_FLAGS_identical) $(METAL_EMU_NAME) \
+	    -Inative/metal -c $$f -o $(BUILD)/obj-metal-emulated-identical/$$(basename $$f .c).o || exit 1; done
+	$(CXX) $(METAL_EMU_CXXFLAGS) -O2 -DMT_NUMERIC_MODE=0 -c native/metal/emulator/mt_metal_emulator_kernels.cpp \
+	    -o $(BUILD)/obj-metal-emulated-identical/kernels.o
+	$(CXX) -std=c++17 -O2 -fPIC -fvisibility=hidden $(INCLUDES) -Inative/metal -c native/metal/emulator/mt_metal_emulator.cpp \
+	    -o $(BUILD)/obj-metal-emulated-identical/runtime.o
+	$(CXX) -shared $(SONAME) -o $@$(TMP) $(BUILD)/obj-metal-emulated-identical/*.o $(LDLIBS) && $(call seal,$@)
+
+$(BUILD)/libmojo_train_metal_emulated_identical_ftz.$(SO): $(METAL_EMU_DEPS)
+	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
+	@mkdir -p $(BUILD)/obj-metal-emulated-identical_ftz
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(BUILD)/obj-metal-emulated-identical_ftz/host.o $(FTZ_CLANG) \
+	    $(FTZ_LLVM_LINK) $(SHARED_HOST_SRC) $(METAL_HOST_SRC) -- $(FTZ_IR_BASE) $(METAL_EMU_NAME) -Inative/metal
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(BUILD)/obj-metal-emulated-identical_ftz/kernels.o $(FTZ_CLANG) \
+	    $(FTZ_LLVM_LINK) native/metal/emulator/mt_metal_emulator_kernels.cpp -- $(FTZ_TARGET) -x c++ $(METAL_EMU_CXXFLAGS) \
+	    -DMT_NUMERIC_MODE=3
+	$(FTZ_CLANG)++ $(FTZ_TARGET) -std=c++17 -O2 -fPIC -fvisibility=hidden $(INCLUDES) -Inative/metal \
+	    -c native/metal/emulator/mt_metal_emulator.cpp -o $(BUILD)/obj-metal-emulated-identical_ftz/runtime.o
+	$(FTZ_CLANG)++ $(FTZ_TARGET) -shared $(SONAME) -o $@$(TMP) $(BUILD)/obj-metal-emulated-identical_ftz/*.o $(LDLIBS) \
+	    && $(call seal,$@)
+
+metal-emulated: $(call with_manifests,$(METAL_EMU_LIBS))
+.PHONY: metal-emulated
+
 # ---- portability (make portability): the CPU oracle's cards from other compilers and CPUs -----
 # Every card, identical numeric mode, from three more builds of the very same sources: clang on
 # this host, and gcc and clang for aarch64 (clang's builds also make identical_ftz, whose cards

@@ -41,7 +41,7 @@ import cffi
 from ._errors import where_msg
 
 NUMERIC_MODES = ("identical", "deterministic", "fast", "identical_ftz")
-VENDORS = ("cpu", "cuda", "hip", "metal")
+VENDORS = ("cpu", "cuda", "hip", "metal", "metal_emulated")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

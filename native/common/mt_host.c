@@ -164,6 +164,34 @@ int mt_check_map_flags(uint32_t flags) {
     return MT_OK;
 }
 
+int mt_check_map_args(const float *out, const float *a, const float *b, int64_t n, const char *const names[3]) {
+    int rc;
+    if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) ||
+        (b != a && (rc = mt_check_ptr(b, names[2]))))
+        return rc;
+    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if ((rc = mt_check_alias(out, a, n, 1, names[0], names[1])) ||
+        (b != a && (rc = mt_check_alias(out, b, n, 1, names[0], names[2]))))
+        return rc;
+    return MT_OK;
+}
+
+int mt_check_dropout_args(const float *y, const float *x, float p, uint64_t offset, int64_t n, uint32_t flags,
+                          const char *yname, const char *xname) {
+    int rc;
+    const char *why = mt_dropout_problem(p);
+    if ((rc = mt_check_ptr(y, yname)) || (rc = mt_check_ptr(x, xname)) || (rc = mt_check_span(offset, n))) return rc;
+    if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
+    if ((rc = mt_check_alias(y, x, n, 1, yname, xname)) || (rc = mt_check_map_flags(flags))) return rc;
+    return MT_OK;
+}
+
+int mt_check_span(uint64_t offset, int64_t n) {
+    const char *why = mt_span_problem(offset, n);
+    return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
+               : MT_OK;
+}
+
 int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes) {
     if (!a || !b || a_bytes <= 0 || b_bytes <= 0) return 0;
     uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;

@@ -46,6 +46,14 @@ int mt_check_rms_norm_backward_args(const float *dweight, const float *dy, const
                                     float eps, int64_t rows, int64_t dim);
 /* A map's flags (mojo_train.h, enum mt_map_flags): only MT_MAP_OUT_FRESH may be set. */
 int mt_check_map_flags(uint32_t flags);
+/* A map's pointers, n and aliasing (names: out, a, b): out may be a or b itself, never part of
+ * one; b == a is one input. */
+int mt_check_map_args(const float *out, const float *a, const float *b, int64_t n, const char *const names[3]);
+/* A stream span: offset + n <= 2^64 - 1, n >= 0. */
+int mt_check_span(uint64_t offset, int64_t n);
+/* Dropout's: pointers, the span, p in [0, 1), aliasing (y may be x itself), flags. */
+int mt_check_dropout_args(const float *y, const float *x, float p, uint64_t offset, int64_t n, uint32_t flags,
+                          const char *yname, const char *xname);
 /* Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (NULL or empty: no). */
 int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes);
 /* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the

@@ -69,24 +69,11 @@ static void run_range(void *ctx, int64_t lo, int64_t hi) {
     }
 }
 
-/* Pointers, n, aliasing: out may be a or b itself, never part of one. */
-static int check_args(float *out, const float *a, const float *b, int64_t n, const char *names[3]) {
-    int rc;
-    if ((rc = mt_check_ptr(out, names[0])) || (rc = mt_check_ptr(a, names[1])) ||
-        (b != a && (rc = mt_check_ptr(b, names[2]))))
-        return rc;
-    if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
-    if ((rc = mt_check_alias(out, a, n, 1, names[0], names[1])) ||
-        (b != a && (rc = mt_check_alias(out, b, n, 1, names[0], names[2]))))
-        return rc;
-    return MT_OK;
-}
-
 /* The map with its refusal: a pre-pass over the inputs, or -- a fresh output that is no input
  * (MT_MAP_OUT_FRESH) -- the check fused into the pass (mt_cpu_parallel_checked), the output
  * then undefined after a refusal. */
-static int run(float *out, const float *a, const float *b, int64_t n, int op, uint32_t flags, const char *names[3]) {
-    int rc = check_args(out, a, b, n, names);
+static int run(float *out, const float *a, const float *b, int64_t n, int op, uint32_t flags, const char *const names[3]) {
+    int rc = mt_check_map_args(out, a, b, n, names);
     if (rc || (rc = mt_check_map_flags(flags))) return rc;
     int unary = op == OP_SILU || op == OP_GELU || op == OP_GELU_TANH;
     int fused = (flags & MT_MAP_OUT_FRESH) && out != a && out != b;

@@ -36,12 +36,6 @@ uint64_t mt_random_features(void) { return MT_FEATURE_RANDOM; }
         }                                                                                       \
     }
 
-static int span_check(uint64_t offset, int64_t n) {
-    const char *why = mt_span_problem(offset, n);
-    return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
-               : MT_OK;
-}
-
 /* ---- uniform fill (the draw every card input comes from) ---- */
 typedef struct { float *out; uint64_t seed, stream, offset; float low, width; } uniform_job;
 
@@ -83,7 +77,7 @@ MT_NOINLINE static void normal_scalars(float *mean32, float *std32, double mean,
 
 int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double mean, double std, int64_t n) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = span_check(offset, n))) return rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_span(offset, n))) return rc;
     normal_job job = {out, seed, stream, offset, 0.0f, 0.0f};
     mt_fp_env env;
     mt_fp_begin(&env);
@@ -114,11 +108,8 @@ MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p
  * (MT_MAP_OUT_FRESH) the check fused into the pass. */
 static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset,
                           int64_t n, uint32_t flags, const char *yname, const char *xname) {
-    int rc;
-    const char *why = mt_dropout_problem(p);
-    if ((rc = mt_check_ptr(y, yname)) || (rc = mt_check_ptr(x, xname)) || (rc = span_check(offset, n))) return rc;
-    if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
-    if ((rc = mt_check_alias(y, x, n, 1, yname, xname)) || (rc = mt_check_map_flags(flags))) return rc;
+    int rc = mt_check_dropout_args(y, x, p, offset, n, flags, yname, xname);
+    if (rc) return rc;
     int fused = (flags & MT_MAP_OUT_FRESH) && y != x;
     if (!fused && mt_cpu_nonfinite(x, n))
         return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", xname, MT_REFUSED_CLEAN);

@@ -17,8 +17,33 @@
 #error "mojo_train: big-endian hosts are not supported (cards, saved states and the Python layer read little-endian bytes); build on a little-endian host"
 #endif
 
+/* Metal (Apple's compiler, or native/metal/shim/metal_stdlib on other machines): the kernel
+ * source includes <metal_stdlib> first; there is no libm, no double, no union punning, and every
+ * pointer names its address space. MT_THREAD marks the pointer parameters of these routines,
+ * which always point at the calling thread's own variables (a kernel copies device data into
+ * locals first); routines that walk device arrays or return host strings are host/CUDA only. */
+#if defined(__METAL_VERSION__) || defined(MT_METAL_SHIM)
+#define MT_METAL 1
+#define MT_THREAD thread
+#ifndef MT_METAL_STDINT
+typedef int int32_t;
+typedef uint uint32_t;
+typedef long int64_t;
+typedef ulong uint64_t;
+#endif
+#define fmaf(a, b, c) metal::fma((float)(a), (float)(b), (float)(c))
+#define sqrtf(x) metal::precise::sqrt((float)(x))
+#define fabsf(x) metal::fabs((float)(x))
+#define fmaxf(a, b) metal::fmax((float)(a), (float)(b))
+#ifndef UINT64_MAX
+#define UINT64_MAX 0xffffffffffffffffUL
+#endif
+#else
+#define MT_METAL 0
+#define MT_THREAD
 #include <stdint.h>
 #include <math.h>
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define MT_HD __host__ __device__ __forceinline__
@@ -29,7 +54,7 @@
  * that call them): as a call, a routine that long is
  * compiled once for the baseline x86-64 target, where fmaf is a libm call, instead of inside the
  * CPU oracle's vectorized target clones, which have hardware fma. */
-#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__)
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__HIPCC__) && !MT_METAL
 #define MT_HD_INLINE static inline __attribute__((always_inline))
 #else
 #define MT_HD_INLINE MT_HD
@@ -77,6 +102,10 @@
 
 /* ---- bits ------------------------------------------------------------------------------ */
 
+#if MT_METAL
+MT_HD uint32_t mt_f32_bits(float x) { return as_type<uint32_t>(x); }
+MT_HD float mt_bits_f32(uint32_t u) { return as_type<float>(u); }
+#else
 MT_HD uint32_t mt_f32_bits(float x) {
     union { float f; uint32_t u; } c;
     c.f = x;
@@ -88,6 +117,7 @@ MT_HD float mt_bits_f32(uint32_t u) {
     c.u = u;
     return c.f;
 }
+#endif
 
 /* NaN and +-inf have an all-ones exponent. */
 MT_HD int mt_is_finite(float x) { return (mt_f32_bits(x) & 0x7f800000u) != 0x7f800000u; }
@@ -101,12 +131,13 @@ MT_HD int mt_is_finite(float x) { return (mt_f32_bits(x) & 0x7f800000u) != 0x7f8
 #define MT_CHUNK 4096
 #define MT_ROWS (MT_CHUNK / MT_LANES)
 
-MT_HD float mt_lane_tree(float *acc /* (MT_LANES), consumed */) {
+MT_HD float mt_lane_tree(MT_THREAD float *acc /* (MT_LANES), consumed */) {
     for (int h = MT_LANES / 2; h >= 1; h >>= 1)
         for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
     return acc[0];
 }
 
+#if !MT_METAL   /* walks an array in the caller's memory (Metal's kernels fold device memory themselves) */
 /* Sum of squares of one chunk: x holds n <= MT_CHUNK floats. Each step is fma(x, x, acc). */
 MT_HD_INLINE float mt_chunk_sumsq(const float *x, int64_t n) {   /* inlined: its fmaf an instruction in the CPU clones */
     float acc[MT_LANES];
@@ -123,18 +154,27 @@ MT_HD_INLINE float mt_chunk_sumsq(const float *x, int64_t n) {   /* inlined: its
     return mt_lane_tree(acc);
 }
 
+#endif
+
 /* Pairwise tree over m partials, in place: each level adds neighbours (2k, 2k+1) in
- * ascending order; an odd last partial rises unchanged. Returns the root (0 for m == 0). */
-MT_HD float mt_tree_fold(float *s, int64_t m) {
-    if (m <= 0) return 0.0f;
-    while (m > 1) {
-        int64_t half = m / 2;
-        for (int64_t k = 0; k < half; ++k) s[k] = s[2 * k] + s[2 * k + 1];
-        if (m & 1) s[half] = s[m - 1];
-        m = half + (m & 1);
+ * ascending order; an odd last partial rises unchanged. Returns the root (0 for m == 0).
+ * MT_DEFINE_TREE_FOLD(NAME, SPACE) defines it over partials in the address space SPACE: Metal
+ * folds device memory with the very same steps (mt_tree_fold_device). */
+#define MT_DEFINE_TREE_FOLD(NAME, SPACE)                                              \
+    MT_HD float NAME(SPACE float *s, int64_t m) {                                     \
+        if (m <= 0) return 0.0f;                                                      \
+        while (m > 1) {                                                               \
+            int64_t half = m / 2;                                                     \
+            for (int64_t k = 0; k < half; ++k) s[k] = s[2 * k] + s[2 * k + 1];       \
+            if (m & 1) s[half] = s[m - 1];                                            \
+            m = half + (m & 1);                                                       \
+        }                                                                             \
+        return s[0];                                                                  \
     }
-    return s[0];
-}
+MT_DEFINE_TREE_FOLD(mt_tree_fold, MT_THREAD)
+#if MT_METAL
+MT_DEFINE_TREE_FOLD(mt_tree_fold_device, device)
+#endif
 
 MT_HD int64_t mt_chunk_count(int64_t n) { return (n + MT_CHUNK - 1) / MT_CHUNK; }
 
@@ -145,6 +185,7 @@ MT_HD float mt_max_abs(float acc, float x) {
     return (a > acc || a != a) ? a : acc;
 }
 
+#if !MT_METAL
 /* The largest |x_i| of x[0..n) by mt_max_abs from +0.0 (+0.0 for n == 0); NaN if any x_i is. */
 MT_HD float mt_maxabs(const float *x, int64_t n) {
     float acc[MT_LANES], m = 0.0f;
@@ -156,6 +197,8 @@ MT_HD float mt_maxabs(const float *x, int64_t n) {
     for (int l = 0; l < MT_LANES; ++l) m = mt_max_abs(m, acc[l]);
     return m;
 }
+
+#endif
 
 /* x, or the canonical quiet NaN 0x7fc00000 when x is a NaN (vendors' NaNs differ in sign and
  * payload; clip.md writes every NaN as this one). */
@@ -407,7 +450,8 @@ MT_HD mt_sgd_scalars mt_sgd_scalars_for(float lr, float momentum, float dampenin
  * separately so that loops can be specialised on them. With amsgrad, *w (max_exp_avg_sq)
  * becomes max(w, v') -- w on a tie, as torch.maximum(w, v') -- and the denominator is taken
  * from it; w is not touched (may be NULL) without. */
-MT_HD void mt_adam_elem(float *p, float *m, float *v, float *w, float g, const mt_adam_scalars *s,
+MT_HD void mt_adam_elem(MT_THREAD float *p, MT_THREAD float *m, MT_THREAD float *v, MT_THREAD float *w, float g,
+                        MT_THREAD const mt_adam_scalars *s,
                         int coupled, int amsgrad) {
     float pv = *p * s->decay;
     g = g * s->grad_sign;
@@ -430,7 +474,7 @@ MT_HD void mt_adam_elem(float *p, float *m, float *v, float *w, float g, const m
 
 /* One SGD element. With momentum (has_buf), buf is read when initialized and always
  * written; torch's first step copies the gradient into the buffer. */
-MT_HD void mt_sgd_elem(float *p, float *buf, float g, const mt_sgd_scalars *s, int coupled,
+MT_HD void mt_sgd_elem(MT_THREAD float *p, MT_THREAD float *buf, float g, MT_THREAD const mt_sgd_scalars *s, int coupled,
                        int has_buf, int initialized) {
     float pv = *p;
     g = g * s->grad_sign;
@@ -444,7 +488,8 @@ MT_HD void mt_sgd_elem(float *p, float *buf, float g, const mt_sgd_scalars *s, i
 }
 
 /* ---- Philox4x32-10 (Salmon et al. 2011; Random123's constants) ------------------------ */
-MT_HD void mt_philox4x32_10_block(uint32_t out[4], const uint32_t ctr[4], const uint32_t key[2]) {
+MT_HD void mt_philox4x32_10_block(MT_THREAD uint32_t *out /* (4) */, MT_THREAD const uint32_t *ctr /* (4) */,
+                                  MT_THREAD const uint32_t *key /* (2) */) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
     for (int round = 0; round < 10; ++round) {

@@ -34,7 +34,7 @@
 
 /* The four words of counter block `block` of the stream (seed, stream): stream elements
  * 4*block .. 4*block + 3 (see mt_philox_word). */
-MT_HD void mt_philox_words(uint32_t out[4], uint64_t seed, uint64_t stream, uint64_t block) {
+MT_HD void mt_philox_words(MT_THREAD uint32_t *out /* (4) */, uint64_t seed, uint64_t stream, uint64_t block) {
     uint32_t ctr[4] = {(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)};
     uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
     mt_philox4x32_10_block(out, ctr, key);
@@ -124,7 +124,7 @@ MT_HD float mt_cospi_core(float r) {
  * integer nearest 2 xm (ties to even) and r in [-1/4, 1/4] (exact); quadrant q = k mod 4
  * swaps and negates the cores, negation as 0 - v (a zero result is +0). Then sin takes x's
  * sign (sin(-x) = -sin(x) bit for bit). NaN and +-inf give the canonical NaN for both. */
-MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
+MT_HD void mt_sincospif(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_out) {
     const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
     uint32_t u = mt_f32_bits(x), ax = u & 0x7fffffffu;
     float a = mt_math_pick(ax >= 0x4b800000u, 0.0f, mt_bits_f32(ax));
@@ -147,7 +147,7 @@ MT_HD void mt_sincospif(float x, float *sin_out, float *cos_out) {
  * truncation, no NaN); r = xm - kf/2 is a multiple of 2^-23, +0 or at least 2^-23 in
  * magnitude, where mt_sinpi_core's tiny path is not taken (at +0 both give +0). Checked against
  * mt_sincospif for every k by bench/box_muller_identity.c (tests/test_random.py). */
-MT_HD void mt_sincospif_angle(float x, float *sin_out, float *cos_out) {
+MT_HD void mt_sincospif_angle(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_out) {
     const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
     float kf = (2.0f * x + SHIFT) - SHIFT;
     int q = (int)kf & 3;
@@ -171,7 +171,7 @@ MT_HD float mt_logf_normal(float x) {
  * u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24 in [0, 1) (both exact),
  * rad = sqrtf(0 - 2 * mt_logf(u1)) (2 * log exact; rad = +0 when u1 = 1; rad <= 5.7683),
  * (s, c) = mt_sincospif(2 * u2), element 2j = rad * c, element 2j + 1 = rad * s. */
-MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) {
+MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, MT_THREAD float *z0, MT_THREAD float *z1) {
     float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-08f;
     float u2 = mt_u01(w1);
     float rad = sqrtf(0.0f - 2.0f * mt_logf_normal(u1));   /* = mt_logf(u1): u1 is normal */
@@ -182,7 +182,7 @@ MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, float *z0, float *z1) 
 }
 
 /* The four standard normals of counter block `block` (stream elements 4*block + k). */
-MT_HD_INLINE void mt_normal_block(float z[4], uint64_t seed, uint64_t stream, uint64_t block) {
+MT_HD_INLINE void mt_normal_block(MT_THREAD float *z /* (4) */, uint64_t seed, uint64_t stream, uint64_t block) {
     uint32_t w[4];
     mt_philox_words(w, seed, stream, block);
     mt_box_muller(w[0], w[1], &z[0], &z[1]);
@@ -318,6 +318,7 @@ MT_HD float mt_gelu_tanh_grad(float dy, float x) {
     return dy * (left_d + right_d);
 }
 
+#if !MT_METAL   /* host code: strings */
 /* ---- host checks every vendor shares: NULL when fine, else what is wrong ---------------- */
 /* The two endings of a non-finite refusal: a pre-pass decided (in place, or a staged host
  * output never downloaded), or the one pass already wrote the output. */
@@ -337,6 +338,7 @@ MT_HD const char *mt_dropout_problem(float p) {
 MT_HD const char *mt_gelu_approximate_problem(int32_t approximate) {
     return (approximate == 0 || approximate == 1) ? 0 : "approximate must be 0 (none) or 1 (tanh)";
 }
+#endif
 /* ==== end of random draws and elementwise ops =========================================== */
 
 #endif /* MT_PINNED_ELEMENTWISE_H */

@@ -43,6 +43,9 @@
  * backwards. Defines `MT_HD_INLINE float NAME(int64_t n, ARGS...)`: inlined, so the CPU
  * oracle's target clones run its fmaf as an instruction (as a call compiled for the baseline
  * x86-64 it was a libm call per element: 6x slower RMSNorm, the same bits). */
+#if MT_METAL   /* the folds walk the caller's arrays: Metal's kernels fold device memory themselves */
+#define MT_DEFINE_CHUNK_FOLD(NAME, REVERSED, STEP, ...)
+#else
 #define MT_DEFINE_CHUNK_FOLD(NAME, REVERSED, STEP, ...)                                   \
     MT_HD_INLINE float NAME(int64_t n, __VA_ARGS__) {                                            \
         float acc[MT_LANES];                                                                \
@@ -55,12 +58,13 @@
         for (int64_t l = 0; l < n - full * MT_LANES; ++l) STEP(acc[l], full * MT_LANES + l); \
         return mt_lane_tree(acc);                                                           \
     }
+#endif
 
 /* sum of e^(x_i - m): the softmax denominator of one chunk of a row. Each term also goes to
  * e[i] unless e is NULL; mid (every x_i - m in mt_expf_mid's range) takes mt_expf_mid, the
  * same bits. Call it with e and mid known (a constant, or under a test of them) so that the
  * compiler folds both out of the loop: each case then vectorizes on its own. */
-MT_HD float mt_exp_term(float v, float *e, int64_t i, int mid) {
+MT_HD float mt_exp_term(float v, MT_THREAD float *e, int64_t i, int mid) {
     float t = mid ? mt_expf_mid(v) : mt_expf(v);
     if (e) e[i] = t;
     return t;
@@ -93,7 +97,7 @@ MT_HD int64_t mt_token_leaves(int64_t tokens) { return (tokens + MT_TOKEN_LEAF -
 
 /* The pairwise tree over leaf partials; `reversed` (a sabotage switch) folds leaves
  * right to left, which must change bits. */
-MT_HD float mt_token_tree(float *s, int64_t m, int reversed) {
+MT_HD float mt_token_tree(MT_THREAD float *s, int64_t m, int reversed) {
     if (reversed) {
         float acc = m > 0 ? s[m - 1] : 0.0f;
         for (int64_t k = m - 2; k >= 0; --k) acc = s[k] + acc;
@@ -135,7 +139,7 @@ MT_HD mt_ce_scalars mt_ce_scalars_for(float eps, int64_t vocab, int32_t mean, fl
 
 /* A row's loss from its max m, softmax denominator s, target logit xt and (smoothing only)
  * the tree sum of its logits. */
-MT_HD float mt_ce_row_loss(float m, float s, float xt, float sum_x, const mt_ce_scalars *c) {
+MT_HD float mt_ce_row_loss(float m, float s, float xt, float sum_x, MT_THREAD const mt_ce_scalars *c) {
     float lse = m + mt_logf(s);
     float nll = lse - xt;
     if (c->eps == 0.0f) return nll;
@@ -144,7 +148,7 @@ MT_HD float mt_ce_row_loss(float m, float s, float xt, float sum_x, const mt_ce_
 }
 
 /* d loss / d x_j of a non-ignored row: e = e^(x_j - m) as in the denominator's fold. */
-MT_HD float mt_ce_grad(float e, float s, int is_target, const mt_ce_scalars *c) {
+MT_HD float mt_ce_grad(float e, float s, int is_target, MT_THREAD const mt_ce_scalars *c) {
     float p = e / s;
     return (p - (is_target ? c->hit : c->off)) * c->g;
 }
@@ -155,23 +159,25 @@ MT_HD float mt_ce_grad(float e, float s, int is_target, const mt_ce_scalars *c) 
 
 /* c_i = w_i * y'_i of a probability target: y'_i = y_i, or keep * y_i + off with smoothing;
  * w NULL: no weight (a product by 1 would be exact). */
-MT_HD float mt_ce_coef(const float *y, const float *w, int64_t i, const mt_ce_scalars *c) {
+#if !MT_METAL
+MT_HD float mt_ce_coef(const float *y, const float *w, int64_t i, MT_THREAD const mt_ce_scalars *c) {
     float v = c->eps != 0.0f ? c->keep * y[i] + c->off : y[i];
     return w ? w[i] * v : v;
 }
+#endif
 /* sum of w_i x_i, fma steps (weighted smoothing); sum of c_i; sum of c_i x_i, fma steps */
 #define MT_STEP_SUM_WX(acc, i) (acc) = fmaf(w[i], x[i], (acc))
 MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_wx, MT_SAB_LOSS, MT_STEP_SUM_WX, const float *x, const float *w)
 #define MT_STEP_SUM_COEF(acc, i) (acc) = (acc) + mt_ce_coef(y, w, (i), c)
 MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_coef, MT_SAB_LOSS, MT_STEP_SUM_COEF, const float *y, const float *w,
-                     const mt_ce_scalars *c)
+                     MT_THREAD const mt_ce_scalars *c)
 #define MT_STEP_SUM_COEF_X(acc, i) (acc) = fmaf(mt_ce_coef(y, w, (i), c), x[i], (acc))
 MT_DEFINE_CHUNK_FOLD(mt_chunk_sum_coef_x, MT_SAB_LOSS, MT_STEP_SUM_COEF_X, const float *x, const float *y,
-                     const float *w, const mt_ce_scalars *c)
+                     const float *w, MT_THREAD const mt_ce_scalars *c)
 
 /* A row's loss, index target t with weight: wt = w_t, sw = the fold of w_j x_j (smoothing
  * only), wm = W / V (+0.0 without smoothing). */
-MT_HD float mt_ce_row_loss_w(float m, float s, float xt, float wt, float sw, float wm, const mt_ce_scalars *c) {
+MT_HD float mt_ce_row_loss_w(float m, float s, float xt, float wt, float sw, float wm, MT_THREAD const mt_ce_scalars *c) {
     float lse = m + mt_logf(s);
     float wnll = wt * (lse - xt);
     if (c->eps == 0.0f) return mt_canonical_nan(wnll);
@@ -185,8 +191,8 @@ MT_HD float mt_ce_row_loss_p(float m, float s, float csum, float cx) {
 }
 
 /* The softmax factor A of a weighted index row and its target's y_t, from kt = keep * w_t. */
-MT_HD float mt_ce_factor_w(float kt, float wm, const mt_ce_scalars *c) { return kt + c->eps * wm; }
-MT_HD float mt_ce_target_w(float kt, float wt, const mt_ce_scalars *c) { return kt + c->off * wt; }
+MT_HD float mt_ce_factor_w(float kt, float wm, MT_THREAD const mt_ce_scalars *c) { return kt + c->eps * wm; }
+MT_HD float mt_ce_target_w(float kt, float wt, MT_THREAD const mt_ce_scalars *c) { return kt + c->off * wt; }
 
 /* d loss / d x_j: fma(e / s, a, -y) * g (weighted index: a = A, y = y_j; probabilities: a = C,
  * y = c_j); e as in the denominator's fold. */

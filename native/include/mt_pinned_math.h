@@ -40,7 +40,7 @@ MT_HD float mt_math_pick(int c, float a, float b) {
 /* Steps 1-2 of math.md's mt_expf for a clamped x (-104 <= x <= 89): k (as the float kf,
  * an integer value) and e^r as the unevaluated pair s2 + *lo, so that e^x = (s2 + lo) 2^k.
  * The one definition both mt_expf and mt_expf_mid round. */
-MT_HD float mt_math_exp_pair(float xs, float *kf_out, float *lo_out) {
+MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD float *lo_out) {
     const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
     const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
     const float P0 = 0.16666667163372039794921875f;          /* 0x3e2aaaab */
@@ -162,7 +162,7 @@ MT_HD float mt_math_log_core(float e, float f, float flo) {
 
 /* Splits a positive normal float v as 2^e * m with m in [sqrt(1/2), sqrt(2)) (bits
  * 0x3f3504f3 .. 0x3fb504f2): integer arithmetic on the bits only. */
-MT_HD float mt_math_split(float v, int *e) {
+MT_HD float mt_math_split(float v, MT_THREAD int *e) {
     uint32_t d = mt_f32_bits(v) - 0x3f3504f3u + 0x40000000u;   /* + 128 << 23: stays >= 0 */
     *e = (int)(d >> 23) - 128;
     return mt_bits_f32((d & 0x7fffffu) + 0x3f3504f3u);
@@ -316,7 +316,7 @@ MT_HD_INLINE float mt_erff(float x) {
  * its pdf), +0 past the clamp. Past the clamp only e is cut to +0 (erfc = (q * t) * 0), so
  * that a loop takes two selects: mt_one_plus_erf_exp gives a NaN (its payload unspecified)
  * for a NaN x, which GELU, refusing NaN, never returns; mt_one_plus_erff makes it canonical. */
-MT_HD_INLINE float mt_one_plus_erf_exp(float x, float *ex) {
+MT_HD_INLINE float mt_one_plus_erf_exp(float x, MT_THREAD float *ex) {
     const float P = 0.3275910913944244384765625f;       /* 0x3ea7ba05: float(0.3275911) */
     const float A1 = 0.2548295855522155761718750f;      /* 0x3e827906: float(0.254829592) */
     const float A2 = -0.2844967246055603027343750f;     /* 0xbe91a98e: float(-0.284496736) */

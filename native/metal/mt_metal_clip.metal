@@ -1,0 +1,73 @@
+// mt_metal_clip.metal -- the norms of clip.md (the 2-, 1- and inf-norm) by the length-only tree,
+// and the clip's scaling. The host (mt_metal_clip.c) launches mt_k_norm_lanes and
+// mt_k_norm_lane_tree once per tensor (a thread per lane of each chunk of MT_CHUNK elements, then a
+// thread per chunk), then mt_k_norm_finish (a thread per tensor over its chunk partials); the
+// tensor norms are then one more vector, folded by the same kernels into the total. Lane l folds elements l, l + MT_LANES, ... in
+// ascending order from +0.0, the lanes meet in mt_lane_tree, the chunk partials in the pairwise
+// tree (mt_tree_fold_device): the very steps of the oracle's mt_chunk_sumsq / mt_tree_fold.
+#include "mt_metal_kernel.h"
+
+static inline float mt_mtl_norm_step(int32_t kind, float acc, float x) {
+    return kind == MT_MTL_NORM_L2 ? fmaf(x, x, acc) : kind == MT_MTL_NORM_L1 ? acc + fabsf(x) : mt_max_abs(acc, x);
+}
+
+// lanes[c * MT_LANES + l] = lane l's fold of chunk c of x[0..p.n): a thread per (chunk, lane).
+kernel void mt_k_norm_lanes(device const float *x [[buffer(0)]], device float *lanes [[buffer(1)]],
+                            constant mt_mtl_norm_params &p [[buffer(2)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+    const int64_t total = mt_chunk_count(p.n) * MT_LANES;
+    for (int64_t t = i; t < total; t += stride) {
+        const int64_t c = t / MT_LANES, l = t % MT_LANES, start = c * MT_CHUNK;
+        const int64_t n = p.n - start < MT_CHUNK ? p.n - start : MT_CHUNK, full = n / MT_LANES;
+        float acc = 0.0f;
+        for (int64_t rr = 0; rr < full; ++rr) {
+            int64_t r = MT_SAB_CLIP ? full - 1 - rr : rr;
+            acc = mt_mtl_norm_step(p.kind, acc, x[start + r * MT_LANES + l]);
+        }
+        if (l < n - full * MT_LANES) acc = mt_mtl_norm_step(p.kind, acc, x[start + full * MT_LANES + l]);
+        lanes[t] = acc;
+    }
+}
+
+// partials[p.at + c] = chunk c's partial from its MT_LANES lanes: the lane tree (the max for the
+// inf-norm); a thread per chunk of a vector of p.n elements.
+kernel void mt_k_norm_lane_tree(device const float *lanes [[buffer(0)]], device float *partials [[buffer(1)]],
+                                constant mt_mtl_norm_params &p [[buffer(2)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+    const int64_t chunks = mt_chunk_count(p.n);
+    for (int64_t c = i; c < chunks; c += stride) {
+        float a[MT_LANES];
+        for (int k = 0; k < MT_LANES; ++k) a[k] = lanes[c * MT_LANES + k];
+        float r = 0.0f;
+        if (p.kind == MT_MTL_NORM_INF) {
+            for (int k = 0; k < MT_LANES; ++k) r = mt_max_abs(r, a[k]);
+        } else {
+            r = mt_lane_tree(a);
+        }
+        partials[p.at + c] = r;
+    }
+}
+
+// out[j] = the norm of tensor j from its chunk partials partials[start[j] .. start[j + 1])
+// (consumed): the pairwise tree (sqrt for the 2-norm) or the max; a thread per tensor.
+kernel void mt_k_norm_finish(device float *partials [[buffer(0)]], device const int64_t *start [[buffer(1)]],
+                             device float *out [[buffer(2)]], constant mt_mtl_norm_params &p [[buffer(3)]],
+                             MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+    for (int64_t j = i; j < p.n; j += stride) {
+        device float *s = partials + start[j];
+        const int64_t m = start[j + 1] - start[j];
+        float r;
+        if (p.kind == MT_MTL_NORM_INF) {
+            r = 0.0f;
+            for (int64_t k = 0; k < m; ++k) r = mt_max_abs(r, s[k]);
+        } else {
+            r = mt_tree_fold_device(s, m);
+            if (p.kind == MT_MTL_NORM_L2) r = sqrtf(r);
+        }
+        out[p.at + j] = r;
+    }
+}
+
+// x = x * coef, a NaN product written as the canonical NaN (clip.md).
+kernel void mt_k_scale(device float *x [[buffer(0)]], constant mt_mtl_scale_params &p [[buffer(1)]],
+                       MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+    for (int64_t k = i; k < p.n; k += stride) x[k] = mt_canonical_nan(x[k] * p.coef);
+}

@@ -1,0 +1,70 @@
+/* mt_metal_params.h -- what the host passes a Metal kernel besides its buffers: one small struct
+ * a kernel (set with setBytes), in plain C that Metal reads alike (fixed-width fields, 64-bit
+ * ones first, so the layouts agree), and the op codes of the kernels that serve several ops.
+ * Included by the host ops (C) and, after mt_pinned.h, by the kernels (mt_metal_kernel.h). */
+#ifndef MT_METAL_PARAMS_H
+#define MT_METAL_PARAMS_H
+#if !defined(__METAL_VERSION__) && !defined(MT_METAL_SHIM)
+#include <stdint.h>
+#endif
+#include "mt_pinned.h"
+
+/* A kernel over n elements and nothing more. */
+typedef struct {
+    int64_t n;
+} mt_mtl_count_params;
+
+/* The maps (mt_metal_elementwise.metal): out[i] = op(a[i], b[i]); for gradients a is dy, b x. */
+enum { MT_MTL_SILU, MT_MTL_SILU_GRAD, MT_MTL_ADD, MT_MTL_GELU, MT_MTL_GELU_GRAD, MT_MTL_GELU_TANH,
+       MT_MTL_GELU_TANH_GRAD, MT_MTL_RELU, MT_MTL_RELU_GRAD };
+typedef struct {
+    int64_t n;
+    int32_t op;
+    int32_t check;     /* 1: return at once when bad[0] or bad[1] is set (the pre-pass found NaN/inf) */
+} mt_mtl_map_params;
+
+/* The finiteness pre-pass: bad[0] = 1 when a holds NaN/inf, bad[1] when b does (has_b). */
+typedef struct {
+    int64_t n;
+    int32_t has_b, pad;
+} mt_mtl_nonfinite_params;
+
+/* The random fills and dropout (mt_metal_random.metal): stream elements offset .. offset + n. */
+enum { MT_MTL_UNIFORM, MT_MTL_NORMAL, MT_MTL_DROPOUT };
+typedef struct {
+    uint64_t seed, stream, offset;
+    int64_t n;
+    float a, b;        /* uniform: low, width; normal: mean, std; dropout: p, unused */
+    int32_t kind, check;
+} mt_mtl_random_params;
+
+
+/* The norms (mt_metal_clip.metal): kinds as native/common/mt_host.h's MT_NORM_KIND_*. */
+enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2 };
+typedef struct {
+    int64_t n;      /* chunks: the vector's elements; finish: the number of vectors */
+    int64_t at;     /* where the first result goes in the output */
+    int32_t kind, pad;
+} mt_mtl_norm_params;
+
+typedef struct {
+    int64_t n;
+    float coef;
+    int32_t pad;
+} mt_mtl_scale_params;
+
+/* The optimizer steps (mt_metal_optim.metal): one tensor, its host scalars. */
+typedef struct {
+    int64_t n;
+    mt_adam_scalars s;
+    float coef;            /* the clip's coefficient (1: not clipping) */
+    int32_t scale;         /* write g * coef back into the gradient */
+} mt_mtl_adam_params;
+
+typedef struct {
+    int64_t n;
+    mt_sgd_scalars s;
+    float coef;
+    int32_t scale, has_buf, initialized;
+} mt_mtl_sgd_params;
+#endif

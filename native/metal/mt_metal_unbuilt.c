@@ -1,0 +1,85 @@
+/* mt_metal_unbuilt.c -- the ops the Metal library does not have yet (issue 17): each refuses with
+ * MT_EUNSUPPORTED naming itself (Python: NotImplementedError), writes nothing, and its family's
+ * feature bit is 0, so callers and tests see from mt_features() what this library lacks. A family
+ * leaves this file when its kernels are written. */
+#include "mt_attention_args.h"
+#include "mt_host.h"
+
+#define MT_UNBUILT(name) \
+    mt_fail(MT_EUNSUPPORTED, "%s is not built into the Metal library yet (mt_features() says which ops are)", name)
+
+uint64_t mt_loss_features(void) { return 0; }
+uint64_t mt_linear_features(void) { return 0; }
+uint64_t mt_rms_norm_features(void) { return 0; }
+uint64_t mt_layer_norm_features(void) { return 0; }
+uint64_t mt_attention_features(void) { return 0; }
+uint64_t mt_lm_head_features(void) { return 0; }
+uint64_t mt_embedding_features(void) { return 0; }
+uint64_t mt_accumulate_features(void) { return 0; }
+
+int mt_accumulate(float *out, const float *const *parts, int32_t n_parts, int64_t n) {
+    return MT_UNBUILT("mt_accumulate");
+}
+
+int mt_attention_run(const mt_attn_args *a, int backward) {
+    return MT_UNBUILT(backward ? "mt_attention_backward" : "mt_attention_forward");
+}
+
+int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
+                     int32_t target_bytes, int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction,
+                     float label_smoothing, int64_t num_items) {
+    return MT_UNBUILT("mt_cross_entropy");
+}
+
+int mt_cross_entropy_nd(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
+                        const float *target_probs, const float *weight, int32_t target_bytes, int64_t n_batch,
+                        int64_t vocab, int64_t inner, int64_t ignore_index, int32_t reduction, float label_smoothing,
+                        int64_t num_items) {
+    return MT_UNBUILT("mt_cross_entropy_nd");
+}
+
+int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
+                      int64_t k) {
+    return MT_UNBUILT("mt_linear_forward");
+}
+
+int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a, const float *weight,
+                       int64_t m, int64_t n, int64_t k) {
+    return MT_UNBUILT("mt_linear_backward");
+}
+
+int mt_rms_norm_forward(float *y, const float *x, const float *weight, float eps, int64_t rows, int64_t dim) {
+    return MT_UNBUILT("mt_rms_norm_forward");
+}
+
+int mt_rms_norm_backward(float *dx, float *dweight, const float *dy, const float *x, const float *weight, float eps,
+                         int64_t rows, int64_t dim) {
+    return MT_UNBUILT("mt_rms_norm_backward");
+}
+
+int mt_layer_norm_forward(float *y, const float *x, const float *weight, const float *bias, float eps, int64_t rows,
+                          int64_t dim) {
+    return MT_UNBUILT("mt_layer_norm_forward");
+}
+
+int mt_layer_norm_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
+                           const float *weight, float eps, int64_t rows, int64_t dim) {
+    return MT_UNBUILT("mt_layer_norm_backward");
+}
+
+int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
+                    const float *hidden, const float *weight, const float *bias, const void *targets,
+                    int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
+                    int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
+    return MT_UNBUILT("mt_lm_head_loss");
+}
+
+int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
+                         int64_t vocab, int64_t dim) {
+    return MT_UNBUILT("mt_embedding_forward");
+}
+
+int mt_embedding_backward(float *dweight, const float *dy, const void *ids, int32_t id_bytes, int64_t n_ids,
+                          int64_t vocab, int64_t dim, int64_t padding_idx, int32_t accumulate) {
+    return MT_UNBUILT("mt_embedding_backward");
+}
