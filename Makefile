@@ -70,7 +70,7 @@ all: $(call with_manifests,$(CPU_LIBS))
 # cannot; `make ftz` insists (.ci/run), as does make portability for its aarch64 build.
 arch_of = $(firstword $(subst -, ,$(shell $(1) -dumpmachine 2>/dev/null)))
 FTZ_IN_ALL ?= $(if $(FTZ_HAVE_TOOLS),$(if $(filter $(call arch_of,$(FTZ_CLANG)),$(call arch_of,$(CC))),yes))
-all: ftz-if-possible
+all: ftz-if-possible metal-emulated-if-possible
 endif
 ftz-if-possible:
 ifeq ($(FTZ_IN_ALL),yes)
@@ -79,6 +79,16 @@ else ifneq ($(FTZ_IN_ALL),no)
 	@echo "note: the identical_ftz CPU library is not built $(if $(FTZ_HAVE_TOOLS),beside a cross build (CC=$(CC)),(it needs clang and llvm-link; Debian: apt-get install clang llvm))"
 endif
 .PHONY: ftz-if-possible
+# The Metal kernels' emulated libraries (make metal-emulated, below): built where a C++ compiler is,
+# beside a native build; the suite then runs them as vendor metal_emulated.
+METAL_EMU_IN_ALL ?= $(if $(shell command -v $(CXX) 2>/dev/null),$(if $(filter $(call arch_of,$(CXX)),$(call arch_of,$(CC))),yes))
+metal-emulated-if-possible:
+ifeq ($(METAL_EMU_IN_ALL),yes)
+	@$(MAKE) --no-print-directory metal-emulated || echo "note: the emulated Metal libraries were not built (the error is above; make metal-emulated repeats it)"
+else ifneq ($(METAL_EMU_IN_ALL),no)
+	@echo "note: the emulated Metal libraries are not built (no C++ compiler for this machine: CXX=$(CXX))"
+endif
+.PHONY: metal-emulated-if-possible
 
 # A library without its manifest (built before manifests existed, or the manifest deleted) is
 # rebuilt, so that a manifest only ever vouches for bytes this build wrote (seal); a library
@@ -269,7 +279,7 @@ $(BUILD)/libmojo_train_cuda_identical_ftz.$(SO): $(CUDA_SRC) $(CUDA_HDRS) $(SHAR
 
 # The float-behaviour probe on an NVIDIA GPU, with identical_ftz's device flags (bench/ftz_probe_cuda.cu).
 $(BUILD)/ftz_probe_cuda: bench/ftz_probe_cuda.cu native/metal/mt_ftz_probe_cases.c native/metal/mt_ftz_probe_cases.h \
-		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
+		native/metal/mt_ftz_probe_ops.h native/metal/mt_metal_options.h native/include/mt_ftz.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c99 -O2 -ffp-contract=off -fno-fast-math $(INCLUDES) -Inative/metal -c native/metal/mt_ftz_probe_cases.c \
 	    -o $@.cases$(TMP).o && $(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) \
@@ -376,12 +386,40 @@ example: $(BUILD)/train_xor
 
 .PHONY: example
 
-# ---- Metal (macOS only): the float-behaviour probe (native/metal/mt_ftz_probe.*) ------------------
+# ---- Metal (macOS only): the library and the float-behaviour probe (native/metal/) ---------------
+# make metal builds native/build/libmojo_train_metal_identical_ftz.dylib (Apple GPUs flush float32
+# subnormals, so identical_ftz is the one mode they can meet): the host code (native/common and
+# native/metal/mt_metal_*.c) under the flush rule's rewrite, as every identical_ftz build (clang and
+# llvm-link of one LLVM version: Homebrew's llvm, FTZ_CLANG=$$(brew --prefix llvm)/bin/clang), the
+# kernel sources embedded as one string (mt_metal_amalgamate.py) that the runtime
+# (mt_metal_runtime.m) compiles without fast math at first use.
+METAL_HOST_SRC := $(wildcard native/metal/mt_metal_*.c)
+METAL_KERNEL_SRC := $(wildcard native/metal/mt_metal_*.metal)
+METAL_HDRS := $(wildcard native/metal/*.h native/metal/emulator/*.h) native/metal/shim/metal_stdlib
+METAL_LIB := $(BUILD)/libmojo_train_metal_identical_ftz.$(SO)
+$(BUILD)/metal/mt_metal_source.c: $(METAL_KERNEL_SRC) $(METAL_HDRS) $(HDRS) native/metal/mt_metal_amalgamate.py
+	@mkdir -p $(dir $@)
+	$(PYTHON) native/metal/mt_metal_amalgamate.py $@
+
+$(METAL_LIB): $(SHARED_HOST_SRC) $(METAL_HOST_SRC) $(HDRS) $(METAL_HDRS) native/metal/mt_metal_runtime.m \
+		$(BUILD)/metal/mt_metal_source.c native/cpu_oracle/mt_ftz_ir.py
+	@test "$(UNAME)" = Darwin || { echo "the Metal library builds on macOS only (make metal-emulated runs its kernels here)"; exit 1; }
+	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link of one version (brew install llvm; FTZ_CLANG=\$$(brew --prefix llvm)/bin/clang)"; exit 1; }
+	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(BUILD)/metal/host.o $(FTZ_CLANG) $(FTZ_LLVM_LINK) \
+	    $(SHARED_HOST_SRC) $(METAL_HOST_SRC) -- $(FTZ_IR_BASE) -DMT_VENDOR_NAME='"metal"' -Inative/metal
+	$(CC) -O2 -fPIC -c $(BUILD)/metal/mt_metal_source.c -o $(BUILD)/metal/source.o
+	$(CC) -O2 -fPIC -fobjc-arc -fvisibility=hidden $(INCLUDES) -Inative/metal -c native/metal/mt_metal_runtime.m \
+	    -o $(BUILD)/metal/runtime.o
+	$(CC) -shared $(SONAME) -o $@$(TMP) $(BUILD)/metal/host.o $(BUILD)/metal/source.o $(BUILD)/metal/runtime.o \
+	    -framework Metal -framework Foundation $(LDLIBS) && $(call seal,$@)
+
+metal: $(call with_manifests,$(METAL_LIB))
+.PHONY: metal
+
 # make metal-probe builds native/build/mt_ftz_probe; run it with the kernel's path, it prints a JSON
-# report of how the Mac's GPU treats subnormals (.github/workflows/macos.yml keeps it). The Metal
-# libraries themselves are not written yet (native/metal/README.md).
+# report of how the Mac's GPU treats subnormals (.github/workflows/macos.yml keeps it).
 $(BUILD)/mt_ftz_probe: native/metal/mt_ftz_probe.m native/metal/mt_ftz_probe_cases.c native/metal/mt_ftz_probe_cases.h \
-		native/metal/mt_ftz_probe_ops.h native/include/mt_ftz.h
+		native/metal/mt_ftz_probe_ops.h native/metal/mt_metal_options.h native/include/mt_ftz.h
 	@test "$(UNAME)" = Darwin || { echo "the Metal probe builds on macOS only"; exit 1; }
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -ffp-contract=off -fno-fast-math -fobjc-arc -Inative/include -Inative/metal -o $@ native/metal/mt_ftz_probe.m \
@@ -399,9 +437,6 @@ metal-probe: $(BUILD)/mt_ftz_probe
 # and the host's float32 arithmetic under the flush rule (mt_ftz_ir.py), standing for a GPU that
 # follows native/contracts/ftz.md; identical runs them under IEEE gradual underflow.
 CXX ?= c++
-METAL_HOST_SRC := $(wildcard native/metal/mt_metal_*.c)
-METAL_KERNEL_SRC := $(wildcard native/metal/mt_metal_*.metal)
-METAL_HDRS := $(wildcard native/metal/*.h native/metal/emulator/*.h) native/metal/shim/metal_stdlib
 METAL_EMU_DEPS := $(SHARED_HOST_SRC) $(METAL_HOST_SRC) $(METAL_KERNEL_SRC) $(METAL_HDRS) $(HDRS) \
 	$(wildcard native/metal/emulator/*.cpp) native/cpu_oracle/mt_ftz_ir.py
 METAL_EMU_MODES := identical $(if $(FTZ_HAVE_TOOLS),identical_ftz)
@@ -464,7 +499,7 @@ run_cards = export MOJO_TRAIN_VENDOR=cpu MOJO_TRAIN_LIBRARY_PATH=$(abspath $(BUI
 # under qemu take the longest), each run's output kept together (--output-sync).
 AARCH64_RUN = qemu-aarch64 -L $(AARCH64_PY) $(AARCH64_PY)/usr/bin/python3.11
 portability:
-	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang FTZ_IN_ALL=no all ftz
+	$(MAKE) --no-print-directory -j2 CC="$(CLANG)" BUILD=$(BUILD)/clang FTZ_IN_ALL=no METAL_EMU_IN_ALL=no all ftz
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_GCC)" BUILD=$(BUILD)/aarch64-gcc
 	$(MAKE) --no-print-directory -j2 CC="$(AARCH64_CLANG)" BUILD=$(BUILD)/aarch64-clang FTZ_IN_ALL=no \
 	    FTZ_TARGET=--target=aarch64-linux-gnu all ftz

@@ -161,9 +161,13 @@ def selfcheck(write=False, card=None, shard=(0, 1), numeric_mode=None):
                 start = time.perf_counter()
                 results = _cards.check_card(path, vendor, device, shard, mode)
                 seconds = time.perf_counter() - start
-                rows.append((name, where, "%d/%d" % (sum(r.ok for r in results), len(results)), "%.2fs" % seconds))
-                failures += [(name, where, r) for r in results if not r.ok]
-                checked += len(results)
+                run = [r for r in results if not r.skipped]
+                skipped = sorted({r.skipped for r in results if r.skipped})
+                rows.append((name, where, "%d/%d" % (sum(r.ok for r in run), len(run)), "%.2fs" % seconds
+                             + "".join("  (%d lines skipped: %s)" % (sum(r.skipped == why for r in results), why)
+                                       for why in skipped)))
+                failures += [(name, where, r) for r in run if not r.ok]
+                checked += len(run)
         notes += ["not checked on %s%s (no library of it loads here): %s"
                   % (vendor, "" if mode == "identical" else " " + mode, why) for vendor, why in absent]
     width = max([len("card")] + [len(r[0]) for r in rows])

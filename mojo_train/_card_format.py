@@ -46,7 +46,8 @@ class CardError(ValueError):
 Case = collections.namedtuple("Case", "op args text")
 Line = collections.namedtuple("Line", "case digests lineno")
 Card = collections.namedtuple("Card", "name contract path lines")
-Result = collections.namedtuple("Result", "case ok mismatches")
+Result = collections.namedtuple("Result", "case ok mismatches skipped", defaults=(None,))
+# skipped: why the line was not run (a family its op needs that the library does not declare), else None
 
 
 # ---- values of a case spec ------------------------------------------------------------------
@@ -124,20 +125,30 @@ _KEYS = {}      # op -> {key: parser}
 _REQUIRED = {}  # op -> the keys a case must give
 _OUTPUTS = {}   # op -> outputs(case)
 _RUNNERS = {}   # op -> run(case, backend)
+_NEEDS = {}     # op -> the feature families its lines call beyond the card's own
 _NOTES = {}     # card -> the header's comment lines
 
 
-def register(card, contract, cases, ops, notes):
+def register(card, contract, cases, ops, notes, needs=None):
     """Add a card family: ``cases()`` lists its specs; ``ops`` maps each op name of its lines
     to ``(keys, required, outputs, run)``: the key parsers, the keys a case must give,
     ``outputs(case)`` (digest names in line order) and ``run(case, backend)`` ({name: sha256},
     through the public API on the selected vendor's identical numeric mode); ``notes`` are the
-    header's comment lines saying how inputs are drawn."""
+    header's comment lines saying how inputs are drawn; ``needs`` maps an op to the feature
+    families (mt_features names) its lines call beyond the card's own."""
     CONTRACTS[card] = contract
     CASES[card] = cases
     _NOTES[card] = tuple("# " + n for n in notes)
     for op, (keys, required, outputs, run) in ops.items():
         _KEYS[op], _REQUIRED[op], _OUTPUTS[op], _RUNNERS[op] = keys, tuple(required), outputs, run
+        _NEEDS[op] = tuple((needs or {}).get(op, ()))
+
+
+def lacking(case, backend, card=None):
+    """The families ``case`` needs -- its card's (a family name) and its op's beyond it -- that
+    ``backend`` does not declare (mt_features)."""
+    own = (card,) if card in _native.FEATURES else ()
+    return [f for f in own + _NEEDS.get(case.op, ()) if not backend.has(f)]
 
 
 def case_key(case):
@@ -370,7 +381,9 @@ def compare(want, got):
 def check_card(path, vendor, device=False, shard=(0, 1), numeric_mode="identical"):
     """Run every line of the card on ``vendor``'s ``numeric_mode`` (identical, or identical_ftz for
     the cards of card_paths("identical_ftz")): a list of Result(case text, ok, mismatching
-    outputs). A case that raises fails with ``raised <error>`` as its mismatch. With ``device``,
+    outputs, skipped). A case that raises fails with ``raised <error>`` as its mismatch; a case
+    whose op needs a family the library does not declare (register's ``needs``) is not run, ok
+    False and ``skipped`` saying why. With ``device``,
     inputs are drawn straight into device memory and stay there. ``shard`` (k, n) runs the lines
     whose index is k modulo n only (n runs with k = 0..n-1 check every line once)."""
     card = read_card(path)
@@ -378,6 +391,10 @@ def check_card(path, vendor, device=False, shard=(0, 1), numeric_mode="identical
     k, n = shard
     with mode_selected(numeric_mode), vendor_selected(vendor) as backend, _placed(device):
         for line in card.lines[k::n]:
+            absent = lacking(line.case, backend, card.name)
+            if absent:   # declared capabilities only: mt_features()
+                results.append(Result(line.case.text, False, [], "needs %s (not in mt_features)" % ", ".join(absent)))
+                continue
             try:
                 bad = compare(line.digests, run_case(line.case, backend))
             except Exception as exc:  # a vendor that refuses a case fails it, visibly

@@ -88,4 +88,5 @@ _cards.register("accumulate", "accumulate v1", _accumulate_cases, {
                           lambda case: ("dweight", "dbias"), _run_linear),
 }, ("g= low,high: microbatch i (1..parts) from stream i, tensor j at offset offsets[j];",
     "accumulate_linear: weight from stream 0 in [-1,1), a (tokens, width) from stream 1, dc (tokens,",
-    "classes) from stream 2; microbatch i is rows [i*tokens/parts, (i+1)*tokens/parts) of them."))
+    "classes) from stream 2; microbatch i is rows [i*tokens/parts, (i+1)*tokens/parts) of them."),
+    needs={"accumulate_linear": ("linear",)})

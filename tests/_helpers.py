@@ -29,6 +29,16 @@ GRADUAL_UNDERFLOW_SKIPS = {
 }
 
 
+def skip_without(mode, *families):
+    """Skip (pytest) where the library under test declares it lacks one of ``families`` (the
+    mt_features names: "linear", "loss", ...): a family not built for that vendor yet."""
+    import pytest
+    for family in families:
+        if not mode.has(family):
+            pytest.skip("this library has no %s (mt_features)" % family)
+    return mode
+
+
 def skip_unless_gradual_underflow(backend):
     """Skip (pytest) where the library under test declares it does not keep subnormals: CUDA's
     fast numeric mode (approximate) and identical_ftz (flush_rule)."""

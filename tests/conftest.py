@@ -6,6 +6,7 @@ import os
 import pytest
 
 from mojo_train import _native
+from _helpers import skip_without
 
 
 class Mode:
@@ -74,9 +75,7 @@ def identical(request, monkeypatch):
 
 
 def _having(mode, feature):
-    if not mode.has(feature):
-        pytest.skip("this library has no %s (mt_features)" % feature)
-    return mode
+    return skip_without(mode, feature)
 
 
 def _family_fixtures(family):
@@ -94,7 +93,8 @@ def _family_fixtures(family):
 
 
 # linear_mode, linear_identical, rms_norm_mode, ...: one pair per family with a feature bit of its own
-for _family in ("linear", "rms_norm", "layer_norm", "elementwise", "random", "attention"):
+for _family in ("linear", "rms_norm", "layer_norm", "elementwise", "random", "attention", "optim", "clip", "loss",
+                "lm_head", "embedding", "accumulate", "schedule"):
     globals()[_family + "_mode"], globals()[_family + "_identical"] = _family_fixtures(_family)
 
 

@@ -358,13 +358,14 @@ def test_the_full_form_refuses_a_gradient_over_its_index_targets(mode, inner):
     assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
 
 
-def test_the_opt_in_cluster_rows_give_the_loss_cards_bits(identical):
+def test_the_opt_in_cluster_rows_give_the_loss_cards_bits(loss_identical):
     """MOJO_TRAIN_CE_CLUSTER=1: CUDA shares each plain row of more than ~28K classes among a
     cluster of blocks (slower than its one-block rows on the H200, so opt-in; other vendors read
     nothing of it). In a process of its own (the variable is read once): the loss card, host and
     device buffers, then a 3 x 50304 gradient computed in place in device memory against a buffer
     of its own (the cluster's loss reads x_t before any block writes its gradient over it; the
     oracle refuses in place, so there it must be refused by name)."""
+    identical = loss_identical
     env = dict(os.environ, MOJO_TRAIN_CE_CLUSTER="1", MOJO_TRAIN_VENDOR=identical.vendor)
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "loss"], env=env,
                          capture_output=True, text=True, timeout=600)
@@ -419,9 +420,10 @@ def in_place_outcome(backend, rows, vocab):
     return "same" if same else "differs"
 
 
-def test_exactly_in_place_is_refused_by_name_or_gives_a_separate_buffers_bits(identical):
+def test_exactly_in_place_is_refused_by_name_or_gives_a_separate_buffers_bits(loss_identical):
     """The default kernels, in device memory where the library takes it: 4 x 6 and 3 x 50304 (one
     block per row, staged; CUDA's LM head calls it so)."""
+    identical = loss_identical
     for rows, vocab in ((4, 6), (3, 50304)):
         got = in_place_outcome(identical.backend, rows, vocab)
         assert got == ("same" if identical.has("device_buffers") else "refused"), (rows, vocab, got)

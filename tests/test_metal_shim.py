@@ -10,7 +10,9 @@ import glob
 import json
 import os
 import shutil
+import re
 import subprocess
+import sys
 
 import pytest
 
@@ -94,3 +96,79 @@ def test_the_probes_report_says_what_the_rule_says_when_a_device_follows_it(tmp_
     zeros = subprocess.run([str(exe), "zeros"], capture_output=True, text=True)
     assert zeros.returncode == 2 and json.loads(zeros.stdout)["verdicts"][
         "normal cases neither rule nor IEEE (the device computed nothing trustworthy)"] >= 4
+
+
+# ---- the library's kernel sources (issue 17 point 2) ----------------------------------------------
+LIBRARY_SOURCES = sorted(glob.glob(os.path.join(METAL, "mt_metal_*.metal")))
+KERNEL = re.compile(r"^kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", re.S | re.M)
+
+
+def _kernels():
+    """{name: parameter text} of every kernel of the library's sources."""
+    found = {}
+    for path in LIBRARY_SOURCES:
+        with open(path) as f:
+            for m in KERNEL.finditer(f.read()):
+                assert m.group(1) not in found, "kernel %s defined twice" % m.group(1)
+                found[m.group(1)] = m.group(2)
+    return found
+
+
+def _listed():
+    with open(os.path.join(METAL, "mt_metal_kernels.h")) as f:
+        return re.findall(r"X\((mt_k_\w+)\)", f.read())
+
+
+def test_every_kernel_is_listed_once_and_none_uses_a_barrier_the_emulator_cannot_run():
+    kernels, listed = _kernels(), _listed()
+    assert kernels and len(listed) == len(set(listed)) and set(kernels) == set(listed), \
+        sorted(set(kernels) ^ set(listed))
+    for path in LIBRARY_SOURCES:       # the emulator runs a group's threads one after another
+        with open(path) as f:
+            assert "threadgroup" not in f.read().replace("thread_position_in_threadgroup", ""), path
+
+
+def test_every_kernel_binds_its_buffers_at_indices_in_parameter_order_then_its_coordinates():
+    """The emulator binds arguments by position and Metal by index: they agree only so."""
+    for name, params in _kernels().items():
+        indices = [int(i) for i in re.findall(r"\[\[buffer\((\d+)\)\]\]", params)]
+        assert indices == list(range(len(indices))), (name, indices)
+        parts = [p.strip() for p in params.split(",")]
+        coords = [i for i, p in enumerate(parts) if p.startswith("MT_ID_")]
+        assert coords == list(range(len(parts) - len(coords), len(parts))), name   # coordinates last
+        assert len(indices) + len(coords) == len(parts), name                      # nothing unbound
+
+
+def test_the_embedded_source_is_every_library_kernel_with_its_includes_inlined(tmp_path):
+    out = tmp_path / "source.c"
+    subprocess.run([sys.executable, os.path.join(METAL, "mt_metal_amalgamate.py"), str(out)], check=True)
+    text = out.read_text()
+    assert text.startswith("/* generated") and "const char mt_metal_source[]" in text
+    import ast
+    body = text[text.index("=") + 1:text.rindex(";")]
+    source = "".join(ast.literal_eval(line) for line in body.split("\n") if line.strip())
+    assert not re.search(r'^\s*#\s*include\s+"', source, re.M)
+    for name in _kernels():
+        assert "kernel void %s(" % name in source
+    metal = tmp_path / "all.metal"
+    metal.write_text(source)
+    cxx = _cxx()
+    quiet = ["-Wno-unknown-attributes", "-Wno-unknown-pragmas"] if "clang" in cxx else \
+        ["-Wno-attributes", "-Wno-unknown-pragmas"]
+    run = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", *quiet, "-x", "c++", "-I", os.path.join(METAL, "shim"),
+                          str(metal)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_shim_refuses_a_device_pointer_where_a_thread_pointer_is_wanted(tmp_path):
+    cxx = _cxx()
+    if "clang" not in cxx:
+        pytest.skip("clang is not installed: only clang models address spaces (%s erases them)" % cxx)
+    bad = tmp_path / "bad.metal"
+    bad.write_text('#include "mt_metal_kernel.h"\n'
+                   'kernel void k(device float *p [[buffer(0)]], MT_ID_GRID(i)) {\n'
+                   '    float c; mt_sincospif(p[i], &p[0], &c); }\n')
+    run = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-Wno-unknown-attributes", "-Wno-unknown-pragmas",
+                          "-x", "c++", "-I", os.path.join(METAL, "shim"), "-I", METAL,
+                          "-I", os.path.join(REPO, "native", "include"), str(bad)], capture_output=True, text=True)
+    assert run.returncode != 0 and "mt_sincospif" in run.stderr

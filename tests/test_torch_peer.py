@@ -64,6 +64,7 @@ import numpy as np  # noqa: E402
 
 import mojo_train.torch as mtt  # noqa: E402  (imports torch)
 from mojo_train.random import Generator  # noqa: E402
+from _helpers import skip_without  # noqa: E402
 from test_loss import _rows_of, _scale_and_divisor  # noqa: E402  (cross-entropy's units, one copy)
 
 K_STEPS = 5
@@ -76,10 +77,14 @@ HAS_LINEAR_CROSS_ENTROPY = hasattr(torch.nn.functional, "linear_cross_entropy")
 COUNTED_TORCH = "2.13."
 
 
-def _skip_without(name):
-    """A reference skip: the torch under test has no OpInfo for ``name``."""
+def _skip_without(name, mode=None):
+    """A reference skip: the torch under test has no OpInfo for ``name``; with ``mode``, a library
+    skip: the library under test declares it lacks the op's family (FAMILY)."""
     if name == "nn.functional.linear_cross_entropy" and not HAS_LINEAR_CROSS_ENTROPY:
         pytest.skip("torch %s has no F.linear_cross_entropy (added in 2.13)" % torch.__version__)
+    if mode is not None:
+        skip_without(mode, FAMILY[name])
+
 
 # OpInfo name -> (the OpInfo's positional arguments by name, the mojo_train.torch.functional name)
 OPS = {
@@ -93,6 +98,10 @@ OPS = {
                                      "reduction", "label_smoothing"), "cross_entropy"),
     "nn.functional.linear_cross_entropy": (("input", "linear_weight", "target"), "linear_cross_entropy"),
 }
+# OpInfo name -> the op family (mt_features name) its calls need
+FAMILY = {"nn.functional.linear": "linear", "nn.functional.rms_norm": "rms_norm", "nn.functional.embedding": "embedding",
+          "nn.functional.silu": "elementwise", "nn.functional.relu": "elementwise", "nn.functional.dropout": "random",
+          "nn.functional.cross_entropy": "loss", "nn.functional.linear_cross_entropy": "lm_head"}
 
 # What mojo_train.torch refuses of torch's valid inputs: (refusal, functional names, exception type,
 # the message's words, why). README's "What mojo_train.torch refuses" is this table.
@@ -629,7 +638,7 @@ def test_every_optim_db_error_input_is_refused_as_torch_or_accepted_by_a_documen
 @pytest.mark.parametrize("requires_grad", [True, False], ids=["with_gradients", "forward"])
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_every_opinfo_sample_matches_torch_float64_or_is_a_documented_refusal(mode, name, requires_grad):
-    _skip_without(name)
+    _skip_without(name, mode)
     rows, tally = _op_outcomes(name, _key(mode), requires_grad)
     assert rows, "no samples for %s" % name
     assert not _failures(rows), "\n".join(_failures(rows))
@@ -639,7 +648,7 @@ def test_every_opinfo_sample_matches_torch_float64_or_is_a_documented_refusal(mo
 
 @pytest.mark.parametrize("name", ERROR_INPUT_OPS)
 def test_every_opinfo_error_input_is_refused(mode, name):
-    _skip_without(name)
+    _skip_without(name, mode)
     rows = _op_error_outcomes(name, _key(mode))
     assert rows, "torch has no error inputs for %s" % name
     assert not _failures(rows), "\n".join(_failures(rows))
@@ -674,6 +683,7 @@ def _refusal_counts(key):
 def test_the_counts_are_this_docstrings_and_every_documented_refusal_occurs(identical, capsys):
     if not torch.__version__.startswith(COUNTED_TORCH):
         pytest.skip("the docstring's counts are torch 2.13's inputs; torch %s has others" % torch.__version__)
+    skip_without(identical, "optim", *sorted(set(FAMILY.values())))     # the counts are over every op
     lines = _count_lines(_key(identical))
     refusals = _refusal_counts(_key(identical))
     with capsys.disabled():

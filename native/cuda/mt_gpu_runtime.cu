@@ -22,9 +22,9 @@ int mt_gpu_error(gpuError_t err, const char *what) {
 
 uint64_t mt_vendor_features(void) {
 #if MT_NUMERIC_MODE == 2   /* MT_MODE_FAST (mt_pinned.h is not included here): --use_fast_math: approximate division and sqrt, subnormals flushed */
-    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS | MT_FEATURE_APPROXIMATE;
+    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS | MT_FEATURE_DEFERRED_REFUSALS | MT_FEATURE_APPROXIMATE;
 #else
-    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS;
+    return MT_FEATURE_HOST_BUFFERS | MT_FEATURE_DEVICE_BUFFERS | MT_FEATURE_DEFERRED_REFUSALS;
 #endif
 }
 

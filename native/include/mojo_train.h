@@ -89,7 +89,9 @@ enum mt_feature {         /* mt_features() bits: one per op family, then capabil
     MT_FEATURE_PINNED_MATH = 1 << 16,   /* pinned routines (identical numeric mode) */
     MT_FEATURE_CONTRACTION = 1 << 17,   /* fma contraction allowed (deterministic, fast) */
     MT_FEATURE_APPROXIMATE = 1 << 18,   /* approximate division/sqrt, flushed subnormals (GPU fast) */
-    MT_FEATURE_FLUSH_RULE = 1 << 20     /* the identical_ftz numeric mode's stated flush of subnormals */
+    MT_FEATURE_FLUSH_RULE = 1 << 20,    /* the identical_ftz numeric mode's stated flush of subnormals */
+    MT_FEATURE_DEFERRED_REFUSALS = 1 << 21 /* device-buffer calls queue and report a refusal later when
+                                              deferring (mt_set_deferred_refusals); without it, at once */
 };
 
 int mt_abi_version(void);

@@ -9,6 +9,7 @@
  * and when the device gets normal numbers wrong (GitHub's macOS runners have a paravirtual GPU). */
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
+#include "mt_metal_options.h"
 #include <stdio.h>
 #include <string.h>
 #include "mt_ftz_probe_cases.h"
@@ -32,16 +33,7 @@ int main(int argc, char **argv) {
         if (!src) return fail("cannot read the kernel source", error);
         id<MTLDevice> dev = MTLCreateSystemDefaultDevice();
         if (!dev) return fail("no Metal device", nil);
-        MTLCompileOptions *opt = [MTLCompileOptions new];
-#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000      /* mathMode exists from the macOS 15 SDK on */
-        if (@available(macOS 15.0, *)) {
-            opt.mathMode = MTLMathModeSafe;
-        } else {
-            opt.fastMathEnabled = NO;
-        }
-#else
-        opt.fastMathEnabled = NO;
-#endif
+        MTLCompileOptions *opt = mt_metal_exact_options();
         /* the op codes' header sits beside the kernel: paste it in (run-time compiles have no -I) */
         NSString *ops = [NSString stringWithContentsOfFile:[[path stringByDeletingLastPathComponent]
                                                                stringByAppendingPathComponent:@"mt_ftz_probe_ops.h"]

@@ -19,7 +19,6 @@ typedef struct mt_mtl_buffer mt_mtl_buffer;   /* an MTLBuffer, or the emulator's
 
 /* MT_OK once a device is there (opened on first use), else an MT_EDEVICE refusal naming why. */
 int mt_mtl_open(void);
-const char *mt_mtl_device_name(void);
 /* A shared-storage buffer of `bytes` (> 0) bytes; *contents its host address. */
 int mt_mtl_buffer_new(mt_mtl_buffer **out, void **contents, int64_t bytes);
 void mt_mtl_buffer_release(mt_mtl_buffer *b);

@@ -15,11 +15,6 @@ uint64_t mt_layer_norm_features(void) { return 0; }
 uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 uint64_t mt_embedding_features(void) { return 0; }
-uint64_t mt_accumulate_features(void) { return 0; }
-
-int mt_accumulate(float *out, const float *const *parts, int32_t n_parts, int64_t n) {
-    return MT_UNBUILT("mt_accumulate");
-}
 
 int mt_attention_run(const mt_attn_args *a, int backward) {
     return MT_UNBUILT(backward ? "mt_attention_backward" : "mt_attention_forward");

@@ -16,10 +16,8 @@ typedef void (*mt_emu_thread_fn)(void *const *args, const mt_emu_thread *t);
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* The kernel called `name`: its thread function and whether it uses threadgroup barriers; 0 if
- * there is none of that name. */
-int mt_emu_kernel(const char *name, mt_emu_thread_fn *fn, int *uses_barriers);
-void mt_emu_barrier(void);
+/* The kernel called `name`: its thread function; 0 if there is none of that name. */
+int mt_emu_kernel(const char *name, mt_emu_thread_fn *fn);
 #ifdef __cplusplus
 }
 #endif

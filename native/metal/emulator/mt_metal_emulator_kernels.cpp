@@ -14,6 +14,7 @@
 #include "../mt_metal_tensors.metal"
 #include "../mt_metal_clip.metal"
 #include "../mt_metal_optim.metal"
+#include "../mt_metal_accumulate.metal"
 #include "../mt_metal_kernels.h"
 
 namespace {
@@ -53,20 +54,18 @@ void run_thread(void *const *args, const mt_emu_thread *t) { call(fn, args, t); 
 struct entry {
     const char *name;
     mt_emu_thread_fn fn;
-    int uses_barriers;
 };
 
-#define MT_EMU_ENTRY(name, barriers) {#name, &run_thread<&name>, barriers},
+#define MT_EMU_ENTRY(name) {#name, &run_thread<&name>},
 const entry table[] = {MT_METAL_KERNELS(MT_EMU_ENTRY)};
 #undef MT_EMU_ENTRY
 
 }  // namespace
 
-extern "C" int mt_emu_kernel(const char *name, mt_emu_thread_fn *fn, int *uses_barriers) {
+extern "C" int mt_emu_kernel(const char *name, mt_emu_thread_fn *fn) {
     for (const entry &e : table)
         if (std::strcmp(e.name, name) == 0) {
             *fn = e.fn;
-            *uses_barriers = e.uses_barriers;
             return 1;
         }
     return 0;
