@@ -411,7 +411,7 @@ $(METAL_LIB): $(SHARED_HOST_SRC) $(METAL_HOST_SRC) $(HDRS) $(METAL_HDRS) native/
 	$(CC) -O2 -fPIC -fobjc-arc -fvisibility=hidden $(INCLUDES) -Inative/metal -c native/metal/mt_metal_runtime.m \
 	    -o $(BUILD)/metal/runtime.o
 	$(CC) -shared $(SONAME) -o $@$(TMP) $(BUILD)/metal/host.o $(BUILD)/metal/source.o $(BUILD)/metal/runtime.o \
-	    -framework Metal -framework Foundation $(LDLIBS) && $(call seal,$@)
+	    -framework Metal -framework Foundation -framework CoreGraphics $(LDLIBS) && $(call seal,$@)
 
 metal: $(call with_manifests,$(METAL_LIB))
 .PHONY: metal

@@ -40,6 +40,7 @@ __global__ void probe(const unsigned *cases, unsigned *out, unsigned count) {
     case MT_PROBE_NEG: r = -a; break;
     case MT_PROBE_TO_INT: bits = (unsigned)(int)a; as_bits = true; break;
     case MT_PROBE_FLOOR: r = floorf(a); break;
+    case MT_PROBE_MULADD: r = a * b + c; break;
     default: bits = 0xffffffffu; as_bits = true; break;
     }
     out[i] = as_bits ? bits : __float_as_uint(r);

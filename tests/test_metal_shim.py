@@ -56,12 +56,23 @@ def test_the_shim_catches_a_type_error(tmp_path):
 
 
 PROBE_MAIN = r"""
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "mt_ftz_probe_cases.h"
+#include "mt_ftz_probe_ops.h"
 int main(int argc, char **argv) {   /* the rule's answers stand in for a GPU's; "zeros": a device that computes nothing */
     uint32_t *hw = malloc(4 * (size_t)mt_probe_count);
-    for (int k = 0; k < mt_probe_count; ++k) hw[k] = argc > 1 ? 0u : mt_probe_rule(&mt_probe_cases[k]);
+    for (int k = 0; k < mt_probe_count; ++k) {
+        const mt_probe_case *c = &mt_probe_cases[k];
+        hw[k] = argc > 1 && !strcmp(argv[1], "zeros") ? 0u : mt_probe_rule(c);
+        if (argc > 1 && !strcmp(argv[1], "contracting") && c->op == MT_PROBE_MULADD) {   /* a device that fuses */
+            float a, b, cc, r;
+            memcpy(&a, &c->a, 4); memcpy(&b, &c->b, 4); memcpy(&cc, &c->c, 4);
+            r = fmaf(a, b, cc);
+            memcpy(&hw[k], &r, 4);
+        }
+    }
     int differ = mt_probe_report(stdout, hw, 32, "the rule itself");
     return differ < 0 ? 2 : differ ? 1 : 0;
 }
@@ -81,6 +92,7 @@ def test_the_probes_report_says_what_the_rule_says_when_a_device_follows_it(tmp_
     report = json.loads(run.stdout)
     assert report["verdicts"] == {"subnormal inputs read as zero": True, "results below FLT_MIN flushed": True,
                                   "tininess": "before rounding", "sign of a flushed negative result": "-0",
+                                  "a * b + c contracted (fp contract(off) not honoured)": False,
                                   "normal cases neither rule nor IEEE (the device computed nothing trustworthy)": 0,
                                   "cases that differ from the rule": 0}
     # the rule's own neg and abs (ftz.md rule 5), not bit flips
@@ -92,6 +104,10 @@ def test_the_probes_report_says_what_the_rule_says_when_a_device_follows_it(tmp_
         assert asked in questions, asked
     # the cases tell the two behaviours apart: most of the subnormal ones differ between rule and IEEE
     assert sum(c["rule"] != c["ieee"] for c in report["cases"]) >= 15
+    # a device that fuses a * b + c against the pragma is told so
+    fused = subprocess.run([str(exe), "contracting"], capture_output=True, text=True)
+    assert fused.returncode == 1 and json.loads(fused.stdout)["verdicts"][
+        "a * b + c contracted (fp contract(off) not honoured)"] is True
     # a device whose every answer is 0 (a paravirtual GPU running nothing) is told, not taken as flushing
     zeros = subprocess.run([str(exe), "zeros"], capture_output=True, text=True)
     assert zeros.returncode == 2 and json.loads(zeros.stdout)["verdicts"][

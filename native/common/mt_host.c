@@ -72,6 +72,8 @@ MT_NOINLINE float mt_host_one_minus_pow(float base, int64_t exponent) {
 
 MT_NOINLINE float mt_host_round(double x) { return (float)x; }
 
+MT_NOINLINE float mt_host_dropout_scale(float p) { return mt_dropout_scale(p); }
+
 
 int mt_abi_version(void) { return MT_ABI_VERSION; }
 

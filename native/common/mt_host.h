@@ -102,6 +102,7 @@ void mt_fp_set(unsigned control);
  * mt_fp_begin / mt_fp_end. */
 float mt_host_one_minus_pow(float base, int64_t exponent);
 float mt_host_round(double x);
+float mt_host_dropout_scale(float p);   /* 1 / (1 - p), mt_pinned.h's mt_dropout_scale */
 
 /* The vendor's feature bits beyond the numeric mode's (defined by each vendor), and those of each op
  * family, defined beside the family's code (0 until it is built on that vendor). */

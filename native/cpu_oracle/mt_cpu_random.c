@@ -102,8 +102,6 @@ MT_SIMD static void dropout_range(void *ctx, int64_t b, int64_t e) {
                  job->y[i] = mt_dropout_elem(job->x[i], w[k], job->p, job->scale));
 }
 
-MT_NOINLINE static float host_dropout_scale(float p) { return mt_dropout_scale(p); }
-
 /* The refusal as the elementwise maps': a pre-pass, or for a fresh output that is not x
  * (MT_MAP_OUT_FRESH) the check fused into the pass. */
 static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t stream, uint64_t offset,
@@ -116,7 +114,7 @@ static int dropout_common(float *y, const float *x, float p, uint64_t seed, uint
     dropout_job job = {y, x, seed, stream, offset, p, 0.0f};
     mt_fp_env env;
     mt_fp_begin(&env);
-    job.scale = host_dropout_scale(p);
+    job.scale = mt_host_dropout_scale(p);
     int bad = 0;
     if (fused) bad = mt_cpu_parallel_checked(n, 4, x, 0, dropout_range, &job);
     else mt_parallel_for(n, 4, dropout_range, &job);

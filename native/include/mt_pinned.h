@@ -18,19 +18,14 @@
 #endif
 
 /* Metal (Apple's compiler, or native/metal/shim/metal_stdlib on other machines): the kernel
- * source includes <metal_stdlib> first; there is no libm, no double, no union punning, and every
- * pointer names its address space. MT_THREAD marks the pointer parameters of these routines,
+ * source includes <metal_stdlib> first, which gives the fixed-width integer names; there is no
+ * libm, no double, no union punning, `half` is a type, and every pointer names its address space. MT_THREAD marks the pointer parameters of these routines,
  * which always point at the calling thread's own variables (a kernel copies device data into
  * locals first); routines that walk device arrays or return host strings are host/CUDA only. */
 #if defined(__METAL_VERSION__) || defined(MT_METAL_SHIM)
 #define MT_METAL 1
 #define MT_THREAD thread
-#ifndef MT_METAL_STDINT
-typedef int int32_t;
-typedef uint uint32_t;
-typedef long int64_t;
-typedef ulong uint64_t;
-#endif
+
 #define fmaf(a, b, c) metal::fma((float)(a), (float)(b), (float)(c))
 #define sqrtf(x) metal::precise::sqrt((float)(x))
 #define fabsf(x) metal::fabs((float)(x))
@@ -164,10 +159,10 @@ MT_HD_INLINE float mt_chunk_sumsq(const float *x, int64_t n) {   /* inlined: its
     MT_HD float NAME(SPACE float *s, int64_t m) {                                     \
         if (m <= 0) return 0.0f;                                                      \
         while (m > 1) {                                                               \
-            int64_t half = m / 2;                                                     \
-            for (int64_t k = 0; k < half; ++k) s[k] = s[2 * k] + s[2 * k + 1];       \
-            if (m & 1) s[half] = s[m - 1];                                            \
-            m = half + (m & 1);                                                       \
+            int64_t pairs = m / 2;                                                    \
+            for (int64_t k = 0; k < pairs; ++k) s[k] = s[2 * k] + s[2 * k + 1];      \
+            if (m & 1) s[pairs] = s[m - 1];                                           \
+            m = pairs + (m & 1);                                                      \
         }                                                                             \
         return s[0];                                                                  \
     }

@@ -41,6 +41,7 @@ kernel void mt_ftz_probe(device const uint *cases [[buffer(0)]],     // 4 words 
     case MT_PROBE_NEG: r = -a; break;
     case MT_PROBE_TO_INT: bits_out = as_type<uint>(int(a)); as_bits = true; break;
     case MT_PROBE_FLOOR: r = floor(a); break;
+    case MT_PROBE_MULADD: r = a * b + c; break;
     default: bits_out = 0xffffffffu; as_bits = true; break;
     }
     out[i] = as_bits ? bits_out : as_type<uint>(r);

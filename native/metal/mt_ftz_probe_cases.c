@@ -42,6 +42,9 @@ const mt_probe_case mt_probe_cases[] = {
     {MT_PROBE_NEG, 0x00000005u, 0, 0, "negation of a subnormal"},
     {MT_PROBE_TO_INT, 0x00000005u, 0, 0, "int(subnormal)"},
     {MT_PROBE_FLOOR, 0x80000005u, 0, 0, "floor of a negative subnormal (IEEE: -1; flushed: -0)"},
+    /* contraction: (1 + 2^-12)^2 - (1 + 2^-11) is 0 in two roundings (the product's 2^-24 is a tie
+     * to even), 2^-24 when fused: whether `#pragma METAL fp contract(off)` holds */
+    {MT_PROBE_MULADD, 0x3f800800u, 0x3f800800u, 0xbf801000u, "contraction: a * b + c as written (two roundings: 0)"},
     /* normal numbers last: a device that gets these wrong computes nothing trustworthy */
     {MT_PROBE_MUL, 0x3fc00000u, 0x40400000u, 0, "normal: 1.5 * 3 (both agree)"},
     {MT_PROBE_DIV, ONE, 0x40400000u, 0, "normal: 1 / 3, correctly rounded?"},
@@ -72,6 +75,7 @@ uint32_t mt_probe_rule(const mt_probe_case *c) {
     case MT_PROBE_NEG: return u(mt_ftz_neg(a));
     case MT_PROBE_TO_INT: return (uint32_t)(int32_t)mt_ftz_in(a);
     case MT_PROBE_FLOOR: return u(mt_ftz_floor(a));
+    case MT_PROBE_MULADD: return u(mt_ftz_add(mt_ftz_mul(a, b), cc));
     }
     return 0xffffffffu;
 }
@@ -95,6 +99,10 @@ uint32_t mt_probe_ieee(const mt_probe_case *c) {
     case MT_PROBE_NEG: return c->a ^ 0x80000000u;
     case MT_PROBE_TO_INT: return (uint32_t)(int32_t)a;
     case MT_PROBE_FLOOR: return u(floorf(a));
+    case MT_PROBE_MULADD: {
+        float p = a * b;   /* a statement of its own: no contraction whatever the flags */
+        return u(p + cc);
+    }
     }
     return 0xffffffffu;
 }
@@ -139,6 +147,9 @@ int mt_probe_report(FILE *out, const uint32_t *hw, uint32_t simd_width, const ch
     fprintf(out, "    \"tininess\": \"%s\",\n", hw[outk] != 0 ? "no flush" : hw[tie] == 0 ? "before rounding"
             : hw[tie] == MIN_BITS ? "after rounding" : "other");
     fprintf(out, "    \"sign of a flushed negative result\": \"%s\",\n", hw[neg] == 0x80000000u ? "-0" : hw[neg] == 0 ? "+0" : "not flushed");
+    int con = find(MT_PROBE_MULADD, 0x3f800800u, 0x3f800800u);
+    fprintf(out, "    \"a * b + c contracted (fp contract(off) not honoured)\": %s,\n",
+            same(hw[con], mt_probe_ieee(&mt_probe_cases[con])) ? "false" : "true");
     fprintf(out, "    \"normal cases neither rule nor IEEE (the device computed nothing trustworthy)\": %d,\n",
             normal_wrong);
     fprintf(out, "    \"cases that differ from the rule\": %d\n  }\n}\n", differ);

@@ -18,5 +18,6 @@
 #define MT_PROBE_NEG 13
 #define MT_PROBE_TO_INT 14  /* int(a), its bits */
 #define MT_PROBE_FLOOR 15
-#define MT_PROBE_OPS 16
+#define MT_PROBE_MULADD 16  /* a * b + c as written: two roundings unless the compiler contracts it */
+#define MT_PROBE_OPS 17
 #endif

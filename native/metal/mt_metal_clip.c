@@ -13,26 +13,31 @@ _Static_assert((int)MT_MTL_NORM_L2 == (int)MT_NORM_KIND_L2 && (int)MT_MTL_NORM_L
 
 uint64_t mt_clip_features(void) { return MT_FEATURE_CLIP; }
 
-/* The chunk partials of x (n elements, bound in `x`) into partials[at ..]: the lanes into a
- * scratch of the call, then their trees. */
+int mt_mtl_fold_rows(mt_mtl_call *call, const mt_mtl_arg *x, const mt_mtl_arg *dy, const mt_mtl_arg *w,
+                     const mt_mtl_arg *partials, const mt_mtl_norm_params *p) {
+    const int64_t chunks = p->rows * mt_chunk_count(p->n), lanes = chunks * MT_LANES;
+    if (chunks == 0) return MT_OK;
+    mt_mtl_arg args[5] = {*x, *dy, *w};
+    mt_mtl_bytes(&args[4], p, sizeof *p);
+    int rc = mt_mtl_scratch(call, &args[3], lanes * 4, NULL);
+    if (rc || (rc = mt_mtl_launch("mt_k_fold_lanes", args, 5, lanes))) return rc;
+    mt_mtl_arg tree[3] = {args[3], *partials};
+    mt_mtl_bytes(&tree[2], p, sizeof *p);
+    return mt_mtl_launch("mt_k_fold_lane_tree", tree, 3, chunks);
+}
+
+/* The chunk partials of x (n elements, bound in `x`) into partials[at ..]. */
 static int chunk_partials(mt_mtl_call *call, const mt_mtl_arg *x, const mt_mtl_arg *partials, int64_t n, int64_t at,
                           int kind) {
     if (n == 0) return MT_OK;
-    const int64_t lanes = mt_chunk_count(n) * MT_LANES;
-    mt_mtl_norm_params p = {n, at, kind, 0};
-    mt_mtl_arg args[3] = {*x};
-    mt_mtl_bytes(&args[2], &p, sizeof p);
-    int rc = mt_mtl_scratch(call, &args[1], lanes * 4, NULL);
-    if (rc || (rc = mt_mtl_launch("mt_k_norm_lanes", args, 3, lanes))) return rc;
-    args[0] = args[1];
-    args[1] = *partials;
-    return mt_mtl_launch("mt_k_norm_lane_tree", args, 3, mt_chunk_count(n));
+    mt_mtl_norm_params p = {n, at, 1, kind, MT_SAB_CLIP, 0, 0};
+    return mt_mtl_fold_rows(call, x, x, x, partials, &p);
 }
 
 /* out[at + j] = the norm of vector j from partials[start[j] .. start[j + 1]), j < count. */
 static int finish(const mt_mtl_arg *partials, const mt_mtl_arg *start, const mt_mtl_arg *out, int64_t count,
                   int64_t at, int kind) {
-    mt_mtl_norm_params p = {count, at, kind, 0};
+    mt_mtl_norm_params p = {count, at, 1, kind, 0, 0, 0};
     mt_mtl_arg args[4] = {*partials, *start, *out};
     mt_mtl_bytes(&args[3], &p, sizeof p);
     return mt_mtl_launch("mt_k_norm_finish", args, 4, count);

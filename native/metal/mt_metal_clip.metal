@@ -1,39 +1,50 @@
 // mt_metal_clip.metal -- the norms of clip.md (the 2-, 1- and inf-norm) by the length-only tree,
-// and the clip's scaling. The host (mt_metal_clip.c) launches mt_k_norm_lanes and
-// mt_k_norm_lane_tree once per tensor (a thread per lane of each chunk of MT_CHUNK elements, then a
-// thread per chunk), then mt_k_norm_finish (a thread per tensor over its chunk partials); the
-// tensor norms are then one more vector, folded by the same kernels into the total. Lane l folds elements l, l + MT_LANES, ... in
+// the row folds RMSNorm shares with them, and the clip's scaling. The host (mt_metal_clip.c)
+// launches mt_k_fold_lanes and mt_k_fold_lane_tree once per tensor (a thread per lane of each
+// chunk of MT_CHUNK elements, then a thread per chunk), then mt_k_norm_finish (a thread per
+// tensor over its chunk partials); the tensor norms are then one more vector, folded by the same
+// kernels into the total. mt_metal_rms_norm.c folds rows with the first two. Lane l folds elements l, l + MT_LANES, ... in
 // ascending order from +0.0, the lanes meet in mt_lane_tree, the chunk partials in the pairwise
 // tree (mt_tree_fold_device): the very steps of the oracle's mt_chunk_sumsq / mt_tree_fold.
 #include "mt_metal_kernel.h"
 
-static inline float mt_mtl_norm_step(int32_t kind, float acc, float x) {
+static inline float mt_mtl_fold_step(int32_t kind, float acc, float x) {
     return kind == MT_MTL_NORM_L2 ? fmaf(x, x, acc) : kind == MT_MTL_NORM_L1 ? acc + fabsf(x) : mt_max_abs(acc, x);
 }
 
-// lanes[c * MT_LANES + l] = lane l's fold of chunk c of x[0..p.n): a thread per (chunk, lane).
-kernel void mt_k_norm_lanes(device const float *x [[buffer(0)]], device float *lanes [[buffer(1)]],
-                            constant mt_mtl_norm_params &p [[buffer(2)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
-    const int64_t total = mt_chunk_count(p.n) * MT_LANES;
+// lanes[(r * chunks + c) * MT_LANES + l] = lane l's fold of chunk c of row r (p.rows rows of p.n
+// elements; chunks = mt_chunk_count(p.n)): a thread per (row, chunk, lane). kind GDOT folds
+// fma(g, x, acc) with g = dy * w (w: p.has_w) or dy, the other kinds their step of x alone.
+kernel void mt_k_fold_lanes(device const float *x [[buffer(0)]], device const float *dy [[buffer(1)]],
+                            device const float *w [[buffer(2)]], device float *lanes [[buffer(3)]],
+                            constant mt_mtl_norm_params &p [[buffer(4)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+    const int64_t chunks = mt_chunk_count(p.n), total = p.rows * chunks * MT_LANES;
     for (int64_t t = i; t < total; t += stride) {
-        const int64_t c = t / MT_LANES, l = t % MT_LANES, start = c * MT_CHUNK;
+        const int64_t row = t / (chunks * MT_LANES), c = (t / MT_LANES) % chunks, l = t % MT_LANES;
+        const int64_t start = c * MT_CHUNK, base = row * p.n;
         const int64_t n = p.n - start < MT_CHUNK ? p.n - start : MT_CHUNK, full = n / MT_LANES;
         float acc = 0.0f;
-        for (int64_t rr = 0; rr < full; ++rr) {
-            int64_t r = MT_SAB_CLIP ? full - 1 - rr : rr;
-            acc = mt_mtl_norm_step(p.kind, acc, x[start + r * MT_LANES + l]);
+        for (int64_t rr = 0; rr <= full; ++rr) {
+            const int64_t r = rr == full ? full : (p.reversed ? full - 1 - rr : rr);   // the short row last
+            const int64_t e = start + r * MT_LANES + l;
+            if (r == full && l >= n - full * MT_LANES) break;
+            if (p.kind == MT_MTL_FOLD_GDOT) {
+                const float g = p.has_w ? dy[base + e] * w[e] : dy[base + e];
+                acc = MT_DOT_STEP(g, x[base + e], acc);
+            } else {
+                acc = mt_mtl_fold_step(p.kind, acc, x[base + e]);
+            }
         }
-        if (l < n - full * MT_LANES) acc = mt_mtl_norm_step(p.kind, acc, x[start + full * MT_LANES + l]);
         lanes[t] = acc;
     }
 }
 
-// partials[p.at + c] = chunk c's partial from its MT_LANES lanes: the lane tree (the max for the
-// inf-norm); a thread per chunk of a vector of p.n elements.
-kernel void mt_k_norm_lane_tree(device const float *lanes [[buffer(0)]], device float *partials [[buffer(1)]],
+// partials[p.at + q] = the partial of chunk q (q < p.rows * chunks) from its MT_LANES lanes: the
+// lane tree (the max for the inf-norm); a thread per chunk.
+kernel void mt_k_fold_lane_tree(device const float *lanes [[buffer(0)]], device float *partials [[buffer(1)]],
                                 constant mt_mtl_norm_params &p [[buffer(2)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
-    const int64_t chunks = mt_chunk_count(p.n);
-    for (int64_t c = i; c < chunks; c += stride) {
+    const int64_t count = p.rows * mt_chunk_count(p.n);
+    for (int64_t c = i; c < count; c += stride) {
         float a[MT_LANES];
         for (int k = 0; k < MT_LANES; ++k) a[k] = lanes[c * MT_LANES + k];
         float r = 0.0f;

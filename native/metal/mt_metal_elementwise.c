@@ -28,8 +28,10 @@ int mt_mtl_prepass(mt_mtl_call *call, const mt_mtl_arg *a, const mt_mtl_arg *b, 
     return MT_OK;
 }
 
-/* out = op(a[, b]) for n elements, names {out, a, b}; b unread by the unary ops. */
-static int run_map(float *out, const float *a, const float *b, int64_t n, int32_t op, const char *const names[3]) {
+/* out = op(a[, b]) for n elements, names {out, a, b}; b unread by the unary ops. A NaN or inf
+ * input is refused naming it, the message ending `ending` (the op's own on every vendor). */
+static int run_map(float *out, const float *a, const float *b, int64_t n, int32_t op, const char *const names[3],
+                   const char *ending) {
     const int unary = op == MT_MTL_SILU || op == MT_MTL_GELU || op == MT_MTL_GELU_TANH || op == MT_MTL_RELU;
     int rc;
     if ((rc = mt_mtl_open())) return rc;
@@ -45,7 +47,7 @@ static int run_map(float *out, const float *a, const float *b, int64_t n, int32_
         goto done;
     if (!two) args[2] = args[1];
     if (bad[0] || bad[1]) {
-        rc = mt_fail(MT_ENONFINITE, "%s holds NaN or inf; refused %s", bad[0] ? names[1] : names[2], MT_REFUSED_CLEAN);
+        rc = mt_fail(MT_ENONFINITE, "%s holds NaN or inf; %s", bad[0] ? names[1] : names[2], ending);
         goto done;
     }
     mt_mtl_map_params p = {n, op, 0};
@@ -60,7 +62,7 @@ static int map_call(float *out, const float *a, const float *b, int64_t n, int32
                     const char *const names[3]) {
     int rc = mt_check_map_args(out, a, b, n, names);
     if (rc || (rc = mt_check_map_flags(flags)) || n == 0) return rc;
-    return run_map(out, a, b, n, op, names);
+    return run_map(out, a, b, n, op, names, "refused " MT_REFUSED_CLEAN);
 }
 
 int mt_silu_forward(float *y, const float *x, int64_t n, uint32_t flags) {
@@ -100,7 +102,7 @@ static int relu_call(float *out, const float *dy, const float *x, int64_t n) {
         (rc = mt_check_tensor(x, n, "x")) || n == 0)
         return rc;
     const char *const names[3] = {dy ? "dx" : "y", dy ? "dy" : "x", "x"};
-    return run_map(out, dy ? dy : x, x, n, dy ? MT_MTL_RELU_GRAD : MT_MTL_RELU, names);
+    return run_map(out, dy ? dy : x, x, n, dy ? MT_MTL_RELU_GRAD : MT_MTL_RELU, names, "nothing was written");
 }
 
 int mt_relu_forward(float *y, const float *x, int64_t n) { return relu_call(y, NULL, x, n); }

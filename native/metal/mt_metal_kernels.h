@@ -6,11 +6,15 @@
     X(mt_k_map)            \
     X(mt_k_random)         \
     X(mt_k_fill_zero)      \
-    X(mt_k_norm_lanes)     \
-    X(mt_k_norm_lane_tree) \
+    X(mt_k_fold_lanes)     \
+    X(mt_k_fold_lane_tree) \
     X(mt_k_norm_finish)    \
     X(mt_k_scale)          \
     X(mt_k_adam)           \
     X(mt_k_sgd)               \
     X(mt_k_add2)              \
-    X(mt_k_copy)
+    X(mt_k_copy)              \
+    X(mt_k_rms_rows)          \
+    X(mt_k_rms_elems)         \
+    X(mt_k_rms_dweight_leaves) \
+    X(mt_k_rms_dweight_tree)

@@ -187,11 +187,11 @@ int mt_mtl_launch(const char *kernel, const mt_mtl_arg *args, int32_t n_args, in
     pthread_mutex_unlock(&g_lock);
     int64_t need = (work + threads - 1) / threads;
     if (need < 1) need = 1;
-    uint32_t groups = (uint32_t)(need < cap ? need : cap);
-    int rc = mt_mtl_run(kernel, args, n_args, groups, (uint32_t)threads);
+    uint32_t groups = (uint32_t)(need < cap ? need : cap), ran = 0;
+    int rc = mt_mtl_run(kernel, args, n_args, groups, (uint32_t)threads, &ran);
     if (rc) return rc;
     pthread_mutex_lock(&g_lock);
-    g_last_threads = (int32_t)threads;
+    g_last_threads = (int32_t)ran;
     g_last_groups = (int32_t)groups;
     pthread_mutex_unlock(&g_lock);
     return MT_OK;
@@ -239,6 +239,12 @@ int mt_mtl_stage(mt_mtl_call *call, mt_mtl_arg *arg, const void *ptr, int64_t by
         }
         for (int32_t j = 0; j < call->n_staged; ++j)
             if (call->staged[j].host == ptr && call->staged[j].bytes == bytes) {
+                if ((mode & MT_MTL_IN) && !(call->staged[j].mode & MT_MTL_IN)) {   /* first read: fill it */
+                    memcpy(call->staged[j].contents, ptr, (size_t)bytes);
+                    pthread_mutex_lock(&g_lock);
+                    g_h2d += bytes;
+                    pthread_mutex_unlock(&g_lock);
+                }
                 call->staged[j].mode |= mode;
                 arg->buffer = call->staged[j].buffer;
                 arg->offset = 0;

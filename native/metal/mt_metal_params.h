@@ -34,18 +34,32 @@ enum { MT_MTL_UNIFORM, MT_MTL_NORMAL, MT_MTL_DROPOUT };
 typedef struct {
     uint64_t seed, stream, offset;
     int64_t n;
-    float a, b;        /* uniform: low, width; normal: mean, std; dropout: p, unused */
+    float a, b;        /* uniform: low, width; normal: mean, std; dropout: p, 1 / (1 - p) */
     int32_t kind, check;
 } mt_mtl_random_params;
 
 
-/* The norms (mt_metal_clip.metal): kinds as native/common/mt_host.h's MT_NORM_KIND_*. */
-enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2 };
+/* The chunk folds (mt_metal_clip.metal): the norms' kinds as native/common/mt_host.h's
+ * MT_NORM_KIND_*, and RMSNorm's g.x (GDOT). */
+enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2, MT_MTL_FOLD_GDOT = 3 };
 typedef struct {
-    int64_t n;      /* chunks: the vector's elements; finish: the number of vectors */
+    int64_t n;      /* folds: a row's elements; finish: the number of vectors */
     int64_t at;     /* where the first result goes in the output */
-    int32_t kind, pad;
+    int64_t rows;   /* folds: rows of n elements, one after another */
+    int32_t kind;
+    int32_t reversed;   /* walk each chunk's full rows backwards (a sabotage build's switch) */
+    int32_t has_w;      /* GDOT: g = dy * w */
+    int32_t pad;
 } mt_mtl_norm_params;
+
+/* RMSNorm (mt_metal_rms_norm.metal). */
+enum { MT_MTL_RMS_RSTD, MT_MTL_RMS_K };
+typedef struct {
+    int64_t rows, dim, chunks;
+    float dimf, eps;
+    int32_t op;         /* rows: MT_MTL_RMS_RSTD or MT_MTL_RMS_K; elements: whether to write y (0) or dx (1) */
+    int32_t has_w;
+} mt_mtl_rms_params;
 
 typedef struct {
     int64_t n;

@@ -85,7 +85,11 @@ static int dropout_call(float *y, const float *x, float p, uint64_t seed, uint64
                         int64_t n, uint32_t flags, const char *yname, const char *xname) {
     int rc = mt_check_dropout_args(y, x, p, offset, n, flags, yname, xname);
     if (rc || n == 0) return rc;
-    mt_mtl_random_params q = {seed, stream, offset, n, p, 0.0f, MT_MTL_DROPOUT, 0};
+    mt_fp_env env;
+    mt_fp_begin(&env);
+    float scale = mt_host_dropout_scale(p);   /* once, on the host, as the oracle forms it */
+    mt_fp_end(&env);
+    mt_mtl_random_params q = {seed, stream, offset, n, p, scale, MT_MTL_DROPOUT, 0};
     return draw(y, x, q, xname);
 }
 

@@ -4,8 +4,8 @@
 // elements) its grid stride gives it, so each block is drawn once.
 #include "mt_metal_kernel.h"
 
-// out[j] for stream elements offset + j, j < n; dropout reads x (p.a = p; scale formed here, as
-// the oracle's host forms it: one division). With p.check, nothing when bad[0] is set.
+// out[j] for stream elements offset + j, j < n; dropout reads x (p.a = p, p.b = the host's scale
+// 1 / (1 - p)). With p.check, nothing when bad[0] is set.
 kernel void mt_k_random(device float *out [[buffer(0)]], device const float *x [[buffer(1)]],
                         device const int *bad [[buffer(2)]], constant mt_mtl_random_params &p [[buffer(3)]],
                         MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
@@ -13,7 +13,6 @@ kernel void mt_k_random(device float *out [[buffer(0)]], device const float *x [
     if (p.n <= 0) return;
     const uint64_t first = p.offset, last = p.offset + (uint64_t)(p.n - 1);   // the last element: no wrap
     const uint64_t b0 = first >> 2, b1 = last >> 2;
-    const float scale = p.kind == MT_MTL_DROPOUT ? mt_dropout_scale(p.a) : 1.0f;
     for (uint64_t block = b0 + i; block <= b1 && block >= b0; block += stride) {
         uint32_t w[4];
         float z[4];
@@ -25,7 +24,7 @@ kernel void mt_k_random(device float *out [[buffer(0)]], device const float *x [
             uint64_t j = e - first;
             if (p.kind == MT_MTL_UNIFORM) out[j] = mt_uniform_at(p.a, p.b, w[k]);
             else if (p.kind == MT_MTL_NORMAL) out[j] = mt_normal_value(p.a, p.b, z[k]);
-            else out[j] = mt_dropout_elem(x[j], w[k], p.a, scale);
+            else out[j] = mt_dropout_elem(x[j], w[k], p.a, p.b);
         }
     }
 }

@@ -31,9 +31,12 @@ typedef struct {
     int32_t size;
 } mt_mtl_arg;
 
-/* Run `kernel` (a name of mt_metal_kernels.h) on `groups` threadgroups of `group_size` threads,
- * arguments bound at indices 0 .. n_args - 1, and wait for it. */
-int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size);
+/* Run `kernel` (a name of mt_metal_kernels.h) on `groups` threadgroups of `group_size` threads
+ * (fewer when the kernel's pipeline allows fewer: *ran, when not NULL, says how many ran; every
+ * kernel walks its range with the grid's stride), arguments bound at indices 0 .. n_args - 1, and
+ * wait for it. */
+int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size,
+               uint32_t *ran);
 
 #ifdef __cplusplus
 }

@@ -31,7 +31,11 @@ static int open_locked(void) {
     if (g_library) return MT_OK;
     if (g_why[0]) return mt_fail(MT_EDEVICE, "%s", g_why);
     @autoreleasepool {
-        g_device = MTLCreateSystemDefaultDevice();
+        g_device = MTLCreateSystemDefaultDevice();   /* needs CoreGraphics linked (make metal does) */
+        if (!g_device) {
+            NSArray<id<MTLDevice>> *all = MTLCopyAllDevices();
+            g_device = all.firstObject;
+        }
         if (!g_device) {
             snprintf(g_why, sizeof g_why, "no Metal device (MTLCreateSystemDefaultDevice returned nil)");
             return mt_fail(MT_EDEVICE, "%s", g_why);
@@ -100,7 +104,8 @@ static id<MTLComputePipelineState> pipeline(const char *kernel, char *why, size_
     return p;
 }
 
-int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size) {
+int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size,
+               uint32_t *ran) {
     int rc = mt_mtl_open();
     if (rc) return rc;
     if (groups == 0) return MT_OK;
@@ -110,6 +115,7 @@ int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint3
         if (!p) return mt_fail(MT_EDEVICE, "Metal kernel %s: %s", kernel, why);
         NSUInteger width = group_size;
         if (width > p.maxTotalThreadsPerThreadgroup) width = p.maxTotalThreadsPerThreadgroup;   /* grid-stride kernels */
+        if (ran) *ran = (uint32_t)width;
         id<MTLCommandBuffer> cb = [g_queue commandBuffer];
         id<MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
         [enc setComputePipelineState:p];

@@ -46,7 +46,9 @@ void mt_mtl_buffer_release(mt_mtl_buffer *b) {
     delete b;
 }
 
-int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size) {
+int mt_mtl_run(const char *kernel, const mt_mtl_arg *args, int32_t n_args, uint32_t groups, uint32_t group_size,
+               uint32_t *ran) {
+    if (ran) *ran = group_size;
     mt_emu_thread_fn fn;
     if (!mt_emu_kernel(kernel, &fn))
         return mt_fail(MT_EDEVICE, "the Metal library has no kernel %s", kernel);
