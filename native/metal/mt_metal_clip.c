@@ -14,14 +14,15 @@ _Static_assert((int)MT_MTL_NORM_L2 == (int)MT_NORM_KIND_L2 && (int)MT_MTL_NORM_L
 uint64_t mt_clip_features(void) { return MT_FEATURE_CLIP; }
 
 int mt_mtl_fold_rows(mt_mtl_call *call, const mt_mtl_arg *x, const mt_mtl_arg *dy, const mt_mtl_arg *w,
-                     const mt_mtl_arg *partials, const mt_mtl_norm_params *p) {
+                     const mt_mtl_arg *ra, const mt_mtl_arg *rb, const mt_mtl_arg *partials,
+                     const mt_mtl_norm_params *p) {
     const int64_t chunks = p->rows * mt_chunk_count(p->n), lanes = chunks * MT_LANES;
     if (chunks == 0) return MT_OK;
-    mt_mtl_arg args[5] = {*x, *dy, *w};
-    mt_mtl_bytes(&args[4], p, sizeof *p);
-    int rc = mt_mtl_scratch(call, &args[3], lanes * 4, NULL);
-    if (rc || (rc = mt_mtl_launch("mt_k_fold_lanes", args, 5, lanes))) return rc;
-    mt_mtl_arg tree[3] = {args[3], *partials};
+    mt_mtl_arg args[7] = {*x, dy ? *dy : *x, w ? *w : *x, ra ? *ra : *x, rb ? *rb : *x};
+    mt_mtl_bytes(&args[6], p, sizeof *p);
+    int rc = mt_mtl_scratch(call, &args[5], lanes * 4, NULL);
+    if (rc || (rc = mt_mtl_launch("mt_k_fold_lanes", args, 7, lanes))) return rc;
+    mt_mtl_arg tree[3] = {args[5], *partials};
     mt_mtl_bytes(&tree[2], p, sizeof *p);
     return mt_mtl_launch("mt_k_fold_lane_tree", tree, 3, chunks);
 }
@@ -31,7 +32,7 @@ static int chunk_partials(mt_mtl_call *call, const mt_mtl_arg *x, const mt_mtl_a
                           int kind) {
     if (n == 0) return MT_OK;
     mt_mtl_norm_params p = {n, at, 1, kind, MT_SAB_CLIP, 0, 0};
-    return mt_mtl_fold_rows(call, x, x, x, partials, &p);
+    return mt_mtl_fold_rows(call, x, NULL, NULL, NULL, NULL, partials, &p);
 }
 
 /* out[at + j] = the norm of vector j from partials[start[j] .. start[j + 1]), j < count. */

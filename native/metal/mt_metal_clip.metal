@@ -9,15 +9,19 @@
 #include "mt_metal_kernel.h"
 
 static inline float mt_mtl_fold_step(int32_t kind, float acc, float x) {
-    return kind == MT_MTL_NORM_L2 ? fmaf(x, x, acc) : kind == MT_MTL_NORM_L1 ? acc + fabsf(x) : mt_max_abs(acc, x);
+    return kind == MT_MTL_NORM_L2 ? fmaf(x, x, acc) : kind == MT_MTL_NORM_L1 ? acc + fabsf(x)
+         : kind == MT_MTL_FOLD_SUM ? acc + x : mt_max_abs(acc, x);
 }
 
 // lanes[(r * chunks + c) * MT_LANES + l] = lane l's fold of chunk c of row r (p.rows rows of p.n
-// elements; chunks = mt_chunk_count(p.n)): a thread per (row, chunk, lane). kind GDOT folds
-// fma(g, x, acc) with g = dy * w (w: p.has_w) or dy, the other kinds their step of x alone.
+// elements; chunks = mt_chunk_count(p.n)): a thread per (row, chunk, lane). With g = dy * w (w:
+// p.has_w) or dy: GDOT folds fma(g, x, acc) (RMSNorm), LN_G acc + g, LN_GX fma(g, xhat, acc)
+// (xhat = mt_ln_xhat(x, ra[row], rb[row])), DEVSQ fma(x - ra[row], x - ra[row], acc); the other
+// kinds their step of x alone.
 kernel void mt_k_fold_lanes(device const float *x [[buffer(0)]], device const float *dy [[buffer(1)]],
-                            device const float *w [[buffer(2)]], device float *lanes [[buffer(3)]],
-                            constant mt_mtl_norm_params &p [[buffer(4)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
+                            device const float *w [[buffer(2)]], device const float *ra [[buffer(3)]],
+                            device const float *rb [[buffer(4)]], device float *lanes [[buffer(5)]],
+                            constant mt_mtl_norm_params &p [[buffer(6)]], MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
     const int64_t chunks = mt_chunk_count(p.n), total = p.rows * chunks * MT_LANES;
     for (int64_t t = i; t < total; t += stride) {
         const int64_t row = t / (chunks * MT_LANES), c = (t / MT_LANES) % chunks, l = t % MT_LANES;
@@ -28,9 +32,13 @@ kernel void mt_k_fold_lanes(device const float *x [[buffer(0)]], device const fl
             const int64_t r = rr == full ? full : (p.reversed ? full - 1 - rr : rr);   // the short row last
             const int64_t e = start + r * MT_LANES + l;
             if (r == full && l >= n - full * MT_LANES) break;
-            if (p.kind == MT_MTL_FOLD_GDOT) {
+            if (p.kind >= MT_MTL_FOLD_GDOT && p.kind <= MT_MTL_FOLD_LN_GX) {
                 const float g = p.has_w ? dy[base + e] * w[e] : dy[base + e];
-                acc = MT_DOT_STEP(g, x[base + e], acc);
+                acc = p.kind == MT_MTL_FOLD_GDOT ? MT_DOT_STEP(g, x[base + e], acc)
+                    : p.kind == MT_MTL_FOLD_LN_G ? acc + g : fmaf(g, mt_ln_xhat(x[base + e], ra[row], rb[row]), acc);
+            } else if (p.kind == MT_MTL_FOLD_DEVSQ) {
+                const float d = x[base + e] - ra[row];
+                acc = fmaf(d, d, acc);
             } else {
                 acc = mt_mtl_fold_step(p.kind, acc, x[base + e]);
             }

@@ -17,4 +17,6 @@
     X(mt_k_rms_rows)          \
     X(mt_k_rms_elems)         \
     X(mt_k_rms_dweight_leaves) \
-    X(mt_k_rms_dweight_tree)
+    X(mt_k_rms_dweight_tree)  \
+    X(mt_k_ln_elems)          \
+    X(mt_k_ln_param_leaves)

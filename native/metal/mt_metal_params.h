@@ -41,7 +41,8 @@ typedef struct {
 
 /* The chunk folds (mt_metal_clip.metal): the norms' kinds as native/common/mt_host.h's
  * MT_NORM_KIND_*, and RMSNorm's g.x (GDOT). */
-enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2, MT_MTL_FOLD_GDOT = 3 };
+enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2, MT_MTL_FOLD_GDOT = 3, MT_MTL_FOLD_LN_G = 4,
+       MT_MTL_FOLD_LN_GX = 5, MT_MTL_FOLD_SUM = 6, MT_MTL_FOLD_DEVSQ = 7 };
 typedef struct {
     int64_t n;      /* folds: a row's elements; finish: the number of vectors */
     int64_t at;     /* where the first result goes in the output */
@@ -52,13 +53,14 @@ typedef struct {
     int32_t pad;
 } mt_mtl_norm_params;
 
-/* RMSNorm (mt_metal_rms_norm.metal). */
-enum { MT_MTL_RMS_RSTD, MT_MTL_RMS_K };
+/* RMSNorm and LayerNorm (mt_metal_rms_norm.metal): a row's scalar from its chunk tree. */
+enum { MT_MTL_RMS_RSTD, MT_MTL_RMS_K, MT_MTL_LN_MEAN };
 typedef struct {
     int64_t rows, dim, chunks;
     float dimf, eps;
-    int32_t op;         /* rows: MT_MTL_RMS_RSTD or MT_MTL_RMS_K; elements: whether to write y (0) or dx (1) */
+    int32_t op;         /* rows: MT_MTL_RMS_*, MT_MTL_LN_MEAN; elements: whether to write y (0) or dx (1) */
     int32_t has_w;
+    int32_t has_b, pad;
 } mt_mtl_rms_params;
 
 typedef struct {

@@ -7,40 +7,10 @@
 #include <stddef.h>
 #include "mt_host.h"
 #include "mt_metal_clip.h"
-#include "mt_metal_elementwise.h"
+#include "mt_metal_rows.h"
 #include "mt_pinned.h"
 
 uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
-
-/* The first of the inputs holding NaN or inf is refused, naming it. */
-static int refuse_nonfinite(mt_mtl_call *call, const mt_mtl_arg *const in[3], const int64_t n[3],
-                            const char *const names[3]) {
-    for (int k = 0; k < 3; ++k) {
-        if (!in[k] || n[k] == 0) continue;
-        mt_mtl_arg words;
-        int bad[2] = {0, 0};
-        int rc = mt_mtl_prepass(call, in[k], NULL, n[k], &words, bad);
-        if (rc) return rc;
-        if (bad[0]) return mt_fail(MT_ENONFINITE, "%s holds NaN or inf; nothing was written", names[k]);
-    }
-    return MT_OK;
-}
-
-/* out[r] (a scratch of the call) for every row: the fold `kind` of its elements, then `op`. */
-static int row_scalars(mt_mtl_call *call, mt_mtl_arg *out, const mt_mtl_arg *x, const mt_mtl_arg *dy,
-                       const mt_mtl_arg *w, const mt_mtl_arg *rstd, int kind, int op, mt_mtl_rms_params p) {
-    mt_mtl_arg partials;
-    int rc;
-    if ((rc = mt_mtl_scratch(call, &partials, p.rows * p.chunks * 4, NULL)) ||
-        (rc = mt_mtl_scratch(call, out, p.rows * 4, NULL)))
-        return rc;
-    mt_mtl_norm_params f = {p.dim, 0, p.rows, kind, MT_SAB_RMS_NORM, p.has_w, 0};
-    if ((rc = mt_mtl_fold_rows(call, x, dy ? dy : x, w, &partials, &f))) return rc;
-    p.op = op;
-    mt_mtl_arg args[4] = {partials, rstd ? *rstd : *out, *out};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    return mt_mtl_launch("mt_k_rms_rows", args, 4, p.rows);
-}
 
 static int elems(const mt_mtl_arg *out, const mt_mtl_arg *x, const mt_mtl_arg *dy, const mt_mtl_arg *w,
                  const mt_mtl_arg *rstd, const mt_mtl_arg *k, int op, mt_mtl_rms_params p) {
@@ -48,18 +18,6 @@ static int elems(const mt_mtl_arg *out, const mt_mtl_arg *x, const mt_mtl_arg *d
     mt_mtl_arg args[7] = {*out, *x, *dy, *w, *rstd, *k};
     mt_mtl_bytes(&args[6], &p, sizeof p);
     return mt_mtl_launch("mt_k_rms_elems", args, 7, p.rows * p.dim);
-}
-
-static mt_mtl_rms_params params_of(int64_t rows, int64_t dim, float eps, int has_w) {
-    mt_mtl_rms_params p;
-    p.rows = rows;
-    p.dim = dim;
-    p.chunks = mt_chunk_count(dim);
-    p.dimf = (float)dim;
-    p.eps = eps;
-    p.op = 0;
-    p.has_w = has_w;
-    return p;
 }
 
 MT_NOINLINE static int forward_body(float *y, const float *x, const float *weight, float eps, int64_t rows,
@@ -73,16 +31,15 @@ MT_NOINLINE static int forward_body(float *y, const float *x, const float *weigh
     if ((rc = mt_mtl_stage(&call, &ax, x, n * 4, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &aw, weight, weight ? dim * 4 : 0, MT_MTL_IN, NULL)))
         goto done;
-    {
-        const mt_mtl_arg *in[3] = {&ax, weight ? &aw : NULL, NULL};
-        const int64_t count[3] = {n, dim, 0};
-        const char *const names[3] = {"x", "weight", ""};
-        if ((rc = refuse_nonfinite(&call, in, count, names))) goto done;
-    }
+    if ((rc = mt_mtl_refuse_nonfinite(&call, &ax, n, "x")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, weight ? &aw : NULL, dim, "weight")))
+        goto done;
     if (n == 0) goto done;
     if ((rc = mt_mtl_stage(&call, &ay, y, n * 4, MT_MTL_OUT, NULL))) goto done;
-    mt_mtl_rms_params p = params_of(rows, dim, eps, weight != NULL);
-    if ((rc = row_scalars(&call, &r, &ax, NULL, &aw, NULL, MT_MTL_NORM_L2, MT_MTL_RMS_RSTD, p))) goto done;
+    mt_mtl_rms_params p = mt_mtl_rows_params(rows, dim, eps, weight != NULL, 0);
+    if ((rc = mt_mtl_row_scalar(&call, &r, MT_MTL_NORM_L2, MT_MTL_RMS_RSTD, MT_SAB_RMS_NORM, &ax, NULL, &aw, NULL, NULL,
+                                p)))
+        goto done;
     rc = elems(&ay, &ax, &ax, &aw, &r, &r, 0, p);
 done:
     mt_mtl_end(&call, rc == MT_OK);
@@ -106,19 +63,16 @@ MT_NOINLINE static int backward_body(float *dx, float *dweight, const float *dy,
         (rc = mt_mtl_stage(&call, &ax, x, n * 4, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &aw, weight, weight ? dim * 4 : 0, MT_MTL_IN, NULL)))
         goto done;
-    {
-        const mt_mtl_arg *in[3] = {&ady, &ax, weight ? &aw : NULL};
-        const int64_t count[3] = {n, n, dim};
-        const char *const names[3] = {"dy", "x", "weight"};
-        if ((rc = refuse_nonfinite(&call, in, count, names))) goto done;
-    }
+    if ((rc = mt_mtl_refuse_nonfinite(&call, &ady, n, "dy")) || (rc = mt_mtl_refuse_nonfinite(&call, &ax, n, "x")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, weight ? &aw : NULL, dim, "weight")))
+        goto done;
     if (!dx && !dweight) goto done;
-    mt_mtl_rms_params p = params_of(rows, dim, eps, weight != NULL);
+    mt_mtl_rms_params p = mt_mtl_rows_params(rows, dim, eps, weight != NULL, 0);
     if (dweight && (rc = mt_mtl_stage(&call, &adw, dweight, dim * 4, MT_MTL_OUT, NULL))) goto done;
-    if (n > 0 && (rc = row_scalars(&call, &r, &ax, NULL, &aw, NULL, MT_MTL_NORM_L2, MT_MTL_RMS_RSTD, p))) goto done;
+    if (n > 0 && (rc = mt_mtl_row_scalar(&call, &r, MT_MTL_NORM_L2, MT_MTL_RMS_RSTD, MT_SAB_RMS_NORM, &ax, NULL, &aw, NULL, NULL, p))) goto done;
     if (dx && n > 0) {
         if ((rc = mt_mtl_stage(&call, &adx, dx, n * 4, MT_MTL_OUT, NULL)) ||
-            (rc = row_scalars(&call, &k, &ax, &ady, &aw, &r, MT_MTL_FOLD_GDOT, MT_MTL_RMS_K, p)) ||
+            (rc = mt_mtl_row_scalar(&call, &k, MT_MTL_FOLD_GDOT, MT_MTL_RMS_K, MT_SAB_RMS_NORM, &ax, &ady, &aw, &r, NULL, p)) ||
             (rc = elems(&adx, &ax, &ady, &aw, &r, &k, 1, p)))
             goto done;
     }

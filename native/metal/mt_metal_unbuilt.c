@@ -10,7 +10,6 @@
 
 uint64_t mt_loss_features(void) { return 0; }
 uint64_t mt_linear_features(void) { return 0; }
-uint64_t mt_layer_norm_features(void) { return 0; }
 uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 uint64_t mt_embedding_features(void) { return 0; }
@@ -40,16 +39,6 @@ int mt_linear_forward(float *out, const float *a, const float *weight, const flo
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a, const float *weight,
                        int64_t m, int64_t n, int64_t k) {
     return MT_UNBUILT("mt_linear_backward");
-}
-
-int mt_layer_norm_forward(float *y, const float *x, const float *weight, const float *bias, float eps, int64_t rows,
-                          int64_t dim) {
-    return MT_UNBUILT("mt_layer_norm_forward");
-}
-
-int mt_layer_norm_backward(float *dx, float *dweight, float *dbias, const float *dy, const float *x,
-                           const float *weight, float eps, int64_t rows, int64_t dim) {
-    return MT_UNBUILT("mt_layer_norm_backward");
 }
 
 int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
