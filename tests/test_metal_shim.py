@@ -41,7 +41,7 @@ def test_every_metal_source_compiles_as_cxx_through_the_shim(source):
         ["-Wno-attributes", "-Wno-unknown-pragmas"]
     run = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Werror", *quiet, "-x", "c++",
                           "-I", os.path.join(METAL, "shim"), "-I", METAL, "-I", os.path.join(REPO, "native", "include"),
-                          source], capture_output=True, text=True)
+                          "-I", os.path.join(REPO, "native", "common"), source], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
 
 

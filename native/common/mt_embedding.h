@@ -6,7 +6,7 @@
  */
 #ifndef MT_EMBEDDING_H
 #define MT_EMBEDDING_H
-#include <stdint.h>
+/* mt_pinned.h brings <stdint.h> outside Metal */
 #include "mt_pinned.h"
 
 /* make SABOTAGE=embedding: fold each leaf's terms in descending position order. */
@@ -28,9 +28,11 @@
  * entry being pushed. */
 #define MT_EMB_STACK 24
 
+#if !MT_METAL   /* Metal's kernels read ids from device memory themselves */
 MT_HD int64_t mt_emb_id(const void *ids, int32_t id_bytes, int64_t n) {
     return id_bytes == 4 ? (int64_t)((const int32_t *)ids)[n] : ((const int64_t *)ids)[n];
 }
+#endif
 
 /* The level at which leaves a and b join in the pairwise tree: the bit length of a ^ b
  * (the parent of node k is k >> 1 at every level of mt_tree_fold). */
@@ -47,7 +49,7 @@ MT_HD int mt_emb_meet(int64_t a, int64_t b) {
 /* How many times the top two entries of the stack (first[k] = the first leaf of entry k,
  * `depth` entries) must be combined, s + t, before `leaf` is pushed: while the top pair
  * joins below the level at which the top joins `leaf`. */
-MT_HD int mt_emb_merges(const int64_t *first, int depth, int64_t leaf) {
+MT_HD int mt_emb_merges(MT_THREAD const int64_t *first, int depth, int64_t leaf) {
     int m = 0;
     while (depth - m >= 2 &&
            mt_emb_meet(first[depth - m - 2], first[depth - m - 1]) < mt_emb_meet(first[depth - m - 1], leaf))
@@ -57,10 +59,11 @@ MT_HD int mt_emb_merges(const int64_t *first, int depth, int64_t leaf) {
 
 /* The stack of k columns at once (the GPU's per-thread form): column j's entries are
  * val[j * MT_EMB_STACK + e]; first[] and depth are shared. Push leaf partials x[0..k). */
-MT_HD void mt_emb_push(float *val, int k, int64_t *first, int *depth, int64_t leaf, const float *x) {
+MT_HD void mt_emb_push(MT_THREAD float *val, int k, MT_THREAD int64_t *first, MT_THREAD int *depth, int64_t leaf,
+                        MT_THREAD const float *x) {
     int d = *depth, m = mt_emb_merges(first, d, leaf);
     for (int j = 0; j < k; ++j) {
-        float *s = val + j * MT_EMB_STACK;
+        MT_THREAD float *s = val + j * MT_EMB_STACK;
         for (int t = d; t > d - m; --t) s[t - 2] = s[t - 2] + s[t - 1];
         s[d - m] = x[j];
     }
@@ -69,13 +72,14 @@ MT_HD void mt_emb_push(float *val, int k, int64_t *first, int *depth, int64_t le
 }
 
 /* The root of column j's stack (the top pairs combined first). */
-MT_HD float mt_emb_root(float *val, int j, int depth) {
-    float *s = val + j * MT_EMB_STACK;
+MT_HD float mt_emb_root(MT_THREAD float *val, int j, int depth) {
+    MT_THREAD float *s = val + j * MT_EMB_STACK;
     for (int t = depth; t >= 2; --t) s[t - 2] = s[t - 2] + s[t - 1];
     return s[0];
 }
 
 /* ---- host checks (shared by every vendor, so refusals read alike) ---- */
+#if !MT_METAL
 #include "mt_host.h"
 
 /* Sizes and the ids pointer (contract "Refusals" step 1). */
@@ -154,4 +158,5 @@ static inline int mt_emb_nonfinite(const char *name, int64_t flat, int64_t dim) 
     return mt_fail(MT_ENONFINITE, "%s[%lld, %lld] is NaN or inf; nothing was written", name,
                    (long long)(flat / dim), (long long)(flat % dim));
 }
+#endif /* !MT_METAL */
 #endif

@@ -1,7 +1,7 @@
 """The Metal library's kernel source as one C string (Apple's runtime compiler takes one source
 and resolves no project includes): every native/metal/mt_metal_*.metal file with each quoted
-#include inlined once, recursively (searched beside the including file, then in native/metal and
-native/include); <metal_stdlib> and other angle includes stay as they are.
+#include inlined once, recursively (searched beside the including file, then in native/metal,
+native/include and native/common); <metal_stdlib> and other angle includes stay as they are.
 
     python3 native/metal/mt_metal_amalgamate.py OUT.c
 
@@ -13,8 +13,8 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-INCLUDE_DIRS = (HERE, os.path.join(os.path.dirname(HERE), "include"))
-QUOTED = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+INCLUDE_DIRS = (HERE, os.path.join(os.path.dirname(HERE), "include"), os.path.join(os.path.dirname(HERE), "common"))
+QUOTED = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
 def _find(name, beside):

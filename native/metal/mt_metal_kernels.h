@@ -19,4 +19,6 @@
     X(mt_k_rms_dweight_leaves) \
     X(mt_k_rms_dweight_tree)  \
     X(mt_k_ln_elems)          \
-    X(mt_k_ln_param_leaves)
+    X(mt_k_ln_param_leaves)   \
+    X(mt_k_emb_gather)        \
+    X(mt_k_emb_backward)

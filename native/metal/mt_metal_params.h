@@ -83,4 +83,13 @@ typedef struct {
     float coef;
     int32_t scale, has_buf, initialized;
 } mt_mtl_sgd_params;
+
+/* The embedding (mt_metal_embedding.metal). */
+typedef struct {
+    int64_t n_ids, vocab, dim;
+    int32_t id_bytes;       /* 4 or 8: ids as 32-bit words, an id of 8 bytes two of them (little-endian) */
+    int32_t accumulate;     /* backward: dweight = dweight + new where a row has terms */
+    int32_t reversed;       /* a sabotage build's switch: each leaf's terms in descending order */
+    int32_t pad;
+} mt_mtl_emb_params;
 #endif

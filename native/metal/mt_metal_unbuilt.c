@@ -12,7 +12,6 @@ uint64_t mt_loss_features(void) { return 0; }
 uint64_t mt_linear_features(void) { return 0; }
 uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
-uint64_t mt_embedding_features(void) { return 0; }
 
 int mt_attention_run(const mt_attn_args *a, int backward) {
     return MT_UNBUILT(backward ? "mt_attention_backward" : "mt_attention_forward");
@@ -48,12 +47,3 @@ int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_
     return MT_UNBUILT("mt_lm_head_loss");
 }
 
-int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
-                         int64_t vocab, int64_t dim) {
-    return MT_UNBUILT("mt_embedding_forward");
-}
-
-int mt_embedding_backward(float *dweight, const float *dy, const void *ids, int32_t id_bytes, int64_t n_ids,
-                          int64_t vocab, int64_t dim, int64_t padding_idx, int32_t accumulate) {
-    return MT_UNBUILT("mt_embedding_backward");
-}

@@ -17,6 +17,7 @@
 #include "../mt_metal_accumulate.metal"
 #include "../mt_metal_rms_norm.metal"
 #include "../mt_metal_layer_norm.metal"
+#include "../mt_metal_embedding.metal"
 #include "../mt_metal_kernels.h"
 
 namespace {
