@@ -5,8 +5,9 @@
 # CuPy but no cffi, and its copy of the tree keeps the session's first .git):
 #     make -j4 cuda && bash bench/device_steps.sh prepare
 # writes the cffi and pycparser wheels for Python 3.12 and the commit's name (and whether
-# native/ or mojo_train/ differ from it) into .whl/. Then call the device tool's `run` with
-# carry [".whl", "native/build"] and a command such as
+# native/ or mojo_train/ differ from it) into .whl/, with the libraries and programs a GPU call
+# uses in .whl/build/ (the CPU and CUDA libraries, the probe: all of native/build is over the
+# tool's 64 MiB). Then call the device tool's `run` with carry [".whl"] and a command such as
 #     bash bench/device_steps.sh cards suite bench=rms_norm_cuda
 # Each step's output goes to $OUT/logs/<step>.txt, and everything comes back as $OUT/logs.tgz
 # (one file: the tool returns at most eight). Steps:
@@ -22,6 +23,7 @@
 #     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
 #                        bench/NAME.py, as the per-instruction table (sass.csv) and the details
 #     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
+#     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
 #                        flush treats each case of native/contracts/ftz.md, as JSON (ftz_probe.json)
 set -u
@@ -53,6 +55,10 @@ if [ "${1:-}" = prepare ]; then
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
         --platform manylinux_2_17_x86_64 -d .whl cffi pycparser || exit 1
     built_from_these_sources all || exit 1
+    rm -rf .whl/build && mkdir -p .whl/build
+    for f in native/build/libmojo_train_cpu_* native/build/libmojo_train_cuda_* native/build/ftz_probe_cuda; do
+        [ -f "$f" ] && cp -p "$f" .whl/build/
+    done
     git rev-parse --short HEAD > .whl/commit
     if [ -n "$(git status --porcelain -- native mojo_train)" ]; then echo 1; else echo 0; fi > .whl/dirty
     echo "prepared: $(ls .whl | tr '\n' ' ')(commit $(cat .whl/commit), dirty $(cat .whl/dirty))"
@@ -64,6 +70,7 @@ python3 -c "import cffi" 2>/dev/null ||
     python3 -m pip install -q --root-user-action=ignore --no-index --find-links .whl cffi pycparser 2>&1 | tail -2
 python3 -c "import cffi" || { echo "no cffi: run 'bash bench/device_steps.sh prepare' here and carry .whl"; exit 3; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+if [ -d .whl/build ]; then mkdir -p native/build && cp -p .whl/build/* native/build/; fi
 export MT_COMMIT=$(cat .whl/commit 2>/dev/null || echo unknown) MT_DIRTY=$(cat .whl/dirty 2>/dev/null || echo 1)
 # The copy's sources are newer than its libraries, so make would rebuild them (a sanitize step
 # builds): touched, but only the CUDA libraries and only once their stamps say they were built
@@ -99,6 +106,10 @@ for step in "$@"; do
         ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass.csv" 2>&1
         ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details.csv" 2>&1
         rm -f "$L/rep.ncu-rep" ;;
+    py=*)
+        s=${step#py=}
+        timeout 300 python3 "bench/$s.py" > "$L/py_$s.txt" 2>&1
+        echo "rc=$?" >> "$L/py_$s.txt" ;;
     ftz_probe)
         native/build/ftz_probe_cuda > "$L/ftz_probe.json" 2> "$L/ftz_probe.txt"
         echo "rc=$?" >> "$L/ftz_probe.txt" ;;
