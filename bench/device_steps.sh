@@ -18,6 +18,8 @@
 #                        run cut by its limit ($SUITE_T seconds, default 420) still names what failed;
 #                        $SUITE_K, when set, is pytest's -k (e.g. "not sabotaged": those builds are slow)
 #     test=FILE          one test file on CUDA
+#     tests=LIST         the pytest arguments in the file LIST (test ids, -n, -k ...) on CUDA, long
+#                        tracebacks, into tests_<LIST's name>.txt: a previous call's failures again
 #     bench=NAME         bench/NAME.py --write in three processes (targets hold on the median of
 #                        three); the results file comes back in the archive
 #     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
@@ -95,6 +97,11 @@ for step in "$@"; do
         f=${step#test=}
         MOJO_TRAIN_VENDOR=cuda timeout 300 python3 -m pytest -q -n 8 -rfEs "tests/$f" > "$L/test_$f.txt" 2>&1
         echo "rc=$?" >> "$L/test_$f.txt" ;;
+    tests=*)
+        f=${step#tests=}
+        MOJO_TRAIN_VENDOR=cuda timeout "${SUITE_T:-420}" python3 -m pytest -rfEs --tb=long $(cat "$f") \
+            > "$L/tests_$(basename "$f").txt" 2>&1
+        echo "rc=$?" >> "$L/tests_$(basename "$f").txt" ;;
     bench=*)
         b=${step#bench=}
         for k in 1 2 3; do timeout 200 python3 "bench/$b.py" --write >> "$L/bench_$b.txt" 2>&1; done

@@ -16,8 +16,9 @@ static inline float mt_mtl_fold_step(int32_t kind, float acc, float x) {
 // lanes[(r * chunks + c) * MT_LANES + l] = lane l's fold of chunk c of row r (p.rows rows of p.n
 // elements; chunks = mt_chunk_count(p.n)): a thread per (row, chunk, lane). With g = dy * w (w:
 // p.has_w) or dy: GDOT folds fma(g, x, acc) (RMSNorm), LN_G acc + g, LN_GX fma(g, xhat, acc)
-// (xhat = mt_ln_xhat(x, ra[row], rb[row])), DEVSQ fma(x - ra[row], x - ra[row], acc); the other
-// kinds their step of x alone.
+// (xhat = mt_ln_xhat(x, ra[row], rb[row])), DEVSQ fma(x - ra[row], x - ra[row], acc); the
+// cross-entropy's EXP acc + mt_expf(x - ra[row]), WX fma(w, x, acc), YX fma(dy, x, acc); the
+// other kinds their step of x alone.
 kernel void mt_k_fold_lanes(device const float *x [[buffer(0)]], device const float *dy [[buffer(1)]],
                             device const float *w [[buffer(2)]], device const float *ra [[buffer(3)]],
                             device const float *rb [[buffer(4)]], device float *lanes [[buffer(5)]],
@@ -39,6 +40,12 @@ kernel void mt_k_fold_lanes(device const float *x [[buffer(0)]], device const fl
             } else if (p.kind == MT_MTL_FOLD_DEVSQ) {
                 const float d = x[base + e] - ra[row];
                 acc = fmaf(d, d, acc);
+            } else if (p.kind == MT_MTL_FOLD_EXP) {
+                acc = acc + mt_expf(x[base + e] - ra[row]);
+            } else if (p.kind == MT_MTL_FOLD_WX) {
+                acc = fmaf(w[e], x[base + e], acc);
+            } else if (p.kind == MT_MTL_FOLD_YX) {
+                acc = fmaf(dy[base + e], x[base + e], acc);
             } else {
                 acc = mt_mtl_fold_step(p.kind, acc, x[base + e]);
             }

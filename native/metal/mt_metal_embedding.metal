@@ -7,10 +7,6 @@
 #include "mt_metal_kernel.h"
 #include "mt_embedding.h"
 
-static inline int64_t mt_mtl_emb_id(device const uint *ids, int32_t id_bytes, int64_t n) {
-    return id_bytes == 4 ? (int64_t)(int32_t)ids[n] : (int64_t)((uint64_t)ids[2 * n] | ((uint64_t)ids[2 * n + 1] << 32));
-}
-
 // out[n, j] = weight[ids[n], j], bit for bit (ids already checked by the host).
 kernel void mt_k_emb_gather(device uint *out [[buffer(0)]], device const uint *weight [[buffer(1)]],
                             device const uint *ids [[buffer(2)]], constant mt_mtl_emb_params &p [[buffer(3)]],
@@ -18,7 +14,7 @@ kernel void mt_k_emb_gather(device uint *out [[buffer(0)]], device const uint *w
     const int64_t total = p.n_ids * p.dim;
     for (int64_t e = i; e < total; e += stride) {
         const int64_t n = e / p.dim, j = e % p.dim;
-        out[e] = weight[mt_mtl_emb_id(ids, p.id_bytes, n) * p.dim + j];
+        out[e] = weight[mt_mtl_index(ids, p.id_bytes, n) * p.dim + j];
     }
 }
 

@@ -32,6 +32,8 @@ void mt_mtl_begin(mt_mtl_call *call);
 int mt_mtl_stage(mt_mtl_call *call, mt_mtl_arg *arg, const void *ptr, int64_t bytes, int mode, void **seen);
 /* A zeroed buffer of `bytes` that lives as long as the call; *contents its host address. */
 int mt_mtl_scratch(mt_mtl_call *call, mt_mtl_arg *arg, int64_t bytes, void **contents);
+/* The host address of a twin or scratch of `call` bound in `arg` (NULL for anything else). */
+void *mt_mtl_contents(const mt_mtl_call *call, const mt_mtl_arg *arg);
 /* Downloads the written twins (when `download`), then releases every twin and scratch. */
 void mt_mtl_end(mt_mtl_call *call, int download);
 void mt_mtl_bytes(mt_mtl_arg *arg, const void *p, int32_t size);

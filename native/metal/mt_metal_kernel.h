@@ -17,6 +17,12 @@ using namespace metal;
 #include "mt_pinned.h"
 #include "mt_metal_params.h"
 
+/* Index n of an integer array of 4- or 8-byte signed elements bound as 32-bit words (an 8-byte
+ * one is two words, little-endian): ids and targets. */
+static inline int64_t mt_mtl_index(device const uint *ids, int32_t id_bytes, int64_t n) {
+    return id_bytes == 4 ? (int64_t)(int32_t)ids[n] : (int64_t)((uint64_t)ids[2 * n] | ((uint64_t)ids[2 * n + 1] << 32));
+}
+
 #if defined(MT_METAL_EMULATED)
 #include "emulator/mt_metal_emulator_ids.h"
 #define MT_ID_GRID(n) mt_emu_id_grid n

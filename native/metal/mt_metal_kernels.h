@@ -21,4 +21,12 @@
     X(mt_k_ln_elems)          \
     X(mt_k_ln_param_leaves)   \
     X(mt_k_emb_gather)        \
-    X(mt_k_emb_backward)
+    X(mt_k_emb_backward)      \
+    X(mt_k_ce_row_max)        \
+    X(mt_k_ce_coef)           \
+    X(mt_k_ce_row_loss)       \
+    X(mt_k_ce_grad)           \
+    X(mt_k_ce_transpose)      \
+    X(mt_k_ce_target_weights) \
+    X(mt_k_token_leaves)      \
+    X(mt_k_ce_total)

@@ -278,6 +278,12 @@ int mt_mtl_scratch(mt_mtl_call *call, mt_mtl_arg *arg, int64_t bytes, void **con
     return MT_OK;
 }
 
+void *mt_mtl_contents(const mt_mtl_call *call, const mt_mtl_arg *arg) {
+    for (int32_t j = 0; j < call->n_staged; ++j)
+        if (call->staged[j].buffer == arg->buffer) return (char *)call->staged[j].contents + arg->offset;
+    return NULL;
+}
+
 void mt_mtl_end(mt_mtl_call *call, int download) {
     for (int32_t j = 0; j < call->n_staged; ++j) {
         if (download && call->staged[j].host && (call->staged[j].mode & MT_MTL_OUT)) {

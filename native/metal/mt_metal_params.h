@@ -42,7 +42,8 @@ typedef struct {
 /* The chunk folds (mt_metal_clip.metal): the norms' kinds as native/common/mt_host.h's
  * MT_NORM_KIND_*, and RMSNorm's g.x (GDOT). */
 enum { MT_MTL_NORM_L2 = 0, MT_MTL_NORM_L1 = 1, MT_MTL_NORM_INF = 2, MT_MTL_FOLD_GDOT = 3, MT_MTL_FOLD_LN_G = 4,
-       MT_MTL_FOLD_LN_GX = 5, MT_MTL_FOLD_SUM = 6, MT_MTL_FOLD_DEVSQ = 7 };
+       MT_MTL_FOLD_LN_GX = 5, MT_MTL_FOLD_SUM = 6, MT_MTL_FOLD_DEVSQ = 7, MT_MTL_FOLD_EXP = 8,
+       MT_MTL_FOLD_WX = 9, MT_MTL_FOLD_YX = 10 };
 typedef struct {
     int64_t n;      /* folds: a row's elements; finish: the number of vectors */
     int64_t at;     /* where the first result goes in the output */
@@ -53,8 +54,9 @@ typedef struct {
     int32_t pad;
 } mt_mtl_norm_params;
 
-/* RMSNorm and LayerNorm (mt_metal_rms_norm.metal): a row's scalar from its chunk tree. */
-enum { MT_MTL_RMS_RSTD, MT_MTL_RMS_K, MT_MTL_LN_MEAN };
+/* RMSNorm and LayerNorm (mt_metal_rms_norm.metal): a row's scalar from its chunk tree (the
+ * tree itself: ROW_SUM, cross-entropy's sums). */
+enum { MT_MTL_RMS_RSTD, MT_MTL_RMS_K, MT_MTL_LN_MEAN, MT_MTL_ROW_SUM };
 typedef struct {
     int64_t rows, dim, chunks;
     float dimf, eps;
@@ -83,6 +85,22 @@ typedef struct {
     float coef;
     int32_t scale, has_buf, initialized;
 } mt_mtl_sgd_params;
+
+/* Cross-entropy (mt_metal_loss.metal): rows of vocab logits, the targets' kind, the call's
+ * scalars (mt_ce_scalars_for), Wm (a weight with smoothing) and the mean's divisor. */
+enum { MT_MTL_CE_PLAIN, MT_MTL_CE_WEIGHTED, MT_MTL_CE_PROBS };
+enum { MT_MTL_CE_SUM, MT_MTL_CE_MEAN };
+typedef struct {
+    int64_t rows, vocab, ignore_index;
+    mt_ce_scalars c;
+    float wm, divisor;
+    int32_t kind, target_bytes, has_w, op;
+} mt_mtl_ce_params;
+
+/* batch matrices of rows x cols, each transposed (mt_k_ce_transpose). */
+typedef struct {
+    int64_t batch, rows, cols;
+} mt_mtl_transpose_params;
 
 /* The embedding (mt_metal_embedding.metal). */
 typedef struct {

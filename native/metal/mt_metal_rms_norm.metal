@@ -6,14 +6,16 @@
 #include "mt_metal_kernel.h"
 
 // out[r] for each row r from partials[r * chunks ..] (consumed): op RSTD: mt_rms_rstd(sum, dimf,
-// eps) (LayerNorm's r too); op K: mt_rms_k(sum, dimf, rstd[r]); op LN_MEAN: mt_ln_mean(sum, dimf).
+// eps) (LayerNorm's r too); op K: mt_rms_k(sum, dimf, rstd[r]); op LN_MEAN: mt_ln_mean(sum, dimf);
+// op ROW_SUM: the sum itself.
 kernel void mt_k_rms_rows(device float *partials [[buffer(0)]], device const float *rstd [[buffer(1)]],
                           device float *out [[buffer(2)]], constant mt_mtl_rms_params &p [[buffer(3)]],
                           MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
     for (int64_t r = i; r < p.rows; r += stride) {
         const float sum = mt_tree_fold_device(partials + r * p.chunks, p.chunks);
         out[r] = p.op == MT_MTL_RMS_RSTD ? mt_rms_rstd(sum, p.dimf, p.eps)
-               : p.op == MT_MTL_LN_MEAN ? mt_ln_mean(sum, p.dimf) : mt_rms_k(sum, p.dimf, rstd[r]);
+               : p.op == MT_MTL_LN_MEAN ? mt_ln_mean(sum, p.dimf)
+               : p.op == MT_MTL_ROW_SUM ? sum : mt_rms_k(sum, p.dimf, rstd[r]);
     }
 }
 

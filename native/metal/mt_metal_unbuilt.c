@@ -8,26 +8,12 @@
 #define MT_UNBUILT(name) \
     mt_fail(MT_EUNSUPPORTED, "%s is not built into the Metal library yet (mt_features() says which ops are)", name)
 
-uint64_t mt_loss_features(void) { return 0; }
 uint64_t mt_linear_features(void) { return 0; }
 uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 
 int mt_attention_run(const mt_attn_args *a, int backward) {
     return MT_UNBUILT(backward ? "mt_attention_backward" : "mt_attention_forward");
-}
-
-int mt_cross_entropy(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
-                     int32_t target_bytes, int64_t n_rows, int64_t vocab, int64_t ignore_index, int32_t reduction,
-                     float label_smoothing, int64_t num_items) {
-    return MT_UNBUILT("mt_cross_entropy");
-}
-
-int mt_cross_entropy_nd(float *loss_out, float *row_loss, float *dlogits, const float *logits, const void *targets,
-                        const float *target_probs, const float *weight, int32_t target_bytes, int64_t n_batch,
-                        int64_t vocab, int64_t inner, int64_t ignore_index, int32_t reduction, float label_smoothing,
-                        int64_t num_items) {
-    return MT_UNBUILT("mt_cross_entropy_nd");
 }
 
 int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
