@@ -39,7 +39,7 @@ PENDING_ON_GPU = {}
 _METAL_UNWRITTEN = "no Metal kernels yet (issue 17; native/metal/README.md)"
 NOT_RUN_ON = {"hip": {"ATTENTION": "the attention tiles need 68-167 KiB of shared memory; an AMD workgroup has "
                                    "64 KiB (native/hip/README.md)"},
-              "metal": {f: _METAL_UNWRITTEN for f in ("LOSS", "LINEAR", "LM_HEAD", "ATTENTION")}}
+              "metal": {f: _METAL_UNWRITTEN for f in ("LM_HEAD", "ATTENTION")}}
 NOT_RUN_ON["metal_emulated"] = NOT_RUN_ON["metal"]   # the same kernels, run by the emulator
 
 

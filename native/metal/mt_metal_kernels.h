@@ -29,4 +29,7 @@
     X(mt_k_ce_transpose)      \
     X(mt_k_ce_target_weights) \
     X(mt_k_token_leaves)      \
-    X(mt_k_ce_total)
+    X(mt_k_ce_total)          \
+    X(mt_k_linear_chain)      \
+    X(mt_k_linear_leaves)     \
+    X(mt_k_linear_tree)

@@ -97,6 +97,13 @@ typedef struct {
     int32_t kind, target_bytes, has_w, op;
 } mt_mtl_ce_params;
 
+/* Linear (mt_metal_linear.metal): a (m, k), weight (n, k), dc (m, n); what a kernel forms. */
+enum { MT_MTL_LINEAR_OUT, MT_MTL_LINEAR_DA, MT_MTL_LINEAR_DW, MT_MTL_LINEAR_DB };
+typedef struct {
+    int64_t m, n, k;
+    int32_t op, has_bias;
+} mt_mtl_linear_params;
+
 /* batch matrices of rows x cols, each transposed (mt_k_ce_transpose). */
 typedef struct {
     int64_t batch, rows, cols;

@@ -8,22 +8,11 @@
 #define MT_UNBUILT(name) \
     mt_fail(MT_EUNSUPPORTED, "%s is not built into the Metal library yet (mt_features() says which ops are)", name)
 
-uint64_t mt_linear_features(void) { return 0; }
 uint64_t mt_attention_features(void) { return 0; }
 uint64_t mt_lm_head_features(void) { return 0; }
 
 int mt_attention_run(const mt_attn_args *a, int backward) {
     return MT_UNBUILT(backward ? "mt_attention_backward" : "mt_attention_forward");
-}
-
-int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
-                      int64_t k) {
-    return MT_UNBUILT("mt_linear_forward");
-}
-
-int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a, const float *weight,
-                       int64_t m, int64_t n, int64_t k) {
-    return MT_UNBUILT("mt_linear_backward");
 }
 
 int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,

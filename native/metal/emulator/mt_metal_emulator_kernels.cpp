@@ -19,6 +19,7 @@
 #include "../mt_metal_layer_norm.metal"
 #include "../mt_metal_embedding.metal"
 #include "../mt_metal_loss.metal"
+#include "../mt_metal_linear.metal"
 #include "../mt_metal_kernels.h"
 
 namespace {

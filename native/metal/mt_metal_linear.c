@@ -1,0 +1,106 @@
+/* mt_metal_linear.c -- linear forward and backward on Metal (contract: native/contracts/
+ * linear.md; kernels: mt_metal_linear.metal). The oracle's order (native/cpu_oracle/
+ * mt_cpu_linear.c): sizes and pointers, then a NaN or infinity in any input refused by name
+ * before any output is written, then out (chains over k, + bias), da (chains over n), dweight
+ * and dbias (the token rule over the m rows: leaf chains, then the pairwise tree). */
+#include <stddef.h>
+#include "mt_host.h"
+#include "mt_metal_rows.h"
+#include "mt_pinned.h"
+
+uint64_t mt_linear_features(void) { return MT_FEATURE_LINEAR; }
+
+static int launch_linear(const char *kernel, mt_mtl_arg *args, int32_t n_args, mt_mtl_linear_params p, int op,
+                         int64_t work) {
+    p.op = op;
+    mt_mtl_bytes(&args[n_args - 1], &p, sizeof p);
+    return mt_mtl_launch(kernel, args, n_args, work);
+}
+
+MT_NOINLINE static int forward_body(float *out, const float *a, const float *weight, const float *bias, int64_t m,
+                                    int64_t n, int64_t k) {
+    int rc;
+    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(out, m * n, "out")) ||
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
+        (rc = mt_mtl_open()))
+        return rc;
+    mt_mtl_call call;
+    mt_mtl_begin(&call);
+    mt_mtl_arg args[5];
+    if ((rc = mt_mtl_stage(&call, &args[1], a, m * k * 4, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_stage(&call, &args[2], weight, n * k * 4, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_stage(&call, &args[3], bias, bias ? n * 4 : 0, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, &args[1], m * k, "a")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, &args[2], n * k, "weight")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, bias ? &args[3] : NULL, n, "bias")))
+        goto done;
+    if (m * n > 0) {
+        mt_mtl_linear_params p = {m, n, k, 0, bias != NULL};
+        if ((rc = mt_mtl_stage(&call, &args[0], out, m * n * 4, MT_MTL_OUT, NULL))) goto done;
+        rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_OUT, m * n);
+    }
+done:
+    mt_mtl_end(&call, rc == MT_OK);
+    return rc;
+}
+
+int mt_linear_forward(float *out, const float *a, const float *weight, const float *bias, int64_t m, int64_t n,
+                      int64_t k) {
+    MT_RETURN_IN_FP_ENV(forward_body(out, a, weight, bias, m, n, k));
+}
+
+/* dweight (op DW, n x k) or dbias (op DB, n) by the token rule over the m rows. */
+static int token_rule(mt_mtl_call *call, const mt_mtl_arg *out, const mt_mtl_arg *dc, const mt_mtl_arg *a,
+                      mt_mtl_linear_params p, int op) {
+    const int64_t leaves = mt_token_leaves(p.m), outs = op == MT_MTL_LINEAR_DB ? p.n : p.n * p.k;
+    mt_mtl_arg leaf[4] = {*dc, *a}, tree[3];
+    int rc = mt_mtl_scratch(call, &leaf[2], (leaves ? leaves : 1) * outs * 4, NULL);
+    if (rc) return rc;
+    /* no rows: every output's tree is empty, +0.0 (the scratch's zeros) */
+    if (leaves > 0 && (rc = launch_linear("mt_k_linear_leaves", leaf, 4, p, op, leaves * outs))) return rc;
+    tree[0] = leaf[2];
+    tree[1] = *out;
+    return launch_linear("mt_k_linear_tree", tree, 3, p, op, outs);
+}
+
+MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, const float *dc, const float *a,
+                                     const float *weight, int64_t m, int64_t n, int64_t k) {
+    int rc;
+    if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(dc, m * n, "dc")) ||
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
+        (rc = mt_mtl_open()))
+        return rc;
+    mt_mtl_call call;
+    mt_mtl_begin(&call);
+    mt_mtl_arg adc, aa, aw, out;
+    mt_mtl_linear_params p = {m, n, k, 0, 0};
+    if ((rc = mt_mtl_stage(&call, &adc, dc, m * n * 4, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_stage(&call, &aa, a, m * k * 4, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_stage(&call, &aw, weight, n * k * 4, MT_MTL_IN, NULL)) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, &adc, m * n, "dc")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, &aa, m * k, "a")) ||
+        (rc = mt_mtl_refuse_nonfinite(&call, &aw, n * k, "weight")))
+        goto done;
+    if (da && m * k > 0) {
+        mt_mtl_arg args[5] = {adc, adc, aw, aw};
+        if ((rc = mt_mtl_stage(&call, &args[0], da, m * k * 4, MT_MTL_OUT, NULL)) ||
+            (rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_DA, m * k)))
+            goto done;
+    }
+    if (dweight && n * k > 0 &&
+        ((rc = mt_mtl_stage(&call, &out, dweight, n * k * 4, MT_MTL_OUT, NULL)) ||
+         (rc = token_rule(&call, &out, &adc, &aa, p, MT_MTL_LINEAR_DW))))
+        goto done;
+    if (dbias && n > 0 &&
+        ((rc = mt_mtl_stage(&call, &out, dbias, n * 4, MT_MTL_OUT, NULL)) ||
+         (rc = token_rule(&call, &out, &adc, &aa, p, MT_MTL_LINEAR_DB))))
+        goto done;
+done:
+    mt_mtl_end(&call, rc == MT_OK);
+    return rc;
+}
+
+int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a, const float *weight,
+                       int64_t m, int64_t n, int64_t k) {
+    MT_RETURN_IN_FP_ENV(backward_body(da, dweight, dbias, dc, a, weight, m, n, k));
+}
