@@ -440,3 +440,41 @@ def _figures_case(rng):
 
 if __name__ == "__main__":   # worst share of the bound used per output: ours (identical, fast), torch float32
     print_family_figures("linear", _figures_case, linear_vs_torch, int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+
+
+@pytest.mark.parametrize("which", ["out on a", "out on weight", "da on dc", "dweight on a", "dbias on dc"])
+def test_an_output_over_an_input_gives_the_bits_of_a_separate_buffer(linear_mode, which):
+    """The oracle takes an output that is one of the inputs (n == k here, so out fits a) and gives
+    the bits of a separate output; so must every vendor on host buffers. (Until 2026-12-05 Metal
+    staged such an output and its input as one twin and read inputs its threads had overwritten.)"""
+    lib, m, n = linear_mode.backend.lib, 37, 29
+    k = n
+    vals = lambda count, s: [float(((i * 7 + s) * 13) % 17) / 8.0 - 1.0 for i in range(count)]
+    a, w, b, dc = (vals(m * k, 1), vals(n * k, 2), vals(n, 3), vals(m * n, 4))
+    if which.startswith("out"):
+        want = ffi.new("float[]", m * n)
+        assert lib.mt_linear_forward(want, ffi.new("float[]", a), ffi.new("float[]", w), ffi.new("float[]", b),
+                                     m, n, k) == 0
+        ca, cw = ffi.new("float[]", a), ffi.new("float[]", w)
+        out = ca if which == "out on a" else cw
+        if which == "out on weight":            # out (m x n) over weight (n x k): m == n rows needed
+            m = n
+            want = ffi.new("float[]", m * n)
+            assert lib.mt_linear_forward(want, ffi.new("float[]", a[:m * k]), ffi.new("float[]", w),
+                                         ffi.new("float[]", b), m, n, k) == 0
+            ca = ffi.new("float[]", a[:m * k])
+        assert lib.mt_linear_forward(out, ca, cw, ffi.new("float[]", b), m, n, k) == 0
+        assert bytes(ffi.buffer(out, 4 * m * n)) == bytes(ffi.buffer(want)), which
+        return
+    outs = {"da": m * k, "dweight": n * k, "dbias": n}
+    name = which.split()[0]
+    want = ffi.new("float[]", outs[name])
+    args = {o: ffi.NULL for o in outs}
+    args[name] = want
+    assert lib.mt_linear_backward(args["da"], args["dweight"], args["dbias"], ffi.new("float[]", dc),
+                                  ffi.new("float[]", a), ffi.new("float[]", w), m, n, k) == 0
+    cdc, ca = ffi.new("float[]", dc), ffi.new("float[]", a)
+    args[name] = cdc if which.endswith("dc") else ca
+    assert lib.mt_linear_backward(args["da"], args["dweight"], args["dbias"], cdc, ca, ffi.new("float[]", w),
+                                  m, n, k) == 0
+    assert bytes(ffi.buffer(args[name], 4 * outs[name])) == bytes(ffi.buffer(want)), which

@@ -73,7 +73,8 @@ static void colsum_range(void *ctx, int64_t l0, int64_t l1) {
 
 static int linear_dbias(float *dbias, const float *dc, int64_t m, int64_t n) {
     int64_t leaves = mt_token_leaves(m), bytes = leaves * n * (int64_t)sizeof(float);
-    if (leaves <= 1) {
+    /* one leaf folds straight into dbias, unless dbias is (on) dc: then through the partials */
+    if (leaves == 0 || (leaves == 1 && !mt_bytes_overlap(dbias, n * (int64_t)sizeof(float), dc, m * n * (int64_t)sizeof(float)))) {
         colsum_job job = {dbias, dc, m, n};
         if (leaves == 0) memset(dbias, 0, (size_t)n * sizeof(float)); else colsum_range(&job, 0, 1);
         return MT_OK;

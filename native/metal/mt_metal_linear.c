@@ -2,13 +2,37 @@
  * linear.md; kernels: mt_metal_linear.metal). The oracle's order (native/cpu_oracle/
  * mt_cpu_linear.c): sizes and pointers, then a NaN or infinity in any input refused by name
  * before any output is written, then out (chains over k, + bias), da (chains over n), dweight
- * and dbias (the token rule over the m rows: leaf chains, then the pairwise tree). */
+ * and dbias (the token rule over the m rows: leaf chains, then the pairwise tree). An output
+ * that overlaps an input (out on a, say: the oracle takes it and gives the bits of a separate
+ * buffer) is computed into a scratch and copied over it after the kernel: staging would
+ * otherwise give both one twin, and device memory is one buffer, so threads would read inputs
+ * that others had overwritten. */
 #include <stddef.h>
 #include "mt_host.h"
 #include "mt_metal_rows.h"
 #include "mt_pinned.h"
 
 uint64_t mt_linear_features(void) { return MT_FEATURE_LINEAR; }
+
+/* The n floats of the caller's output `host`, bound in *dst; *into is what the kernel writes:
+ * *dst itself, or a scratch of the call when `host` overlaps one of the inputs (ins[j], bytes[j]). */
+static int stage_output(mt_mtl_call *call, mt_mtl_arg *dst, mt_mtl_arg *into, const float *host, int64_t n,
+                        const void *const *ins, const int64_t *bytes, int n_in) {
+    int rc = mt_mtl_stage(call, dst, host, n * 4, MT_MTL_OUT, NULL);
+    *into = *dst;
+    for (int j = 0; !rc && j < n_in; ++j)
+        if (ins[j] && mt_bytes_overlap(host, n * 4, ins[j], bytes[j])) return mt_mtl_scratch(call, into, n * 4, NULL);
+    return rc;
+}
+
+/* dst <- into's n floats when they are apart (stage_output's scratch). */
+static int settle_output(const mt_mtl_arg *dst, const mt_mtl_arg *into, int64_t n) {
+    if (dst->buffer == into->buffer && dst->offset == into->offset) return MT_OK;
+    mt_mtl_count_params p = {n};
+    mt_mtl_arg args[3] = {*dst, *into};
+    mt_mtl_bytes(&args[2], &p, sizeof p);
+    return mt_mtl_launch("mt_k_copy", args, 3, n);
+}
 
 static int launch_linear(const char *kernel, mt_mtl_arg *args, int32_t n_args, mt_mtl_linear_params p, int op,
                          int64_t work) {
@@ -36,8 +60,13 @@ MT_NOINLINE static int forward_body(float *out, const float *a, const float *wei
         goto done;
     if (m * n > 0) {
         mt_mtl_linear_params p = {m, n, k, 0, bias != NULL};
-        if ((rc = mt_mtl_stage(&call, &args[0], out, m * n * 4, MT_MTL_OUT, NULL))) goto done;
-        rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_OUT, m * n);
+        const void *ins[3] = {a, weight, bias};
+        const int64_t bytes[3] = {m * k * 4, n * k * 4, n * 4};
+        mt_mtl_arg dst;
+        if ((rc = stage_output(&call, &dst, &args[0], out, m * n, ins, bytes, 3)) ||
+            (rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_OUT, m * n)))
+            goto done;
+        rc = settle_output(&dst, &args[0], m * n);
     }
 done:
     mt_mtl_end(&call, rc == MT_OK);
@@ -72,8 +101,10 @@ MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, co
         return rc;
     mt_mtl_call call;
     mt_mtl_begin(&call);
-    mt_mtl_arg adc, aa, aw, out;
+    mt_mtl_arg adc, aa, aw, out, into;
     mt_mtl_linear_params p = {m, n, k, 0, 0};
+    const void *ins[3] = {dc, a, weight};
+    const int64_t bytes[3] = {m * n * 4, m * k * 4, n * k * 4};
     if ((rc = mt_mtl_stage(&call, &adc, dc, m * n * 4, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &aa, a, m * k * 4, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &aw, weight, n * k * 4, MT_MTL_IN, NULL)) ||
@@ -83,17 +114,18 @@ MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, co
         goto done;
     if (da && m * k > 0) {
         mt_mtl_arg args[5] = {adc, adc, aw, aw};
-        if ((rc = mt_mtl_stage(&call, &args[0], da, m * k * 4, MT_MTL_OUT, NULL)) ||
-            (rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_DA, m * k)))
+        if ((rc = stage_output(&call, &out, &args[0], da, m * k, ins, bytes, 3)) ||
+            (rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_DA, m * k)) ||
+            (rc = settle_output(&out, &args[0], m * k)))
             goto done;
     }
     if (dweight && n * k > 0 &&
-        ((rc = mt_mtl_stage(&call, &out, dweight, n * k * 4, MT_MTL_OUT, NULL)) ||
-         (rc = token_rule(&call, &out, &adc, &aa, p, MT_MTL_LINEAR_DW))))
+        ((rc = stage_output(&call, &out, &into, dweight, n * k, ins, bytes, 3)) ||
+         (rc = token_rule(&call, &into, &adc, &aa, p, MT_MTL_LINEAR_DW)) || (rc = settle_output(&out, &into, n * k))))
         goto done;
     if (dbias && n > 0 &&
-        ((rc = mt_mtl_stage(&call, &out, dbias, n * 4, MT_MTL_OUT, NULL)) ||
-         (rc = token_rule(&call, &out, &adc, &aa, p, MT_MTL_LINEAR_DB))))
+        ((rc = stage_output(&call, &out, &into, dbias, n, ins, bytes, 3)) ||
+         (rc = token_rule(&call, &into, &adc, &aa, p, MT_MTL_LINEAR_DB)) || (rc = settle_output(&out, &into, n))))
         goto done;
 done:
     mt_mtl_end(&call, rc == MT_OK);
