@@ -31,8 +31,7 @@ MT_NOINLINE static int forward_body(float *out, const float *weight, const void 
         (rc = mt_mtl_stage(&call, &args[0], out, n_ids * dim * 4, MT_MTL_OUT, NULL)))
         goto done;
     mt_mtl_emb_params p = {n_ids, vocab, dim, id_bytes, 0, MT_SAB_EMBEDDING, 0};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    rc = mt_mtl_launch("mt_k_emb_gather", args, 4, n_ids * dim);
+    rc = mt_mtl_launch_with("mt_k_emb_gather", args, 4, &p, sizeof p, n_ids * dim);
 done:
     mt_mtl_end(&call, rc == MT_OK);
     return rc;
@@ -97,8 +96,7 @@ MT_NOINLINE static int backward_body(float *dweight, const float *dy, const void
         if (id != pad) perm[--row[id]] = (int32_t)n;
     }
     mt_mtl_emb_params p = {n_ids, vocab, dim, id_bytes, accumulate, MT_SAB_EMBEDDING, 0};
-    mt_mtl_bytes(&args[4], &p, sizeof p);
-    rc = mt_mtl_launch("mt_k_emb_backward", args, 5, vocab * dim);
+    rc = mt_mtl_launch_with("mt_k_emb_backward", args, 5, &p, sizeof p, vocab * dim);
 done:
     mt_mtl_end(&call, rc == MT_OK);
     return rc;

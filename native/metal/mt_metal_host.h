@@ -40,6 +40,10 @@ void mt_mtl_bytes(mt_mtl_arg *arg, const void *p, int32_t size);
 
 /* Launch `kernel` over `work` items (grid-stride kernels: the grid is capped). */
 int mt_mtl_launch(const char *kernel, const mt_mtl_arg *args, int32_t n_args, int64_t work);
+/* The same with the kernel's parameter struct (`size` bytes at `params`) as its last argument,
+ * args[n_args - 1]. */
+int mt_mtl_launch_with(const char *kernel, mt_mtl_arg *args, int32_t n_args, const void *params, int32_t size,
+                       int64_t work);
 
 /* Whether [p, p + bytes) lies inside one allocation of mt_device_alloc. */
 int mt_mtl_is_device(const void *p, int64_t bytes);

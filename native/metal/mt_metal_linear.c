@@ -30,15 +30,13 @@ static int settle_output(const mt_mtl_arg *dst, const mt_mtl_arg *into, int64_t 
     if (dst->buffer == into->buffer && dst->offset == into->offset) return MT_OK;
     mt_mtl_count_params p = {n};
     mt_mtl_arg args[3] = {*dst, *into};
-    mt_mtl_bytes(&args[2], &p, sizeof p);
-    return mt_mtl_launch("mt_k_copy", args, 3, n);
+    return mt_mtl_launch_with("mt_k_copy", args, 3, &p, sizeof p, n);
 }
 
 static int launch_linear(const char *kernel, mt_mtl_arg *args, int32_t n_args, mt_mtl_linear_params p, int op,
                          int64_t work) {
     p.op = op;
-    mt_mtl_bytes(&args[n_args - 1], &p, sizeof p);
-    return mt_mtl_launch(kernel, args, n_args, work);
+    return mt_mtl_launch_with(kernel, args, n_args, &p, sizeof p, work);
 }
 
 MT_NOINLINE static int forward_body(float *out, const float *a, const float *weight, const float *bias, int64_t m,

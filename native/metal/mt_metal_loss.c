@@ -37,17 +37,11 @@ static void empty_loss(const ce_call *c) {
     *c->loss_out = c->reduction == MT_REDUCTION_SUM ? 0.0f : d != 0.0f ? 0.0f / d : mt_bits_f32(MT_MATH_QNAN);
 }
 
-static int launch_ce(const char *kernel, mt_mtl_arg *args, int32_t n_args, const mt_mtl_ce_params *p, int64_t work) {
-    mt_mtl_bytes(&args[n_args - 1], p, sizeof *p);
-    return mt_mtl_launch(kernel, args, n_args, work);
-}
-
 /* dst <- the batch matrices of rows x cols of src, each transposed. */
 static int transpose(const mt_mtl_arg *dst, const mt_mtl_arg *src, int64_t batch, int64_t rows, int64_t cols) {
     mt_mtl_transpose_params p = {batch, rows, cols};
     mt_mtl_arg args[3] = {*dst, *src};
-    mt_mtl_bytes(&args[2], &p, sizeof p);
-    return mt_mtl_launch("mt_k_ce_transpose", args, 3, batch * rows * cols);
+    return mt_mtl_launch_with("mt_k_ce_transpose", args, 3, &p, sizeof p, batch * rows * cols);
 }
 
 /* *out (a scratch of one float, read by the host) <- the token rule over the n floats of v, then
@@ -60,11 +54,10 @@ static int token_total(mt_mtl_call *call, const mt_mtl_arg *out, const mt_mtl_ar
     int rc = mt_mtl_scratch(call, &partials, (leaves ? leaves : 1) * 4, NULL);
     if (rc) return rc;
     mt_mtl_arg args[3] = {*v, partials};
-    mt_mtl_bytes(&args[2], &count, sizeof count);
-    if (leaves > 0 && (rc = mt_mtl_launch("mt_k_token_leaves", args, 3, leaves))) return rc;
+    if (leaves > 0 && (rc = mt_mtl_launch_with("mt_k_token_leaves", args, 3, &count, sizeof count, leaves))) return rc;
     p.rows = n;
     mt_mtl_arg total[3] = {partials, *out};
-    return launch_ce("mt_k_ce_total", total, 3, &p, 1);
+    return mt_mtl_launch_with("mt_k_ce_total", total, 3, &p, sizeof p, 1);
 }
 
 /* The first refused row after the max pass (logits first, then probabilities), or MT_OK. */
@@ -89,7 +82,7 @@ static int divisor_of(mt_mtl_call *call, const ce_call *c, const mt_mtl_arg *tar
     if ((rc = mt_mtl_scratch(call, &v, c->rows * 4, NULL)) || (rc = mt_mtl_scratch(call, &out, 4, (void **)&host)))
         return rc;
     mt_mtl_arg args[4] = {*targets, *w, v};
-    if ((rc = launch_ce("mt_k_ce_target_weights", args, 4, &p, c->rows))) return rc;
+    if ((rc = mt_mtl_launch_with("mt_k_ce_target_weights", args, 4, &p, sizeof p, c->rows))) return rc;
     p.kind = MT_MTL_CE_PLAIN;      /* the sum as it is: no division, no NaN rewritten */
     p.op = MT_MTL_CE_SUM;
     if ((rc = token_total(call, &out, &v, c->rows, p))) return rc;
@@ -158,7 +151,7 @@ static int ce_run(const ce_call *c) {
                           c->weight != NULL, c->reduction == MT_REDUCTION_MEAN ? MT_MTL_CE_MEAN : MT_MTL_CE_SUM};
     {
         mt_mtl_arg args[5] = {xr, yr, max, flags};
-        if ((rc = launch_ce("mt_k_ce_row_max", args, 5, &p, c->rows)) || (rc = refuse_rows(c, hflags))) goto done;
+        if ((rc = mt_mtl_launch_with("mt_k_ce_row_max", args, 5, &p, sizeof p, c->rows)) || (rc = refuse_rows(c, hflags))) goto done;
     }
     if ((rc = divisor_of(&call, c, &t, &w, p, &p.divisor))) goto done;
     p.c = mt_ce_scalars_for(c->eps, c->vocab, c->reduction == MT_REDUCTION_MEAN, p.divisor);
@@ -168,7 +161,7 @@ static int ce_run(const ce_call *c) {
         mt_mtl_arg args[4] = {yr, w, coef};
         if ((rc = mt_mtl_scratch(&call, &coef, n * 4, NULL))) goto done;
         args[2] = coef;
-        if ((rc = launch_ce("mt_k_ce_coef", args, 4, &p, n))) goto done;
+        if ((rc = mt_mtl_launch_with("mt_k_ce_coef", args, 4, &p, sizeof p, n))) goto done;
     }
     if ((rc = row_sums(&call, c, &xr, &w, &coef, &max, &s, &sa, &sb)) ||
         (rc = c->row_loss ? mt_mtl_stage(&call, &rl, c->row_loss, c->rows * 4, MT_MTL_OUT, NULL)
@@ -176,14 +169,14 @@ static int ce_run(const ce_call *c) {
         goto done;
     {
         mt_mtl_arg args[9] = {xr, t, w, max, s, sa, sb, rl};
-        if ((rc = launch_ce("mt_k_ce_row_loss", args, 9, &p, c->rows))) goto done;
+        if ((rc = mt_mtl_launch_with("mt_k_ce_row_loss", args, 9, &p, sizeof p, c->rows))) goto done;
     }
     if (c->dlogits) {
         if ((rc = mt_mtl_stage(&call, &d, c->dlogits, n * 4, MT_MTL_OUT, NULL))) goto done;
         dr = d;
         if (positions && (rc = mt_mtl_scratch(&call, &dr, n * 4, NULL))) goto done;
         mt_mtl_arg args[9] = {xr, t, w, coef, max, s, sa, dr};
-        if ((rc = launch_ce("mt_k_ce_grad", args, 9, &p, n)) ||
+        if ((rc = mt_mtl_launch_with("mt_k_ce_grad", args, 9, &p, sizeof p, n)) ||
             (positions && (rc = transpose(&d, &dr, c->batch, c->inner, c->vocab))))
             goto done;
     }

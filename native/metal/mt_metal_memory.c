@@ -181,6 +181,12 @@ int mt_set_num_threads(int32_t n_threads) {
     return mt_set_launch_geometry(n_threads, m);
 }
 
+int mt_mtl_launch_with(const char *kernel, mt_mtl_arg *args, int32_t n_args, const void *params, int32_t size,
+                       int64_t work) {
+    mt_mtl_bytes(&args[n_args - 1], params, size);
+    return mt_mtl_launch(kernel, args, n_args, work);
+}
+
 int mt_mtl_launch(const char *kernel, const mt_mtl_arg *args, int32_t n_args, int64_t work) {
     pthread_mutex_lock(&g_lock);
     int64_t threads = g_threads, cap = g_max_groups > 0 ? g_max_groups : 4096;
