@@ -18,15 +18,13 @@ uint64_t mt_accumulate_features(void) { return MT_FEATURE_ACCUMULATE; }
 static int add2(const mt_mtl_arg *dst, const mt_mtl_arg *a, const mt_mtl_arg *b, int64_t n) {
     mt_mtl_count_params p = {n};
     mt_mtl_arg args[4] = {*dst, *a, *b};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    return mt_mtl_launch("mt_k_add2", args, 4, n);
+    return mt_mtl_launch_with("mt_k_add2", args, 4, &p, sizeof p, n);
 }
 
 static int copy(const mt_mtl_arg *dst, const mt_mtl_arg *src, int64_t n) {
     mt_mtl_count_params p = {n};
     mt_mtl_arg args[3] = {*dst, *src};
-    mt_mtl_bytes(&args[2], &p, sizeof p);
-    return mt_mtl_launch("mt_k_copy", args, 3, n);
+    return mt_mtl_launch_with("mt_k_copy", args, 3, &p, sizeof p, n);
 }
 
 /* Part k pushed onto the stack (its own staging: parts may be many host buffers). */

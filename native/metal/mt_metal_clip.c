@@ -40,8 +40,7 @@ static int finish(const mt_mtl_arg *partials, const mt_mtl_arg *start, const mt_
                   int64_t at, int kind) {
     mt_mtl_norm_params p = {count, at, 1, kind, 0, 0, 0};
     mt_mtl_arg args[4] = {*partials, *start, *out};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    return mt_mtl_launch("mt_k_norm_finish", args, 4, count);
+    return mt_mtl_launch_with("mt_k_norm_finish", args, 4, &p, sizeof p, count);
 }
 
 int mt_mtl_norms(int kind, float *norms, float *total, float *const *table, const int32_t *offsets, int32_t n) {

@@ -21,8 +21,7 @@ int mt_mtl_prepass(mt_mtl_call *call, const mt_mtl_arg *a, const mt_mtl_arg *b, 
     if (rc) return rc;
     mt_mtl_nonfinite_params p = {n, b != NULL, 0};
     mt_mtl_arg args[4] = {*a, b ? *b : *a, *words};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    if ((rc = mt_mtl_launch("mt_k_nonfinite", args, 4, n))) return rc;
+    if ((rc = mt_mtl_launch_with("mt_k_nonfinite", args, 4, &p, sizeof p, n))) return rc;
     bad[0] = w[0] != 0;
     bad[1] = w[1] != 0;
     return MT_OK;
@@ -51,8 +50,7 @@ static int run_map(float *out, const float *a, const float *b, int64_t n, int32_
         goto done;
     }
     mt_mtl_map_params p = {n, op, 0};
-    mt_mtl_bytes(&args[4], &p, sizeof p);
-    rc = mt_mtl_launch("mt_k_map", args, 5, n);
+    rc = mt_mtl_launch_with("mt_k_map", args, 5, &p, sizeof p, n);
 done:
     mt_mtl_end(&call, rc == MT_OK);
     return rc;

@@ -26,8 +26,7 @@ static int elems(int op, const mt_mtl_arg *out, const mt_mtl_arg *x, const mt_mt
                  const mt_mtl_arg *mgx, mt_mtl_rms_params p) {
     p.op = op;
     mt_mtl_arg args[10] = {*out, *x, *dy, *w, *b, *mu, *r, *mg, *mgx};
-    mt_mtl_bytes(&args[9], &p, sizeof p);
-    return mt_mtl_launch("mt_k_ln_elems", args, 10, p.rows * p.dim);
+    return mt_mtl_launch_with("mt_k_ln_elems", args, 10, &p, sizeof p, p.rows * p.dim);
 }
 
 MT_NOINLINE static int forward_body(float *y, const float *x, const float *weight, const float *bias, float eps,
@@ -97,14 +96,12 @@ MT_NOINLINE static int backward_body(float *dx, float *dweight, float *dbias, co
         q.has_b = dbias != NULL;
         if (leaves > 0) {   /* no rows: every column's tree is empty, +0.0 (the scratch's zeros) */
             mt_mtl_arg args[7] = {ady, ax, mu, r, pw, pb};
-            mt_mtl_bytes(&args[6], &q, sizeof q);
-            if ((rc = mt_mtl_launch("mt_k_ln_param_leaves", args, 7, leaves * dim))) goto done;
+            if ((rc = mt_mtl_launch_with("mt_k_ln_param_leaves", args, 7, &q, sizeof q, leaves * dim))) goto done;
         }
         for (int k = 0; k < 2 && rc == MT_OK; ++k) {
             if (!(k ? dbias : dweight)) continue;
             mt_mtl_arg tree[3] = {k ? pb : pw, k ? adb : adw};
-            mt_mtl_bytes(&tree[2], &q, sizeof q);
-            rc = mt_mtl_launch("mt_k_rms_dweight_tree", tree, 3, dim);
+            rc = mt_mtl_launch_with("mt_k_rms_dweight_tree", tree, 3, &q, sizeof q, dim);
         }
     }
 done:

@@ -43,8 +43,7 @@ static int draw(float *out, const float *x, mt_mtl_random_params p, const char *
         mt_mtl_arg a[4] = {args[0], args[1], args[2]};
         a[0].offset += at * 4;
         if (x) a[1].offset += at * 4;
-        mt_mtl_bytes(&a[3], &q, sizeof q);
-        rc = mt_mtl_launch("mt_k_random", a, 4, (count + 3) / 4 + 1);
+        rc = mt_mtl_launch_with("mt_k_random", a, 4, &q, sizeof q, (count + 3) / 4 + 1);
     }
 done:
     mt_mtl_end(&call, rc == MT_OK);

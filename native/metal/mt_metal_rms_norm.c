@@ -16,8 +16,7 @@ static int elems(const mt_mtl_arg *out, const mt_mtl_arg *x, const mt_mtl_arg *d
                  const mt_mtl_arg *rstd, const mt_mtl_arg *k, int op, mt_mtl_rms_params p) {
     p.op = op;
     mt_mtl_arg args[7] = {*out, *x, *dy, *w, *rstd, *k};
-    mt_mtl_bytes(&args[6], &p, sizeof p);
-    return mt_mtl_launch("mt_k_rms_elems", args, 7, p.rows * p.dim);
+    return mt_mtl_launch_with("mt_k_rms_elems", args, 7, &p, sizeof p, p.rows * p.dim);
 }
 
 MT_NOINLINE static int forward_body(float *y, const float *x, const float *weight, float eps, int64_t rows,
@@ -82,12 +81,10 @@ MT_NOINLINE static int backward_body(float *dx, float *dweight, const float *dy,
         if ((rc = mt_mtl_scratch(&call, &partials, (leaves ? leaves : 1) * dim * 4, NULL))) goto done;
         if (leaves > 0) {   /* no rows: every column's tree is empty, +0.0 (the scratch's zeros) */
             mt_mtl_arg args[5] = {ady, ax, r, partials};
-            mt_mtl_bytes(&args[4], &p, sizeof p);
-            if ((rc = mt_mtl_launch("mt_k_rms_dweight_leaves", args, 5, leaves * dim))) goto done;
+            if ((rc = mt_mtl_launch_with("mt_k_rms_dweight_leaves", args, 5, &p, sizeof p, leaves * dim))) goto done;
         }
         mt_mtl_arg tree[3] = {partials, adw};
-        mt_mtl_bytes(&tree[2], &p, sizeof p);
-        rc = mt_mtl_launch("mt_k_rms_dweight_tree", tree, 3, dim);
+        rc = mt_mtl_launch_with("mt_k_rms_dweight_tree", tree, 3, &p, sizeof p, dim);
     }
 done:
     mt_mtl_end(&call, rc == MT_OK);

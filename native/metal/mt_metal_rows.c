@@ -32,8 +32,7 @@ int mt_mtl_row_scalar(mt_mtl_call *call, mt_mtl_arg *out, int kind, int op, int 
     if ((rc = mt_mtl_fold_rows(call, x, dy, w, ra, rb, &partials, &f))) return rc;
     p.op = op;
     mt_mtl_arg args[4] = {partials, ra ? *ra : *out, *out};
-    mt_mtl_bytes(&args[3], &p, sizeof p);
-    return mt_mtl_launch("mt_k_rms_rows", args, 4, p.rows);
+    return mt_mtl_launch_with("mt_k_rms_rows", args, 4, &p, sizeof p, p.rows);
 }
 
 int mt_mtl_refuse_nonfinite(mt_mtl_call *call, const mt_mtl_arg *in, int64_t n, const char *name) {
