@@ -446,7 +446,7 @@ METAL_EMU_CXXFLAGS := -std=c++17 -fPIC -fno-fast-math -fno-math-errno -ffp-contr
 METAL_EMU_NAME := -DMT_VENDOR_NAME='"metal_emulated"'
 
 $(BUILD)/libmojo_train_metal_emulated_identical.$(SO): $(METAL_EMU_DEPS)
-	@mkdir -p $(BUILD)/obj-metal-emulated-identical
+	@rm -rf $(BUILD)/obj-metal-emulated-identical && mkdir -p $(BUILD)/obj-metal-emulated-identical   # no object of a removed source
 	for f in $(SHARED_HOST_SRC) $(METAL_HOST_SRC); do $(CC) $(BASE_CFLAGS) $(MODE_FLAGS_identical) $(METAL_EMU_NAME) \
 	    -Inative/metal -c $$f -o $(BUILD)/obj-metal-emulated-identical/$$(basename $$f .c).o || exit 1; done
 	$(CXX) $(METAL_EMU_CXXFLAGS) -O2 -DMT_NUMERIC_MODE=0 -c native/metal/emulator/mt_metal_emulator_kernels.cpp \
@@ -457,7 +457,7 @@ $(BUILD)/libmojo_train_metal_emulated_identical.$(SO): $(METAL_EMU_DEPS)
 
 $(BUILD)/libmojo_train_metal_emulated_identical_ftz.$(SO): $(METAL_EMU_DEPS)
 	@test -n "$(FTZ_HAVE_TOOLS)" || { echo "identical_ftz needs clang and llvm-link (Debian: apt-get install clang llvm)"; exit 1; }
-	@mkdir -p $(BUILD)/obj-metal-emulated-identical_ftz
+	@rm -rf $(BUILD)/obj-metal-emulated-identical_ftz && mkdir -p $(BUILD)/obj-metal-emulated-identical_ftz
 	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(BUILD)/obj-metal-emulated-identical_ftz/host.o $(FTZ_CLANG) \
 	    $(FTZ_LLVM_LINK) $(SHARED_HOST_SRC) $(METAL_HOST_SRC) -- $(FTZ_IR_BASE) $(METAL_EMU_NAME) -Inative/metal
 	$(PYTHON) native/cpu_oracle/mt_ftz_ir.py --compile-part $(BUILD)/obj-metal-emulated-identical_ftz/kernels.o $(FTZ_CLANG) \

@@ -20,14 +20,14 @@ SVG = "{http://www.w3.org/2000/svg}"
 PROGRESS = re.compile(r"^step +(\d+)/(\d+)  train loss ([\d.]+)  lr ([\d.]+)  elapsed ([\d.]+) s$", re.M)
 
 
-def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY, model="mlp"):
+def _run(tmp_path, steps, threads=None, every=_demo.PRINT_EVERY, model="mlp", vendor="cpu"):
     lines = []
     b = _native.load("identical", "cpu")
     old = b.lib.mt_num_threads()
     if threads:
         b.lib.mt_set_num_threads(threads)
     try:
-        rc = _demo.run(vendor="cpu", steps=steps, svg=str(tmp_path / "loss.svg"), every=every,
+        rc = _demo.run(vendor=vendor, steps=steps, svg=str(tmp_path / "loss.svg"), every=every,
                        out=lines.append, model=model)
     finally:
         b.lib.mt_set_num_threads(old)
@@ -99,6 +99,23 @@ def test_the_gpt_demo_learns_and_its_digests_do_not_depend_on_the_thread_count(t
     assert rc == 0 and len(first) == 2 and "gpt model" in text, text[-600:]
     assert [int(r[0]) for r in PROGRESS.findall(text)] == [1, 20, 40]
     assert _run(tmp_path, 3, threads=1, model="gpt")[2] == _run(tmp_path, 3, model="gpt")[2]
+
+
+@pytest.mark.parametrize("model,steps", [("mlp", 5), ("gpt", 3)])
+def test_the_demos_on_the_emulated_metal_library_give_the_cpu_digests(tmp_path, monkeypatch, model, steps):
+    """Every op the demos use has Metal kernels (issue 17): run by the emulator, the Metal
+    library's training run and checkpoint are the CPU oracle's, bit for bit (a few steps: the
+    emulator runs a launch's threads one after another)."""
+    try:
+        _native.load("identical", "metal_emulated")
+    except OSError:
+        pytest.skip("no metal_emulated library is built here (make metal-emulated)")
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    cpu = _run(tmp_path, steps, model=model)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "metal_emulated")
+    metal = _run(tmp_path, steps, model=model, vendor="metal_emulated")
+    assert metal[0] == cpu[0] and "metal_emulated vendor" in metal[1], metal[1][-600:]   # rc 1: too few steps to learn
+    assert len(cpu[2]) == 2 and metal[2] == cpu[2], (metal[2], cpu[2])
 
 
 def test_the_demo_text_ships_inside_the_package_not_in_the_checkout(tmp_path):

@@ -36,10 +36,9 @@ def header_features():
 PENDING_ON_GPU = {}
 # Op families one GPU vendor compiles but cannot run, by vendor, each with why (declared by the
 # library itself: its mt_<family>_features answers 0 there).
-_METAL_UNWRITTEN = "no Metal kernels yet (issue 17; native/metal/README.md)"
 NOT_RUN_ON = {"hip": {"ATTENTION": "the attention tiles need 68-167 KiB of shared memory; an AMD workgroup has "
                                    "64 KiB (native/hip/README.md)"},
-              "metal": {f: _METAL_UNWRITTEN for f in ("LM_HEAD", "ATTENTION")}}
+              "metal": {}}
 NOT_RUN_ON["metal_emulated"] = NOT_RUN_ON["metal"]   # the same kernels, run by the emulator
 
 

@@ -10,7 +10,7 @@
 
 #define MT_MTL_MAX_THREADS 1024   /* Metal's threadgroup limit; the kernels' group size */
 enum { MT_MTL_IN = 1, MT_MTL_OUT = 2, MT_MTL_INOUT = 3 };
-#define MT_MTL_MAX_STAGED 48
+#define MT_MTL_MAX_STAGED 128   /* the LM head: two token stacks beside its own buffers */
 
 /* A call's buffers: device allocations are bound in place; a host buffer gets a shared-storage
  * twin (filled from it when read), downloaded back into it by mt_mtl_end(call, 1) when written.

@@ -32,4 +32,8 @@
     X(mt_k_ce_total)          \
     X(mt_k_linear_chain)      \
     X(mt_k_linear_leaves)     \
-    X(mt_k_linear_tree)
+    X(mt_k_linear_tree)       \
+    X(mt_k_attn_forward)      \
+    X(mt_k_attn_delta)        \
+    X(mt_k_attn_dq)           \
+    X(mt_k_attn_dkv)

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include "mt_host.h"
 #include "mt_metal_rows.h"
+#include "mt_metal_token_stack.h"
 #include "mt_pinned.h"
 
 uint64_t mt_linear_features(void) { return MT_FEATURE_LINEAR; }
@@ -28,9 +29,7 @@ static int stage_output(mt_mtl_call *call, mt_mtl_arg *dst, mt_mtl_arg *into, co
 /* dst <- into's n floats when they are apart (stage_output's scratch). */
 static int settle_output(const mt_mtl_arg *dst, const mt_mtl_arg *into, int64_t n) {
     if (dst->buffer == into->buffer && dst->offset == into->offset) return MT_OK;
-    mt_mtl_count_params p = {n};
-    mt_mtl_arg args[3] = {*dst, *into};
-    return mt_mtl_launch_with("mt_k_copy", args, 3, &p, sizeof p, n);
+    return mt_mtl_copy(dst, into, n);
 }
 
 static int launch_linear(const char *kernel, mt_mtl_arg *args, int32_t n_args, mt_mtl_linear_params p, int op,

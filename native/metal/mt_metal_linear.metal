@@ -25,7 +25,8 @@ kernel void mt_k_linear_chain(device float *out [[buffer(0)]], device const floa
 }
 
 // partials[o * leaves + l] for output o of leaf l: op DW, o = j * k + q: the chain over the leaf's
-// rows i of (dc[i * n + j], a[i * k + q]); op DB, o = j: acc + dc[i * n + j] from +0.0.
+// rows i of (dc[i * n + j], a[i * k + q]); op DB, o = j: acc + dc[i * n + j]; each from +0.0,
+// or (p.resume, one leaf) from the partial already there.
 kernel void mt_k_linear_leaves(device const float *dc [[buffer(0)]], device const float *a [[buffer(1)]],
                                device float *partials [[buffer(2)]], constant mt_mtl_linear_params &p [[buffer(3)]],
                                MT_ID_GRID(i), MT_ID_GRID_SIZE(stride)) {
@@ -34,7 +35,7 @@ kernel void mt_k_linear_leaves(device const float *dc [[buffer(0)]], device cons
     for (int64_t t = i; t < total; t += stride) {
         const int64_t l = t / outs, o = t % outs, r0 = l * MT_TOKEN_LEAF;
         const int64_t r1 = r0 + MT_TOKEN_LEAF < p.m ? r0 + MT_TOKEN_LEAF : p.m;
-        float acc = 0.0f;
+        float acc = p.resume ? partials[o * leaves + l] : 0.0f;
         if (p.op == MT_MTL_LINEAR_DB) {
             for (int64_t r = r0; r < r1; ++r) acc = acc + dc[r * p.n + o];
         } else {

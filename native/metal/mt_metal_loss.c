@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include "mt_host.h"
 #include "mt_loss_args.h"
+#include "mt_metal_loss.h"
 #include "mt_metal_rows.h"
 #include "mt_pinned.h"
 
@@ -121,7 +122,58 @@ static int weight_mean(mt_mtl_call *call, const ce_call *c, const mt_mtl_arg *w,
     return MT_OK;
 }
 
-/* Everything after the checks that read no tensor and the targets' check (c->kept counted). */
+/* Everything of a call after its checks that read no tensor and the targets' check (c->kept
+ * counted), its buffers bound: x, y, w, t as the kind reads them; the rows' losses into rl, the
+ * gradient into d (NULL: none; it may be x itself), the loss into lo (NULL: none). Refusals
+ * come before any of them is written. */
+static int ce_bound(mt_mtl_call *call, const ce_call *c, const mt_mtl_arg *x, const mt_mtl_arg *y,
+                    const mt_mtl_arg *w, const mt_mtl_arg *t, const mt_mtl_arg *rl, const mt_mtl_arg *d,
+                    const mt_mtl_arg *lo) {
+    int rc;
+    const int64_t n = c->rows * c->vocab;
+    mt_mtl_arg max, flags, coef, s, sa, sb, xr = *x, yr = *y, dr;
+    int32_t *hflags;
+    const int probs = c->kind == MT_MTL_CE_PROBS, positions = c->inner > 1;
+    if ((rc = mt_mtl_scratch(call, &max, c->rows * 4, NULL)) ||
+        (rc = mt_mtl_scratch(call, &flags, c->rows * 4, (void **)&hflags)))
+        return rc;
+    if (positions && ((rc = mt_mtl_scratch(call, &xr, n * 4, NULL)) || (rc = transpose(&xr, x, c->batch, c->vocab, c->inner)) ||
+                      (probs && ((rc = mt_mtl_scratch(call, &yr, n * 4, NULL)) ||
+                                 (rc = transpose(&yr, y, c->batch, c->vocab, c->inner))))))
+        return rc;
+    mt_mtl_ce_params p = {c->rows, c->vocab, c->ignore_index, {0}, 0.0f, 1.0f, c->kind, c->target_bytes,
+                          c->weight != NULL, c->reduction == MT_REDUCTION_MEAN ? MT_MTL_CE_MEAN : MT_MTL_CE_SUM};
+    {
+        mt_mtl_arg args[5] = {xr, yr, max, flags};
+        if ((rc = mt_mtl_launch_with("mt_k_ce_row_max", args, 5, &p, sizeof p, c->rows)) || (rc = refuse_rows(c, hflags)))
+            return rc;
+    }
+    if ((rc = divisor_of(call, c, t, w, p, &p.divisor))) return rc;
+    p.c = mt_ce_scalars_for(c->eps, c->vocab, c->reduction == MT_REDUCTION_MEAN, p.divisor);
+    if ((rc = weight_mean(call, c, w, p.c.vocab, &p.wm))) return rc;
+    coef = xr;
+    if (probs) {
+        if ((rc = mt_mtl_scratch(call, &coef, n * 4, NULL))) return rc;
+        mt_mtl_arg args[4] = {yr, *w, coef};
+        if ((rc = mt_mtl_launch_with("mt_k_ce_coef", args, 4, &p, sizeof p, n))) return rc;
+    }
+    if ((rc = row_sums(call, c, &xr, w, &coef, &max, &s, &sa, &sb))) return rc;
+    {
+        mt_mtl_arg args[9] = {xr, *t, *w, max, s, sa, sb, *rl};
+        if ((rc = mt_mtl_launch_with("mt_k_ce_row_loss", args, 9, &p, sizeof p, c->rows))) return rc;
+    }
+    if (d) {
+        dr = *d;
+        if (positions && (rc = mt_mtl_scratch(call, &dr, n * 4, NULL))) return rc;
+        mt_mtl_arg args[9] = {xr, *t, *w, coef, max, s, sa, dr};
+        if ((rc = mt_mtl_launch_with("mt_k_ce_grad", args, 9, &p, sizeof p, n)) ||
+            (positions && (rc = transpose(d, &dr, c->batch, c->inner, c->vocab))))
+            return rc;
+    }
+    return lo ? token_total(call, lo, rl, c->rows, p) : MT_OK;
+}
+
+/* A call of some rows: its buffers bound (the caller's, or their twins), then ce_bound. */
 static int ce_run(const ce_call *c) {
     int rc;
     if (c->rows == 0) {
@@ -130,63 +182,40 @@ static int ce_run(const ce_call *c) {
     }
     if ((rc = mt_mtl_open())) return rc;
     const int64_t n = c->rows * c->vocab;
+    const int probs = c->kind == MT_MTL_CE_PROBS;
     mt_mtl_call call;
     mt_mtl_begin(&call);
-    mt_mtl_arg x, y, w, t, d, rl, lo, max, flags, coef, s, sa, sb, xr, yr, dr;
-    int32_t *hflags;
-    const int probs = c->kind == MT_MTL_CE_PROBS, positions = c->inner > 1;
+    mt_mtl_arg x, y, w, t, d, rl, lo;
     if ((rc = mt_mtl_stage(&call, &x, c->logits, n * 4, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &y, c->probs, probs ? n * 4 : 0, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &w, c->weight, c->weight ? c->vocab * 4 : 0, MT_MTL_IN, NULL)) ||
         (rc = mt_mtl_stage(&call, &t, c->targets, probs ? 0 : c->rows * c->target_bytes, MT_MTL_IN, NULL)) ||
-        (rc = mt_mtl_scratch(&call, &max, c->rows * 4, NULL)) ||
-        (rc = mt_mtl_scratch(&call, &flags, c->rows * 4, (void **)&hflags)))
-        goto done;
-    xr = x, yr = y;
-    if (positions && ((rc = mt_mtl_scratch(&call, &xr, n * 4, NULL)) || (rc = transpose(&xr, &x, c->batch, c->vocab, c->inner)) ||
-                      (probs && ((rc = mt_mtl_scratch(&call, &yr, n * 4, NULL)) ||
-                                 (rc = transpose(&yr, &y, c->batch, c->vocab, c->inner))))))
-        goto done;
-    mt_mtl_ce_params p = {c->rows, c->vocab, c->ignore_index, {0}, 0.0f, 1.0f, c->kind, c->target_bytes,
-                          c->weight != NULL, c->reduction == MT_REDUCTION_MEAN ? MT_MTL_CE_MEAN : MT_MTL_CE_SUM};
-    {
-        mt_mtl_arg args[5] = {xr, yr, max, flags};
-        if ((rc = mt_mtl_launch_with("mt_k_ce_row_max", args, 5, &p, sizeof p, c->rows)) || (rc = refuse_rows(c, hflags))) goto done;
-    }
-    if ((rc = divisor_of(&call, c, &t, &w, p, &p.divisor))) goto done;
-    p.c = mt_ce_scalars_for(c->eps, c->vocab, c->reduction == MT_REDUCTION_MEAN, p.divisor);
-    if ((rc = weight_mean(&call, c, &w, p.c.vocab, &p.wm))) goto done;
-    coef = x;
-    if (probs) {
-        mt_mtl_arg args[4] = {yr, w, coef};
-        if ((rc = mt_mtl_scratch(&call, &coef, n * 4, NULL))) goto done;
-        args[2] = coef;
-        if ((rc = mt_mtl_launch_with("mt_k_ce_coef", args, 4, &p, sizeof p, n))) goto done;
-    }
-    if ((rc = row_sums(&call, c, &xr, &w, &coef, &max, &s, &sa, &sb)) ||
         (rc = c->row_loss ? mt_mtl_stage(&call, &rl, c->row_loss, c->rows * 4, MT_MTL_OUT, NULL)
-                          : mt_mtl_scratch(&call, &rl, c->rows * 4, NULL)))
+                          : mt_mtl_scratch(&call, &rl, c->rows * 4, NULL)) ||
+        (c->dlogits && (rc = mt_mtl_stage(&call, &d, c->dlogits, n * 4, MT_MTL_OUT, NULL))) ||
+        (c->reduction != MT_REDUCTION_NONE && (rc = mt_mtl_stage(&call, &lo, c->loss_out, 4, MT_MTL_OUT, NULL))))
         goto done;
-    {
-        mt_mtl_arg args[9] = {xr, t, w, max, s, sa, sb, rl};
-        if ((rc = mt_mtl_launch_with("mt_k_ce_row_loss", args, 9, &p, sizeof p, c->rows))) goto done;
-    }
-    if (c->dlogits) {
-        if ((rc = mt_mtl_stage(&call, &d, c->dlogits, n * 4, MT_MTL_OUT, NULL))) goto done;
-        dr = d;
-        if (positions && (rc = mt_mtl_scratch(&call, &dr, n * 4, NULL))) goto done;
-        mt_mtl_arg args[9] = {xr, t, w, coef, max, s, sa, dr};
-        if ((rc = mt_mtl_launch_with("mt_k_ce_grad", args, 9, &p, sizeof p, n)) ||
-            (positions && (rc = transpose(&d, &dr, c->batch, c->inner, c->vocab))))
-            goto done;
-    }
-    if (c->reduction != MT_REDUCTION_NONE &&
-        ((rc = mt_mtl_stage(&call, &lo, c->loss_out, 4, MT_MTL_OUT, NULL)) ||
-         (rc = token_total(&call, &lo, &rl, c->rows, p))))
-        goto done;
+    rc = ce_bound(&call, c, &x, &y, &w, &t, &rl, c->dlogits ? &d : NULL, c->reduction != MT_REDUCTION_NONE ? &lo : NULL);
 done:
     mt_mtl_end(&call, rc == MT_OK);
     return rc;
+}
+
+int mt_mtl_ce_rows(mt_mtl_call *call, const mt_mtl_arg *x, const mt_mtl_arg *t, const mt_mtl_arg *rl,
+                   const mt_mtl_arg *d, int64_t rows, int64_t vocab, int32_t target_bytes, int64_t ignore_index,
+                   int32_t reduction, float label_smoothing, int64_t items) {
+    ce_call c = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, target_bytes, reduction, MT_MTL_CE_PLAIN,
+                 rows, vocab, 1, rows, ignore_index, items, items, label_smoothing};
+    mt_mtl_arg w;
+    int rc = mt_mtl_stage(call, &w, NULL, 0, MT_MTL_IN, NULL);
+    return rc ? rc : ce_bound(call, &c, x, x, &w, t, rl, d, NULL);
+}
+
+int mt_mtl_ce_total(mt_mtl_call *call, const mt_mtl_arg *lo, const mt_mtl_arg *v, int64_t n, int32_t reduction,
+                    float divisor) {
+    mt_mtl_ce_params p = {n, 1, 0, {0}, 0.0f, divisor, MT_MTL_CE_PLAIN, 4, 0,
+                          reduction == MT_REDUCTION_MEAN ? MT_MTL_CE_MEAN : MT_MTL_CE_SUM};
+    return token_total(call, lo, v, n, p);
 }
 
 MT_NOINLINE static int ce_body(float *loss_out, float *row_loss, float *dlogits, const float *logits,

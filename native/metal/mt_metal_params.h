@@ -97,11 +97,24 @@ typedef struct {
     int32_t kind, target_bytes, has_w, op;
 } mt_mtl_ce_params;
 
-/* Linear (mt_metal_linear.metal): a (m, k), weight (n, k), dc (m, n); what a kernel forms. */
+/* Attention (mt_metal_attention.metal): the call's sizes, the mask's strides (elements) and
+ * kind (MT_MTL_MASK_*: mojo_train.h's MT_ATTENTION_MASK_*), scale, dropout (p = 0: none) and
+ * which outputs the call has. */
+enum { MT_MTL_MASK_NONE, MT_MTL_MASK_BOOL, MT_MTL_MASK_FLOAT };
+typedef struct {
+    int64_t B, H, Hkv, Tq, Tk, D, sb, sh, si, sj;
+    uint64_t seed, stream, offset;
+    float scale, dropout_p, dropout_scale;
+    int32_t mask_kind, is_causal, has_lse, has_dk, has_dv;
+} mt_mtl_attn_params;
+
+/* Linear (mt_metal_linear.metal): a (m, k), weight (n, k), dc (m, n); what a kernel forms;
+ * resume: the leaves kernel continues the chains it finds in its output (m <= one leaf: the
+ * LM head's leaf that a chunk boundary cut). */
 enum { MT_MTL_LINEAR_OUT, MT_MTL_LINEAR_DA, MT_MTL_LINEAR_DW, MT_MTL_LINEAR_DB };
 typedef struct {
     int64_t m, n, k;
-    int32_t op, has_bias;
+    int32_t op, has_bias, resume;
 } mt_mtl_linear_params;
 
 /* batch matrices of rows x cols, each transposed (mt_k_ce_transpose). */

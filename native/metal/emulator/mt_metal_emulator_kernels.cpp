@@ -20,6 +20,7 @@
 #include "../mt_metal_embedding.metal"
 #include "../mt_metal_loss.metal"
 #include "../mt_metal_linear.metal"
+#include "../mt_metal_attention.metal"
 #include "../mt_metal_kernels.h"
 
 namespace {
