@@ -478,3 +478,32 @@ def test_an_output_over_an_input_gives_the_bits_of_a_separate_buffer(linear_mode
     assert lib.mt_linear_backward(args["da"], args["dweight"], args["dbias"], cdc, ca, ffi.new("float[]", w),
                                   m, n, k) == 0
     assert bytes(ffi.buffer(args[name], 4 * outs[name])) == bytes(ffi.buffer(want)), which
+
+
+@pytest.mark.parametrize("which", ["da on a", "da on dc", "dweight on a", "dweight on weight", "dbias on dc",
+                                   "da on dc, dbias on dc"])
+def test_every_output_of_a_backward_with_one_over_an_input_gets_the_bits_of_separate_buffers(linear_mode, which):
+    """da, dweight and dbias all asked for, one (or two) of them over an input another still reads
+    (n == k, so da fits over a and dweight over weight): each gets the bits of separate buffers,
+    and where two land on one input the later output (da, dweight, dbias order) is what remains
+    there. (Until 2026-12-05 the oracle and Metal wrote da over dc or a before dweight read it.)"""
+    lib, m, n = linear_mode.backend.lib, 37, 29
+    k = n
+    vals = lambda count, s: [float(((i * 7 + s) * 13) % 17) / 8.0 - 1.0 for i in range(count)]
+    a, w, dc = vals(m * k, 1), vals(n * k, 2), vals(m * n, 4)
+    sizes = {"da": m * k, "dweight": n * k, "dbias": n}
+    want = {o: ffi.new("float[]", c) for o, c in sizes.items()}
+    assert lib.mt_linear_backward(want["da"], want["dweight"], want["dbias"], ffi.new("float[]", dc),
+                                  ffi.new("float[]", a), ffi.new("float[]", w), m, n, k) == 0
+    ins = {"dc": ffi.new("float[]", dc), "a": ffi.new("float[]", a), "weight": ffi.new("float[]", w)}
+    outs = {o: ffi.new("float[]", c) for o, c in sizes.items()}
+    for part in which.split(", "):
+        o, target = part.split(" on ")
+        outs[o] = ins[target]
+    assert lib.mt_linear_backward(outs["da"], outs["dweight"], outs["dbias"], ins["dc"], ins["a"], ins["weight"],
+                                  m, n, k) == 0
+    for o in ("da", "dweight", "dbias"):      # the last written over a shared input holds its bits
+        later = [p for p in ("da", "dweight", "dbias")[("da", "dweight", "dbias").index(o) + 1:]
+                 if outs[p] == outs[o]]
+        if not later:
+            assert bytes(ffi.buffer(outs[o], 4 * sizes[o])) == bytes(ffi.buffer(want[o])), (which, o)

@@ -249,3 +249,25 @@ def test_agrees_with_torch_linear_cross_entropy_in_float64(head):
     tol.assert_close_to_reference(got[1], th.grad.numpy(), "d_input", unit=units["da"].ravel())
     tol.assert_close_to_reference(got[2], tw.grad.numpy(), "d_linear_weight", unit=units["dweight"].ravel())
     tol.assert_close_to_reference(got[3], tb.grad.numpy(), "d_linear_bias", unit=units["dbias"].ravel())
+
+
+def test_a_width_of_zero_through_the_c_abi_is_the_separate_layers_on_the_bias(head):
+    """width 0 (Python refuses it; the C ABI takes it): the logits are the bias on every row, so the
+    loss is cross_entropy's of those rows, d_bias linear_backward's of its gradient, and d_weight
+    and d_hidden hold nothing. (Until 2026-12-05 the oracle asked for a leaf of zero bytes and
+    answered MT_ENOMEM with d_weight given, where Metal computed the call.)"""
+    from mojo_train._native import ffi
+    lib, rows, vocab = head.backend.lib, 1030, 5
+    bias = ffi.new("float[]", [0.5, -1.25, 2.0, 0.0, -0.75])
+    targets = ffi.new("int32_t[]", [(r * 3) % vocab for r in range(rows)])
+    logits = ffi.new("float[]", [bias[j] for _ in range(rows) for j in range(vocab)])
+    want_loss, dlogits, want_db = ffi.new("float[1]"), ffi.new("float[]", rows * vocab), ffi.new("float[]", vocab)
+    assert lib.mt_cross_entropy(want_loss, ffi.NULL, dlogits, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0) == 0
+    assert lib.mt_linear_backward(ffi.NULL, ffi.NULL, want_db, dlogits, ffi.new("float[1]"), ffi.new("float[1]"),
+                                  rows, vocab, 0) == 0
+    loss, db, one = ffi.new("float[1]"), ffi.new("float[]", vocab), ffi.new("float[1]")
+    rc = lib.mt_lm_head_loss(loss, ffi.NULL, one, one, db, one, one, bias, targets, 4, rows, vocab, 0, -100, 2,
+                             0.0, 0, 700)
+    assert rc == 0, ffi.string(lib.mt_last_error()).decode()
+    assert bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss))
+    assert bytes(ffi.buffer(db)) == bytes(ffi.buffer(want_db))

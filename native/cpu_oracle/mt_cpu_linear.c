@@ -73,8 +73,7 @@ static void colsum_range(void *ctx, int64_t l0, int64_t l1) {
 
 static int linear_dbias(float *dbias, const float *dc, int64_t m, int64_t n) {
     int64_t leaves = mt_token_leaves(m), bytes = leaves * n * (int64_t)sizeof(float);
-    /* one leaf folds straight into dbias, unless dbias is (on) dc: then through the partials */
-    if (leaves == 0 || (leaves == 1 && !mt_bytes_overlap(dbias, n * (int64_t)sizeof(float), dc, m * n * (int64_t)sizeof(float)))) {
+    if (leaves <= 1) {      /* one leaf folds straight into dbias (never over dc: see backward_outputs) */
         colsum_job job = {dbias, dc, m, n};
         if (leaves == 0) memset(dbias, 0, (size_t)n * sizeof(float)); else colsum_range(&job, 0, 1);
         return MT_OK;
@@ -89,6 +88,26 @@ static int linear_dbias(float *dbias, const float *dc, int64_t m, int64_t n) {
     return MT_OK;
 }
 
+/* Where each of the backward's outputs is formed: into[o] = out[o], or a scratch when out[o]
+ * overlaps an input (copied over it once every output is formed, so that each output gets the
+ * bits of a separate buffer however the outputs and inputs lie). */
+static int backward_outputs(float **into, float *const *out, const int64_t *count, const float *dc, const float *a,
+                            const float *weight, int64_t m, int64_t n, int64_t k) {
+    const void *ins[3] = {dc, a, weight};
+    const int64_t in_bytes[3] = {m * n * 4, m * k * 4, n * k * 4};
+    for (int o = 0; o < 3; ++o) into[o] = out[o];
+    for (int o = 0; o < 3; ++o)
+        for (int j = 0; out[o] && count[o] > 0 && j < 3; ++j)
+            if (mt_bytes_overlap(out[o], count[o] * 4, ins[j], in_bytes[j])) {
+                if (!(into[o] = (float *)mt_scratch_alloc(count[o] * 4, "an output over an input"))) {
+                    into[o] = out[o];
+                    return MT_ENOMEM;
+                }
+                break;
+            }
+    return MT_OK;
+}
+
 MT_NOINLINE static int linear_backward_body(float *da, float *dweight, float *dbias, const float *dc,
                                             const float *a, const float *weight, int64_t m, int64_t n,
                                             int64_t k) {
@@ -98,11 +117,20 @@ MT_NOINLINE static int linear_backward_body(float *da, float *dweight, float *db
         (rc = mt_cpu_refuse_nonfinite(dc, m * n, "dc")) || (rc = mt_cpu_refuse_nonfinite(a, m * k, "a")) ||
         (rc = mt_cpu_refuse_nonfinite(weight, n * k, "weight")))
         return rc;
-    /* da(i,p) = chain over j of (dc[i,j], weight[j,p]): A = dc, B(j,p) = weight[j*k + p]. */
-    if (da && (rc = mt_cpu_gemm(da, k, dc, n, 1, weight, k, 1, m, k, n, 0, NULL))) return rc;
-    if (dweight && n * k > 0 && (rc = linear_dweight(dweight, dc, a, m, n, k))) return rc;
-    if (dbias && n > 0 && (rc = linear_dbias(dbias, dc, m, n))) return rc;
-    return MT_OK;
+    float *out[3] = {da, dweight, dbias}, *into[3];
+    const int64_t count[3] = {da ? m * k : 0, dweight ? n * k : 0, dbias ? n : 0};
+    if ((rc = backward_outputs(into, out, count, dc, a, weight, m, n, k)) == MT_OK) {
+        /* da(i,p) = chain over j of (dc[i,j], weight[j,p]): A = dc, B(j,p) = weight[j*k + p]. */
+        if (da && (rc = mt_cpu_gemm(into[0], k, dc, n, 1, weight, k, 1, m, k, n, 0, NULL))) goto done;
+        if (dweight && n * k > 0 && (rc = linear_dweight(into[1], dc, a, m, n, k))) goto done;
+        if (dbias && n > 0 && (rc = linear_dbias(into[2], dc, m, n))) goto done;
+        for (int o = 0; o < 3; ++o)
+            if (into[o] != out[o]) memcpy(out[o], into[o], (size_t)count[o] * sizeof(float));
+    }
+done:
+    for (int o = 0; o < 3; ++o)
+        if (into[o] != out[o]) mt_scratch_free(into[o], count[o] * (int64_t)sizeof(float));
+    return rc;
 }
 
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a,

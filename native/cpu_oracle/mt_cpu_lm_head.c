@@ -82,7 +82,7 @@ static int gradients_of_chunk(lm_state *s, const mt_lm_args *a, int64_t r0, int6
         int64_t end = leaf_end < r0 + n ? leaf_end : r0 + n;
         int fresh = r % MT_TOKEN_LEAF == 0, done = end == leaf_end || end == a->rows;
         const float *dl = s->dlogits + (r - r0) * v;
-        if (a->d_weight) {
+        if (a->d_weight && w > 0) {     /* width 0: d_weight holds nothing */
             float *acc = mt_token_acc_leaf(&s->dw);
             if (!acc) return MT_ENOMEM;
             int rc = mt_cpu_gemm(acc, w, dl, 1, v, a->hidden + r * w, w, 1, v, w, end - r, !fresh, NULL);
@@ -136,7 +136,7 @@ MT_NOINLINE static int lm_body(mt_lm_args *a) {
     for (int64_t r0 = 0; r0 < a->rows && !rc; r0 += a->chunk)
         rc = run_chunk(&s, a, r0, a->rows - r0 < a->chunk ? a->rows - r0 : a->chunk);
     if (rc) goto out;
-    if (a->d_weight) mt_token_acc_finish(&s.dw, a->d_weight);
+    if (a->d_weight && a->width > 0) mt_token_acc_finish(&s.dw, a->d_weight);
     if (a->d_bias) mt_token_acc_finish(&s.db, a->d_bias);
     if (a->reduction == MT_REDUCTION_NONE) {
         if (a->rows) memcpy(a->row_loss, s.losses, (size_t)a->rows * sizeof(float));   /* 0 rows: no buffer */

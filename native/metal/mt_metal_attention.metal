@@ -3,7 +3,7 @@
 // each, delta a row each. Each walks its pairs in the contract's order (key blocks ascending,
 // then keys; or the group's query heads, then rows, ascending), recomputing scores where needed,
 // so nothing of size Tq x Tk is stored. A masked pair (score -inf) takes part in nothing. No
-// tiles and no threadgroup memory: the oracle's order with nothing shared between threads.
+// tiles and nothing shared between threads: the oracle's order.
 #include "mt_metal_kernel.h"
 
 #define MT_MTL_NEG_INF mt_bits_f32(0xff800000u)

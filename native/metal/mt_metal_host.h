@@ -14,14 +14,17 @@ enum { MT_MTL_IN = 1, MT_MTL_OUT = 2, MT_MTL_INOUT = 3 };
 
 /* A call's buffers: device allocations are bound in place; a host buffer gets a shared-storage
  * twin (filled from it when read), downloaded back into it by mt_mtl_end(call, 1) when written.
- * The same host range staged twice is one twin. */
+ * The same host range staged twice is one twin. A host input that starts on a page and spans
+ * whole pages (mt_mtl_page_bytes) is not copied: its own pages are wrapped as the buffer
+ * (wrapped), as Metal allows; should the call stage that range again to write it (an op in
+ * place), it is written there, after the op's refusals like any device buffer. */
 typedef struct {
     struct {
         const void *host;
         int64_t bytes;
         mt_mtl_buffer *buffer;
         void *contents;
-        int mode;
+        int mode, wrapped;
     } staged[MT_MTL_MAX_STAGED];
     int32_t n_staged;
 } mt_mtl_call;

@@ -4,7 +4,7 @@
  * before any output is written, then out (chains over k, + bias), da (chains over n), dweight
  * and dbias (the token rule over the m rows: leaf chains, then the pairwise tree). An output
  * that overlaps an input (out on a, say: the oracle takes it and gives the bits of a separate
- * buffer) is computed into a scratch and copied over it after the kernel: staging would
+ * buffer) is computed into a scratch and copied over it once every output is formed: staging would
  * otherwise give both one twin, and device memory is one buffer, so threads would read inputs
  * that others had overwritten. */
 #include <stddef.h>
@@ -98,7 +98,7 @@ MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, co
         return rc;
     mt_mtl_call call;
     mt_mtl_begin(&call);
-    mt_mtl_arg adc, aa, aw, out, into;
+    mt_mtl_arg adc, aa, aw, out[3], into[3];
     mt_mtl_linear_params p = {m, n, k, 0, 0};
     const void *ins[3] = {dc, a, weight};
     const int64_t bytes[3] = {m * n * 4, m * k * 4, n * k * 4};
@@ -109,21 +109,19 @@ MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, co
         (rc = mt_mtl_refuse_nonfinite(&call, &aa, m * k, "a")) ||
         (rc = mt_mtl_refuse_nonfinite(&call, &aw, n * k, "weight")))
         goto done;
-    if (da && m * k > 0) {
-        mt_mtl_arg args[5] = {adc, adc, aw, aw};
-        if ((rc = stage_output(&call, &out, &args[0], da, m * k, ins, bytes, 3)) ||
-            (rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_DA, m * k)) ||
-            (rc = settle_output(&out, &args[0], m * k)))
-            goto done;
+    const int64_t count[3] = {da ? m * k : 0, dweight ? n * k : 0, dbias ? n : 0};
+    float *const host[3] = {da, dweight, dbias};
+    for (int o = 0; o < 3; ++o)
+        if (count[o] > 0 && (rc = stage_output(&call, &out[o], &into[o], host[o], count[o], ins, bytes, 3))) goto done;
+    if (count[0] > 0) {
+        mt_mtl_arg args[5] = {into[0], adc, aw, aw};
+        if ((rc = launch_linear("mt_k_linear_chain", args, 5, p, MT_MTL_LINEAR_DA, m * k))) goto done;
     }
-    if (dweight && n * k > 0 &&
-        ((rc = stage_output(&call, &out, &into, dweight, n * k, ins, bytes, 3)) ||
-         (rc = token_rule(&call, &into, &adc, &aa, p, MT_MTL_LINEAR_DW)) || (rc = settle_output(&out, &into, n * k))))
+    if ((count[1] > 0 && (rc = token_rule(&call, &into[1], &adc, &aa, p, MT_MTL_LINEAR_DW))) ||
+        (count[2] > 0 && (rc = token_rule(&call, &into[2], &adc, &aa, p, MT_MTL_LINEAR_DB))))
         goto done;
-    if (dbias && n > 0 &&
-        ((rc = stage_output(&call, &out, &into, dbias, n, ins, bytes, 3)) ||
-         (rc = token_rule(&call, &into, &adc, &aa, p, MT_MTL_LINEAR_DB)) || (rc = settle_output(&out, &into, n))))
-        goto done;
+    for (int o = 0; o < 3; ++o)     /* every output formed before any over an input is written */
+        if (count[o] > 0 && (rc = settle_output(&out[o], &into[o], count[o]))) goto done;
 done:
     mt_mtl_end(&call, rc == MT_OK);
     return rc;

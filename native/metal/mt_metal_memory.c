@@ -213,14 +213,25 @@ void mt_mtl_bytes(mt_mtl_arg *arg, const void *p, int32_t size) {
     arg->size = size;
 }
 
+/* Whether a host range may be bound without a copy: an input only, on whole pages. */
+static int wrappable(const void *host, int64_t bytes, int mode) {
+    const int64_t page = mt_mtl_page_bytes();
+    return host && mode == MT_MTL_IN && page > 0 && bytes > 0 && (uintptr_t)host % (uintptr_t)page == 0 &&
+           bytes % page == 0;
+}
+
 static int new_twin(mt_mtl_call *call, const void *host, int64_t bytes, int mode, int32_t *at) {
     if (call->n_staged == MT_MTL_MAX_STAGED) return mt_fail(MT_EINVAL, "a Metal call staged too many buffers");
     int32_t k = call->n_staged;
-    int rc = mt_mtl_buffer_new(&call->staged[k].buffer, &call->staged[k].contents, bytes > 0 ? bytes : 4);
+    const int wrap = wrappable(host, bytes, mode);
+    int rc = wrap ? mt_mtl_buffer_wrap(&call->staged[k].buffer, (void *)host, bytes)
+                  : mt_mtl_buffer_new(&call->staged[k].buffer, &call->staged[k].contents, bytes > 0 ? bytes : 4);
     if (rc) return rc;
+    if (wrap) call->staged[k].contents = (void *)host;
     call->staged[k].host = host;
     call->staged[k].bytes = bytes;
     call->staged[k].mode = mode;
+    call->staged[k].wrapped = wrap;
     call->n_staged = k + 1;
     *at = k;
     return MT_OK;
@@ -245,7 +256,7 @@ int mt_mtl_stage(mt_mtl_call *call, mt_mtl_arg *arg, const void *ptr, int64_t by
         }
         for (int32_t j = 0; j < call->n_staged; ++j)
             if (call->staged[j].host == ptr && call->staged[j].bytes == bytes) {
-                if ((mode & MT_MTL_IN) && !(call->staged[j].mode & MT_MTL_IN)) {   /* first read: fill it */
+                if ((mode & MT_MTL_IN) && !(call->staged[j].mode & MT_MTL_IN)) {   /* first read: fill it (never wrapped) */
                     memcpy(call->staged[j].contents, ptr, (size_t)bytes);
                     pthread_mutex_lock(&g_lock);
                     g_h2d += bytes;
@@ -261,7 +272,7 @@ int mt_mtl_stage(mt_mtl_call *call, mt_mtl_arg *arg, const void *ptr, int64_t by
     int32_t j = 0;
     if ((rc = new_twin(call, ptr && bytes > 0 ? ptr : NULL, ptr ? bytes : 0, ptr && bytes > 0 ? mode : 0, &j)))
         return rc;
-    if ((mode & MT_MTL_IN) && ptr && bytes > 0) {
+    if ((mode & MT_MTL_IN) && ptr && bytes > 0 && !call->staged[j].wrapped) {
         memcpy(call->staged[j].contents, ptr, (size_t)bytes);
         pthread_mutex_lock(&g_lock);
         g_h2d += bytes;
@@ -292,7 +303,7 @@ void *mt_mtl_contents(const mt_mtl_call *call, const mt_mtl_arg *arg) {
 
 void mt_mtl_end(mt_mtl_call *call, int download) {
     for (int32_t j = 0; j < call->n_staged; ++j) {
-        if (download && call->staged[j].host && (call->staged[j].mode & MT_MTL_OUT)) {
+        if (download && call->staged[j].host && (call->staged[j].mode & MT_MTL_OUT) && !call->staged[j].wrapped) {
             memcpy((void *)call->staged[j].host, call->staged[j].contents, (size_t)call->staged[j].bytes);
             pthread_mutex_lock(&g_lock);
             g_d2h += call->staged[j].bytes;

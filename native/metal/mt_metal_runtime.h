@@ -22,6 +22,11 @@ int mt_mtl_open(void);
 /* A shared-storage buffer of `bytes` (> 0) bytes; *contents its host address. */
 int mt_mtl_buffer_new(mt_mtl_buffer **out, void **contents, int64_t bytes);
 void mt_mtl_buffer_release(mt_mtl_buffer *b);
+/* The size of a page: a host range that starts on a page and spans whole pages can be wrapped. */
+int64_t mt_mtl_page_bytes(void);
+/* A buffer over the host's own `bytes` bytes at `host` (page-aligned, whole pages), without a
+ * copy: what the kernels write lands there. Its release leaves the memory to its owner. */
+int mt_mtl_buffer_wrap(mt_mtl_buffer **out, void *host, int64_t bytes);
 
 /* One kernel argument: a buffer at an offset, or (buffer NULL) `size` bytes set inline. */
 typedef struct {

@@ -9,6 +9,7 @@
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 #include <pthread.h>
+#include <unistd.h>
 #include "mt_host.h"
 #include "mt_metal_options.h"
 #include "mt_metal_runtime.h"
@@ -75,6 +76,24 @@ int mt_mtl_buffer_new(mt_mtl_buffer **out, void **contents, int64_t bytes) {
         wrap->handle = (void *)CFBridgingRetain(b);
         *out = wrap;
         *contents = b.contents;
+    }
+    return MT_OK;
+}
+
+int64_t mt_mtl_page_bytes(void) { return (int64_t)getpagesize(); }
+
+int mt_mtl_buffer_wrap(mt_mtl_buffer **out, void *host, int64_t bytes) {
+    int rc = mt_mtl_open();
+    if (rc) return rc;
+    @autoreleasepool {
+        /* shared storage over the caller's pages: Apple silicon's GPU reads and writes them in place */
+        id<MTLBuffer> b = [g_device newBufferWithBytesNoCopy:host length:(NSUInteger)bytes
+                                                     options:MTLResourceStorageModeShared deallocator:nil];
+        if (!b) return mt_fail(MT_ENOMEM, "cannot wrap %lld bytes of host memory as a Metal buffer", (long long)bytes);
+        mt_mtl_buffer *wrap = (mt_mtl_buffer *)malloc(sizeof *wrap);
+        if (!wrap) return mt_fail(MT_ENOMEM, "out of host memory");
+        wrap->handle = (void *)CFBridgingRetain(b);
+        *out = wrap;
     }
     return MT_OK;
 }

@@ -11,12 +11,14 @@
 #include <mutex>
 #include <new>
 #include <vector>
+#include <unistd.h>
 #include "mt_host.h"
 #include "mt_metal_emulator.h"
 #include "../mt_metal_runtime.h"
 
 struct mt_mtl_buffer {
     void *mem;
+    bool owned;    // false: the caller's pages (mt_mtl_buffer_wrap)
 };
 
 namespace {
@@ -30,7 +32,7 @@ int mt_mtl_open(void) { return MT_OK; }
 int mt_mtl_buffer_new(mt_mtl_buffer **out, void **contents, int64_t bytes) {
     size_t n = ((size_t)bytes + 255) / 256 * 256;
     void *mem = std::aligned_alloc(256, n ? n : 256);
-    mt_mtl_buffer *b = mem ? new (std::nothrow) mt_mtl_buffer{mem} : nullptr;
+    mt_mtl_buffer *b = mem ? new (std::nothrow) mt_mtl_buffer{mem, true} : nullptr;
     if (!b) {
         std::free(mem);
         return mt_fail(MT_ENOMEM, "cannot allocate %lld bytes of (emulated) Metal memory", (long long)bytes);
@@ -40,9 +42,19 @@ int mt_mtl_buffer_new(mt_mtl_buffer **out, void **contents, int64_t bytes) {
     return MT_OK;
 }
 
+int64_t mt_mtl_page_bytes(void) { return (int64_t)sysconf(_SC_PAGESIZE); }
+
+int mt_mtl_buffer_wrap(mt_mtl_buffer **out, void *host, int64_t bytes) {
+    (void)bytes;
+    mt_mtl_buffer *b = new (std::nothrow) mt_mtl_buffer{host, false};
+    if (!b) return mt_fail(MT_ENOMEM, "out of host memory");
+    *out = b;
+    return MT_OK;
+}
+
 void mt_mtl_buffer_release(mt_mtl_buffer *b) {
     if (!b) return;
-    std::free(b->mem);
+    if (b->owned) std::free(b->mem);
     delete b;
 }
 
