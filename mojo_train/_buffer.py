@@ -128,7 +128,8 @@ def wrote(*targets):
 
 
 def _is_buffer(x):
-    if isinstance(x, Array) or is_torch_tensor(x) or getattr(x, "__cuda_array_interface__", None) is not None:
+    if (isinstance(x, (Array, DeviceArray)) or is_torch_tensor(x)
+            or getattr(x, "__cuda_array_interface__", None) is not None):
         return True
     try:
         memoryview(x).release()

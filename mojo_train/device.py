@@ -2,7 +2,9 @@
 
 A DeviceArray is memory of the loaded GPU vendor (allocated through the library's own
 ``mt_device_alloc``), with a shape and a dtype. It exports ``__cuda_array_interface__`` and
-``__dlpack__`` (so torch and CuPy can view it without a copy), and every op takes it where it
+``__dlpack__`` (so torch and CuPy can view it without a copy) -- on Metal, whose memory is
+shared storage the CPU addresses, ``__dlpack__`` as a CPU array (``numpy.from_dlpack`` and
+``torch.from_dlpack`` view it in place) and no CUDA interface -- and every op takes it where it
 takes a host buffer; results stay on the device. ``to_host()`` copies back into a
 ``mojo_train.Array``. Foreign device tensors (torch CUDA tensors, CuPy arrays, anything with
 ``__cuda_array_interface__`` or DLPack) are accepted by the ops directly, in place.
@@ -18,6 +20,8 @@ __all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
 # the dtypes a DeviceArray holds (an Array's), with their typestr and itemsize
 _TYPESTR = {name: DTYPES[name].typestr for name in ARRAY_DTYPES}
 _ITEMSIZE = {name: DTYPES[name].itemsize for name in ARRAY_DTYPES}
+# vendors whose device memory is shared storage the CPU addresses (Apple silicon): exported as CPU memory
+_HOST_ADDRESSED = ("metal", "metal_emulated")
 
 
 def gpu_backend(numeric_mode, where):
@@ -197,13 +201,20 @@ class DeviceArray:
 
     @property
     def __cuda_array_interface__(self):
+        vendor = self._alloc.backend.vendor
+        if vendor in _HOST_ADDRESSED:   # AttributeError: hasattr() is False, as for any non-CUDA array
+            raise AttributeError("a %s DeviceArray is shared memory the CPU addresses: it exports no "
+                                 "__cuda_array_interface__; __dlpack__ gives it as a CPU array "
+                                 "(numpy.from_dlpack, torch.from_dlpack)" % vendor)
         self._complete()
         return {"version": 3, "shape": self.shape, "typestr": _TYPESTR[self.dtype],
                 "data": (self.ptr, False), "strides": None, "stream": None}
 
     def __dlpack_device__(self):
         from . import _dlpack   # late: ctypes is loaded only when DLPack is asked for (not a cycle)
-        kind = _dlpack.DL_ROCM if self._alloc.backend.vendor == "hip" else _dlpack.DL_CUDA
+        vendor = self._alloc.backend.vendor
+        kind = (_dlpack.DL_CPU if vendor in _HOST_ADDRESSED else _dlpack.DL_ROCM if vendor == "hip"
+                else _dlpack.DL_CUDA)
         return (kind, 0)
 
     def __dlpack__(self, stream=None, **kwargs):
