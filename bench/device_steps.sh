@@ -72,7 +72,10 @@ python3 -c "import cffi" 2>/dev/null ||
     python3 -m pip install -q --root-user-action=ignore --no-index --find-links .whl cffi pycparser 2>&1 | tail -2
 python3 -c "import cffi" || { echo "no cffi: run 'bash bench/device_steps.sh prepare' here and carry .whl"; exit 3; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-if [ -d .whl/build ]; then mkdir -p native/build && cp -p .whl/build/* native/build/; fi
+# The staged libraries replace only older ones (-u): on the device the carried build is the newer;
+# here (this script's own tests run it) native/build may hold libraries built after the staging,
+# which a plain copy once put back to the staged ones (twenty-fifth session).
+if [ -d .whl/build ]; then mkdir -p native/build && cp -pu .whl/build/* native/build/; fi
 export MT_COMMIT=$(cat .whl/commit 2>/dev/null || echo unknown) MT_DIRTY=$(cat .whl/dirty 2>/dev/null || echo 1)
 # The copy's sources are newer than its libraries, so make would rebuild them (a sanitize step
 # builds): touched, but only the CUDA libraries and only once their stamps say they were built

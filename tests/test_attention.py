@@ -759,3 +759,23 @@ def _figures_case(rng):
 
 if __name__ == "__main__":   # worst share of the bound used per output: ours (identical, fast), torch float32
     print_family_figures("attention", _figures_case, attention_vs_torch, int(sys.argv[1]) if len(sys.argv) > 1 else 200)
+
+
+def test_a_call_without_a_mask_ignores_its_mask_strides(identical):
+    """With mask_kind NONE the strides are not checked (no mask is read): any values give the
+    bits of zeros, and no vendor's index arithmetic multiplies them (INT64_MAX overflowed there
+    before 2026-12-05, a sanitizer's finding)."""
+    if not identical.has("attention"):
+        pytest.skip("this library has no attention (mt_features)")
+    from mojo_train._native import ffi
+    lib, B, H, Hkv, T, D = identical.backend.lib, 1, 6, 2, 3, 2
+    vals = lambda count, s: [float(((i * 7 + s) * 13) % 17) / 8.0 - 1.0 for i in range(count)]
+    q, k, v = (ffi.new("float[]", vals(n, s)) for n, s in ((B * H * T * D, 1), (B * Hkv * T * D, 2),
+                                                          (B * Hkv * T * D, 3)))
+    outs = []
+    for strides in ((0, 0, 0, 0), (36, 2**63 - 1, 2, 1)):
+        out, lse = ffi.new("float[]", B * H * T * D), ffi.new("float[]", B * H * T)
+        assert lib.mt_attention_forward(out, lse, q, k, v, ffi.NULL, 0, *strides, 1, 0.5, B, H, Hkv, T, T, D,
+                                        0.0, 0, 0, 0) == 0
+        outs.append(bytes(ffi.buffer(out)) + bytes(ffi.buffer(lse)))
+    assert outs[0] == outs[1]

@@ -271,3 +271,42 @@ def test_a_width_of_zero_through_the_c_abi_is_the_separate_layers_on_the_bias(he
     assert rc == 0, ffi.string(lib.mt_last_error()).decode()
     assert bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss))
     assert bytes(ffi.buffer(db)) == bytes(ffi.buffer(want_db))
+
+
+@pytest.mark.parametrize("output, over", [("row_loss", "weight"), ("d_hidden", "hidden"), ("d_weight", "bias"),
+                                          ("d_hidden", "targets"), ("loss_out", "d_weight"), ("d_bias", "d_weight")])
+def test_an_output_over_another_buffer_is_refused_by_name_and_nothing_is_written(head, output, over):
+    """Through the C ABI an output may not share memory with an input or another output: refused
+    with EINVAL naming both before anything is written. (Until 2026-12-05 nothing checked it: an
+    output over the weight was written chunk by chunk, before a later chunk's refusal, and the
+    oracle and Metal gave different bytes; a fuzzer's finding.)"""
+    from mojo_train._native import ffi
+    lib, rows, vocab, width = head.backend.lib, 40, 8, 8
+    vals = lambda count, s: [float(((i * 7 + s) * 13) % 17) / 16.0 - 0.5 for i in range(count)]
+    pad = [0.0] * (rows * width)      # every buffer has room for any output laid over it: one overlap a call
+    bufs = {"hidden": ffi.new("float[]", vals(rows * width, 1) + pad),
+            "weight": ffi.new("float[]", vals(vocab * width, 2) + pad), "bias": ffi.new("float[]", vals(vocab, 3) + pad),
+            "targets": ffi.new("int64_t[]", [r % vocab for r in range(rows)] + [0] * (rows * width)),
+            "loss_out": ffi.new("float[1]"), "row_loss": ffi.new("float[]", rows),
+            "d_hidden": ffi.new("float[]", rows * width), "d_weight": ffi.new("float[]", vocab * width + len(pad)),
+            "d_bias": ffi.new("float[]", vocab)}
+    bufs[output] = ffi.cast("float *", bufs[over])
+    reduction = 0 if output == "row_loss" else 2
+    grads = [ffi.NULL] * 3 if reduction == 0 else [bufs["d_hidden"], bufs["d_weight"], bufs["d_bias"]]
+    before = {name: bytes(ffi.buffer(b)) for name, b in bufs.items() if name != output}
+    rc = lib.mt_lm_head_loss(bufs["loss_out"] if reduction else ffi.NULL, bufs["row_loss"], *grads, bufs["hidden"],
+                             bufs["weight"], bufs["bias"], bufs["targets"], 8, rows, vocab, width, -100, reduction,
+                             0.0, 0, 16)
+    message = ffi.string(lib.mt_last_error()).decode()
+    assert rc != 0 and ("%s and %s overlap" % (output, over) in message or "%s and %s overlap" % (over, output) in message), message
+    assert {name: bytes(ffi.buffer(b)) for name, b in bufs.items() if name != output} == before
+
+
+def test_sizes_beyond_two_to_the_sixty_elements_are_refused_by_name(head):
+    """rows x width or vocab x width past 2^60 elements (no byte count of them fits) is refused
+    before any pointer is read (a fuzzer's width 2^62 read out of bounds, 2026-12-05)."""
+    from mojo_train._native import ffi
+    lib, loss, one = head.backend.lib, ffi.new("float[1]"), ffi.new("float[1]")
+    rc = lib.mt_lm_head_loss(loss, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, one, one, ffi.NULL, ffi.NULL, 4, 0, 1,
+                             1 << 62, -100, 1, 0.0, 0, 0)
+    assert rc != 0 and "weight (vocab x width)" in ffi.string(lib.mt_last_error()).decode()

@@ -77,30 +77,17 @@ static int check_mask(const mt_attn_args *a) {
     return MT_OK;
 }
 
-/* One tensor of the call: its name, address and byte count. */
-typedef struct { const char *name; const void *p; int64_t bytes; int out; } attn_buf;
-
-static int overlap(const attn_buf *x, const attn_buf *y) {
-    uintptr_t a = (uintptr_t)x->p, b = (uintptr_t)y->p;
-    return x->p && y->p && x->bytes > 0 && y->bytes > 0 && a < b + (uintptr_t)y->bytes && b < a + (uintptr_t)x->bytes;
-}
-
 int64_t mt_attn_mask_bytes(const mt_attn_args *a) {
     if (a->mask_kind == MT_ATTENTION_MASK_NONE || a->B * a->H * a->Tq * a->Tk == 0) return 0;
     int64_t last = span(a->B, a->sb) + span(a->H, a->sh) + span(a->Tq, a->si) + span(a->Tk, a->sj);
     return (last + 1) * (a->mask_kind == MT_ATTENTION_MASK_FLOAT ? 4 : 1);
 }
 
-static int check_buffers(const attn_buf *bufs, int n) {
+static int check_buffers(const mt_named_buf *bufs, int n) {
     int rc;
     for (int i = 0; i < n; ++i)
         if (!bufs[i].out && (rc = mt_check_tensor(bufs[i].p, bufs[i].bytes, bufs[i].name))) return rc;
-    for (int i = 0; i < n; ++i)
-        for (int j = 0; j < n; ++j)
-            if (bufs[i].out && i != j && (j > i || !bufs[j].out) && overlap(&bufs[i], &bufs[j]))
-                return mt_fail(MT_EINVAL, "%s and %s overlap; %s must be a buffer of its own", bufs[i].name,
-                               bufs[j].name, bufs[i].name);
-    return MT_OK;
+    return mt_check_outputs_apart(bufs, n);
 }
 
 int64_t mt_attn_q_elems(const mt_attn_args *a) { return a->B * a->H * a->Tq * a->D; }
@@ -113,11 +100,11 @@ int mt_check_attention_args(const mt_attn_args *a, int backward) {
     int64_t qb = mt_attn_q_elems(a) * 4, kvb = mt_attn_kv_elems(a) * 4, rb = mt_attn_rows(a) * 4;
     if (!backward) {
         if (!a->out && qb > 0) return mt_fail(MT_EINVAL, "out is NULL");
-        attn_buf bufs[] = {{"out", a->out, qb, 1}, {"lse", a->lse, rb, 1}, {"q", a->q, qb, 0}, {"k", a->k, kvb, 0},
+        mt_named_buf bufs[] = {{"out", a->out, qb, 1}, {"lse", a->lse, rb, 1}, {"q", a->q, qb, 0}, {"k", a->k, kvb, 0},
                            {"v", a->v, kvb, 0}, {"mask", a->mask, mt_attn_mask_bytes(a), 0}};
         return check_buffers(bufs, (int)(sizeof bufs / sizeof bufs[0]));
     }
-    attn_buf bufs[] = {{"dq", a->dq, qb, 1}, {"dk", a->dk, kvb, 1}, {"dv", a->dv, kvb, 1},
+    mt_named_buf bufs[] = {{"dq", a->dq, qb, 1}, {"dk", a->dk, kvb, 1}, {"dv", a->dv, kvb, 1},
                        {"dout", a->dout, qb, 0}, {"q", a->q, qb, 0}, {"k", a->k, kvb, 0}, {"v", a->v, kvb, 0},
                        {"out", a->out_in, qb, 0}, {"lse", a->lse_in, rb, 0}, {"mask", a->mask, mt_attn_mask_bytes(a), 0}};
     return check_buffers(bufs, (int)(sizeof bufs / sizeof bufs[0]));
@@ -139,6 +126,13 @@ MT_NOINLINE static float dropout_scale_of(float p) {
     return p >= 0.0f && p < 1.0f ? mt_dropout_scale(p) : 1.0f;
 }
 
+/* A call without a mask reads no stride (they are not checked then): zeros, so that no vendor's
+ * index arithmetic multiplies the caller's values (a fuzzer's INT64_MAX overflowed there). */
+static mt_attn_args *unmasked_strides(mt_attn_args *a) {
+    if (a->mask_kind == MT_ATTENTION_MASK_NONE) a->sb = a->sh = a->si = a->sj = 0;
+    return a;
+}
+
 int mt_attention_forward(float *out, float *lse, const float *q, const float *k, const float *v, const void *mask,
                          int32_t mask_kind, int64_t mask_sb, int64_t mask_sh, int64_t mask_si, int64_t mask_sj,
                          int32_t is_causal, float scale, int64_t B, int64_t H, int64_t Hkv, int64_t Tq, int64_t Tk,
@@ -146,7 +140,7 @@ int mt_attention_forward(float *out, float *lse, const float *q, const float *k,
     mt_attn_args a = {out, lse, NULL, NULL, NULL, q, k, v, NULL, NULL, NULL, mask, mask_kind, is_causal,
                       mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D,
                       dropout_p, dropout_scale_of(dropout_p), seed, stream, offset};
-    return mt_attention_run(&a, 0);
+    return mt_attention_run(unmasked_strides(&a), 0);
 }
 
 int mt_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
@@ -157,5 +151,5 @@ int mt_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
     mt_attn_args a = {NULL, NULL, dq, dk, dv, q, k, v, dout, out, lse, mask, mask_kind, is_causal,
                       mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D,
                       dropout_p, dropout_scale_of(dropout_p), seed, stream, offset};
-    return mt_attention_run(&a, 1);
+    return mt_attention_run(unmasked_strides(&a), 1);
 }

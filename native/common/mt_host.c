@@ -377,6 +377,23 @@ static int check_smoothing_and_items(float label_smoothing, int64_t num_items) {
     return MT_OK;
 }
 
+int mt_check_outputs_apart(const mt_named_buf *bufs, int n) {
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j)
+            if (bufs[i].out && i != j && (j > i || !bufs[j].out) &&
+                mt_bytes_overlap(bufs[i].p, bufs[i].bytes, bufs[j].p, bufs[j].bytes))
+                return mt_fail(MT_EINVAL, "%s and %s overlap; %s must be a buffer of its own", bufs[i].name,
+                               bufs[j].name, bufs[i].name);
+    return MT_OK;
+}
+
+int mt_check_linear_outputs(const float *da, const float *dweight, const float *dbias, int64_t m, int64_t n,
+                            int64_t k) {
+    const mt_named_buf outs[3] = {{"da", da, m * k * 4, 1}, {"dweight", dweight, n * k * 4, 1},
+                                  {"dbias", dbias, n * 4, 1}};
+    return mt_check_outputs_apart(outs, 3);
+}
+
 int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const float *d_hidden,
                           const float *d_weight, const float *d_bias, const float *hidden,
                           const float *weight, const float *bias, const void *targets,
@@ -397,9 +414,19 @@ int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const fl
     if (d_bias && !bias) return mt_fail(MT_EINVAL, "d_bias needs bias (the call has none)");
     if (target_bytes != 4 && target_bytes != 8)
         return mt_fail(MT_EINVAL, "target_bytes must be 4 or 8, got %d", (int)target_bytes);
+    if ((rc = check_product(rows, width, "hidden (rows x width)")) ||
+        (rc = check_product(vocab, width, "weight (vocab x width)")))
+        return rc;
     if (rows > 0 && ((rc = mt_check_ptr(hidden, "hidden")) || (rc = mt_check_ptr(targets, "targets"))))
         return rc;
     if ((rc = mt_check_ptr(weight, "weight"))) return rc;
+    const mt_named_buf bufs[] = {
+        {"loss_out", loss_out, reduction == MT_REDUCTION_NONE ? 0 : 4, 1}, {"row_loss", row_loss, reduction == MT_REDUCTION_NONE ? rows * 4 : 0, 1},
+        {"d_hidden", d_hidden, rows * width * 4, 1}, {"d_weight", d_weight, vocab * width * 4, 1},
+        {"d_bias", d_bias, vocab * 4, 1}, {"hidden", hidden, rows * width * 4, 0},
+        {"weight", weight, vocab * width * 4, 0}, {"bias", bias, vocab * 4, 0},
+        {"targets", targets, rows * target_bytes, 0}};
+    if ((rc = mt_check_outputs_apart(bufs, (int)(sizeof bufs / sizeof bufs[0])))) return rc;
     return check_smoothing_and_items(label_smoothing, num_items);
 }
 

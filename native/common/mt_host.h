@@ -56,6 +56,20 @@ int mt_check_dropout_args(const float *y, const float *x, float p, uint64_t offs
                           const char *yname, const char *xname);
 /* Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte (NULL or empty: no). */
 int mt_bytes_overlap(const void *a, int64_t a_bytes, const void *b, int64_t b_bytes);
+/* One tensor of a call: its name, address, bytes, and whether the call writes it. */
+typedef struct {
+    const char *name;
+    const void *p;
+    int64_t bytes;
+    int out;
+} mt_named_buf;
+/* MT_EINVAL naming the first pair in which an output shares a byte with another buffer of the
+ * call (an input, or another output): "X and Y overlap; X must be a buffer of its own". */
+int mt_check_outputs_apart(const mt_named_buf *bufs, int n);
+/* linear_backward's outputs (each NULL or n elements of its own): none may overlap another
+ * (each may lie over an input: linear.md). */
+int mt_check_linear_outputs(const float *da, const float *dweight, const float *dbias, int64_t m, int64_t n,
+                            int64_t k);
 /* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the
  * very same buffer (out == in) and in_place_ok; any other overlap is MT_EINVAL naming both. */
 int mt_check_alias(const float *out, const float *in, int64_t n, int in_place_ok, const char *out_name,

@@ -568,9 +568,10 @@ static attn_job job_of(const mt_attn_args *a) {
 }
 
 MT_NOINLINE static int attn_forward_body(const mt_attn_args *a) {
-    int rc;
+    int rc = mt_check_attention_args(a, 0);   /* first: the counts below are products of checked sizes */
+    if (rc) return rc;
     int64_t nq = mt_attn_q_elems(a), nkv = mt_attn_kv_elems(a);
-    if ((rc = mt_check_attention_args(a, 0)) || (rc = mt_cpu_refuse_nonfinite(a->q, nq, "q")) ||
+    if ((rc = mt_cpu_refuse_nonfinite(a->q, nq, "q")) ||
         (rc = mt_cpu_refuse_nonfinite(a->k, nkv, "k")) || (rc = mt_cpu_refuse_nonfinite(a->v, nkv, "v")))
         return rc;
     if (float_mask_bad(a)) return mt_fail_attention_mask();
@@ -580,9 +581,10 @@ MT_NOINLINE static int attn_forward_body(const mt_attn_args *a) {
 }
 
 MT_NOINLINE static int attn_backward_body(const mt_attn_args *a) {
-    int rc;
+    int rc = mt_check_attention_args(a, 1);   /* first: the counts below are products of checked sizes */
+    if (rc) return rc;
     int64_t nq = mt_attn_q_elems(a), nkv = mt_attn_kv_elems(a), rows = mt_attn_rows(a);
-    if ((rc = mt_check_attention_args(a, 1)) || (rc = mt_cpu_refuse_nonfinite(a->dout, nq, "dout")) ||
+    if ((rc = mt_cpu_refuse_nonfinite(a->dout, nq, "dout")) ||
         (rc = mt_cpu_refuse_nonfinite(a->q, nq, "q")) || (rc = mt_cpu_refuse_nonfinite(a->k, nkv, "k")) ||
         (rc = mt_cpu_refuse_nonfinite(a->v, nkv, "v")) || (rc = mt_cpu_refuse_nonfinite(a->out_in, nq, "out")))
         return rc;

@@ -114,7 +114,7 @@ MT_NOINLINE static int linear_backward_body(float *da, float *dweight, float *db
     int rc;
     if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(dc, m * n, "dc")) ||
         (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
-        (rc = mt_cpu_refuse_nonfinite(dc, m * n, "dc")) || (rc = mt_cpu_refuse_nonfinite(a, m * k, "a")) ||
+        (rc = mt_check_linear_outputs(da, dweight, dbias, m, n, k)) || (rc = mt_cpu_refuse_nonfinite(dc, m * n, "dc")) || (rc = mt_cpu_refuse_nonfinite(a, m * k, "a")) ||
         (rc = mt_cpu_refuse_nonfinite(weight, n * k, "weight")))
         return rc;
     float *out[3] = {da, dweight, dbias}, *into[3];

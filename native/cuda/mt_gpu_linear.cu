@@ -75,12 +75,14 @@ struct dense_call {
 };
 
 /* The oracle's checks, in its order: sizes, then a pointer for every tensor holding an element
- * (mn: the m x n tensor, out of a forward or dc of a backward, named mn_name); then a GPU. */
+ * (mn: the m x n tensor, out of a forward or dc of a backward, named mn_name), then a backward's
+ * outputs apart from each other (da, dw, db; NULL for a forward); then a GPU. */
 int linear_checks(const float *mn, const char *mn_name, const float *a, const float *weight, int64_t m, int64_t n,
-                  int64_t k) {
+                  int64_t k, const float *da = nullptr, const float *dw = nullptr, const float *db = nullptr) {
     int rc;
     if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(mn, m * n, mn_name)) ||
-        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")))
+        (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
+        (rc = mt_check_linear_outputs(da, dw, db, m, n, k)))
         return rc;
     return mt_gpu_ready();
 }
@@ -112,7 +114,7 @@ int mt_linear_forward(float *out, const float *a, const float *weight, const flo
 
 int mt_linear_backward(float *da, float *dweight, float *dbias, const float *dc, const float *a,
                        const float *weight, int64_t m, int64_t n, int64_t k) {
-    int rc = linear_checks(dc, "dc", a, weight, m, n, k);
+    int rc = linear_checks(dc, "dc", a, weight, m, n, k, da, dweight, dbias);
     if (rc) return rc;
     dense_call c;
     const float *ddc = nullptr, *dA = nullptr, *dW = nullptr;

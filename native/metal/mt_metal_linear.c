@@ -94,7 +94,7 @@ MT_NOINLINE static int backward_body(float *da, float *dweight, float *dbias, co
     int rc;
     if ((rc = mt_check_linear_sizes(m, n, k)) || (rc = mt_check_tensor(dc, m * n, "dc")) ||
         (rc = mt_check_tensor(a, m * k, "a")) || (rc = mt_check_tensor(weight, n * k, "weight")) ||
-        (rc = mt_mtl_open()))
+        (rc = mt_check_linear_outputs(da, dweight, dbias, m, n, k)) || (rc = mt_mtl_open()))
         return rc;
     mt_mtl_call call;
     mt_mtl_begin(&call);
