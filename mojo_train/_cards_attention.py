@@ -50,7 +50,9 @@ def _floats(x):
 
 class _DeviceBoolMask:
     """A bool mask in device memory for cards run on device buffers: a uint8 DeviceArray whose
-    bytes are the mask, exported as bool (``|b1``) the way a torch CUDA bool tensor is."""
+    bytes are the mask, exported as bool the way a torch bool tensor on that device is: through
+    ``__cuda_array_interface__`` (``|b1``) on CUDA and HIP, through DLPack as a CPU array on Metal
+    (shared storage, which the Metal host layer finds inside its device allocation)."""
 
     def __init__(self, keep, shape):
         self._bytes = to_device(Array.from_list([int(k) for k in keep], "uint8").reshape(shape), _cards.mode())
@@ -58,7 +60,15 @@ class _DeviceBoolMask:
 
     @property
     def __cuda_array_interface__(self):
-        return dict(self._bytes.__cuda_array_interface__, typestr="|b1")
+        return dict(self._bytes.__cuda_array_interface__, typestr="|b1")   # AttributeError on Metal
+
+    def __dlpack_device__(self):
+        return self._bytes.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, **kwargs):
+        from . import _dlpack
+        kind, dev = self.__dlpack_device__()
+        return _dlpack.export_capsule(self._bytes.ptr, self.shape, "bool", kind, dev, self)
 
 
 def _mask(backend, case):

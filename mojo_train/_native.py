@@ -42,6 +42,9 @@ from ._errors import where_msg
 
 NUMERIC_MODES = ("identical", "deterministic", "fast", "identical_ftz")
 VENDORS = ("cpu", "cuda", "hip", "metal", "metal_emulated")
+# Vendors whose device memory is shared storage the host addresses (Apple silicon's Metal): a
+# DeviceArray there is exported as a CPU array, and a call may mix host and device buffers.
+SHARED_MEMORY_VENDORS = ("metal", "metal_emulated")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

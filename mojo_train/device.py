@@ -12,7 +12,7 @@ takes a host buffer; results stay on the device. ``to_host()`` copies back into 
 from ._array import Array, _check_shape, reshaped_dims
 from ._dtypes import ARRAY_DTYPES, DTYPES
 from ._errors import where_msg
-from ._native import ffi, load, numeric_mode_arg
+from ._native import SHARED_MEMORY_VENDORS, ffi, load, numeric_mode_arg
 from ._probe import probe
 
 __all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
@@ -20,8 +20,6 @@ __all__ = ["DeviceArray", "to_device", "transfer_bytes", "memory_stats"]
 # the dtypes a DeviceArray holds (an Array's), with their typestr and itemsize
 _TYPESTR = {name: DTYPES[name].typestr for name in ARRAY_DTYPES}
 _ITEMSIZE = {name: DTYPES[name].itemsize for name in ARRAY_DTYPES}
-# vendors whose device memory is shared storage the CPU addresses (Apple silicon): exported as CPU memory
-_HOST_ADDRESSED = ("metal", "metal_emulated")
 
 
 def gpu_backend(numeric_mode, where):
@@ -202,7 +200,7 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self):
         vendor = self._alloc.backend.vendor
-        if vendor in _HOST_ADDRESSED:   # AttributeError: hasattr() is False, as for any non-CUDA array
+        if vendor in SHARED_MEMORY_VENDORS:   # AttributeError: hasattr() is False, as for any non-CUDA array
             raise AttributeError("a %s DeviceArray is shared memory the CPU addresses: it exports no "
                                  "__cuda_array_interface__; __dlpack__ gives it as a CPU array "
                                  "(numpy.from_dlpack, torch.from_dlpack)" % vendor)
@@ -213,7 +211,7 @@ class DeviceArray:
     def __dlpack_device__(self):
         from . import _dlpack   # late: ctypes is loaded only when DLPack is asked for (not a cycle)
         vendor = self._alloc.backend.vendor
-        kind = (_dlpack.DL_CPU if vendor in _HOST_ADDRESSED else _dlpack.DL_ROCM if vendor == "hip"
+        kind = (_dlpack.DL_CPU if vendor in SHARED_MEMORY_VENDORS else _dlpack.DL_ROCM if vendor == "hip"
                 else _dlpack.DL_CUDA)
         return (kind, 0)
 

@@ -20,6 +20,7 @@ import threading
 import pytest
 
 import mojo_train
+from mojo_train import _native
 from mojo_train import DeviceArray, Generator, to_device
 from mojo_train._native import ffi
 
@@ -228,7 +229,7 @@ def test_an_export_waits_for_the_queued_calls(gpu):
     # torch's own test, PyObject_HasAttrString, swallows the refusal (Python's hasattr would not) ...
     has = ctypes.pythonapi.PyObject_HasAttrString
     has.argtypes, has.restype = (ctypes.py_object, ctypes.c_char_p), ctypes.c_int
-    shared = gpu.vendor in ("metal", "metal_emulated")  # Metal exports DLPack (a CPU array) only
+    shared = gpu.vendor in _native.SHARED_MEMORY_VENDORS   # Metal exports DLPack (a CPU array) only
     if not shared:
         assert has(z, b"__cuda_array_interface__") == 0
     with pytest.raises(ValueError, match="mt_silu_forward refused"):
