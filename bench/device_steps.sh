@@ -62,6 +62,9 @@ if [ "${1:-}" = prepare ]; then
         [ -f "$f" ] && cp -p "$f" .whl/build/
     done
     git rev-parse --short HEAD > .whl/commit
+    # the staging's own name, also left in the native/build it came from: restored only where
+    # native/build is not that one (the device), once per staging
+    echo "$(date +%s%N)-$$" > .whl/stage_id && cp .whl/stage_id native/build/.stage_id
     if [ -n "$(git status --porcelain -- native mojo_train)" ]; then echo 1; else echo 0; fi > .whl/dirty
     echo "prepared: $(ls .whl | tr '\n' ' ')(commit $(cat .whl/commit), dirty $(cat .whl/dirty))"
     exit 0
@@ -72,10 +75,13 @@ python3 -c "import cffi" 2>/dev/null ||
     python3 -m pip install -q --root-user-action=ignore --no-index --find-links .whl cffi pycparser 2>&1 | tail -2
 python3 -c "import cffi" || { echo "no cffi: run 'bash bench/device_steps.sh prepare' here and carry .whl"; exit 3; }
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-# The staged libraries replace only older ones (-u): on the device the carried build is the newer;
-# here (this script's own tests run it) native/build may hold libraries built after the staging,
-# which a plain copy once put back to the staged ones (twenty-fifth session).
-if [ -d .whl/build ]; then mkdir -p native/build && cp -pu .whl/build/* native/build/; fi
+# The staged libraries are the build on the device (its native/build is not the one they came
+# from: .whl/stage_id), replacing whatever an earlier call left there; where they came from (this
+# script's own tests run it here) native/build is the build, and may be newer: a copy here once put
+# the staged, older libraries back over this session's fresh ones (twenty-fifth session).
+if [ -d .whl/build ] && ! cmp -s .whl/stage_id native/build/.stage_id; then
+    mkdir -p native/build && cp -p .whl/build/* native/build/ && cp .whl/stage_id native/build/.stage_id
+fi
 export MT_COMMIT=$(cat .whl/commit 2>/dev/null || echo unknown) MT_DIRTY=$(cat .whl/dirty 2>/dev/null || echo 1)
 # The copy's sources are newer than its libraries, so make would rebuild them (a sanitize step
 # builds): touched, but only the CUDA libraries and only once their stamps say they were built

@@ -67,6 +67,7 @@ class _DeviceBoolMask:
 
     def __dlpack__(self, stream=None, **kwargs):
         from . import _dlpack
+        self._bytes._complete()
         kind, dev = self.__dlpack_device__()
         return _dlpack.export_capsule(self._bytes.ptr, self.shape, "bool", kind, dev, self)
 

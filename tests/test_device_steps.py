@@ -82,22 +82,27 @@ def test_a_library_stamped_from_other_sources_stops_the_steps_untouched(bash, tm
         assert all(os.stat(lib).st_mtime > 1_000_000_000 for lib in libs)
 
 
-def test_the_staged_libraries_replace_only_older_ones(bash, tmp_path):
-    """The script puts .whl/build's staged libraries into native/build (the device's copy of the
-    tree has none newer), but a library built here after the staging stays: once a plain copy put
-    the staged ones back over newer builds whenever this file's tests ran the script here."""
+@pytest.mark.parametrize("staged_here", [True, False])
+def test_the_staged_libraries_are_the_build_only_where_they_were_not_staged_from(bash, tmp_path, staged_here):
+    """The script puts .whl/build's staged libraries into native/build on the device (whose
+    native/build is not the one `prepare` staged them from: .whl/stage_id), over whatever an
+    earlier call left there; where they were staged from, native/build stays as it is: once a
+    copy put the staged, older libraries back over newer builds whenever this file's tests ran
+    the script here."""
     if shutil.which("make") is None or shutil.which("sha256sum") is None:
         pytest.skip("make or sha256sum is not installed")
     tree, libs = _tree(tmp_path)
     staged = tree / ".whl" / "build"
     staged.mkdir(parents=True)
-    (staged / libs[0].name).write_bytes(b"staged, older")
-    os.utime(staged / libs[0].name, (900_000_000, 900_000_000))
-    (staged / "libmojo_train_cpu_identical.so").write_bytes(b"staged, new to native/build")
+    (tree / ".whl" / "stage_id").write_text("1733400000-42\n")
+    if staged_here:       # prepare leaves the id in the native/build it staged
+        (tree / "native" / "build" / ".stage_id").write_text("1733400000-42\n")
+    (staged / "libmojo_train_cpu_identical.so").write_bytes(b"staged")
+    target = tree / "native" / "build" / "libmojo_train_cpu_identical.so"
+    target.write_bytes(b"built here")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = subprocess.run([bash, str(tree / "bench" / "device_steps.sh"), "no_such_step"], capture_output=True,
                          text=True, timeout=120, env=dict(os.environ, OUT=str(out_dir)))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert libs[0].read_bytes() == b"stand-in"
-    assert (tree / "native" / "build" / "libmojo_train_cpu_identical.so").read_bytes() == b"staged, new to native/build"
+    assert target.read_bytes() == (b"built here" if staged_here else b"staged")

@@ -310,3 +310,13 @@ def test_sizes_beyond_two_to_the_sixty_elements_are_refused_by_name(head):
     rc = lib.mt_lm_head_loss(loss, ffi.NULL, ffi.NULL, ffi.NULL, ffi.NULL, one, one, ffi.NULL, ffi.NULL, 4, 0, 1,
                              1 << 62, -100, 1, 0.0, 0, 0)
     assert rc != 0 and "weight (vocab x width)" in ffi.string(lib.mt_last_error()).decode()
+
+
+def test_rows_past_two_to_the_sixty_bytes_are_refused_even_with_no_width(head):
+    """width 0 bounds nothing by rows x width: rows is bounded on its own (its targets' bytes),
+    before any byte count of it is formed (a reviewer's finding, 2026-12-05)."""
+    from mojo_train._native import ffi
+    lib, rows, one = head.backend.lib, ffi.new("float[1]"), ffi.new("float[1]")
+    rc = lib.mt_lm_head_loss(ffi.NULL, rows, ffi.NULL, ffi.NULL, ffi.NULL, one, one, ffi.NULL, one, 8, 1 << 62, 2, 0,
+                             -100, 0, 0.0, 0, 0)
+    assert rc != 0 and "targets (rows" in ffi.string(lib.mt_last_error()).decode()

@@ -415,7 +415,8 @@ int mt_check_lm_head_args(const float *loss_out, const float *row_loss, const fl
     if (target_bytes != 4 && target_bytes != 8)
         return mt_fail(MT_EINVAL, "target_bytes must be 4 or 8, got %d", (int)target_bytes);
     if ((rc = check_product(rows, width, "hidden (rows x width)")) ||
-        (rc = check_product(vocab, width, "weight (vocab x width)")))
+        (rc = check_product(vocab, width, "weight (vocab x width)")) ||
+        (rc = check_product(rows, 8, "targets (rows of up to 8 bytes)")))   /* with width 0 rows is bound here */
         return rc;
     if (rows > 0 && ((rc = mt_check_ptr(hidden, "hidden")) || (rc = mt_check_ptr(targets, "targets"))))
         return rc;

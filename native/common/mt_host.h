@@ -66,8 +66,8 @@ typedef struct {
 /* MT_EINVAL naming the first pair in which an output shares a byte with another buffer of the
  * call (an input, or another output): "X and Y overlap; X must be a buffer of its own". */
 int mt_check_outputs_apart(const mt_named_buf *bufs, int n);
-/* linear_backward's outputs (each NULL or n elements of its own): none may overlap another
- * (each may lie over an input: linear.md). */
+/* linear_backward's outputs (da m x k, dweight n x k, dbias n; each may be NULL): none may
+ * overlap another (each may lie over an input: linear.md). */
 int mt_check_linear_outputs(const float *da, const float *dweight, const float *dbias, int64_t m, int64_t n,
                             int64_t k);
 /* out and in, n floats each (host or device addresses): MT_OK when they are disjoint, or the

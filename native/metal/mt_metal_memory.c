@@ -223,10 +223,11 @@ static int wrappable(const void *host, int64_t bytes, int mode) {
 static int new_twin(mt_mtl_call *call, const void *host, int64_t bytes, int mode, int32_t *at) {
     if (call->n_staged == MT_MTL_MAX_STAGED) return mt_fail(MT_EINVAL, "a Metal call staged too many buffers");
     int32_t k = call->n_staged;
-    const int wrap = wrappable(host, bytes, mode);
-    int rc = wrap ? mt_mtl_buffer_wrap(&call->staged[k].buffer, (void *)host, bytes)
-                  : mt_mtl_buffer_new(&call->staged[k].buffer, &call->staged[k].contents, bytes > 0 ? bytes : 4);
-    if (rc) return rc;
+    int wrap = wrappable(host, bytes, mode), rc = MT_EDEVICE;
+    if (wrap && (rc = mt_mtl_buffer_wrap(&call->staged[k].buffer, (void *)host, bytes)) != MT_OK)
+        wrap = 0;          /* pages Metal will not map (read-only, file-backed, ...): a twin, as any other */
+    if (!wrap && (rc = mt_mtl_buffer_new(&call->staged[k].buffer, &call->staged[k].contents, bytes > 0 ? bytes : 4)))
+        return rc;
     if (wrap) call->staged[k].contents = (void *)host;
     call->staged[k].host = host;
     call->staged[k].bytes = bytes;
