@@ -48,11 +48,15 @@ def _floats(x):
     return x.memview().cast("B").cast("f").tolist() if x.size else []
 
 
+_DL_METAL = 8   # DLPack's kDLMetal
+
+
 class _DeviceBoolMask:
     """A bool mask in device memory for cards run on device buffers: a uint8 DeviceArray whose
-    bytes are the mask, exported as bool the way a torch bool tensor on that device is: through
-    ``__cuda_array_interface__`` (``|b1``) on CUDA and HIP, through DLPack as a CPU array on Metal
-    (shared storage, which the Metal host layer finds inside its device allocation)."""
+    bytes are the mask, exported as bool: through ``__cuda_array_interface__`` (``|b1``) on CUDA
+    and HIP, as a torch CUDA bool tensor is; on Metal through DLPack with DLPack's Metal device
+    type, so that it counts as device memory (the Metal host layer finds its address inside the
+    allocation)."""
 
     def __init__(self, keep, shape):
         self._bytes = to_device(Array.from_list([int(k) for k in keep], "uint8").reshape(shape), _cards.mode())
@@ -62,14 +66,15 @@ class _DeviceBoolMask:
     def __cuda_array_interface__(self):
         return dict(self._bytes.__cuda_array_interface__, typestr="|b1")   # AttributeError on Metal
 
-    def __dlpack_device__(self):
-        return self._bytes.__dlpack_device__()
-
     def __dlpack__(self, stream=None, **kwargs):
         from . import _dlpack
         self._bytes._complete()
         kind, dev = self.__dlpack_device__()
         return _dlpack.export_capsule(self._bytes.ptr, self.shape, "bool", kind, dev, self)
+
+    def __dlpack_device__(self):
+        kind, dev = self._bytes.__dlpack_device__()
+        return (_DL_METAL if kind == 1 else kind, dev)   # kDLCPU: a Metal DeviceArray's shared storage
 
 
 def _mask(backend, case):

@@ -43,7 +43,7 @@ from ._errors import where_msg
 NUMERIC_MODES = ("identical", "deterministic", "fast", "identical_ftz")
 VENDORS = ("cpu", "cuda", "hip", "metal", "metal_emulated")
 # Vendors whose device memory is shared storage the host addresses (Apple silicon's Metal): a
-# DeviceArray there is exported as a CPU array, and a call may mix host and device buffers.
+# DeviceArray there is exported as a CPU array.
 SHARED_MEMORY_VENDORS = ("metal", "metal_emulated")
 AUTO_ORDER = ("cuda", "hip", "metal", "cpu")
 

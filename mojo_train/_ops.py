@@ -18,7 +18,7 @@ from . import _buffer
 from ._array import Array
 from ._dtypes import DTYPES
 from ._errors import where_msg
-from ._native import MAP_FLAGS, SHARED_MEMORY_VENDORS, ffi, load, numeric_mode_arg
+from ._native import MAP_FLAGS, ffi, load, numeric_mode_arg
 from .device import DeviceArray
 
 _MAP_OUT_FRESH = MAP_FLAGS["out_fresh"]
@@ -128,19 +128,17 @@ def rename_arguments(text, names):
 
 
 def placement(where, numeric_mode, **probes):
-    """(backend, on_device) for one call: every given Probe (None skipped) on one side, except on
-    a vendor of shared memory (Metal: the library stages the host buffers), where any input on
-    the device puts the outputs there."""
+    """(backend, on_device) for one call: every given Probe (None skipped) on one side. Metal too,
+    though its shared memory could take a mix: code written there must run on CUDA as it is."""
     given = {k: p for k, p in probes.items() if p is not None}
     sides = {k: bool(p.device) for k, p in given.items()}
     on_device = any(sides.values())
-    backend = load(numeric_mode_arg(numeric_mode, where)) if on_device else None
-    if on_device and not all(sides.values()) and backend.vendor not in SHARED_MEMORY_VENDORS:
+    if on_device and not all(sides.values()):
         host = sorted(k for k, d in sides.items() if not d)
         dev = sorted(k for k, d in sides.items() if d)
         raise ValueError(where_msg(where, "%s on the device but %s on the host; pass all of them on "
                                    "one side" % (", ".join(dev), ", ".join(host))))
-    backend = backend or load(numeric_mode_arg(numeric_mode, where))
+    backend = load(numeric_mode_arg(numeric_mode, where))
     if on_device and backend.vendor == "cpu":
         raise ValueError(where_msg(where, "device buffers were given but the loaded vendor is cpu; "
                                    "set MOJO_TRAIN_VENDOR=cuda"))
