@@ -3,6 +3,7 @@ counts and launch geometry. Skipped where the loaded vendor has no device buffer
 import hashlib
 import os
 
+import numpy as np
 import pytest
 
 import mojo_train as mt
@@ -78,7 +79,6 @@ def test_device_array_round_trips_and_views(dev):
     assert r.shape == (10, 100) and r.ptr == d.ptr
     if dev.vendor in _native.SHARED_MEMORY_VENDORS:   # shared storage: a CPU array, no CUDA interface
         assert not hasattr(d, "__cuda_array_interface__") and d.__dlpack_device__() == (1, 0)
-        np = pytest.importorskip("numpy")
         view = np.from_dlpack(d)
         assert view.__array_interface__["data"][0] == d.ptr and view.tobytes() == host.tobytes()
     else:
