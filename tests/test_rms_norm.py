@@ -24,7 +24,7 @@ from mojo_train import Array
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import ENONFINITE, _lane_tree, _tree_fold, f32, fma32
+from _helpers import ENONFINITE, REPO, _lane_tree, _tree_fold, f32, fma32
 from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values, words
@@ -352,6 +352,117 @@ def test_wide_rows_of_many_leaves_give_the_oracles_bits(rms_norm_identical, dim,
     want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
     assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
+
+
+# CUDA's sliced backward: a thread a (leaf, column), 256 threads a block, so leaves x ceil(dim / 256)
+# blocks, which must be at least 128 and all resident at once (an H100 or H200 holds 264): (rows,
+# dim, blocks). A last leaf of one row; two chunks, the second of 904 floats (lanes of 7 and 8
+# steps); a width off a multiple of 4.
+SLICED = [(8 * LEAF + 1, 3840, 135), (8 * LEAF, 5000, 160), (8 * LEAF, 4099, 136)]
+
+
+def _sliced_inputs(rows, dim, seed, monkeypatch):
+    """x, dy, w of a sliced shape as host Arrays (mojo_train's CPU generator: Python's would take
+    minutes); the vendor is the CPU afterwards."""
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+    g = mt.Generator(seed, numeric_mode="identical")
+    return g.uniform((rows, dim), -1.0, 1.0), g.uniform((rows, dim), -1.0, 1.0), g.uniform((dim,), 0.5, 1.5)
+
+
+@pytest.mark.parametrize("rows, dim, blocks", SLICED, ids=["%dx%d" % c[:2] for c in SLICED])
+def test_a_backward_of_many_columns_takes_cudas_sliced_kernel_and_gives_the_oracles_bits(rms_norm_identical, rows,
+                                                                                         dim, blocks, monkeypatch):
+    """mt_launch_geometry reads back the sliced kernel's launch on CUDA (256 threads, a block per
+    256 columns of a leaf); the CPU oracle's bits on every vendor."""
+    need_device(rms_norm_identical)
+    lib, seen = rms_norm_identical.backend.lib, ffi.new("int32_t[2]")
+    x, dy, w = _sliced_inputs(rows, dim, rows + dim, monkeypatch)
+    want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    assert lib.mt_launch_geometry(seen) == 0
+    if rms_norm_identical.vendor == "cuda":
+        assert (seen[0], seen[1]) == (256, blocks)
+    assert got == want
+
+
+def test_the_sliced_backward_reads_unaligned_device_buffers_and_a_row_of_huge_values(rms_norm_identical, monkeypatch):
+    """Device buffers 4 bytes off alignment, and a row of x at 1e30 (its squares overflow: finite
+    input, not refused): the host call's bits, which are the oracle's."""
+    need_device(rms_norm_identical)
+    rows, dim = SLICED[0][:2]
+    x, dy, w = _sliced_inputs(rows, dim, 71, monkeypatch)
+    flat = x.reshape(-1)
+    for c in range(dim):
+        flat[3000 * dim + c] = 1e30
+    want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    dev = [device_copy_at(v, 4, "identical") for v in (dy, x, w)]
+    assert sha(*mt.rms_norm_backward(*dev, 1e-5, numeric_mode="identical")) == want
+
+
+@pytest.mark.parametrize("arg, at", [("x", -1), ("dy", 4 * LEAF * 3840 + 17), ("w", 3839)])
+def test_a_nonfinite_input_of_the_sliced_backward_is_refused(rms_norm_identical, arg, at, monkeypatch):
+    """x's last value (the one-row leaf), dy inside a leaf whose statistics another block
+    computes, the weight's last column."""
+    need_device(rms_norm_identical)
+    rows, dim = SLICED[0][:2]
+    x, dy, w = _sliced_inputs(rows, dim, 72, monkeypatch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    d = {"x": x, "dy": dy, "w": w}
+    assert_nonfinite_refused("rms_norm_backward", arg, _rb, "identical", d, "inf", at % d[arg].size)
+
+
+def test_a_refused_sliced_backward_never_writes_a_device_dweight(rms_norm_identical, monkeypatch):
+    need_device(rms_norm_identical)
+    rows, dim = SLICED[0][:2]
+    x, dy, w = _sliced_inputs(rows, dim, 73, monkeypatch)
+    dy.reshape(-1)[rows * dim // 2] = float("nan")
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    lib = rms_norm_identical.backend.lib
+    dev = {k: device_copy_at(v, 0, "identical") for k, v in (("x", x), ("dy", dy), ("w", w))}
+    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
+    dx = mt.DeviceArray((rows, dim), "float32", numeric_mode="identical")
+    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
+    rc = lib.mt_rms_norm_backward(ptr(dx), ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows, dim)
+    assert rc == ENONFINITE
+    assert ffi.string(lib.mt_last_error()).decode().startswith("dy holds NaN")
+    assert values(dw) == [SENTINEL] * dim
+
+
+def test_the_one_pass_kernel_still_gives_the_bits_where_the_sliced_one_would_run(rms_norm_identical, tmp_path):
+    """MOJO_TRAIN_RMS_SLICED=0 (read once: a process of its own) keeps CUDA's one-pass kernel
+    (512 threads a block) for a sliced shape, with the same bits."""
+    need_device(rms_norm_identical)
+    rows, dim = SLICED[0][:2]
+    script = tmp_path / "ab.py"
+    script.write_text("""import hashlib, os, sys
+sys.path.insert(0, os.getcwd())
+import mojo_train as mt
+from mojo_train._native import ffi, load
+os.environ["MOJO_TRAIN_VENDOR"] = "cpu"
+g = mt.Generator(74, numeric_mode="identical")
+x, dy, w = g.uniform((%d, %d), -1.0, 1.0), g.uniform((%d, %d), -1.0, 1.0), g.uniform((%d,), 0.5, 1.5)
+def digest():
+    h = hashlib.sha256()
+    for o in mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"):
+        h.update(o.tobytes())
+    return h.hexdigest()
+want = digest()
+os.environ["MOJO_TRAIN_VENDOR"] = sys.argv[1]
+got = digest()
+seen = ffi.new("int32_t[2]")
+load("identical").lib.mt_launch_geometry(seen)
+print(got == want, seen[0])
+""" % (rows, dim, rows, dim, dim))
+    env = dict(os.environ, MOJO_TRAIN_RMS_SLICED="0")
+    out = subprocess.run([sys.executable, str(script), rms_norm_identical.vendor], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    same, threads = out.stdout.split()
+    assert same == "True"
+    if rms_norm_identical.vendor == "cuda":
+        assert threads == "512"
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too
