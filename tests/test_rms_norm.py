@@ -24,7 +24,7 @@ from mojo_train import Array
 from mojo_train._native import ffi
 
 import tolerances as tol
-from _helpers import ENONFINITE, REPO, _lane_tree, _tree_fold, f32, fma32
+from _helpers import ENONFINITE, _lane_tree, _tree_fold, f32, fma32
 from _layer_helpers import LEAF, SENTINEL, assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, \
     assert_within_bound, device_copy_at, digests_over_thread_counts, mat, need_device, print_family_figures, \
     rows_of, same_bits, token_tree, values, words
@@ -311,10 +311,11 @@ def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_bloc
 
 
 def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical):
-    """MOJO_TRAIN_RMS_ONE_PASS=0 keeps CUDA's row kernel and dweight leaves where the one-pass
-    kernel would run (the card's lines of 8 leaves and more); other vendors read nothing of it.
-    In a process of its own: the variable is read once."""
-    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    """MOJO_TRAIN_RMS_ONE_PASS=0 and MOJO_TRAIN_RMS_SLICED=0 keep CUDA's row kernel and dweight
+    leaves where the one-pass or the sliced kernel would run (the card's lines of 8 leaves and
+    more); other vendors read nothing of them. In a process of its own: the variables are read once."""
+    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_RMS_SLICED="0",
+               MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "rms_norm"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -354,16 +355,18 @@ def test_wide_rows_of_many_leaves_give_the_oracles_bits(rms_norm_identical, dim,
     assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
 
 
-# CUDA's sliced backward: a thread a (leaf, column), 256 threads a block, so leaves x ceil(dim / 256)
-# blocks, which must be at least 128 and all resident at once (an H100 or H200 holds 264): (rows,
-# dim, blocks). A last leaf of one row; two chunks, the second of 904 floats (lanes of 7 and 8
+# CUDA's sliced backward (MOJO_TRAIN_RMS_SLICED=1): a thread a (leaf, column), 256 threads a block,
+# so leaves x ceil(dim / 256) blocks, which must be at least 128 and all resident at once (an H100
+# or H200 holds 264): (rows, dim, blocks). A last leaf of one row; two chunks, the second of 904 floats (lanes of 7 and 8
 # steps); a width off a multiple of 4.
 SLICED = [(8 * LEAF + 1, 3840, 135), (8 * LEAF, 5000, 160), (8 * LEAF, 4099, 136)]
 
 
 def _sliced_inputs(rows, dim, seed, monkeypatch):
     """x, dy, w of a sliced shape as host Arrays (mojo_train's CPU generator: Python's would take
-    minutes); the vendor is the CPU afterwards."""
+    minutes); the vendor is the CPU afterwards, and CUDA's sliced kernel switched on
+    (MOJO_TRAIN_RMS_SLICED=1, read at every call: opt-in until timed on a GPU)."""
+    monkeypatch.setenv("MOJO_TRAIN_RMS_SLICED", "1")
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
     g = mt.Generator(seed, numeric_mode="identical")
     return g.uniform((rows, dim), -1.0, 1.0), g.uniform((rows, dim), -1.0, 1.0), g.uniform((dim,), 0.5, 1.5)
@@ -399,6 +402,43 @@ def test_the_sliced_backward_reads_unaligned_device_buffers_and_a_row_of_huge_va
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
     dev = [device_copy_at(v, 4, "identical") for v in (dy, x, w)]
     assert sha(*mt.rms_norm_backward(*dev, 1e-5, numeric_mode="identical")) == want
+    seen = ffi.new("int32_t[2]")
+    assert rms_norm_identical.backend.lib.mt_launch_geometry(seen) == 0
+    if rms_norm_identical.vendor == "cuda":
+        assert (seen[0], seen[1]) == (256, SLICED[0][2])
+
+
+def test_the_sliced_backward_without_dx_gives_the_oracles_dweight(rms_norm_identical, monkeypatch):
+    """dx = NULL through the C ABI (device buffers): dweight alone, the oracle's bits."""
+    need_device(rms_norm_identical)
+    rows, dim = SLICED[1][:2]
+    x, dy, w = _sliced_inputs(rows, dim, 76, monkeypatch)
+    want = mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")[1].tobytes()
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    lib = rms_norm_identical.backend.lib
+    dev = {k: device_copy_at(v, 0, "identical") for k, v in (("x", x), ("dy", dy), ("w", w))}
+    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
+    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
+    assert lib.mt_rms_norm_backward(ffi.NULL, ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows,
+                                    dim) == 0
+    assert dw.to_host().tobytes() == want
+
+
+@pytest.mark.parametrize("eps", [1e-5, 0.0])
+def test_the_sliced_backward_takes_special_rows_as_the_oracle_does(rms_norm_identical, eps, monkeypatch):
+    """Rows of subnormal x, of squares that underflow, of +-1e15 (r**3 subnormal), of zeros (at
+    eps = 0: r = inf, the canonical NaN), in a last leaf of 100 rows (a short last slice): the
+    oracle's bits (the card's lines of these ranges are too small to reach the sliced kernel)."""
+    need_device(rms_norm_identical)
+    rows, dim = 8 * LEAF + 100, 3840
+    x, dy, w = _sliced_inputs(rows, dim, 75, monkeypatch)
+    flat = x.reshape(-1)
+    for row, value in ((10, 1e-39), (2000, 1e-25), (5000, 1e15), (8 * LEAF + 99, 0.0)):
+        for c in range(dim):
+            flat[row * dim + c] = value if c % 2 else -value
+    want = sha(*mt.rms_norm_backward(dy, x, w, eps, numeric_mode="identical"))
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    assert sha(*mt.rms_norm_backward(dy, x, w, eps, numeric_mode="identical")) == want
 
 
 @pytest.mark.parametrize("arg, at", [("x", -1), ("dy", 4 * LEAF * 3840 + 17), ("w", 3839)])
@@ -430,39 +470,24 @@ def test_a_refused_sliced_backward_never_writes_a_device_dweight(rms_norm_identi
     assert values(dw) == [SENTINEL] * dim
 
 
-def test_the_one_pass_kernel_still_gives_the_bits_where_the_sliced_one_would_run(rms_norm_identical, tmp_path):
-    """MOJO_TRAIN_RMS_SLICED=0 (read once: a process of its own) keeps CUDA's one-pass kernel
-    (512 threads a block) for a sliced shape, with the same bits."""
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_without_the_switch_a_sliced_shape_takes_the_one_pass_kernel(rms_norm_identical, switch, monkeypatch):
+    """Unset or 0, MOJO_TRAIN_RMS_SLICED keeps CUDA's one-pass kernel (512 threads a block) for a
+    shape the sliced one would take, with the same bits."""
     need_device(rms_norm_identical)
-    rows, dim = SLICED[0][:2]
-    script = tmp_path / "ab.py"
-    script.write_text("""import hashlib, os, sys
-sys.path.insert(0, os.getcwd())
-import mojo_train as mt
-from mojo_train._native import ffi, load
-os.environ["MOJO_TRAIN_VENDOR"] = "cpu"
-g = mt.Generator(74, numeric_mode="identical")
-x, dy, w = g.uniform((%d, %d), -1.0, 1.0), g.uniform((%d, %d), -1.0, 1.0), g.uniform((%d,), 0.5, 1.5)
-def digest():
-    h = hashlib.sha256()
-    for o in mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"):
-        h.update(o.tobytes())
-    return h.hexdigest()
-want = digest()
-os.environ["MOJO_TRAIN_VENDOR"] = sys.argv[1]
-got = digest()
-seen = ffi.new("int32_t[2]")
-load("identical").lib.mt_launch_geometry(seen)
-print(got == want, seen[0])
-""" % (rows, dim, rows, dim, dim))
-    env = dict(os.environ, MOJO_TRAIN_RMS_SLICED="0")
-    out = subprocess.run([sys.executable, str(script), rms_norm_identical.vendor], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    same, threads = out.stdout.split()
-    assert same == "True"
+    rows, dim, _ = SLICED[0]
+    x, dy, w = _sliced_inputs(rows, dim, 74, monkeypatch)
+    want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+    if switch is None:
+        monkeypatch.delenv("MOJO_TRAIN_RMS_SLICED")
+    else:
+        monkeypatch.setenv("MOJO_TRAIN_RMS_SLICED", switch)
+    monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    lib, seen = rms_norm_identical.backend.lib, ffi.new("int32_t[2]")
+    assert sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")) == want
+    assert lib.mt_launch_geometry(seen) == 0
     if rms_norm_identical.vendor == "cuda":
-        assert threads == "512"
+        assert seen[0] == 512
 
 
 # (rows, dim, offset): rows off 16-byte alignment (the scalar walk); a row of 40000 floats is too

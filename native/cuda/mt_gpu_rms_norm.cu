@@ -459,7 +459,9 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
  * and fill the GPU (RMS_SLICE_MIN_BLOCKS), else the one-pass kernel. */
 #define RMS_SLICE_THREADS 256
 #define RMS_SLICE_GROUPS (RMS_SLICE_THREADS / MT_LANES)   /* row groups a block: four warps each */
+#ifndef RMS_SLICE_ROWS
 #define RMS_SLICE_ROWS 32                                 /* S: rows of every leaf a slice takes */
+#endif
 #define RMS_SLICE_MAX_CHUNKS 4                            /* dim <= 16384 (w in shared memory) */
 #define RMS_SLICE_MIN_BLOCKS 128                          /* fewer: the one-pass kernel */
 #ifndef RMS_SLICE_BATCH
@@ -657,11 +659,13 @@ bool rms_cooperative(void) {
 
 /* The sliced backward (k_rms_backward_sliced) when it applies: *done says whether it ran. It
  * needs dweight, at least RMS_FUSED_MIN_LEAVES leaves, dim <= RMS_SLICE_MAX_CHUNKS chunks, and
- * leaves x ceil(dim / 256) blocks -- at least RMS_SLICE_MIN_BLOCKS, and all resident at once;
- * MOJO_TRAIN_RMS_SLICED=0 switches it off (an A/B switch: the same bits either way). */
+ * leaves x ceil(dim / 256) blocks -- at least RMS_SLICE_MIN_BLOCKS, and all resident at once --
+ * and MOJO_TRAIN_RMS_SLICED=1 (read at every call; the same bits either way): it stays opt-in
+ * until a GPU has timed it against the one-pass kernel (bench/results/NOTES.md). */
 int rms_bwd_sliced(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
     *done = false;
-    static const bool off = getenv("MOJO_TRAIN_RMS_SLICED") && getenv("MOJO_TRAIN_RMS_SLICED")[0] == '0';
+    const char *on = getenv("MOJO_TRAIN_RMS_SLICED");   /* read at every call: opt-in until measured */
+    const bool off = !on || on[0] != '1';
     const int64_t leaves = mt_token_leaves(rows), per_leaf = (dim + RMS_SLICE_THREADS - 1) / RMS_SLICE_THREADS;
     const int64_t blocks = leaves * per_leaf;
     if (off || !b.dweight || !b.w || leaves < RMS_FUSED_MIN_LEAVES || mt_chunk_count(dim) > RMS_SLICE_MAX_CHUNKS ||
