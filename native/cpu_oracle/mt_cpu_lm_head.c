@@ -120,14 +120,10 @@ static int run_chunk(lm_state *s, const mt_lm_args *a, int64_t r0, int64_t n) {
     return gradients_of_chunk(s, a, r0, n);
 }
 
-MT_NOINLINE static int lm_body(mt_lm_args *a) {
+int mt_lm_head_run(mt_lm_args *a) {
     int rc;
     int64_t kept = 0;
-    if ((rc = mt_check_lm_head_args(a->loss_out, a->row_loss, a->d_hidden, a->d_weight, a->d_bias, a->hidden,
-                                     a->weight, a->bias, a->targets, a->target_bytes, a->rows, a->vocab, a->width,
-                                     a->reduction, a->label_smoothing, a->num_items, a->chunk)) ||
-        (rc = check_lm_inputs(a, &kept)))
-        return rc;
+    if ((rc = check_lm_inputs(a, &kept))) return rc;
     if (!a->chunk) a->chunk = LM_CHUNK_FLOATS / a->vocab > 0 ? LM_CHUNK_FLOATS / a->vocab : 1;
     if (a->chunk > a->rows) a->chunk = a->rows;
     lm_state s;
@@ -149,13 +145,4 @@ MT_NOINLINE static int lm_body(mt_lm_args *a) {
 out:
     free_state(&s, a);
     return rc;
-}
-
-int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
-                    const float *hidden, const float *weight, const float *bias, const void *targets,
-                    int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
-                    int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    mt_lm_args a = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
-                 reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
-    MT_RETURN_IN_FP_ENV(lm_body(&a));
 }

@@ -317,16 +317,11 @@ int finish(const mt_lm_args &c, const lm_device &dv, int64_t kept) {
 
 uint64_t mt_lm_head_features(void) { return MT_FEATURE_LM_HEAD; }
 
-extern "C" int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
-                               const float *hidden, const float *weight, const float *bias, const void *targets,
-                               int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
-                               int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    int rc = mt_check_lm_head_args(loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets,
-                                   target_bytes, rows, vocab, width, reduction, label_smoothing, num_items,
-                                   chunk_rows);
-    if (rc || (rc = mt_gpu_ready())) return rc;
-    mt_lm_args c = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
-                 reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
+extern "C" int mt_lm_head_run(mt_lm_args *a) {
+    int rc = mt_gpu_ready();
+    if (rc) return rc;
+    mt_lm_args c = *a;
+    const int64_t rows = c.rows, vocab = c.vocab, width = c.width;
     if (!c.chunk) c.chunk = LM_DEFAULT_CHUNK;
     if (c.chunk > rows) c.chunk = rows > 0 ? rows : 1;
     mt_arena arena;

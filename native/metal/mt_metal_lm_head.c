@@ -35,11 +35,6 @@ static mt_mtl_arg at(mt_mtl_arg arg, int64_t bytes) {
     return arg;
 }
 
-static int launch_linear(const char *kernel, mt_mtl_arg *args, int32_t n_args, mt_mtl_linear_params p,
-                         int64_t work) {
-    return mt_mtl_launch_with(kernel, args, n_args, &p, sizeof p, work);
-}
-
 /* The leaf rows [r, end) of op DW or DB (dlogits from chunk row r - r0) into the tree's slot;
  * fresh: the leaf's first rows; done: its last. */
 static int leaf_rows(lm_run *s, mt_mtl_token_stack *tree, int op, int64_t r, int64_t r0, int64_t end, int fresh,
@@ -48,7 +43,8 @@ static int leaf_rows(lm_run *s, mt_mtl_token_stack *tree, int op, int64_t r, int
     mt_mtl_arg args[4] = {at(s->x, (r - r0) * a->vocab * 4), at(s->hidden, r * a->width * 4)};
     mt_mtl_linear_params p = {end - r, a->vocab, a->width, op, 0, !fresh};
     int rc = mt_mtl_stack_slot(tree, &args[2]);
-    if (rc || (rc = launch_linear("mt_k_linear_leaves", args, 4, p, op == MT_MTL_LINEAR_DB ? p.n : p.n * p.k)))
+    if (rc || (rc = mt_mtl_launch_with("mt_k_linear_leaves", args, 4, &p, sizeof p,
+                                       op == MT_MTL_LINEAR_DB ? p.n : p.n * p.k)))
         return rc;
     return done ? mt_mtl_stack_push(tree, NULL) : MT_OK;
 }
@@ -61,7 +57,7 @@ static int run_chunk(lm_run *s, int64_t r0, int64_t n) {
     const int want_grad = a->d_hidden || a->d_weight || a->d_bias;
     mt_mtl_arg fwd[5] = {s->x, at(s->hidden, r0 * w * 4), s->weight, s->b};
     mt_mtl_linear_params p = {n, v, w, MT_MTL_LINEAR_OUT, a->bias != NULL, 0};
-    int rc = launch_linear("mt_k_linear_chain", fwd, 5, p, n * v);
+    int rc = mt_mtl_launch_with("mt_k_linear_chain", fwd, 5, &p, sizeof p, n * v);
     if (rc) return rc;
     mt_mtl_arg t = at(s->t, r0 * a->target_bytes), rl = at(s->losses, r0 * 4);
     mt_mtl_call chunk;      /* the loss's scratch, released with the chunk */
@@ -75,7 +71,7 @@ static int run_chunk(lm_run *s, int64_t r0, int64_t n) {
     if (a->d_hidden && w > 0) {
         mt_mtl_arg bwd[5] = {at(s->dh, r0 * w * 4), s->x, s->weight, s->weight};
         mt_mtl_linear_params q = {n, v, w, MT_MTL_LINEAR_DA, 0, 0};
-        if ((rc = launch_linear("mt_k_linear_chain", bwd, 5, q, n * w))) return rc;
+        if ((rc = mt_mtl_launch_with("mt_k_linear_chain", bwd, 5, &q, sizeof q, n * w))) return rc;
     }
     for (int64_t r = r0; r < r0 + n;) {
         const int64_t leaf_end = (r / MT_TOKEN_LEAF + 1) * MT_TOKEN_LEAF, end = leaf_end < r0 + n ? leaf_end : r0 + n;
@@ -127,13 +123,10 @@ static int lm_run_call(lm_run *s, int64_t kept) {
            : mt_mtl_ce_total(call, &lo, &s->losses, rows, a->reduction, divisor);
 }
 
-MT_NOINLINE static int lm_body(mt_lm_args *a) {
+int mt_lm_head_run(mt_lm_args *a) {
     int rc;
     int64_t kept = 0;
-    if ((rc = mt_check_lm_head_args(a->loss_out, a->row_loss, a->d_hidden, a->d_weight, a->d_bias, a->hidden,
-                                     a->weight, a->bias, a->targets, a->target_bytes, a->rows, a->vocab, a->width,
-                                     a->reduction, a->label_smoothing, a->num_items, a->chunk)) ||
-        (rc = mt_check_targets(&kept, a->targets, a->target_bytes, a->rows, a->vocab, a->ignore_index)) ||
+    if ((rc = mt_check_targets(&kept, a->targets, a->target_bytes, a->rows, a->vocab, a->ignore_index)) ||
         (rc = mt_mtl_open()))
         return rc;
     if (!a->chunk) a->chunk = LM_CHUNK_FLOATS / a->vocab > 0 ? LM_CHUNK_FLOATS / a->vocab : 1;
@@ -145,13 +138,4 @@ MT_NOINLINE static int lm_body(mt_lm_args *a) {
     rc = lm_run_call(&s, kept);
     mt_mtl_end(&call, rc == MT_OK);
     return rc;
-}
-
-int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
-                    const float *hidden, const float *weight, const float *bias, const void *targets,
-                    int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
-                    int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    mt_lm_args a = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
-                    reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
-    MT_RETURN_IN_FP_ENV(lm_body(&a));
 }
