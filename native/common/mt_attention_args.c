@@ -5,6 +5,7 @@
 #include "mt_host.h"
 #include "mt_pinned.h"
 #include <stddef.h>
+#include <string.h>
 
 #define ATTN_MAX_ELEMS ((int64_t)1 << 60)
 
@@ -152,4 +153,29 @@ int mt_attention_backward(float *dq, float *dk, float *dv, const float *dout, co
                       mask_sb, mask_sh, mask_si, mask_sj, scale, B, H, Hkv, Tq, Tk, D,
                       dropout_p, dropout_scale_of(dropout_p), seed, stream, offset};
     return mt_attention_run(unmasked_strides(&a), 1);
+}
+
+/* Whether the float at p is NaN or +inf (its bits). */
+static int nan_or_plus_inf(const float *p) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;
+}
+
+int mt_attn_float_mask_bad(const mt_attn_args *a) {
+    if (a->mask_kind != MT_ATTENTION_MASK_FLOAT || a->B * a->H * a->Tq * a->Tk == 0) return 0;
+    const float *m = (const float *)a->mask;
+    const int64_t nb = a->sb ? a->B : 1, nh = a->sh ? a->H : 1, ni = a->si ? a->Tq : 1, nj = a->sj ? a->Tk : 1;
+    for (int64_t b = 0; b < nb; ++b)
+        for (int64_t h = 0; h < nh; ++h)
+            for (int64_t i = 0; i < ni; ++i)
+                for (int64_t j = 0; j < nj; ++j)
+                    if (nan_or_plus_inf(m + b * a->sb + h * a->sh + i * a->si + j * a->sj)) return 1;
+    return 0;
+}
+
+int mt_attn_lse_bad(const float *lse, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+        if (nan_or_plus_inf(lse + i)) return 1;
+    return 0;
 }

@@ -38,6 +38,11 @@ int64_t mt_attn_kv_elems(const mt_attn_args *a);
 int64_t mt_attn_rows(const mt_attn_args *a);
 /* Bytes of the mask the strides reach (0 without a mask or without pairs). */
 int64_t mt_attn_mask_bytes(const mt_attn_args *a);
+/* Host buffers only: a float mask holding NaN or +inf in an element the strides reach (0
+ * without a float mask or without pairs), and n values of lse holding NaN or +inf -- by their
+ * bits, no float arithmetic (the CPU oracle's and Metal's refusals). */
+int mt_attn_float_mask_bad(const mt_attn_args *a);
+int mt_attn_lse_bad(const float *lse, int64_t n);
 
 /* The vendor's attention: the forward (backward = 0) or the backward (1) of the call packed in a.
  * Each vendor defines it; mt_attention_forward / mt_attention_backward (mt_attention_args.c,

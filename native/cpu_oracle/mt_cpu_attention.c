@@ -534,28 +534,6 @@ static void dq_range(void *ctx, int64_t begin, int64_t end) {
 
 /* ---- the pre-pass and the entries ------------------------------------------------------------- */
 
-/* A float mask holding NaN or +inf (every element the strides reach, once). */
-static int float_mask_bad(const mt_attn_args *a) {
-    if (a->mask_kind != MT_ATTENTION_MASK_FLOAT) return 0;
-    const float *m = (const float *)a->mask;
-    int64_t nb = a->sb ? a->B : 1, nh = a->sh ? a->H : 1, ni = a->si ? a->Tq : 1, nj = a->sj ? a->Tk : 1;
-    if (a->B * a->H * a->Tq * a->Tk == 0) return 0;
-    for (int64_t b = 0; b < nb; ++b)
-        for (int64_t h = 0; h < nh; ++h)
-            for (int64_t i = 0; i < ni; ++i)
-                for (int64_t j = 0; j < nj; ++j) {
-                    float x = m[b * a->sb + h * a->sh + i * a->si + j * a->sj];
-                    if (x != x || x == INFINITY) return 1;
-                }
-    return 0;
-}
-
-static int lse_bad(const float *lse, int64_t n) {
-    for (int64_t i = 0; i < n; ++i)
-        if (lse[i] != lse[i] || lse[i] == INFINITY) return 1;
-    return 0;
-}
-
 /* The pool's measure of a pass (pairs times D, capped: it only decides inline or parallel). */
 static int64_t attn_work(const mt_attn_args *a) {
     int64_t pairs = mt_attn_rows(a) * a->Tk;
@@ -574,7 +552,7 @@ MT_NOINLINE static int attn_forward_body(const mt_attn_args *a) {
     if ((rc = mt_cpu_refuse_nonfinite(a->q, nq, "q")) ||
         (rc = mt_cpu_refuse_nonfinite(a->k, nkv, "k")) || (rc = mt_cpu_refuse_nonfinite(a->v, nkv, "v")))
         return rc;
-    if (float_mask_bad(a)) return mt_fail_attention_mask();
+    if (mt_attn_float_mask_bad(a)) return mt_fail_attention_mask();
     attn_job J = job_of(a);
     mt_parallel_for_work(a->B * a->H * J.tiles, 1, 2 * attn_work(a), fwd_range, &J);
     return MT_OK;
@@ -588,8 +566,8 @@ MT_NOINLINE static int attn_backward_body(const mt_attn_args *a) {
         (rc = mt_cpu_refuse_nonfinite(a->q, nq, "q")) || (rc = mt_cpu_refuse_nonfinite(a->k, nkv, "k")) ||
         (rc = mt_cpu_refuse_nonfinite(a->v, nkv, "v")) || (rc = mt_cpu_refuse_nonfinite(a->out_in, nq, "out")))
         return rc;
-    if (rows && lse_bad(a->lse_in, rows)) return mt_fail_attention_lse();
-    if (float_mask_bad(a)) return mt_fail_attention_mask();
+    if (rows && mt_attn_lse_bad(a->lse_in, rows)) return mt_fail_attention_lse();
+    if (mt_attn_float_mask_bad(a)) return mt_fail_attention_mask();
     attn_job J = job_of(a);
     int64_t bytes = rows * (int64_t)sizeof(float);
     if (bytes && (a->dq || a->dk || a->dv)) {

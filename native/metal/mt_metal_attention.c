@@ -7,39 +7,12 @@
  * mask are read on the host through shared storage, by bit tests. Then the forward (a thread per
  * query row), or delta, dk and dv (a thread per key), dq (a thread per query row). */
 #include <stddef.h>
-#include <string.h>
 #include "mt_attention_args.h"
 #include "mt_host.h"
 #include "mt_metal_rows.h"
 #include "mt_pinned.h"
 
 uint64_t mt_attention_features(void) { return MT_FEATURE_ATTENTION; }
-
-/* Whether the float at p is NaN or +inf (its bits: no float arithmetic on the host). */
-static int nan_or_plus_inf(const void *p) {
-    uint32_t u;
-    memcpy(&u, p, 4);
-    return (u & 0x7fffffffu) > 0x7f800000u || u == 0x7f800000u;
-}
-
-/* A float mask holding NaN or +inf in an element the strides reach (none without pairs). */
-static int float_mask_bad(const mt_attn_args *a) {
-    if (a->mask_kind != MT_ATTENTION_MASK_FLOAT || a->B * a->H * a->Tq * a->Tk == 0) return 0;
-    const float *m = (const float *)a->mask;
-    const int64_t nb = a->sb ? a->B : 1, nh = a->sh ? a->H : 1, ni = a->si ? a->Tq : 1, nj = a->sj ? a->Tk : 1;
-    for (int64_t b = 0; b < nb; ++b)
-        for (int64_t h = 0; h < nh; ++h)
-            for (int64_t i = 0; i < ni; ++i)
-                for (int64_t j = 0; j < nj; ++j)
-                    if (nan_or_plus_inf(m + b * a->sb + h * a->sh + i * a->si + j * a->sj)) return 1;
-    return 0;
-}
-
-static int lse_bad(const float *lse, int64_t n) {
-    for (int64_t i = 0; i < n; ++i)
-        if (nan_or_plus_inf(lse + i)) return 1;
-    return 0;
-}
 
 static mt_mtl_attn_params params_of(const mt_attn_args *a) {
     mt_mtl_attn_params p = {a->B, a->H, a->Hkv, a->Tq, a->Tk, a->D, a->sb, a->sh, a->si, a->sj,
@@ -69,7 +42,7 @@ static int forward_run(mt_mtl_call *call, const mt_attn_args *a) {
         (rc = mt_mtl_refuse_nonfinite(call, &args[3], nkv, "k")) ||
         (rc = mt_mtl_refuse_nonfinite(call, &args[4], nkv, "v")))
         return rc;
-    if (float_mask_bad(a)) return mt_fail_attention_mask();
+    if (mt_attn_float_mask_bad(a)) return mt_fail_attention_mask();
     if (rows == 0) return MT_OK;
     mt_mtl_attn_params p = params_of(a);
     if ((rc = mt_mtl_stage(call, &args[0], a->out, nq * 4, MT_MTL_OUT, NULL)) ||
@@ -90,8 +63,8 @@ static int backward_run(mt_mtl_call *call, const mt_attn_args *a) {
         (rc = mt_mtl_refuse_nonfinite(call, &k, nkv, "k")) || (rc = mt_mtl_refuse_nonfinite(call, &v, nkv, "v")) ||
         (rc = mt_mtl_refuse_nonfinite(call, &out, nq, "out")))
         return rc;
-    if (rows && lse_bad(a->lse_in, rows)) return mt_fail_attention_lse();
-    if (float_mask_bad(a)) return mt_fail_attention_mask();
+    if (rows && mt_attn_lse_bad(a->lse_in, rows)) return mt_fail_attention_lse();
+    if (mt_attn_float_mask_bad(a)) return mt_fail_attention_mask();
     mt_mtl_attn_params p = params_of(a);
     if ((rc = mt_mtl_scratch(call, &delta, (rows ? rows : 1) * 4, NULL)) ||
         (rc = mt_mtl_stage(call, &dq, a->dq, a->dq ? nq * 4 : 0, MT_MTL_OUT, NULL)) ||
