@@ -455,23 +455,6 @@ int mt_fail_target(int64_t row, int64_t value, int64_t vocab, int64_t ignore_ind
 static MT_THREAD_LOCAL int64_t g_lm_row0 = -1;
 static MT_THREAD_LOCAL int g_lm_bias;
 
-/* The C ABI's LM head for every vendor: the checks, then the vendor's mt_lm_head_run. */
-MT_NOINLINE static int lm_head_body(mt_lm_args *a) {
-    int rc = mt_check_lm_head_args(a->loss_out, a->row_loss, a->d_hidden, a->d_weight, a->d_bias, a->hidden,
-                                   a->weight, a->bias, a->targets, a->target_bytes, a->rows, a->vocab, a->width,
-                                   a->reduction, a->label_smoothing, a->num_items, a->chunk);
-    return rc ? rc : mt_lm_head_run(a);
-}
-
-int mt_lm_head_loss(float *loss_out, float *row_loss, float *d_hidden, float *d_weight, float *d_bias,
-                    const float *hidden, const float *weight, const float *bias, const void *targets,
-                    int32_t target_bytes, int64_t rows, int64_t vocab, int64_t width, int64_t ignore_index,
-                    int32_t reduction, float label_smoothing, int64_t num_items, int64_t chunk_rows) {
-    mt_lm_args a = {loss_out, row_loss, d_hidden, d_weight, d_bias, hidden, weight, bias, targets, target_bytes,
-                    reduction, rows, vocab, width, ignore_index, num_items, chunk_rows, label_smoothing};
-    MT_RETURN_IN_FP_ENV(lm_head_body(&a));
-}
-
 void mt_logits_of_lm_head(int64_t row0, int has_bias) {
     g_lm_row0 = row0;
     g_lm_bias = has_bias;

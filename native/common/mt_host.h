@@ -156,8 +156,8 @@ typedef struct {
     int64_t rows, vocab, width, ignore_index, num_items, chunk;
     float label_smoothing;
 } mt_lm_args;
-/* Each vendor's LM head, called by the one mt_lm_head_loss (mt_host.c) once the arguments passed
- * mt_check_lm_head_args, inside the library's floating-point environment. */
+/* Each vendor's LM head, called by the one mt_lm_head_loss (mt_lm_head_args.c) once the
+ * arguments passed mt_check_lm_head_args, inside the library's floating-point environment. */
 int mt_lm_head_run(mt_lm_args *a);
 
 /* Host targets: each is ignore_index or in [0, vocab) (else refused naming the first bad
