@@ -322,6 +322,17 @@ def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical
     assert re.search(r"^rms_norm\s+%s\s+(\d+)/\1\b" % rms_norm_identical.vendor, out.stdout, re.M), out.stdout
 
 
+def _c_backward_on_device(lib, host, rows, dim, with_dx=True):
+    """mt_rms_norm_backward through the C ABI on device copies of host's x, dy, w, into a dweight
+    of SENTINELs (and a dx, or NULL): (rc, the device dweight)."""
+    dev = {k: device_copy_at(host[k], 0, "identical") for k in ("x", "dy", "w")}
+    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
+    dx = mt.DeviceArray((rows, dim), "float32", numeric_mode="identical") if with_dx else None
+    ptr = lambda a: ffi.cast("float *", a.ptr) if a is not None else ffi.NULL   # noqa: E731
+    rc = lib.mt_rms_norm_backward(ptr(dx), ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows, dim)
+    return rc, dw
+
+
 @pytest.mark.parametrize("bad", ["dy", "x", "w"])
 def test_a_refused_backward_of_many_leaves_never_writes_a_device_dweight(rms_norm_identical, bad):
     """Device buffers are written in place, so here a refusal is seen in dweight itself: the
@@ -331,11 +342,7 @@ def test_a_refused_backward_of_many_leaves_never_writes_a_device_dweight(rms_nor
     host = {"x": mat((rows, dim), 51), "dy": mat((rows, dim), 52), "w": mat((dim,), 53, 0.5, 1.5)}
     poisoned = host[bad].reshape(-1)
     poisoned[poisoned.size // 2] = float("nan")
-    dev = {k: device_copy_at(v, 0, "identical") for k, v in host.items()}
-    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
-    dx = device_copy_at(mat((rows, dim), 54), 0, "identical")
-    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
-    rc = lib.mt_rms_norm_backward(ptr(dx), ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows, dim)
+    rc, dw = _c_backward_on_device(lib, host, rows, dim)
     assert rc == ENONFINITE
     assert ffi.string(lib.mt_last_error()).decode().startswith(("weight" if bad == "w" else bad) + " holds NaN")
     assert values(dw) == [SENTINEL] * dim
@@ -415,12 +422,9 @@ def test_the_sliced_backward_without_dx_gives_the_oracles_dweight(rms_norm_ident
     x, dy, w = _sliced_inputs(rows, dim, 76, monkeypatch)
     want = mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")[1].tobytes()
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
-    lib = rms_norm_identical.backend.lib
-    dev = {k: device_copy_at(v, 0, "identical") for k, v in (("x", x), ("dy", dy), ("w", w))}
-    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
-    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
-    assert lib.mt_rms_norm_backward(ffi.NULL, ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows,
-                                    dim) == 0
+    rc, dw = _c_backward_on_device(rms_norm_identical.backend.lib, {"x": x, "dy": dy, "w": w}, rows, dim,
+                                   with_dx=False)
+    assert rc == 0
     assert dw.to_host().tobytes() == want
 
 
@@ -460,11 +464,7 @@ def test_a_refused_sliced_backward_never_writes_a_device_dweight(rms_norm_identi
     dy.reshape(-1)[rows * dim // 2] = float("nan")
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
     lib = rms_norm_identical.backend.lib
-    dev = {k: device_copy_at(v, 0, "identical") for k, v in (("x", x), ("dy", dy), ("w", w))}
-    dw = device_copy_at(Array.from_list([SENTINEL] * dim, "float32"), 0, "identical")
-    dx = mt.DeviceArray((rows, dim), "float32", numeric_mode="identical")
-    ptr = lambda a: ffi.cast("float *", a.ptr)   # noqa: E731
-    rc = lib.mt_rms_norm_backward(ptr(dx), ptr(dw), ptr(dev["dy"]), ptr(dev["x"]), ptr(dev["w"]), 1e-5, rows, dim)
+    rc, dw = _c_backward_on_device(lib, {"x": x, "dy": dy, "w": w}, rows, dim)
     assert rc == ENONFINITE
     assert ffi.string(lib.mt_last_error()).decode().startswith("dy holds NaN")
     assert values(dw) == [SENTINEL] * dim
