@@ -96,7 +96,13 @@ inline int mt_rows_allow_smem(K kernel, std::once_flag &once) {
     (void)once;
 #else
     std::call_once(once, [&] {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, mt_rows_limits().smem_optin);
+        /* the opt-in ceiling covers static and dynamic shared memory together: a kernel with
+         * static arrays (k_rms_backward_sliced's lane tree) may ask only for the rest */
+        cudaFuncAttributes fa;
+        err = cudaFuncGetAttributes(&fa, kernel);
+        if (err == cudaSuccess)
+            err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       mt_rows_limits().smem_optin - (int)fa.sharedSizeBytes);
     });
 #endif
     MT_GPU_CHECK(err, "shared memory size");
