@@ -59,8 +59,8 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
     if high is not None:
         bad = bad or (v32 >= high if high_open else v32 > high)
     if bad:
-        rng = "[%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
-        raise ValueError(where_msg(where, "%s must be finite and in %s, got %r" % (name, rng, value)))
+        rng = "in [%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
+        raise ValueError(where_msg(where, "%s must be finite and %s, got %r" % (name, rng, value)))
     return v
 
 
@@ -88,7 +88,8 @@ class _Registry:
 
     def _match(self, like, name, where):
         if len(self.probes) != len(like.probes):
-            raise ValueError(where_msg(where, "%s has %d tensors, params has %d"
+            raise ValueError(where_msg(where, "%s must hold as many tensors as params, one per parameter in "
+                                              "params' order: it holds %d, params %d"
                                               % (name, len(self.probes), len(like.probes))))
         for j, (a, b) in enumerate(zip(self.probes, like.probes)):
             if a.shape != b.shape:

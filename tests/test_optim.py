@@ -975,7 +975,7 @@ def _bad_states(good, opt):
         "None lr": (dict(good, lr=None), TypeError, "lr must be a real number"),
         "bool lr": (dict(good, lr=True), TypeError, "lr must be a real number"),
         "inf lr": (dict(good, lr=inf), ValueError, "lr must be finite"),
-        "negative lr": (dict(good, lr=-0.5), ValueError, r"lr must be finite and in >= 0\.0, got -0\.5"),
+        "negative lr": (dict(good, lr=-0.5), ValueError, r"lr must be finite and >= 0\.0, got -0\.5"),
         "zero accumulation_steps": (dict(good, accumulation_steps=0), ValueError,
                                     r"accumulation_steps must be in \[1,"),
         "bool accumulation_steps": (dict(good, accumulation_steps=True), TypeError,

@@ -273,7 +273,7 @@ def _groups_of(p):
 # name -> (make the refused call on an optimizer after two steps, exception, message pattern)
 REFUSALS = {
     "negative lr in a group": (lambda o, p, g: (o.param_groups[1].__setitem__("lr", -1.0), o.step(g)), ValueError,
-                               r"^mojo_train\.(Adam|SGD)\.step: param_groups\[1\]\['lr'\] must be finite and in "
+                               r"^mojo_train\.(Adam|SGD)\.step: param_groups\[1\]\['lr'\] must be finite and "
                                r">= 0\.0, got -1\.0"),
     "a string weight_decay": (lambda o, p, g: (o.param_groups[0].__setitem__("weight_decay", "0.1"), o.step(g)),
                               TypeError, r"param_groups\[0\]\['weight_decay'\] must be a real number"),

@@ -360,7 +360,7 @@ def test_closure_zero_grad_and_add_param_group_are_torchs(identical):
 @pytest.mark.parametrize("make, exc, pattern", [
     (lambda ps: optim.Adam(ps, capturable=True), NotImplementedError, r"capturable=True is not supported"),
     (lambda ps: optim.SGD(ps, differentiable=True), NotImplementedError, r"differentiable=True is not supported"),
-    (lambda ps: optim.AdamW(ps, lr=-1.0), ValueError, r"lr must be finite and in >= 0"),
+    (lambda ps: optim.AdamW(ps, lr=-1.0), ValueError, r"lr must be finite and >= 0"),
     (lambda ps: optim.SGD(ps, momentum=0.0, nesterov=True), ValueError, r"nesterov=True needs momentum > 0"),
     (lambda ps: optim.Adam([{"params": ps[:1]}, {"params": ps[1:], "betas": (1.5, 0.9)}]), ValueError,
      r"param_groups\[1\]\['betas'\]\[0\] must be finite"),
