@@ -522,15 +522,15 @@ __global__ void __launch_bounds__(RMS_SLICE_THREADS, 2) k_rms_backward_sliced(co
                             const int at = MT_SAB_RMS_NORM ? steps - 1 - j0 - j : j0 + j;   /* the sabotage walks backwards */
                             if (at >= 0 && at < steps) {
                                 xv[j] = __ldcg(xr + MT_LANES * at);
-                                dv[j] = __ldcg(dr + MT_LANES * at) * wr[MT_LANES * at];
-                            }
+                                dv[j] = __ldcg(dr + MT_LANES * at);   /* times w after the loads: a product */
+                            }                                        /* here held each load to the last (ncu) */
                         }
 #pragma unroll
                         for (int j = 0; j < B; ++j) {
                             const int at = MT_SAB_RMS_NORM ? steps - 1 - j0 - j : j0 + j;
                             if (at >= 0 && at < steps) {
                                 a0 = fmaf(xv[j], xv[j], a0);   /* MT_STEP_SUMSQ */
-                                a1 = fmaf(dv[j], xv[j], a1);   /* MT_STEP_GDOT: dy * w, then the step */
+                                a1 = fmaf(dv[j] * wr[MT_LANES * at], xv[j], a1);   /* MT_STEP_GDOT: dy * w, then the step */
                             }
                         }
                     }
