@@ -10,7 +10,7 @@ every figure is the median wall-clock of --repeat synchronized calls after warm-
 Bytes counted (float32, N rows, D columns): forward+backward with dweight, the least any
 implementation must move is 20 N D (forward reads x, writes y; backward reads dy and x, writes
 dx); the three-kernel backward moves 28 N D (the dweight leaves read dy and x once more), the
-one-pass kernel and the sliced one (MOJO_TRAIN_RMS_SLICED=1, opt-in) 20 N D.
+one-pass kernel 20 N D.
 Target (issue 4): RMSNorm 16384 x 4096 forward+backward <= torch's (0.64 ms). Records before
 the split into families are in bench/results/loss_cuda.jsonl (key "rms_norm_16384x4096");
 new ones go to rms_norm_cuda.jsonl.

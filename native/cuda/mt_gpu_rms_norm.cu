@@ -440,173 +440,6 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     if (bdy) A.bad[BAD_DY] = A.bad_dev[BAD_DY] = 1;
     if (bw) A.bad[BAD_W] = A.bad_dev[BAD_W] = 1;
 }
-
-/* ---- the backward in slices: row statistics ahead, columns after (CUDA) -------------------
- * The one-pass kernel above is held by the lockstep of a leaf's blocks: each window waits for
- * every block's lanes. Here the two jobs of a row part. A slice is RMS_SLICE_ROWS rows of every
- * leaf. Statistics: a group of four warps reads one row of the slice whole (thread t of the
- * group is lane t of every chunk: 32-float walks, the row's loads all in flight), folds its
- * squares and its dot of (dy * w, x) by the chunk fold's own chains, meets the lanes in the
- * lane tree (h = 64 and 32 through shared memory, then shuffles) and the chunks in
- * mt_tree_fold, and writes r and k of the row. Columns: thread (leaf, column) carries its
- * column's dweight chain down the leaf (acc = fma(dy, x * r, acc), rows ascending) and writes
- * its dx, and sees every x and dy (finiteness). A block computes the statistics of slice q + 1,
- * releases them on the slice's counter, then waits for slice q's and applies it: slice q's x and
- * dy were read by the statistics a slice ago, so the columns read them from L2 (two slices of
- * 16 leaves are 32 MB), and no block waits for another's columns. Same bits as the three
- * kernels; one read of x and dy from memory. A cooperative launch keeps every block resident:
- * one thread a (leaf, column), so it runs where leaves x ceil(dim / 256) blocks fit at once
- * and fill the GPU (RMS_SLICE_MIN_BLOCKS), else the one-pass kernel. */
-#define RMS_SLICE_THREADS 256
-#define RMS_SLICE_GROUPS (RMS_SLICE_THREADS / MT_LANES)   /* row groups a block: four warps each */
-#ifndef RMS_SLICE_ROWS
-#define RMS_SLICE_ROWS 32                                 /* S: rows of every leaf a slice takes */
-#endif
-#define RMS_SLICE_MAX_CHUNKS 4                            /* dim <= 16384 (w in shared memory) */
-#define RMS_SLICE_MIN_BLOCKS 128                          /* fewer: the one-pass kernel */
-#ifndef RMS_SLICE_BATCH
-#define RMS_SLICE_BATCH 16                                /* rows a column thread has in flight */
-#endif
-#ifndef RMS_SLICE_STEPS
-#define RMS_SLICE_STEPS 16                                /* steps a row thread has in flight */
-#endif
-
-struct rms_sliced_args {
-    float *dx, *part, *rk;   /* rk: r and k of every row */
-    const float *dy, *x, *w;
-    int32_t *count, *bad_dev, *bad;   /* count: blocks that released each slice's statistics */
-    float eps;
-    int64_t rows, dim, leaves;
-    int per_leaf;   /* blocks of one leaf's columns: ceil(dim / RMS_SLICE_THREADS) */
-};
-
-__global__ void __launch_bounds__(RMS_SLICE_THREADS, 2) k_rms_backward_sliced(const rms_sliced_args A) {
-    extern __shared__ float4 smem4[];
-    float *ws = (float *)smem4;   /* w */
-    __shared__ float half[2][RMS_SLICE_GROUPS][2][MT_LANES / 2];   /* the lane tree's h = 64 and 32 */
-    __shared__ float roots[RMS_SLICE_GROUPS][2][RMS_SLICE_MAX_CHUNKS];
-    __shared__ float2 rks[RMS_SLICE_ROWS];
-    constexpr int S = RMS_SLICE_ROWS;
-    const int tid = threadIdx.x, grp = tid / MT_LANES, t = tid % MT_LANES;
-    const int64_t dim = A.dim, chunks = mt_chunk_count(dim);
-    const float dimf = (float)dim;
-    const int64_t L = blockIdx.x / A.per_leaf, c = (int64_t)(blockIdx.x % A.per_leaf) * RMS_SLICE_THREADS + tid;
-    const bool owns = c < dim;
-    const int64_t r_leaf = L * MT_TOKEN_LEAF;
-    const int n_leaf = (int)(A.rows - r_leaf < MT_TOKEN_LEAF ? A.rows - r_leaf : MT_TOKEN_LEAF);
-    for (int64_t k = tid; k < dim; k += RMS_SLICE_THREADS) ws[k] = A.w[k];
-    const float w_c = owns ? A.w[c] : 0.0f;
-    bool bx = false, bdy = false, bw = owns && !mt_is_finite(w_c);
-    float acc = 0.0f;
-    __syncthreads();
-
-    auto stats = [&](int q) {   /* r and k of slice q's rows, a row to a group */
-        const int64_t items = A.leaves * S, groups = (int64_t)gridDim.x * RMS_SLICE_GROUPS;
-        for (int64_t base = 0; base < items; base += groups) {   /* the same trip count in every thread */
-            const int64_t it = base + (int64_t)blockIdx.x * RMS_SLICE_GROUPS + grp;
-            const int64_t row = (it / S) * MT_TOKEN_LEAF + (int64_t)q * S + it % S;
-            const bool live = it < items && row < A.rows && (int64_t)q * S + it % S < MT_TOKEN_LEAF;
-            for (int64_t ch = 0; ch < chunks; ++ch) {
-                float a0 = 0.0f, a1 = 0.0f;
-                if (live) {
-                    const int64_t len = dim - ch * MT_CHUNK < MT_CHUNK ? dim - ch * MT_CHUNK : MT_CHUNK;
-                    const int steps = (int)(len / MT_LANES) + (t < len % MT_LANES);
-                    const float *xr = A.x + row * dim + ch * MT_CHUNK + t, *dr = A.dy + row * dim + ch * MT_CHUNK + t;
-                    const float *wr = ws + ch * MT_CHUNK + t;
-                    constexpr int B = RMS_SLICE_STEPS;
-#pragma unroll
-                    for (int j0 = 0; j0 < MT_ROWS; j0 += B) {   /* B steps' loads in flight, then the steps */
-                        float xv[B], dv[B];
-#pragma unroll
-                        for (int j = 0; j < B; ++j) {
-                            const int at = MT_SAB_RMS_NORM ? steps - 1 - j0 - j : j0 + j;   /* the sabotage walks backwards */
-                            if (at >= 0 && at < steps) {
-                                xv[j] = __ldcg(xr + MT_LANES * at);
-                                dv[j] = __ldcg(dr + MT_LANES * at);   /* times w after the loads: a product */
-                            }                                        /* here held each load to the last (ncu) */
-                        }
-#pragma unroll
-                        for (int j = 0; j < B; ++j) {
-                            const int at = MT_SAB_RMS_NORM ? steps - 1 - j0 - j : j0 + j;
-                            if (at >= 0 && at < steps) {
-                                a0 = fmaf(xv[j], xv[j], a0);   /* MT_STEP_SUMSQ */
-                                a1 = fmaf(dv[j] * wr[MT_LANES * at], xv[j], a1);   /* MT_STEP_GDOT: dy * w, then the step */
-                            }
-                        }
-                    }
-                }
-                /* mt_lane_tree: lane t += lane t + h for h = 64, 32 (shared memory), 16 .. 1 (shuffles) */
-                if (t >= MT_LANES / 2) { half[0][grp][0][t - MT_LANES / 2] = a0; half[0][grp][1][t - MT_LANES / 2] = a1; }
-                __syncthreads();
-                if (t < MT_LANES / 2) { a0 = a0 + half[0][grp][0][t]; a1 = a1 + half[0][grp][1][t]; }
-                if (t >= MT_LANES / 4 && t < MT_LANES / 2) { half[1][grp][0][t - MT_LANES / 4] = a0; half[1][grp][1][t - MT_LANES / 4] = a1; }
-                __syncthreads();
-                if (t < MT_LANES / 4) {
-                    a0 = a0 + half[1][grp][0][t];
-                    a1 = a1 + half[1][grp][1][t];
-                    for (int d = 16; d >= 1; d >>= 1) {
-                        a0 = a0 + MT_WARP_DOWN(a0, d);
-                        a1 = a1 + MT_WARP_DOWN(a1, d);
-                    }
-                    if (t == 0) { roots[grp][0][ch] = a0; roots[grp][1][ch] = a1; }
-                }
-            }
-            if (live && t == 0) {   /* the roots it folds are its own writes */
-                const float ss = mt_tree_fold(roots[grp][0], chunks), gd = mt_tree_fold(roots[grp][1], chunks);
-                const float r = mt_rms_rstd(ss, dimf, A.eps);
-                ((float2 *)A.rk)[row] = make_float2(r, mt_rms_k(gd, dimf, r));
-            }
-        }
-        __syncthreads();   /* then one release at gpu scope publishes the block's rows (cumulative) */
-        if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(A.count + q) : "memory");
-    };
-    auto apply = [&](int q) {   /* the leaf's rows of slice q: dx, and the dweight chain's steps */
-        if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
-            int32_t seen;
-            for (;;) {
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(A.count + q) : "memory");
-                if (seen >= (int32_t)gridDim.x) break;
-                __nanosleep(20);
-            }
-        }
-        __syncthreads();
-        const int64_t row0 = r_leaf + (int64_t)q * S;
-        const int n = n_leaf - q * S < 0 ? 0 : n_leaf - q * S < S ? n_leaf - q * S : S;
-        if (tid < n) rks[tid] = __ldcg((const float2 *)A.rk + row0 + tid);   /* L2: never a stale L1 line */
-        __syncthreads();
-        constexpr int B = RMS_SLICE_BATCH;
-        for (int i0 = 0; owns && i0 < n; i0 += B) {   /* B rows' loads in flight, then their steps in order */
-            const float *xp = A.x + (row0 + i0) * dim + c, *dp = A.dy + (row0 + i0) * dim + c;
-            float *dxp = A.dx ? A.dx + (row0 + i0) * dim + c : nullptr;
-            float xv[B], gv[B];
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-                if (i0 + i < n) {
-                    xv[i] = MT_LDCS(xp + i * dim);   /* the last read of x and dy */
-                    gv[i] = MT_LDCS(dp + i * dim);
-                }
-#pragma unroll
-            for (int i = 0; i < B; ++i)
-                if (i0 + i < n) {
-                    const float2 v = rks[i0 + i];
-                    bx |= !mt_is_finite(xv[i]);
-                    bdy |= !mt_is_finite(gv[i]);
-                    if (dxp) MT_STCS(dxp + i * dim, mt_rms_dx(gv[i], w_c, xv[i], v.x, v.y));
-                    acc = MT_DOT_STEP(gv[i], xv[i] * v.x, acc);
-                }
-        }
-    };
-    constexpr int slices = MT_TOKEN_LEAF / S;
-    stats(0);
-    for (int q = 0; q < slices; ++q) {
-        if (q + 1 < slices) stats(q + 1);
-        apply(q);
-    }
-    if (owns) A.part[c * A.leaves + L] = acc;
-    if (bx) A.bad[BAD_X] = A.bad_dev[BAD_X] = 1;
-    if (bdy) A.bad[BAD_DY] = A.bad_dev[BAD_DY] = 1;
-    if (bw) A.bad[BAD_W] = A.bad_dev[BAD_W] = 1;
-}
 #endif
 
 /* ---- host ---- */
@@ -644,63 +477,6 @@ int rms_dweight_fold(const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves) {
     return mt_rows_launched("rms_norm dweight fold");
 }
 
-#if RMS_FUSED
-/* The device can launch cooperative kernels (read once). */
-bool rms_cooperative(void) {
-    static int cooperative = -1;
-    if (cooperative < 0) {
-        int v = 0, dev = 0;
-        cooperative = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
-        gpuGetLastError();
-    }
-    return cooperative != 0;
-}
-
-/* The sliced backward (k_rms_backward_sliced) when it applies: *done says whether it ran. It
- * needs dweight, at least RMS_FUSED_MIN_LEAVES leaves, dim <= RMS_SLICE_MAX_CHUNKS chunks, and
- * leaves x ceil(dim / 256) blocks -- at least RMS_SLICE_MIN_BLOCKS, and all resident at once --
- * and MOJO_TRAIN_RMS_SLICED=1 (read at every call; the same bits either way): it stays opt-in
- * until a GPU has timed it against the one-pass kernel (bench/results/NOTES.md). */
-int rms_bwd_sliced(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
-    *done = false;
-    const char *on = getenv("MOJO_TRAIN_RMS_SLICED");   /* read at every call: opt-in until measured */
-    const bool off = !on || on[0] != '1';
-    const int64_t leaves = mt_token_leaves(rows), per_leaf = (dim + RMS_SLICE_THREADS - 1) / RMS_SLICE_THREADS;
-    const int64_t blocks = leaves * per_leaf;
-    if (off || !b.dweight || !b.w || leaves < RMS_FUSED_MIN_LEAVES || mt_chunk_count(dim) > RMS_SLICE_MAX_CHUNKS ||
-        blocks < RMS_SLICE_MIN_BLOCKS || blocks > mt_gpu_blocks(INT64_MAX / 2, 1) || !rms_cooperative())
-        return MT_OK;
-    const size_t smem = (size_t)dim * 4;
-    static std::once_flag once;
-    int rc, per_sm = 0;
-    if ((rc = mt_rows_allow_smem(k_rms_backward_sliced, once))) return rc;
-    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_sliced, RMS_SLICE_THREADS, smem),
-                 "occupancy");
-    if (blocks > (int64_t)per_sm * mt_rows_limits().sms) return MT_OK;
-    constexpr int slices = MT_TOKEN_LEAF / RMS_SLICE_ROWS;
-    rms_sliced_args a;
-    a.dx = b.dx; a.part = b.pw; a.dy = b.dy; a.x = b.x; a.w = b.w;
-    a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves;
-    a.per_leaf = (int)per_leaf;
-    if ((rc = b.arena.alloc((void **)&a.rk, rows * 8)) || (rc = b.arena.alloc((void **)&a.count, slices * 4))) return rc;
-    MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)slices * 4, MT_STREAM), "slice counters");
-    void *args[1] = {&a};
-    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_sliced, dim3((unsigned)blocks),
-                                                  dim3(RMS_SLICE_THREADS), args, smem, MT_STREAM);
-    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
-        gpuGetLastError();   /* e.g. another device than the one sized above: the one-pass kernel instead */
-        return MT_OK;
-    }
-    MT_GPU_CHECK(err, "rms_norm backward (sliced)");
-    mt_gpu_record_launch(RMS_SLICE_THREADS, (int)blocks);   /* what mt_launch_geometry reads back */
-    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
-    *done = true;
-    return MT_OK;
-}
-
-#endif
-
 /* The one-pass backward (k_rms_backward_leaves) when it applies: *done says whether it ran.
  * It needs dweight, dim % 128 == 0, 16-byte aligned rows, at least RMS_FUSED_MIN_LEAVES leaves
  * and shared memory for a window; MOJO_TRAIN_RMS_ONE_PASS=0 switches it off (an A/B switch:
@@ -718,7 +494,14 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     const size_t smem = (size_t)rms_fused_floats(dim, wrows) * 4;
     if (smem > optin) return MT_OK;
     static std::once_flag once;
-    if (!rms_cooperative()) return MT_OK;
+    static int cooperative = -1;   /* the device can launch cooperative kernels (read once) */
+    if (cooperative < 0) {
+        int v = 0, dev = 0;
+        cooperative = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
+        gpuGetLastError();
+    }
+    if (!cooperative) return MT_OK;
     int rc, per_sm = 0;
     if ((rc = mt_rows_allow_smem(k_rms_backward_leaves, once))) return rc;
     MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves, RMS_FUSED_THREADS, smem),
@@ -757,13 +540,7 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
  * allocated here: the one-pass kernel keeps r in shared memory). */
 int rms_bwd_launch(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
     bool done = false;
-#if RMS_FUSED
-    int rc0 = rms_bwd_sliced(b, eps, rows, dim, st, &done);
-    if (rc0 || done) return rc0;
-#else
-    int rc0;
-#endif
-    rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
+    int rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
     if (rc0 || done) return rc0;
     static std::once_flag once[4];
     mt_norm_plan p = mt_norm_plan_rows(2, 2, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);

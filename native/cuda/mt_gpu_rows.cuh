@@ -97,7 +97,8 @@ inline int mt_rows_allow_smem(K kernel, std::once_flag &once) {
 #else
     std::call_once(once, [&] {
         /* the opt-in ceiling covers static and dynamic shared memory together: a kernel with
-         * static arrays (k_rms_backward_sliced's lane tree) may ask only for the rest */
+         * static arrays may ask only for the rest (the twenty-seventh session's first kernel
+         * with both was refused the whole ceiling) */
         cudaFuncAttributes fa;
         err = cudaFuncGetAttributes(&fa, kernel);
         if (err == cudaSuccess)
