@@ -1,5 +1,8 @@
 /* mt_host.c -- see mt_host.h. Identity exports live here so every vendor reports the same
- * way; MT_NUMERIC_MODE and MT_VENDOR_NAME come from the build. */
+ * way; MT_NUMERIC_MODE and MT_VENDOR_NAME come from the build. Nothing here may call into a
+ * vendor's code: test emulators link this file alone (tests/test_embedding.py), so a shared
+ * entry that ends in a vendor's function lives in a file of its own (mt_lm_head_args.c,
+ * mt_attention_args.c). */
 #include <stdlib.h>
 #include "mt_host.h"
 #include "mt_pinned.h"
