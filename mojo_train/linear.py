@@ -28,8 +28,9 @@ def _weight_matrix(pa, pw, a_name, where):
     _ops.at_least_1d(pa, a_name, "..., K", where)
     n, k = pw.shape
     if pa.shape[-1] != k:
-        fix = ("; weight is in torch's (out_features, in_features) layout: pass its transpose, made "
-               "contiguous" if pa.shape[-1] == n else "")
+        fix = ("; weight must be in torch's (out_features, in_features) layout and this one looks transposed: "
+               "pass a contiguous copy of its transpose (np.ascontiguousarray(weight.T), weight.t().contiguous())"
+               if pa.shape[-1] == n else "")
         raise ValueError(where_msg(where, "%s has K=%d in its last dimension (shape %r) but weight is "
                                    "(N, K) = %r%s" % (a_name, pa.shape[-1], tuple(pa.shape), tuple(pw.shape), fix)))
     return n, k

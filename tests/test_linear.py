@@ -55,7 +55,7 @@ def _refusals():
     return [
         (lf, (f64, w), {}, TypeError, "a has dtype float64"),
         (lf, (a, mat((5, 4), 2)), {}, ValueError, "K=3"),
-        (lf, (a, mat((3, 5), 2)), {}, ValueError, "torch's (out_features, in_features) layout: pass its transpose"),
+        (lf, (a, mat((3, 5), 2)), {}, ValueError, "looks transposed: pass a contiguous copy of its transpose"),
         (lf, (a, mat((15,), 2)), {}, ValueError, "weight must be 2-D"),
         (lf, (a, w, mat((4,), 3)), {}, ValueError, "bias must have shape (5,)"),
         (lf, (mat((), 1), w), {}, ValueError, "at least one dimension"),

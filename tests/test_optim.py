@@ -478,7 +478,8 @@ def case_grad_overlaps_another_param(c):
 
 
 def case_grad_count_mismatch(c):
-    return _step(c, c.grads[:2]), ValueError, "tensors"
+    return _step(c, c.grads[:2]), ValueError, r"grads must hold as many tensors as params, one per parameter in " \
+                                              r"params' order: it holds 2, params 3"
 
 
 def case_single_grad_for_three_params(c):

@@ -378,17 +378,25 @@ def _wide_inputs(rows, dim, seed, monkeypatch):
 
 @pytest.mark.parametrize("rows, dim", WIDE, ids=["%dx%d" % c for c in WIDE])
 def test_a_wide_backward_of_many_leaves_gives_the_oracles_bits(rms_norm_identical, rows, dim, monkeypatch):
-    """The CPU oracle's bits on every vendor; on CUDA, mt_launch_geometry reads back the
-    one-pass kernel's launch (512 threads a block) where dim is a multiple of 128."""
+    """The CPU oracle's bits on every vendor. On CUDA, mt_launch_geometry tells the path: a
+    device SiLU first records a launch of its own, then the one-pass kernel records its launch
+    (512 threads, blocks in groups of 8) where dim is a multiple of 128, and the three kernels,
+    which record nothing, leave the SiLU's."""
     need_device(rms_norm_identical)
     lib, seen = rms_norm_identical.backend.lib, ffi.new("int32_t[2]")
     x, dy, w = _wide_inputs(rows, dim, rows + dim, monkeypatch)
     want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    mt.silu_forward(device_copy_at(mat((1000,), 9), 0, "identical"), numeric_mode="identical")
+    assert lib.mt_launch_geometry(seen) == 0
+    before = (seen[0], seen[1])
     got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     assert lib.mt_launch_geometry(seen) == 0
-    if rms_norm_identical.vendor == "cuda" and dim % 128 == 0:
-        assert seen[0] == 512
+    if rms_norm_identical.vendor == "cuda":
+        if dim % 128 == 0:
+            assert (seen[0], seen[1] % 8) == (512, 0) and (seen[0], seen[1]) != before
+        else:
+            assert (seen[0], seen[1]) == before
     assert got == want
 
 

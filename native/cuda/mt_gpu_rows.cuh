@@ -87,7 +87,8 @@ inline const mt_rows_device &mt_rows_limits(void) {
     return d;
 }
 
-/* Lets `kernel` take up to the device's opt-in limit of dynamic shared memory (once). */
+/* Lets `kernel` take up to the device's opt-in limit of dynamic shared memory, less its static
+ * shared memory (once). */
 template <class K>
 inline int mt_rows_allow_smem(K kernel, std::once_flag &once) {
     gpuError_t err = gpuSuccess;
