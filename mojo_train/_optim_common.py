@@ -59,8 +59,11 @@ def _real(value, name, where, low=0.0, high=None, high_open=False):
     if high is not None:
         bad = bad or (v32 >= high if high_open else v32 > high)
     if bad:
-        rng = "in [%s, %s%s" % (low, high, ")" if high_open else "]") if high is not None else ">= %s" % low
-        raise ValueError(where_msg(where, "%s must be finite and %s, got %r" % (name, rng, value)))
+        if high is not None:
+            rule = "finite and in [%s, %s%s" % (low, high, ")" if high_open else "]")
+        else:
+            rule = "finite" if low is None else "finite and >= %s" % low
+        raise ValueError(where_msg(where, "%s must be %s, got %r" % (name, rule, value)))
     return v
 
 

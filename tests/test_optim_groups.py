@@ -304,9 +304,13 @@ ADAM_REFUSALS = {
 SGD_REFUSALS = {
     "nesterov without momentum": (lambda o, p, g: (o.param_groups[1].__setitem__("nesterov", True), o.step(g)),
                                   ValueError, r"param_groups\[1\]: nesterov=True needs momentum > 0"),
+    "a NaN dampening in a group": (lambda o, p, g: (o.param_groups[1].__setitem__("dampening", float("nan")),
+                                                    o.step(g)), ValueError,
+                                   r"param_groups\[1\]\['dampening'\] must be finite, got nan"),
 }
 EDITS_GROUPS = {"negative lr in a group", "a string weight_decay", "a key removed", "params replaced",
-                "a group appended by hand", "beta out of range", "nesterov without momentum"}
+                "a group appended by hand", "beta out of range", "nesterov without momentum",
+                "a NaN dampening in a group"}
 CASES = ([("Adam", c) for c in sorted(REFUSALS) + sorted(ADAM_REFUSALS)]
          + [("SGD", c) for c in sorted(REFUSALS) + sorted(SGD_REFUSALS)])
 

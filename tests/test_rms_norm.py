@@ -376,6 +376,15 @@ def _wide_inputs(rows, dim, seed, monkeypatch):
     return g.uniform((rows, dim), -1.0, 1.0), g.uniform((rows, dim), -1.0, 1.0), g.uniform((dim,), 0.5, 1.5)
 
 
+def _launch_before(lib):
+    """The launch geometry after a device SiLU records one of its own: the one-pass RMSNorm
+    kernel records its launch over it, the three kernels record nothing."""
+    mt.silu_forward(device_copy_at(mat((1000,), 9), 0, "identical"), numeric_mode="identical")
+    seen = ffi.new("int32_t[2]")
+    assert lib.mt_launch_geometry(seen) == 0
+    return (seen[0], seen[1])
+
+
 @pytest.mark.parametrize("rows, dim", WIDE, ids=["%dx%d" % c for c in WIDE])
 def test_a_wide_backward_of_many_leaves_gives_the_oracles_bits(rms_norm_identical, rows, dim, monkeypatch):
     """The CPU oracle's bits on every vendor. On CUDA, mt_launch_geometry tells the path: a
@@ -387,9 +396,7 @@ def test_a_wide_backward_of_many_leaves_gives_the_oracles_bits(rms_norm_identica
     x, dy, w = _wide_inputs(rows, dim, rows + dim, monkeypatch)
     want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
-    mt.silu_forward(device_copy_at(mat((1000,), 9), 0, "identical"), numeric_mode="identical")
-    assert lib.mt_launch_geometry(seen) == 0
-    before = (seen[0], seen[1])
+    before = _launch_before(lib)
     got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     assert lib.mt_launch_geometry(seen) == 0
     if rms_norm_identical.vendor == "cuda":
@@ -411,8 +418,13 @@ def test_a_wide_backward_reads_unaligned_device_buffers_and_a_row_of_huge_values
         flat[3000 * dim + c] = 1e30
     want = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
     monkeypatch.setenv("MOJO_TRAIN_VENDOR", rms_norm_identical.vendor)
+    lib, seen = rms_norm_identical.backend.lib, ffi.new("int32_t[2]")
     dev = [device_copy_at(v, 4, "identical") for v in (dy, x, w)]
+    before = _launch_before(lib)
     assert sha(*mt.rms_norm_backward(*dev, 1e-5, numeric_mode="identical")) == want
+    assert lib.mt_launch_geometry(seen) == 0
+    if rms_norm_identical.vendor == "cuda":   # rows off 16 bytes: the three kernels, not the one-pass
+        assert (seen[0], seen[1]) == before
 
 
 @pytest.mark.parametrize("rows, dim", WIDE[:2], ids=["%dx%d" % c for c in WIDE[:2]])
