@@ -26,6 +26,12 @@
 #                        bench/NAME.py, as the per-instruction table (sass.csv) and the details
 #     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
 #     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
+#     ab=NAME            bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
+#                        libraries, then each variant folder .whl/v*/ (a library built here, e.g.
+#                        `make BUILD=/tmp/vX NVCC="nvcc -D..." /tmp/vX/libmojo_train_cuda_identical.so`,
+#                        copied with its .sha256 into .whl/vX/), into ab_NAME.txt
+#     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
+#                        that); ncu's tables then carry DIR's name
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
 #                        flush treats each case of native/contracts/ftz.md, as JSON (ftz_probe.json)
 set -u
@@ -92,6 +98,7 @@ built_from_these_sources || exit 4
 for lib in $CUDA_LIBS $OPTIONAL_CUDA_LIBS; do [ -f "$lib" ] && touch "$lib" "$lib.sha256" "$lib.sources" 2>/dev/null; done
 L=$OUT/logs
 mkdir -p "$L"
+SUF=
 for step in "$@"; do
     case $step in
     cards)
@@ -119,13 +126,27 @@ for step in "$@"; do
         spec=${step#ncu=}
         timeout 300 ncu --set full -k "regex:${spec%%:*}" -c 1 -f -o "$L/rep" python3 "bench/${spec#*:}.py" --repeat 3 \
             > "$L/ncu_run.txt" 2>&1
-        ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass.csv" 2>&1
-        ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details.csv" 2>&1
+        ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass$SUF.csv" 2>&1
+        ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details$SUF.csv" 2>&1
         rm -f "$L/rep.ncu-rep" ;;
     py=*)
         s=${step#py=}
         timeout 300 python3 "bench/$s.py" > "$L/py_$s.txt" 2>&1
         echo "rc=$?" >> "$L/py_$s.txt" ;;
+    ab=*)
+        b=${step#ab=}
+        for round in 1 2 3; do
+            echo "== round $round tree" >> "$L/ab_$b.txt"
+            timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+            for v in .whl/v*/; do
+                [ -f "$v/libmojo_train_cuda_identical.so" ] || continue
+                echo "== round $round $(basename "$v")" >> "$L/ab_$b.txt"
+                MOJO_TRAIN_LIBRARY_PATH=$PWD/$v timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+            done
+        done ;;
+    lib=*)
+        d=${step#lib=}
+        if [ "$d" = - ]; then unset MOJO_TRAIN_LIBRARY_PATH; SUF=; else export MOJO_TRAIN_LIBRARY_PATH=$PWD/$d; SUF=_$(basename "$d"); fi ;;
     ftz_probe)
         native/build/ftz_probe_cuda > "$L/ftz_probe.json" 2> "$L/ftz_probe.txt"
         echo "rc=$?" >> "$L/ftz_probe.txt" ;;

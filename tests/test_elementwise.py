@@ -13,6 +13,7 @@ itself (in place, the out-of-place bits) or disjoint from every input; dtypes ar
 import array
 import functools
 import math
+import random
 import re
 
 import pytest
@@ -385,6 +386,44 @@ def test_unaligned_views_give_the_same_bytes(elementwise_mode):
     assert raw(part[0]) == raw(whole[0][1:]) and raw(part[1]) == raw(whole[1][1:])
     for whole, part in zip(_gelu_bytes(dy, x, t), _gelu_bytes(memoryview(dy)[1:], memoryview(x)[1:], t)):
         assert part == whole[4:]
+
+
+def _silu_fast_range(per_binade, seed):
+    """Floats whose float4 groups take SiLU's unguarded quotients on a GPU (every x with
+    2^-64 <= |x| <= 64: native/cuda/mt_gpu_elementwise.cu's silu_fast): each binade's two ends
+    and random mantissas, both signs, the range's own ends, shuffled; a multiple of 4 long."""
+    rng = random.Random(seed)
+    words = [0x1F800000, 0x42800000]
+    for exponent in range(0x1F800000 >> 23, 0x42800000 >> 23):
+        words += [exponent << 23, (exponent << 23) | 0x7FFFFF]
+        words += [(exponent << 23) | rng.getrandbits(23) for _ in range(per_binade)]
+    words += [w | 0x80000000 for w in words]
+    rng.shuffle(words)
+    words = words[:len(words) // 4 * 4]
+    return array.array("f", array.array("I", words).tobytes())
+
+
+def test_silu_fast_groups_give_the_per_element_bytes(elementwise_mode):
+    """On a GPU an aligned call over this range takes the fast groups (the quotients without
+    div.rn's guard) and an unaligned one the per-element IEEE path: the same bytes, and the
+    host's (bench/silu_division_sweep.py runs every float of the range on a GPU)."""
+    x = _silu_fast_range(24, 31)
+    ones = array.array("f", [1.0] * len(x))
+    t = elementwise_mode.numeric_mode
+    host = [raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(ones, x, numeric_mode=t))]
+    shifted = [raw(ew.silu_forward(memoryview(x)[1:], numeric_mode=t)),
+               raw(ew.silu_backward(memoryview(ones)[1:], memoryview(x)[1:], numeric_mode=t))]
+    assert shifted == [h[4:] for h in host]
+    if not elementwise_mode.has("device_buffers"):
+        return
+    xs, os_ = [Array.from_list(list(v), "float32") for v in (x, ones)]
+    for ux, uones in ((mojo_train.to_device(xs, numeric_mode=t), mojo_train.to_device(os_, numeric_mode=t)),
+                      (device_copy_at(xs, 4, t), device_copy_at(os_, 4, t))):
+        assert raw(ew.silu_forward(ux, numeric_mode=t).to_host()) == host[0]
+        assert raw(ew.silu_backward(uones, ux, numeric_mode=t).to_host()) == host[1]
+        out = DeviceArray((len(x),), "float32", numeric_mode=t)
+        ew.silu_forward(ux, out=out, numeric_mode=t)
+        assert raw(out.to_host()) == host[0]
 
 
 def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode):

@@ -153,8 +153,69 @@ __device__ __forceinline__ float elt_mid(float a, float b) {
     return OP == OP_SILU ? mt_silu_of(a, mt_expf_mid(-a)) : mt_silu_grad_of(a, b, mt_expf_mid(-b));
 }
 
+/* SiLU's quotients without div.rn's range check. CUDA's IEEE x / d (and 1 / d) is a reciprocal
+ * estimate, one Newton step and one remainder correction, guarded by a range check (FCHK) that
+ * branches to a slow path for operands near the float range's ends. Where a float4 group's
+ * four x all lie in [2^-64, 64] in magnitude (silu_fast: false for NaN and inf, so the group is
+ * finite, and -x lies in mt_expf_mid's range), d = 1 + e^-x lies in [1, 2^93] and every operand
+ * and result is normal, so the guarded sequence alone is taken: the same bits as the IEEE
+ * quotient, checked for every float x of that range on the GPU (bench/silu_division_sweep.py:
+ * the fast groups against the per-element path of an unaligned call). About five of SiLU's
+ * ~55 instructions an element go (FCHK, the branch and its reconvergence), and the group's
+ * finiteness check of x (known finite). HIP and the sabotaged build keep the IEEE operators. */
+#if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE
+#define MT_SILU_FAST 1
+#else
+#define MT_SILU_FAST 0
+#endif
+#define MT_SILU_FAST_LO 5.42101086242752217003726400434970855712890625e-20f  /* 2^-64 */
+#define MT_SILU_FAST_HI 64.0f
+
+__device__ __forceinline__ bool silu_fast(float x) {
+    float a = fabsf(x);
+    return a >= MT_SILU_FAST_LO && a <= MT_SILU_FAST_HI;
+}
+
+/* 1 / d and x / d for d in [1, 2^93] and normal x, |x| <= 64: CUDA's own fast path of rcp.rn
+ * and div.rn (estimate, Newton step, remainder correction), without the guard. */
+__device__ __forceinline__ float rcp_unguarded(float d) {
+#if MT_SILU_FAST
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
+    return __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
+#else
+    return 1.0f / d;
+#endif
+}
+
+__device__ __forceinline__ float div_unguarded(float x, float d) {
+    float y = rcp_unguarded(d);
+    float q = __fmul_rn(x, y);
+    return __fmaf_rn(__fmaf_rn(-d, q, x), y, q);
+}
+
 template <int OP>
-__device__ __forceinline__ float4 elt4(float4 qa, float4 qb) {
+__device__ __forceinline__ float elt_fast(float a, float b) {
+    if (OP == OP_SILU) return div_unguarded(a, 1.0f + mt_expf_mid(-a));
+    float e = mt_expf_mid(-b);
+    return mt_silu_grad_of_s(a, b, e, rcp_unguarded(1.0f + e));
+}
+
+/* A float4 group of the map, with (FUSED) the finiteness check of what it reads. */
+template <int OP, bool FUSED>
+__device__ __forceinline__ float4 elt4(float4 qa, float4 qb, bool &bad_a, bool &bad_b) {
+    if (exp_map(OP)) {
+        const float4 x = OP == OP_SILU ? qa : qb;
+        if (MT_SILU_FAST && silu_fast(x.x) & silu_fast(x.y) & silu_fast(x.z) & silu_fast(x.w)) {
+            if (FUSED && OP == OP_SILU_GRAD) bad_a |= any_bad4(qa);   /* dy; x is finite here */
+            return make_float4(elt_fast<OP>(qa.x, qb.x), elt_fast<OP>(qa.y, qb.y), elt_fast<OP>(qa.z, qb.z),
+                               elt_fast<OP>(qa.w, qb.w));
+        }
+    }
+    if (FUSED) {
+        bad_a |= any_bad4(qa);
+        if (!unary(OP)) bad_b |= any_bad4(qb);
+    }
     if (exp_map(OP)) {
         const float4 x = OP == OP_SILU ? qa : qb;
         if (mt_expf_in_mid(-x.x) & mt_expf_in_mid(-x.y) & mt_expf_in_mid(-x.z) & mt_expf_in_mid(-x.w))
@@ -196,22 +257,13 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
         }
         asm volatile("" ::: "memory");   /* keeps the loads ahead of the arithmetic (nvcc sinks them) */
 #pragma unroll
-        for (int u = 0; u < MT_MAP_UNROLL; u++) {
-            if (FUSED) {
-                bad_a |= any_bad4(qa[u]);
-                if (!unary(OP)) bad_b |= any_bad4(qb[u]);
-            }
-            ((float4 *)out)[g + u * stride] = elt4<OP>(qa[u], qb[u]);
-        }
+        for (int u = 0; u < MT_MAP_UNROLL; u++)
+            ((float4 *)out)[g + u * stride] = elt4<OP, FUSED>(qa[u], qb[u], bad_a, bad_b);
     }
     for (; g < groups; g += stride) {
         float4 qa = ((const float4 *)a)[g];
         float4 qb = unary(OP) ? qa : ((const float4 *)b)[g];
-        if (FUSED) {
-            bad_a |= any_bad4(qa);
-            if (!unary(OP)) bad_b |= any_bad4(qb);
-        }
-        ((float4 *)out)[g] = elt4<OP>(qa, qb);
+        ((float4 *)out)[g] = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
     }
     for (int64_t i = 4 * groups + start; i < n; i += stride) {
         float x = a[i], y = unary(OP) ? x : b[i];

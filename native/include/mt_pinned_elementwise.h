@@ -129,8 +129,9 @@ MT_HD void mt_sincospif(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_
     uint32_t u = mt_f32_bits(x), ax = u & 0x7fffffffu;
     float a = mt_math_pick(ax >= 0x4b800000u, 0.0f, mt_bits_f32(ax));
     float xm = a - 2.0f * (float)(int32_t)(a * 0.5f);
-    float kf = (2.0f * xm + SHIFT) - SHIFT;
-    int q = (int)kf & 3;
+    float shifted = 2.0f * xm + SHIFT;
+    float kf = shifted - SHIFT;
+    int q = mt_math_shifted_int(shifted) & 3;
     float r = xm - 0.5f * kf;
     float s = mt_sinpi_core(r), c = mt_cospi_core(r);
     float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
@@ -149,8 +150,9 @@ MT_HD void mt_sincospif(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_
  * mt_sincospif for every k by bench/box_muller_identity.c (tests/test_random.py). */
 MT_HD void mt_sincospif_angle(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_out) {
     const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
-    float kf = (2.0f * x + SHIFT) - SHIFT;
-    int q = (int)kf & 3;
+    float shifted = 2.0f * x + SHIFT;
+    float kf = shifted - SHIFT;
+    int q = mt_math_shifted_int(shifted) & 3;
     float r = x - 0.5f * kf;
     float s = mt_sinpi_main(r), c = mt_cospi_core(r);
     float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
@@ -245,12 +247,15 @@ MT_HD float mt_silu_of(float x, float e) {
 
 MT_HD float mt_silu(float x) { return mt_silu_of(x, MT_ELT_EXPF(-x)); }
 
-/* SiLU's gradient given e = mt_expf(-x). */
-MT_HD float mt_silu_grad_of(float dy, float x, float e) {
-    float s = 1.0f / (1.0f + e);
+/* SiLU's gradient given e = mt_expf(-x) and s = 1 / (1 + e) (a GPU map forms s its own way
+ * where it has the same bits). */
+MT_HD float mt_silu_grad_of_s(float dy, float x, float e, float s) {
     float t = mt_math_pick(x > 0.0f, e * s, 1.0f - s);
     return dy * (s * MT_ELT_MADD(x, t, 1.0f));
 }
+
+/* SiLU's gradient given e = mt_expf(-x). */
+MT_HD float mt_silu_grad_of(float dy, float x, float e) { return mt_silu_grad_of_s(dy, x, e, 1.0f / (1.0f + e)); }
 
 MT_HD float mt_silu_grad(float dy, float x) { return mt_silu_grad_of(dy, x, MT_ELT_EXPF(-x)); }
 

@@ -33,14 +33,20 @@ MT_HD float mt_math_pick(int c, float a, float b) {
     return mt_bits_f32((mt_f32_bits(a) & mask) | (mt_f32_bits(b) & ~mask));
 }
 
+/* The integer k of a round-to-integer by the shift t = v + 1.5 * 2^23 (so kf = t - 1.5 * 2^23 and
+ * |k| < 2^22): t = 1.5 * 2^23 + k exactly, so k is t's bits less 0x4b400000 -- the value of
+ * (int)kf by an integer subtraction instead of a float-to-int conversion (a quarter-rate
+ * instruction on a GPU, F2I), which the exp's scaling then turns into bits with one more. */
+MT_HD int mt_math_shifted_int(float t) { return (int)(mt_f32_bits(t) - 0x4b400000u); }
+
 /* ln 2 = MT_LN2_HI + MT_LN2_LO: the nearest float, then the nearest float to the rest. */
 #define MT_LN2_HI 0.693147182464599609375f                      /* 0x3f317218 */
 #define MT_LN2_LO -1.9046542121259335544891655445098876953125e-9f /* 0xb102e308 */
 
 /* Steps 1-2 of math.md's mt_expf for a clamped x (-104 <= x <= 89): k (as the float kf,
- * an integer value) and e^r as the unevaluated pair s2 + *lo, so that e^x = (s2 + lo) 2^k.
- * The one definition both mt_expf and mt_expf_mid round. */
-MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD float *lo_out) {
+ * an integer value, and as the int *k_out) and e^r as the unevaluated pair s2 + *lo, so that
+ * e^x = (s2 + lo) 2^k. The one definition both mt_expf and mt_expf_mid round. */
+MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD int *k_out, MT_THREAD float *lo_out) {
     const float INV_LN2 = 1.44269502162933349609375f;   /* 0x3fb8aa3b */
     const float SHIFT = 12582912.0f;                   /* 0x4b400000 = 1.5 * 2^23 */
     const float P0 = 0.16666667163372039794921875f;          /* 0x3e2aaaab */
@@ -49,7 +55,8 @@ MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD float 
     const float P3 = 0.001388860284350812435150146484375f;   /* 0x3ab60a6b */
     const float P4 = 0.000199524001800455152988433837890625f; /* 0x39513751 */
     const float P5 = 0.000024987515644170343875885009765625f; /* 0x37d19c48 */
-    float kf = fmaf(xs, INV_LN2, SHIFT) - SHIFT;     /* round to nearest integer, -150 <= k <= 128 */
+    float shifted = fmaf(xs, INV_LN2, SHIFT);
+    float kf = shifted - SHIFT;                      /* round to nearest integer, -150 <= k <= 128 */
     float rhi = fmaf(-kf, MT_LN2_HI, xs);            /* exact */
     float corr = -kf * MT_LN2_LO;
     float s = 1.0f + rhi;
@@ -68,6 +75,7 @@ MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD float 
     float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
     *lo_out = lo + corr * (s2 + lo);
     *kf_out = kf;
+    *k_out = mt_math_shifted_int(shifted);
     return s2;
 }
 
@@ -96,8 +104,8 @@ MT_HD float mt_expf(float x) {
     float xs = x > -104.0f ? x : -104.0f;            /* NaN and -inf too */
     xs = xs < 89.0f ? xs : 89.0f;
     float kf, lo;
-    float s2 = mt_math_exp_pair(xs, &kf, &lo);
-    int k = (int)kf;
+    int k;
+    float s2 = mt_math_exp_pair(xs, &kf, &k, &lo);
     int sub = k < -125;                              /* subnormal or near: one rounding */
     int keep_k = sub - 1;                            /* 0 when sub, all ones otherwise */
     float sc = mt_math_pow2i((k + 64) & ~keep_k);    /* 2^(k+64) when sub, else 1 */
@@ -121,8 +129,9 @@ MT_HD float mt_expf(float x) {
 #define MT_EXPF_MID_HI 88.0f
 MT_HD float mt_expf_mid(float x) {
     float kf, lo;
-    float s2 = mt_math_exp_pair(x, &kf, &lo);
-    return (s2 + lo) * mt_math_pow2i((int)kf);
+    int k;
+    float s2 = mt_math_exp_pair(x, &kf, &k, &lo);
+    return (s2 + lo) * mt_math_pow2i(k);
 }
 
 /* e * ln2 + log1p(f + flo), the core of mt_logf and mt_log1pf: e an integer-valued float
@@ -269,7 +278,8 @@ MT_HD_INLINE float mt_erff(float x) {
     p = fmaf(slo, fmaf(2.0f * EA2, s, EA1), p);
     float ysmall = fmaf(a, p, a);
     float kf, lo;                                    /* a >= 0.6875: e^-s = (s2 + lo) 2^k */
-    float s2 = mt_math_exp_pair(-s, &kf, &lo);
+    int k;
+    float s2 = mt_math_exp_pair(-s, &kf, &k, &lo);
     float eh = s2 + lo;
     float el = (s2 - eh) + lo;                       /* s2 + lo = eh + el */
     el = fmaf(-eh, slo, el);                         /* times e^-slo = 1 - slo */
@@ -290,7 +300,7 @@ MT_HD_INLINE float mt_erff(float x) {
     float rl = ((EB0 - rh) + t) + tl;                /* EB0 + r d = rh + rl (|t| <= 0.29 < EB0) */
     float ph = eh * rh;
     float pl = fmaf(eh, rh, -ph) + (eh * rl + el * rh);
-    float sc = mt_math_pow2i((int)kf);               /* 2^k, -23 <= k <= 0: exact scalings */
+    float sc = mt_math_pow2i(k);                     /* 2^k, -23 <= k <= 0: exact scalings */
     ph = ph * sc;
     pl = pl * sc;
     float th = 1.0f - ph;
@@ -340,7 +350,8 @@ MT_HD_INLINE float mt_one_plus_erf_exp(float x, MT_THREAD float *ex) {
     q = fmaf(q, t, A2);
     q = fmaf(q, t, A1);
     float s = mt_math_pick(inside, a * a, 16.0f);    /* the exp's input stays in range */
-    float kf = fmaf(-s, INV_LN2, SHIFT) - SHIFT;     /* k in [-23, 0] (s <= 16) */
+    float shifted = fmaf(-s, INV_LN2, SHIFT);
+    float kf = shifted - SHIFT;                      /* k in [-23, 0] (s <= 16) */
     float r = fmaf(-kf, MT_LN2_HI, -s);              /* exact */
     r = fmaf(-kf, MT_LN2_LO, r);
     float xr = GX4;
@@ -350,7 +361,7 @@ MT_HD_INLINE float mt_one_plus_erf_exp(float x, MT_THREAD float *ex) {
     xr = fmaf(xr, r, GX0);
     xr = fmaf(xr, r, 1.0f);
     xr = fmaf(xr, r, 1.0f);                          /* e^r */
-    float e = mt_math_pick(inside, xr * mt_math_pow2i((int)kf), 0.0f);   /* e^-(a^2), exact scaling */
+    float e = mt_math_pick(inside, xr * mt_math_pow2i(mt_math_shifted_int(shifted)), 0.0f);   /* e^-(a^2), exact scaling */
     float erfc = (q * t) * e;                        /* +0 past the clamp (NaN for a NaN x) */
     *ex = e;
     /* erfc (x < 0) or 2 - erfc, as 0 + erfc or 2 + (-erfc): the same one rounding, no select */
@@ -387,8 +398,9 @@ MT_HD_INLINE float mt_tanhf(float x) {
     q = fmaf(q, s, TH0);
     float ysmall = fmaf(a, fmaf(q, s, q * slo), a);
     float kf, lo;                                    /* a >= 0.25 */
-    float s2 = mt_math_exp_pair(2.0f * a, &kf, &lo);
-    float sc = mt_math_pow2i((int)kf);               /* 2^k, 0 <= k <= 29 */
+    int k;
+    float s2 = mt_math_exp_pair(2.0f * a, &kf, &k, &lo);
+    float sc = mt_math_pow2i(k);                     /* 2^k, 0 <= k <= 29 */
     float eh = s2 + lo;
     float el = (s2 - eh) + lo;
     eh = eh * sc;
