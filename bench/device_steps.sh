@@ -27,9 +27,11 @@
 #     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
 #     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
 #     ab=NAME            bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
-#                        libraries, then each variant folder .whl/v*/ (a library built here, e.g.
-#                        `make BUILD=/tmp/vX NVCC="nvcc -D..." /tmp/vX/libmojo_train_cuda_identical.so`,
-#                        copied with its .sha256 into .whl/vX/), into ab_NAME.txt
+#                        libraries, then each variant folder .whl/v*/, into ab_NAME.txt. A variant is
+#                        a library built here (e.g. `make BUILD=/tmp/vX NVCC="nvcc -D..."
+#                        /tmp/vX/libmojo_train_cuda_identical.so`, copied with its .sha256 into
+#                        .whl/vX/), or another commit's Python (its mojo_train/ and bench/ copied into
+#                        .whl/vX/: its bench/NAME.py runs there over the tree's libraries)
 #     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
 #                        that); ncu's tables then carry DIR's name
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
@@ -139,9 +141,14 @@ for step in "$@"; do
             echo "== round $round tree" >> "$L/ab_$b.txt"
             timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
             for v in .whl/v*/; do
-                [ -f "$v/libmojo_train_cuda_identical.so" ] || continue
-                echo "== round $round $(basename "$v")" >> "$L/ab_$b.txt"
-                MOJO_TRAIN_LIBRARY_PATH=$PWD/$v timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+                if [ -f "$v/bench/$b.py" ]; then
+                    echo "== round $round $(basename "$v") (its Python)" >> "$L/ab_$b.txt"
+                    (cd "$v" && PYTHONPATH=$PWD MOJO_TRAIN_LIBRARY_PATH=$OLDPWD/native/build \
+                        timeout 200 python3 "bench/$b.py") >> "$L/ab_$b.txt" 2>&1
+                elif [ -f "$v/libmojo_train_cuda_identical.so" ]; then
+                    echo "== round $round $(basename "$v")" >> "$L/ab_$b.txt"
+                    MOJO_TRAIN_LIBRARY_PATH=$PWD/$v timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+                fi
             done
         done ;;
     lib=*)

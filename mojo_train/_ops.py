@@ -19,6 +19,7 @@ from ._array import Array
 from ._dtypes import DTYPES
 from ._errors import where_msg
 from ._native import MAP_FLAGS, ffi, load, numeric_mode_arg
+from ._probe import _TORCH, _kind as _probe_kind, torch_fields
 from .device import DeviceArray
 
 _MAP_OUT_FRESH = MAP_FLAGS["out_fresh"]
@@ -176,10 +177,51 @@ def out_f32(shape, on_device, numeric_mode, backend=None):
         if backend is not None:
             return DeviceArray._fresh(backend, shape)
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
+    if backend is not None:
+        n = 1
+        for d in shape:
+            n *= d
+        return Array._empty_checked(tuple(shape), "float32", 4 * n)
     return Array.empty(shape, "float32")
 
 
 _FLOAT_P = ffi.typeof("float *")
+
+
+def plain_f32_inputs(xs):
+    """(on_device, shape, n, [float *]) when every buffer of ``xs`` is a non-empty float32 one of
+    ours (``mojo_train.Array`` or ``DeviceArray``, exactly those classes) or a plain contiguous
+    float32 torch tensor, all on one side and of one shape -- the common call, whose checks are
+    these field reads -- else None: the caller takes its general path, which probes every
+    argument and refuses by name."""
+    side = shape = None
+    ptrs = []
+    for x in xs:
+        kind = type(x)
+        if kind is DeviceArray:
+            if x.dtype != "float32":
+                return None
+            dev, dims, ptr = True, x.shape, x._cptr
+        elif kind is Array:
+            if x._dtype != "float32":
+                return None
+            dev, dims, ptr = False, x._shape, ffi.cast(_FLOAT_P, x.address)
+        elif _probe_kind(x) is _TORCH:
+            fields = torch_fields(x)     # None for anything unusual (strided, sparse, a bit set, ...)
+            if fields is None or fields[0] != "float32":
+                return None
+            dev, dims, ptr = fields[1], fields[2], ffi.cast(_FLOAT_P, fields[3])
+        else:
+            return None
+        if shape is None:
+            side, shape = dev, dims
+        elif dev != side or dims != shape:
+            return None
+        ptrs.append(ptr)
+    n = 1
+    for d in shape:
+        n *= d
+    return (side, tuple(shape), n, ptrs) if n else None
 
 
 def fptr(x):

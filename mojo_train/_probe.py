@@ -266,14 +266,11 @@ def _torch_dtypes():
     return _TORCH_DTYPES
 
 
-def _torch_probe(x):
-    """The Probe of a C-contiguous strided torch tensor on the CPU or a CUDA device, read from its
-    own attributes: what ``_foreign_probe`` finds through DLPack or ``__cuda_array_interface__``
-    (same fields, same view of host memory), without a capsule or an interface dict: a CUDA
-    tensor 2.3 us instead of 5.3 on the H200 machine (bench/call_overhead_cuda.py's probe), a
-    CPU tensor ~4 us instead of 18.6 on a 2-core VM. None for any other tensor (a sparse, meta,
-    negative- or conjugate-bit, strided or unusual dtype one), which takes the general path
-    and its messages."""
+def torch_fields(x):
+    """(dtype name, on a CUDA device, shape tuple, data address) of a C-contiguous strided torch
+    tensor on the CPU or a CUDA device, read from its own attributes; None for any other tensor
+    (a sparse, meta, negative- or conjugate-bit, strided or unusual dtype one), which takes the
+    general path and its messages."""
     torch = sys.modules["torch"]
     dtype = _torch_dtypes().get(x.dtype)
     if dtype is None or x.layout is not torch.strided or not x.is_contiguous() or x.is_neg() or x.is_conj():
@@ -288,8 +285,20 @@ def _torch_probe(x):
         return None
     if n and not address:     # a fake tensor, or one whose storage was resized away: refused there
         return None
-    p = _described(x, None, address, x.shape, dtype, DTYPES[dtype].itemsize, None, False, device != "cpu")
-    if device == "cpu":
+    return dtype, device != "cpu", tuple(x.shape), address
+
+
+def _torch_probe(x):
+    """The Probe of a tensor ``torch_fields`` reads: what ``_foreign_probe`` finds through DLPack
+    or ``__cuda_array_interface__`` (same fields, same view of host memory), without a capsule or
+    an interface dict: a CUDA tensor 2.3 us instead of 5.3 on the H200 machine
+    (bench/call_overhead_cuda.py's probe), a CPU tensor ~4 us instead of 18.6 on a 2-core VM."""
+    fields = torch_fields(x)
+    if fields is None:
+        return None
+    dtype, on_device, shape, address = fields
+    p = _described(x, None, address, shape, dtype, DTYPES[dtype].itemsize, None, False, on_device)
+    if not on_device:
         # owned by an alias of the memory, not by x: a Parameter whose storage is swapped later
         # (p.data = ..., module.double()) keeps the memory a kept Probe (an optimizer's) points into
         p.view = _owned_view(x.detach(), address, p.nbytes, p.format, p.shape)

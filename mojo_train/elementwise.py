@@ -41,6 +41,10 @@ _GELU_APPROXIMATE = _native._enum("mt_gelu_approximate", "MT_GELU_")   # {'none'
 
 def _map(where, fn, inputs, out, numeric_mode, extra=()):
     """Run ``fn(out, *inputs, n, *extra, flags)`` with inputs = [(name, buffer), ...] of one shape."""
+    if out is None and numeric_mode is None:
+        result = _map_plain(where, fn, inputs, extra)
+        if result is not None:
+            return result
     out, fresh = _ops.unwrap_fresh(out)
     probes = [(name, _ops.f32_in(x, name, where)) for name, x in inputs]
     first, shape, n = probes[0][0], tuple(probes[0][1].shape), probes[0][1].nelems
@@ -55,6 +59,23 @@ def _map(where, fn, inputs, out, numeric_mode, extra=()):
     backend.check(getattr(backend.lib, fn)(_ops.fptr_nonnull(target), *[_ops.fptr_nonnull(p) for _, p in probes], n,
                                            *extra, _ops.map_flags(pout, fresh)), where)
     _buffer.wrote(pout)
+    return result
+
+
+def _map_plain(where, fn, inputs, extra):
+    """``_map`` of the common call -- our own arrays on one side, a new output, the environment's
+    numeric mode -- without the probes (``_ops.plain_f32_inputs``); None when it does not apply
+    (the general path then runs, with its refusals). The same native call and flags as that
+    path: the new output is declared fresh, and a refusal drops it."""
+    plain = _ops.plain_f32_inputs([x for _, x in inputs])
+    if plain is None:
+        return None
+    on_device, shape, n, ptrs = plain
+    backend = _native.load()
+    if on_device and backend.vendor == "cpu":
+        return None
+    result = _ops.out_f32(shape, on_device, None, backend)
+    backend.check(getattr(backend.lib, fn)(_ops.fptr(result), *ptrs, n, *extra, _ops.map_flags(None)), where)
     return result
 
 

@@ -101,9 +101,48 @@ def embedding_forward(weight, ids, *, numeric_mode=None):
     too). Ids outside ``[0, V)`` are refused naming the first such (flat) position.
     """
     where = "embedding_forward"
+    if numeric_mode is None:
+        out = _gather_plain(where, weight, ids)
+        if out is not None:
+            return out
     w = _table(weight, where)
     pi, id_bytes, shape = _ids(ids, where)
     return _gather(where, w, pi, id_bytes, shape, numeric_mode)
+
+
+_ID_BYTES = {"int32": 4, "int64": 8}
+
+
+def _gather_plain(where, weight, ids):
+    """embedding_forward of the common call -- a non-empty float32 (V, d) table and non-empty
+    int32 or int64 ids, both our own DeviceArrays (or both Arrays), the environment's numeric
+    mode -- without the probes: the same native call as ``_gather``; None when it does not
+    apply (the general path then runs, with its refusals)."""
+    kind = type(weight)
+    if kind is not type(ids) or (kind is not DeviceArray and kind is not Array):
+        return None
+    wshape, ishape = weight.shape, ids.shape
+    id_bytes = _ID_BYTES.get(ids.dtype)
+    if weight.dtype != "float32" or id_bytes is None or len(wshape) != 2 or not wshape[0] or not wshape[1]:
+        return None
+    n = 1
+    for s in ishape:
+        n *= s
+    if not n:
+        return None
+    on_device = kind is DeviceArray
+    backend = _native.load()
+    if on_device and backend.vendor == "cpu":
+        return None
+    vocab, d = wshape
+    out = _ops.out_f32(tuple(ishape) + (d,), on_device, None, backend)
+    if on_device:
+        wp, ip = weight._cptr, ids._cptr
+    else:
+        wp, ip = _ops.fptr(weight), ids.address
+    rc = backend.lib.mt_embedding_forward(_ops.fptr(out), wp, _ops.ffi.cast("void *", ip), id_bytes, n, vocab, d)
+    backend.check(rc, where)
+    return out
 
 
 def _table(weight, where):

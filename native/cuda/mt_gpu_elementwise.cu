@@ -162,8 +162,9 @@ __device__ __forceinline__ float elt_mid(float a, float b) {
  * quotient, checked for every float x of that range on the GPU (bench/silu_division_sweep.py:
  * the fast groups against the per-element path of an unaligned call). About five of SiLU's
  * ~55 instructions an element go (FCHK, the branch and its reconvergence), and the group's
- * finiteness check of x (known finite). HIP and the sabotaged build keep the IEEE operators. */
-#if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE
+ * finiteness check of x (known finite). HIP, the sabotaged build and the fast mode (whose
+ * division is approximate: --use_fast_math) keep their operators. */
+#if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE && MT_NUMERIC_MODE != MT_MODE_FAST
 #define MT_SILU_FAST 1
 #else
 #define MT_SILU_FAST 0
