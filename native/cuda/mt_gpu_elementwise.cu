@@ -240,7 +240,9 @@ __device__ __forceinline__ float4 elt4(float4 qa, float4 qb, bool &bad_a, bool &
  * bench/elementwise_variants.cu measured at 4.35 TB/s against the capped, unrolled walk's 4.05.
  * (The maps with an exp or erf stay on that walk: a thread per group made SiLU 36% slower, the
  * NOTES' twentieth session.) */
+#ifndef MT_MAP_UNROLL
 #define MT_MAP_UNROLL 4
+#endif
 template <int OP, int VEC, bool FUSED, bool LEAN>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const float *a, const float *b, int64_t n,
                                                        mt_gpu_flag flag) {
@@ -278,7 +280,10 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
 }
 
 /* The maps without transcendental arithmetic: memory-bound, so the lean kernel. */
-__host__ __device__ constexpr bool lean_map(int op) { return op == OP_ADD; }
+#ifndef MT_MAP_LEAN_SILU   /* an experiment's switch (bench/results/NOTES.md, twenty-eighth session) */
+#define MT_MAP_LEAN_SILU 0
+#endif
+__host__ __device__ constexpr bool lean_map(int op) { return op == OP_ADD || (MT_MAP_LEAN_SILU && exp_map(op)); }
 
 template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
