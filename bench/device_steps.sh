@@ -33,7 +33,7 @@
 #                        .whl/vX/), or another commit's Python (its mojo_train/ and bench/ copied into
 #                        .whl/vX/: its bench/NAME.py runs there over the tree's libraries)
 #     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
-#                        that); ncu's tables then carry DIR's name
+#                        that); ncu's tables then carry DIR's name (ab='s tree rounds never do)
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
 #                        flush treats each case of native/contracts/ftz.md, as JSON (ftz_probe.json)
 set -u
@@ -139,21 +139,25 @@ for step in "$@"; do
         b=${step#ab=}
         for round in 1 2 3; do
             echo "== round $round tree" >> "$L/ab_$b.txt"
-            timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+            env -u MOJO_TRAIN_LIBRARY_PATH timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+            echo "rc=$?" >> "$L/ab_$b.txt"
             for v in .whl/v*/; do
                 if [ -f "$v/bench/$b.py" ]; then
                     echo "== round $round $(basename "$v") (its Python)" >> "$L/ab_$b.txt"
                     (cd "$v" && PYTHONPATH=$PWD MOJO_TRAIN_LIBRARY_PATH=$OLDPWD/native/build \
                         timeout 200 python3 "bench/$b.py") >> "$L/ab_$b.txt" 2>&1
+                    echo "rc=$?" >> "$L/ab_$b.txt"
                 elif [ -f "$v/libmojo_train_cuda_identical.so" ]; then
                     echo "== round $round $(basename "$v")" >> "$L/ab_$b.txt"
                     MOJO_TRAIN_LIBRARY_PATH=$PWD/$v timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
+                    echo "rc=$?" >> "$L/ab_$b.txt"
                 fi
             done
         done ;;
     lib=*)
         d=${step#lib=}
-        if [ "$d" = - ]; then unset MOJO_TRAIN_LIBRARY_PATH; SUF=; else export MOJO_TRAIN_LIBRARY_PATH=$PWD/$d; SUF=_$(basename "$d"); fi ;;
+        case $d in -) ;; /*) ;; *) d=$PWD/$d ;; esac
+        if [ "$d" = - ]; then unset MOJO_TRAIN_LIBRARY_PATH; SUF=; else export MOJO_TRAIN_LIBRARY_PATH=$d; SUF=_$(basename "$d"); fi ;;
     ftz_probe)
         native/build/ftz_probe_cuda > "$L/ftz_probe.json" 2> "$L/ftz_probe.txt"
         echo "rc=$?" >> "$L/ftz_probe.txt" ;;

@@ -1,7 +1,8 @@
 """Every float x with 2^-64 <= |x| <= 64 through SiLU and its gradient on a GPU: the fast float4
-groups against the per-element path, byte for byte, in the identical and identical_ftz modes.
+groups against the per-element path, byte for byte, in every exact mode (the fast mode's
+division is approximate, and its groups keep it).
 
-    python bench/silu_division_sweep.py [--chunk-log2 26] [--modes identical,identical_ftz]
+    python bench/silu_division_sweep.py [--chunk-log2 26] [--modes identical,identical_ftz,deterministic]
 
 native/cuda/mt_gpu_elementwise.cu forms SiLU's quotient x / (1 + e) and its gradient's
 reciprocal 1 / (1 + e) without div.rn's range check and slow path where a float4 group's four x
@@ -35,7 +36,7 @@ def chunks(chunk):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunk-log2", type=int, default=26)
-    ap.add_argument("--modes", default="identical,identical_ftz")
+    ap.add_argument("--modes", default="identical,identical_ftz,deterministic")
     args = ap.parse_args()
     os.environ.setdefault("MOJO_TRAIN_VENDOR", "cuda")
     import torch

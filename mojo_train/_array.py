@@ -207,12 +207,15 @@ class Array:
         may reuse the block of a freed Array of the same size (mojo_train/_host_blocks.py)."""
         dtype = _check_dtype(dtype)
         shape = _check_shape(shape)
-        return cls._empty_checked(shape, dtype, _nbytes(shape, dtype, "Array.empty"))
+        nbytes = _nbytes(shape, dtype, "Array.empty")
+        if nbytes < _NO_CLEAR_FROM:
+            return cls(shape, dtype)
+        return cls._empty_checked(shape, dtype, nbytes)
 
     @classmethod
     def _empty_checked(cls, shape, dtype, nbytes):
         """``empty`` of a shape tuple and dtype already checked, ``nbytes`` their size (an op's
-        output, made on every call)."""
+        output, shaped by its inputs, made on every call; no subclass's ``__init__`` runs)."""
         if nbytes < _NO_CLEAR_FROM:
             return cls._wrap(bytearray(nbytes), shape, dtype)
         new = _host_blocks.new_block if nbytes >= _host_blocks.MIN_BYTES else _NO_CLEAR

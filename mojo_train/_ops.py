@@ -177,25 +177,30 @@ def out_f32(shape, on_device, numeric_mode, backend=None):
         if backend is not None:
             return DeviceArray._fresh(backend, shape)
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
-    if backend is not None:
-        n = 1
-        for d in shape:
-            n *= d
-        return Array._empty_checked(tuple(shape), "float32", 4 * n)
     return Array.empty(shape, "float32")
+
+
+def plain_out(shape, n, on_device, backend):
+    """The new float32 output of a plain path (``plain_f32_inputs``): ``shape`` (n elements) is
+    its inputs', so a host Array is made without checking it again."""
+    if on_device:
+        return out_f32(shape, True, None, backend)
+    return Array._empty_checked(shape, "float32", 4 * n)
 
 
 _FLOAT_P = ffi.typeof("float *")
 
 
 def plain_f32_inputs(xs):
-    """(on_device, shape, n, [float *]) when every buffer of ``xs`` is a non-empty float32 one of
-    ours (``mojo_train.Array`` or ``DeviceArray``, exactly those classes) or a plain contiguous
+    """(on_device, shape, n, [float *], keep) when every buffer of ``xs`` is a non-empty float32 one
+    of ours (``mojo_train.Array`` or ``DeviceArray``, exactly those classes) or a plain contiguous
     float32 torch tensor, all on one side and of one shape -- the common call, whose checks are
     these field reads -- else None: the caller takes its general path, which probes every
-    argument and refuses by name."""
+    argument and refuses by name. ``keep`` holds the storage of each CPU torch tensor until the
+    caller drops it (as the general path's probe does): memory another thread swaps out of the
+    tensor during the native call stays alive."""
     side = shape = None
-    ptrs = []
+    ptrs, keep = [], []
     for x in xs:
         kind = type(x)
         if kind is DeviceArray:
@@ -211,6 +216,8 @@ def plain_f32_inputs(xs):
             if fields is None or fields[0] != "float32":
                 return None
             dev, dims, ptr = fields[1], fields[2], ffi.cast(_FLOAT_P, fields[3])
+            if not dev:
+                keep.append(x.untyped_storage())
         else:
             return None
         if shape is None:
@@ -221,7 +228,7 @@ def plain_f32_inputs(xs):
     n = 1
     for d in shape:
         n *= d
-    return (side, tuple(shape), n, ptrs) if n else None
+    return (side, tuple(shape), n, ptrs, keep) if n else None
 
 
 def fptr(x):

@@ -70,11 +70,11 @@ def _map_plain(where, fn, inputs, extra):
     plain = _ops.plain_f32_inputs([x for _, x in inputs])
     if plain is None:
         return None
-    on_device, shape, n, ptrs = plain
+    on_device, shape, n, ptrs, _keep = plain
     backend = _native.load()
     if on_device and backend.vendor == "cpu":
         return None
-    result = _ops.out_f32(shape, on_device, None, backend)
+    result = _ops.plain_out(shape, n, on_device, backend)
     backend.check(getattr(backend.lib, fn)(_ops.fptr(result), *ptrs, n, *extra, _ops.map_flags(None)), where)
     return result
 

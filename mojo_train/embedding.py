@@ -135,7 +135,7 @@ def _gather_plain(where, weight, ids):
     if on_device and backend.vendor == "cpu":
         return None
     vocab, d = wshape
-    out = _ops.out_f32(tuple(ishape) + (d,), on_device, None, backend)
+    out = _ops.plain_out(tuple(ishape) + (d,), n * d, on_device, backend)
     if on_device:
         wp, ip = weight._cptr, ids._cptr
     else:

@@ -404,26 +404,33 @@ def _silu_fast_range(per_binade, seed):
 
 
 def test_silu_fast_groups_give_the_per_element_bytes(elementwise_mode):
-    """On a GPU an aligned call over this range takes the fast groups (the quotients without
-    div.rn's guard) and an unaligned one the per-element IEEE path: the same bytes, and the
-    host's (bench/silu_division_sweep.py runs every float of the range on a GPU)."""
+    """On a GPU a 16-byte aligned device buffer over this range takes the fast groups (the
+    quotients without div.rn's guard; without the fused finiteness check of x) and one 4 bytes
+    off the per-element IEEE path: forward and backward, new output and out=, the same bytes as
+    each other and as the host call's (bench/silu_division_sweep.py runs every float of the range
+    on a GPU). On the host both halves compare the vectorized loop with the unaligned one."""
     x = _silu_fast_range(24, 31)
-    ones = array.array("f", [1.0] * len(x))
+    dy = _fresh(len(x), 32)
     t = elementwise_mode.numeric_mode
-    host = [raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(ones, x, numeric_mode=t))]
+    host = [raw(ew.silu_forward(x, numeric_mode=t)), raw(ew.silu_backward(dy, x, numeric_mode=t))]
     shifted = [raw(ew.silu_forward(memoryview(x)[1:], numeric_mode=t)),
-               raw(ew.silu_backward(memoryview(ones)[1:], memoryview(x)[1:], numeric_mode=t))]
+               raw(ew.silu_backward(memoryview(dy)[1:], memoryview(x)[1:], numeric_mode=t))]
     assert shifted == [h[4:] for h in host]
     if not elementwise_mode.has("device_buffers"):
         return
-    xs, os_ = [Array.from_list(list(v), "float32") for v in (x, ones)]
-    for ux, uones in ((mojo_train.to_device(xs, numeric_mode=t), mojo_train.to_device(os_, numeric_mode=t)),
-                      (device_copy_at(xs, 4, t), device_copy_at(os_, 4, t))):
-        assert raw(ew.silu_forward(ux, numeric_mode=t).to_host()) == host[0]
-        assert raw(ew.silu_backward(uones, ux, numeric_mode=t).to_host()) == host[1]
-        out = DeviceArray((len(x),), "float32", numeric_mode=t)
+    xs, dys = [Array.from_list(list(v), "float32") for v in (x, dy)]
+    for offset in (0, 4):       # 0: the fast groups; 4: the per-element path
+        if offset:
+            ux, udy, out = (device_copy_at(v, offset, t) for v in (xs, dys, xs))
+        else:
+            ux, udy = (mojo_train.to_device(v, numeric_mode=t) for v in (xs, dys))
+            out = DeviceArray((len(x),), "float32", numeric_mode=t)
+        assert raw(ew.silu_forward(ux, numeric_mode=t).to_host()) == host[0], offset
+        assert raw(ew.silu_backward(udy, ux, numeric_mode=t).to_host()) == host[1], offset
         ew.silu_forward(ux, out=out, numeric_mode=t)
-        assert raw(out.to_host()) == host[0]
+        assert raw(out.to_host()) == host[0], offset
+        ew.silu_backward(udy, ux, out=out, numeric_mode=t)
+        assert raw(out.to_host()) == host[1], offset
 
 
 def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode):

@@ -153,15 +153,16 @@ __device__ __forceinline__ float elt_mid(float a, float b) {
     return OP == OP_SILU ? mt_silu_of(a, mt_expf_mid(-a)) : mt_silu_grad_of(a, b, mt_expf_mid(-b));
 }
 
-/* SiLU's quotients without div.rn's range check. CUDA's IEEE x / d (and 1 / d) is a reciprocal
- * estimate, one Newton step and one remainder correction, guarded by a range check (FCHK) that
- * branches to a slow path for operands near the float range's ends. Where a float4 group's
- * four x all lie in [2^-64, 64] in magnitude (silu_fast: false for NaN and inf, so the group is
- * finite, and -x lies in mt_expf_mid's range), d = 1 + e^-x lies in [1, 2^93] and every operand
- * and result is normal, so the guarded sequence alone is taken: the same bits as the IEEE
- * quotient, checked for every float x of that range on the GPU (bench/silu_division_sweep.py:
- * the fast groups against the per-element path of an unaligned call). About five of SiLU's
- * ~55 instructions an element go (FCHK, the branch and its reconvergence), and the group's
+/* SiLU's quotients without div.rn's range check. CUDA's IEEE x / d (1 / d too: nvcc gives it the
+ * same sequence with x = 1) is a reciprocal estimate, one Newton step and one remainder
+ * correction, guarded by a range check (FCHK) that branches to a slow path for operands near the
+ * float range's ends. Where a float4 group's four x all lie in [2^-64, 64] in magnitude
+ * (silu_fast: false for NaN and inf, so the group is finite, and -x lies in mt_expf_mid's
+ * range), d = 1 + e^-x lies in [1, 2^93] and every operand and result is normal, so the
+ * sequence alone is taken: the same bits as the IEEE quotient, checked for every float x of that
+ * range on the GPU (bench/silu_division_sweep.py: the fast groups against the per-element path
+ * of an unaligned call, forward and backward, in each exact mode). About five of SiLU's ~52
+ * instructions an element go (FCHK, the branch and its reconvergence), and the group's
  * finiteness check of x (known finite). HIP, the sabotaged build and the fast mode (whose
  * division is approximate: --use_fast_math) keep their operators. */
 #if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE && MT_NUMERIC_MODE != MT_MODE_FAST
@@ -177,29 +178,25 @@ __device__ __forceinline__ bool silu_fast(float x) {
     return a >= MT_SILU_FAST_LO && a <= MT_SILU_FAST_HI;
 }
 
-/* 1 / d and x / d for d in [1, 2^93] and normal x, |x| <= 64: CUDA's own fast path of rcp.rn
- * and div.rn (estimate, Newton step, remainder correction), without the guard. */
-__device__ __forceinline__ float rcp_unguarded(float d) {
+/* x / d for d in [1, 2^93] and x normal (or 1), |x| <= 64: div.rn's own sequence without its
+ * guard -- the estimate, the Newton step, the quotient and its remainder correction. */
+__device__ __forceinline__ float div_unguarded(float x, float d) {
 #if MT_SILU_FAST
     float y;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
-    return __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
-#else
-    return 1.0f / d;
-#endif
-}
-
-__device__ __forceinline__ float div_unguarded(float x, float d) {
-    float y = rcp_unguarded(d);
+    y = __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
     float q = __fmul_rn(x, y);
     return __fmaf_rn(__fmaf_rn(-d, q, x), y, q);
+#else
+    return x / d;
+#endif
 }
 
 template <int OP>
 __device__ __forceinline__ float elt_fast(float a, float b) {
     if (OP == OP_SILU) return div_unguarded(a, 1.0f + mt_expf_mid(-a));
     float e = mt_expf_mid(-b);
-    return mt_silu_grad_of_s(a, b, e, rcp_unguarded(1.0f + e));
+    return mt_silu_grad_of_s(a, b, e, div_unguarded(1.0f, 1.0f + e));
 }
 
 /* A float4 group of the map, with (FUSED) the finiteness check of what it reads. */
@@ -235,11 +232,12 @@ __device__ __forceinline__ float4 elt4(float4 qa, float4 qb, bool &bad_a, bool &
  * writes it, so an in-place call (out == a) reads what it was given. The empty asm statement
  * after the loads stops the compiler from sinking each load to its first use. */
 /* FUSED: no pre-pass ran; the kernel checks what it reads (mt_map_report). LEAN: no unrolled
- * loop, for the memory-bound add, launched with a thread per group (lean_map): a kernel of few
- * registers then keeps 2,048 threads an SM with their loads in flight, which
- * bench/elementwise_variants.cu measured at 4.35 TB/s against the capped, unrolled walk's 4.05.
- * (The maps with an exp or erf stay on that walk: a thread per group made SiLU 36% slower, the
- * NOTES' twentieth session.) */
+ * loop, for the memory-bound maps (add, and SiLU with its gradient since their fast groups),
+ * launched with a thread per group (lean_map): a kernel of few registers then keeps most of
+ * 2,048 threads an SM with their loads in flight, which bench/elementwise_variants.cu measured at
+ * 4.35 TB/s against the capped, unrolled walk's 4.05. (GELU stays on that walk: issue-bound, as
+ * SiLU was when a thread per group of the unrolled kernel, 47-64 registers, made it 36% slower:
+ * the NOTES' twentieth session.) */
 #ifndef MT_MAP_UNROLL
 #define MT_MAP_UNROLL 4
 #endif
@@ -279,9 +277,13 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
-/* The maps without transcendental arithmetic: memory-bound, so the lean kernel. */
-#ifndef MT_MAP_LEAN_SILU   /* an experiment's switch (bench/results/NOTES.md, twenty-eighth session) */
-#define MT_MAP_LEAN_SILU 0
+/* The memory-bound maps take the lean kernel (above). */
+/* SiLU and its gradient take the lean launch too since their fast groups (above) made them
+ * memory-bound: on an H100 SiLU's kernel went from 90-92% of the copy yardstick on the unrolled
+ * walk (50 and 64 registers) to 94-95% on the lean one (34 and 32), 0.81 -> 0.77 ms at 2^28
+ * (bench/results/NOTES.md, twenty-eighth session). 0 keeps them on the unrolled walk. */
+#ifndef MT_MAP_LEAN_SILU
+#define MT_MAP_LEAN_SILU 1
 #endif
 __host__ __device__ constexpr bool lean_map(int op) { return op == OP_ADD || (MT_MAP_LEAN_SILU && exp_map(op)); }
 
