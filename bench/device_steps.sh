@@ -6,7 +6,7 @@
 #     make -j4 cuda && bash bench/device_steps.sh prepare
 # writes the cffi and pycparser wheels for Python 3.12 and the commit's name (and whether
 # native/ or mojo_train/ differ from it) into .whl/, with the libraries and programs a GPU call
-# uses in .whl/build/ (the CPU and CUDA libraries, the probe: all of native/build is over the
+# uses in .whl/build/ (the CPU, CUDA and emulated-Metal libraries, the probe: all of native/build is over the
 # tool's 64 MiB). Then call the device tool's `run` with carry [".whl"] and a command such as
 #     bash bench/device_steps.sh cards suite bench=rms_norm_cuda
 # Each step's output goes to $OUT/logs/<step>.txt, and everything comes back as $OUT/logs.tgz
@@ -66,7 +66,8 @@ if [ "${1:-}" = prepare ]; then
         --platform manylinux_2_17_x86_64 -d .whl cffi pycparser || exit 1
     built_from_these_sources all || exit 1
     rm -rf .whl/build && mkdir -p .whl/build
-    for f in native/build/libmojo_train_cpu_* native/build/libmojo_train_cuda_* native/build/ftz_probe_cuda; do
+    for f in native/build/libmojo_train_cpu_* native/build/libmojo_train_cuda_* native/build/libmojo_train_metal_emulated_* \
+             native/build/ftz_probe_cuda; do
         [ -f "$f" ] && cp -p "$f" .whl/build/
     done
     git rev-parse --short HEAD > .whl/commit
