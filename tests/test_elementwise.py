@@ -13,8 +13,10 @@ itself (in place, the out-of-place bits) or disjoint from every input; dtypes ar
 import array
 import functools
 import math
+import os
 import random
 import re
+import sys
 
 import pytest
 
@@ -23,7 +25,7 @@ from mojo_train import DeviceArray
 from mojo_train import elementwise as ew
 from mojo_train._native import ffi
 
-from _helpers import EINVAL, bits, f32, f32_array, raw, skip_unless_gradual_underflow, wide_array
+from _helpers import EINVAL, REPO, bits, f32, f32_array, raw, skip_unless_gradual_underflow, wide_array
 from mojo_train import Array
 from _layer_helpers import assert_c_refusals_write_nothing, assert_nonfinite_refused, c_in, device_copy_at, \
     digests_over_thread_counts, mat, need_device, same_bits, values
@@ -677,3 +679,17 @@ def _print_gelu_figures():
 
 if __name__ == "__main__":
     _print_gelu_figures()
+
+
+def test_the_silu_division_sweep_covers_its_range_once():
+    """bench/silu_division_sweep.py's chunks: consecutive, from 2^-64's bits to 64's, each float
+    once, at any chunk size (the GPU proof of the fast groups rests on it)."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    import silu_division_sweep as sweep
+    for chunk in (1 << 26, 1 << 24, 12345):
+        start = sweep.LO_BITS
+        for first, count in sweep.chunks(chunk):
+            assert first == start and 0 < count <= chunk
+            start += count
+        assert start == sweep.HI_BITS + 1
+    assert (sweep.LO_BITS, sweep.HI_BITS) == (bits(2.0 ** -64), bits(64.0))
