@@ -131,7 +131,7 @@ MT_HD void mt_sincospif(float x, MT_THREAD float *sin_out, MT_THREAD float *cos_
     float xm = a - 2.0f * (float)(int32_t)(a * 0.5f);
     float shifted = 2.0f * xm + SHIFT;
     float kf = shifted - SHIFT;
-    int q = mt_math_shifted_int(shifted) & 3;
+    int q = mt_math_k(shifted, kf) & 3;
     float r = xm - 0.5f * kf;
     float s = mt_sinpi_core(r), c = mt_cospi_core(r);
     float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
@@ -152,7 +152,7 @@ MT_HD void mt_sincospif_angle(float x, MT_THREAD float *sin_out, MT_THREAD float
     const float SHIFT = 12582912.0f;                 /* 0x4b400000 = 1.5 * 2^23 */
     float shifted = 2.0f * x + SHIFT;
     float kf = shifted - SHIFT;
-    int q = mt_math_shifted_int(shifted) & 3;
+    int q = mt_math_k(shifted, kf) & 3;
     float r = x - 0.5f * kf;
     float s = mt_sinpi_main(r), c = mt_cospi_core(r);
     float ss = mt_math_pick(q & 1, c, s), cc = mt_math_pick(q & 1, s, c);
