@@ -285,6 +285,12 @@ $(BUILD)/ftz_probe_cuda: bench/ftz_probe_cuda.cu native/metal/mt_ftz_probe_cases
 	    -o $@.cases$(TMP).o && $(NVCC) -O2 $(CUDA_ARCH) $(INCLUDES) -Inative/metal $(NVCC_MODE_identical_ftz) \
 	    -Xcompiler -ffp-contract=off -o $@ bench/ftz_probe_cuda.cu $@.cases$(TMP).o; rc=$$?; rm -f $@.cases$(TMP).o; exit $$rc
 
+# The sweep of the unguarded quotient and root on an NVIDIA GPU, under an exact mode's device flags
+# (bench/unguarded_sweep_cuda.cu): native/build/unguarded_sweep_cuda_identical and _identical_ftz.
+$(BUILD)/unguarded_sweep_cuda_%: bench/unguarded_sweep_cuda.cu $(HDRS)
+	@mkdir -p $(dir $@)
+	$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) $(INCLUDES) $(NVCC_MODE_$*) -Xcompiler -ffp-contract=off,-fno-math-errno -o $@ $<
+
 check-cuda:
 	$(PYTHON) bench/check_cuda.py
 

@@ -36,6 +36,9 @@
 #                        that); ncu's tables then carry DIR's name (ab='s tree rounds never do)
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
 #                        flush treats each case of native/contracts/ftz.md, as JSON (ftz_probe.json)
+#     unguarded_sweep    native/build/unguarded_sweep_cuda_identical and _identical_ftz (make them here:
+#                        bench/unguarded_sweep_cuda.cu): the unguarded quotient and root against IEEE's
+#                        on every input of their callers, one JSON line each (unguarded_sweep.txt)
 set -u
 cd "$(dirname "$0")/.."
 # Each CUDA library was built from today's sources and flags, whatever the file times say: its
@@ -67,7 +70,7 @@ if [ "${1:-}" = prepare ]; then
     built_from_these_sources all || exit 1
     rm -rf .whl/build && mkdir -p .whl/build
     for f in native/build/libmojo_train_cpu_* native/build/libmojo_train_cuda_* native/build/libmojo_train_metal_emulated_* \
-             native/build/ftz_probe_cuda; do
+             native/build/ftz_probe_cuda native/build/unguarded_sweep_cuda_*; do
         [ -f "$f" ] && cp -p "$f" .whl/build/
     done
     git rev-parse --short HEAD > .whl/commit
@@ -162,6 +165,10 @@ for step in "$@"; do
     ftz_probe)
         native/build/ftz_probe_cuda > "$L/ftz_probe.json" 2> "$L/ftz_probe.txt"
         echo "rc=$?" >> "$L/ftz_probe.txt" ;;
+    unguarded_sweep)
+        for m in identical identical_ftz; do
+            timeout 120 native/build/unguarded_sweep_cuda_$m; echo "rc=$?"
+        done > "$L/unguarded_sweep.txt" 2>&1 ;;
     sanitize)
         make sanitize-cuda > "$L/sanitize.txt" 2>&1
         echo "rc=$?" >> "$L/sanitize.txt"

@@ -379,6 +379,17 @@ def digest(opt):
     return sha(*(list(opt.params) + state_buffers(opt) + [str(opt.t).encode()]))
 
 
+def portable_calls(code):
+    """The names called in C source `code`, its comments and CUDA device code's unguarded
+    sequences (`#if MT_MATH_UNGUARDED` .. `#else`: the GPU's own instructions, never a CPU's)
+    left out: what a section of the pinned headers calls on every vendor."""
+    import re
+    code = re.sub(r"/\*.*?\*/", "", code, flags=re.S)
+    code = re.sub(r"#if MT_MATH_UNGUARDED\n.*?#else\n", "", code, flags=re.S)
+    assert "double" not in code
+    return set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", code))
+
+
 def python_path(*first):
     """PYTHONPATH for a child interpreter: ``first`` ahead of the caller's own PYTHONPATH, which
     may hold what the package needs (cffi lives in a --target folder on the GPU machine)."""

@@ -153,18 +153,16 @@ __device__ __forceinline__ float elt_mid(float a, float b) {
     return OP == OP_SILU ? mt_silu_of(a, mt_expf_mid(-a)) : mt_silu_grad_of(a, b, mt_expf_mid(-b));
 }
 
-/* SiLU's quotients without div.rn's range check. CUDA's IEEE x / d (1 / d too: nvcc gives it the
- * same sequence with x = 1) is a reciprocal estimate, one Newton step and one remainder
- * correction, guarded by a range check (FCHK) that branches to a slow path for operands near the
- * float range's ends. Where a float4 group's four x all lie in [2^-64, 64] in magnitude
- * (silu_fast: false for NaN and inf, so the group is finite, and -x lies in mt_expf_mid's
- * range), d = 1 + e^-x lies in [1, 2^93] and every operand and result is normal, so the
- * sequence alone is taken: the same bits as the IEEE quotient, checked for every float x of that
- * range on the GPU (bench/silu_division_sweep.py: the fast groups against the per-element path
- * of an unaligned call, forward and backward, in each exact mode). About five of SiLU's ~52
- * instructions an element go (FCHK, the branch and its reconvergence), and the group's
- * finiteness check of x (known finite). HIP, the sabotaged build and the fast mode (whose
- * division is approximate: --use_fast_math) keep their operators. */
+/* SiLU's quotients without div.rn's range check (mt_math_div_by, mt_pinned_math.h). Where a
+ * float4 group's four x all lie in [2^-64, 64] in magnitude (silu_fast: false for NaN and inf,
+ * so the group is finite, and -x lies in mt_expf_mid's range), d = 1 + e^-x lies in [1, 2^93]
+ * and every operand and result is normal, so the refined sequence alone is taken: the same bits
+ * as the IEEE quotient, checked for every float x of that range on the GPU
+ * (bench/silu_division_sweep.py: the fast groups against the per-element path of an unaligned
+ * call, forward and backward, in each exact mode). About five of SiLU's ~52 instructions an
+ * element go (FCHK, the branch and its reconvergence), and the group's finiteness check of x
+ * (known finite). HIP, the sabotaged build and the fast mode (whose division is approximate:
+ * --use_fast_math) keep their operators. */
 #if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE && MT_NUMERIC_MODE != MT_MODE_FAST
 #define MT_SILU_FAST 1
 #else
@@ -178,19 +176,8 @@ __device__ __forceinline__ bool silu_fast(float x) {
     return a >= MT_SILU_FAST_LO && a <= MT_SILU_FAST_HI;
 }
 
-/* x / d for d in [1, 2^93] and x normal (or 1), |x| <= 64: div.rn's own sequence without its
- * guard -- the estimate, the Newton step, the quotient and its remainder correction. */
-__device__ __forceinline__ float div_unguarded(float x, float d) {
-#if MT_SILU_FAST
-    float y;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
-    y = __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
-    float q = __fmul_rn(x, y);
-    return __fmaf_rn(__fmaf_rn(-d, q, x), y, q);
-#else
-    return x / d;
-#endif
-}
+/* x / d for d in [1, 2^93] and x normal (or 1), |x| <= 64: mt_math_div_by's range. */
+__device__ __forceinline__ float div_unguarded(float x, float d) { return mt_math_div_by(x, d, mt_math_divisor(d)); }
 
 template <int OP>
 __device__ __forceinline__ float elt_fast(float a, float b) {

@@ -165,18 +165,34 @@ MT_HD void mt_sincospif_angle(float x, MT_THREAD float *sin_out, MT_THREAD float
 MT_HD float mt_logf_normal(float x) {
     int e;
     float m = mt_math_split(x, &e);
-    return mt_math_log_core((float)e, m - 1.0f, 0.0f);
+    return mt_math_log_core_f((float)e, m - 1.0f);
+}
+
+/* sqrt(v): IEEE's bits where v is +0 or a normal float of at least 2^-100 (the sequence gives
+ * NaN at +0, picked away). */
+MT_HD float mt_math_sqrt_pos(float v) {
+#if MT_MATH_UNGUARDED
+    float r;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(v));
+    float y = __fmul_rn(v, r);
+    float s = __fmaf_rn(__fmaf_rn(-y, y, v), __fmul_rn(r, 0.5f), y);
+    return v > 0.0f ? s : v;
+#else
+    return sqrtf(v);
+#endif
 }
 
 /* ---- normal draws (Box-Muller) ----------------------------------------------------------
  * Stream elements 2j and 2j + 1 (words w0, w1 of one Philox block's pair j mod 2):
  * u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24 in [0, 1) (both exact),
  * rad = sqrtf(0 - 2 * mt_logf(u1)) (2 * log exact; rad = +0 when u1 = 1; rad <= 5.7683),
- * (s, c) = mt_sincospif(2 * u2), element 2j = rad * c, element 2j + 1 = rad * s. */
+ * (s, c) = mt_sincospif(2 * u2), element 2j = rad * c, element 2j + 1 = rad * s. The root's
+ * operand is +0 or in [2^-23, 33.3] (u1 <= 1 - 2^-24 gives -2 ln u1 >= 2^-23): the range of
+ * mt_math_sqrt_pos. */
 MT_HD_INLINE void mt_box_muller(uint32_t w0, uint32_t w1, MT_THREAD float *z0, MT_THREAD float *z1) {
     float u1 = (float)((w0 >> 8) + 1u) * 5.9604644775390625e-08f;
     float u2 = mt_u01(w1);
-    float rad = sqrtf(0.0f - 2.0f * mt_logf_normal(u1));   /* = mt_logf(u1): u1 is normal */
+    float rad = mt_math_sqrt_pos(0.0f - 2.0f * mt_logf_normal(u1));   /* = mt_logf(u1): u1 is normal */
     float s, c;
     mt_sincospif_angle(2.0f * u2, &s, &c);                 /* = mt_sincospif(2 u2) */
     *z0 = rad * c;

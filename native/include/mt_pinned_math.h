@@ -13,6 +13,14 @@
 #define MT_MATH_GPU_DEVICE 0
 #endif
 
+/* CUDA device code of the exact modes: x / d and sqrt(v) on known ranges without the range
+ * check (mt_math_div_by below). */
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP) && MT_NUMERIC_MODE != MT_MODE_FAST
+#define MT_MATH_UNGUARDED 1
+#else
+#define MT_MATH_UNGUARDED 0
+#endif
+
 /* ==== pinned exp, log, log1p, erf, tanh (contract: native/contracts/math.md) ===============
  * Float32-only (no double: Metal has none), no libm call but fmaf, every step a correctly
  * rounded binary32 + - * / or fmaf in the order written, IEEE gradual underflow. Measured by
@@ -54,6 +62,43 @@ MT_HD int mt_math_k(float t, float kf) {
     return mt_math_shifted_int(t);   /* kf unused here, t unused below: same integer */
 #else
     return (int)kf;
+#endif
+}
+
+/* x / d and sqrt(v) without the GPU's range checks, where the caller knows its operands lie far
+ * from the float range's ends (each caller says why). CUDA's IEEE quotient and square root are
+ * a hardware estimate refined by fmas -- for x / d: r = rcp(d) and one Newton step, q = x r, then
+ * one remainder correction; for sqrt(v): y = v rsqrt(v), then one correction -- behind a range
+ * check (FCHK for the quotient, an exponent test for the root) that branches to a slow path near
+ * zero, the subnormals, the overflow threshold and the specials. Inside the callers' ranges the
+ * refined sequence is the IEEE result (the check would pass), so the sequence alone gives the
+ * same bits without the check, its branch and its reconvergence: CUDA device code of the exact
+ * modes takes it (MT_MATH_UNGUARDED; the root, mt_math_sqrt_pos, is Box-Muller's, in
+ * mt_pinned_elementwise.h); every other build (CPU, HIP, Metal, the fast mode, whose operators
+ * are approximate) the IEEE operators. Checked on the GPU for every input each caller can
+ * receive (bench/unguarded_sweep_cuda.cu, bench/silu_division_sweep.py). */
+
+/* What mt_math_div_by takes for the divisor d: its refined reciprocal on the GPU sequence, d
+ * itself elsewhere. Formed once for quotients that share d. */
+MT_HD float mt_math_divisor(float d) {
+#if MT_MATH_UNGUARDED
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(d));
+    return __fmaf_rn(y, __fmaf_rn(-d, y, 1.0f), y);
+#else
+    return d;
+#endif
+}
+
+/* x / d with r = mt_math_divisor(d): IEEE's bits where d is normal in [2^-60, 2^100] in
+ * magnitude and x is +0 or normal with x / d normal (x = -0 would give +0). */
+MT_HD float mt_math_div_by(float x, float d, float r) {
+#if MT_MATH_UNGUARDED
+    float q = __fmul_rn(x, r);
+    return __fmaf_rn(__fmaf_rn(-d, q, x), r, q);
+#else
+    (void)r;
+    return x / d;
 #endif
 }
 
@@ -160,19 +205,13 @@ MT_HD float mt_expf_mid(float x) {
  * Q ~ (2 atanh(s) - 2 s) / s^3 in z = s^2 of degree 3 on 0 <= z <= 0.0295. e * ln2 =
  * ahi + alo (ahi = e * MT_LN2_HI, its rounding error by fmaf, plus e * MT_LN2_LO);
  * ahi + 2 shi = sum + err exactly (Fast2Sum); the result is sum + (small terms), one
- * final rounding of an error of a few 2^-30 relative. */
-MT_HD float mt_math_log_core(float e, float f, float flo) {
+ * final rounding of an error of a few 2^-30 relative. mt_math_log_finish is the part after
+ * the quotient. */
+MT_HD float mt_math_log_finish(float e, float shi, float slo) {
     const float Q0 = 0.66666662693023681640625f;       /* 0x3f2aaaaa */
     const float Q1 = 0.400008141994476318359375f;      /* 0x3ecccdde */
     const float Q2 = 0.28513240814208984375f;          /* 0x3e91fce0 */
     const float Q3 = 0.23964299261569976806640625f;    /* 0x3e7564f9 */
-    float nhi = f + flo;
-    float nlo = flo - (nhi - f);                     /* f + flo = nhi + nlo */
-    float dhi = 2.0f + f;
-    float dlo = ((2.0f - dhi) + f) + flo;            /* 2 + f + flo = dhi + dlo (to 2^-48) */
-    float shi = nhi / dhi;
-    float rem = fmaf(-shi, dhi, nhi);                /* exact remainder */
-    float slo = (rem + (nlo - shi * dlo)) / dhi;
     float z = shi * shi;
     float q = Q3;
     q = fmaf(q, z, Q2);
@@ -185,6 +224,35 @@ MT_HD float mt_math_log_core(float e, float f, float flo) {
     float sum = ahi + b;
     float err = b - (sum - ahi);                     /* ahi + b = sum + err (|ahi| >= |b| or ahi == 0) */
     return sum + (((t + 2.0f * slo) + alo) + err);
+}
+
+MT_HD float mt_math_log_core(float e, float f, float flo) {
+    float nhi = f + flo;
+    float nlo = flo - (nhi - f);                     /* f + flo = nhi + nlo */
+    float dhi = 2.0f + f;
+    float dlo = ((2.0f - dhi) + f) + flo;            /* 2 + f + flo = dhi + dlo (to 2^-48) */
+    float shi = nhi / dhi;
+    float rem = fmaf(-shi, dhi, nhi);                /* exact remainder */
+    float slo = (rem + (nlo - shi * dlo)) / dhi;
+    return mt_math_log_finish(e, shi, slo);
+}
+
+/* mt_math_log_core(e, f, 0) for f != -0, the same bits in fewer operations: with flo = +0,
+ * nhi = f + 0 = f (f is not -0), nlo = 0 - (f - f) = +0, dlo's + 0 changes no value (the sum
+ * before it is never -0: 2 - dhi is not), and rem + (0 - p) = rem - p (they could differ only
+ * for rem = -0, p = +0, but an exact fmaf remainder of f != -0 is never -0). The two quotients
+ * share dhi, and take the unguarded GPU sequence where f = m - 1 of a split (mt_math_split):
+ * then f is 0 or a multiple of 2^-24, dhi lies in [1.70, 2.42], and rem - p is +0 or a nonzero
+ * multiple of 2^-73, so every operand and quotient is normal
+ * (bench/unguarded_sweep_cuda.cu compares it with the IEEE core on the GPU for every such f). */
+MT_HD float mt_math_log_core_f(float e, float f) {
+    float dhi = 2.0f + f;
+    float dlo = (2.0f - dhi) + f;                    /* 2 + f = dhi + dlo exactly */
+    float r = mt_math_divisor(dhi);
+    float shi = mt_math_div_by(f, dhi, r);
+    float rem = fmaf(-shi, dhi, f);                  /* exact remainder */
+    float slo = mt_math_div_by(rem - shi * dlo, dhi, r);
+    return mt_math_log_finish(e, shi, slo);
 }
 
 /* Splits a positive normal float v as 2^e * m with m in [sqrt(1/2), sqrt(2)) (bits
@@ -212,7 +280,7 @@ MT_HD float mt_logf(float x) {
         eoff = -149;
     }
     float m = mt_math_split(x, &e);
-    return mt_math_log_core((float)(e + eoff), m - 1.0f, 0.0f);
+    return mt_math_log_core_f((float)(e + eoff), m - 1.0f);
 }
 
 /* ln(1 + x). Special: NaN -> NaN; x < -1 (-inf included) -> NaN; -1 -> -inf; +inf -> +inf;
