@@ -74,6 +74,16 @@
 #define MT_MADD(a, b, c) fmaf((a), (b), (c))
 #endif
 
+/* a * b, the product of an exact split (p = a * b, then fmaf(a, b, -p) its error), with b a
+ * constant. CUDA device code of the pinned modes spells it __fmul_rn: nvcc folds the plain
+ * product's negation into the constant (-p = a * -b), a second multiply, where the intrinsic's
+ * is a negated fma operand. The same bits. */
+#if MT_PINNED_ARITHMETIC && defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP)
+#define MT_MUL_SPLIT(a, b) __fmul_rn((a), (b))
+#else
+#define MT_MUL_SPLIT(a, b) ((a) * (b))
+#endif
+
 /* Sabotage builds (make SABOTAGE=<op>) break one op's pinned arithmetic on purpose, so the
  * cards can prove they notice. Never defined in a real build. */
 #ifdef MT_SABOTAGE_OPTIM

@@ -67,9 +67,9 @@ MT_HD float mt_sinpi_main(float r) {
     p = fmaf(p, z, S2);
     p = fmaf(p, z, S1);
     float n = (c * z) * p;
-    float m = c * S0;
+    float m = MT_MUL_SPLIT(c, S0);
     float ml = fmaf(c, S0, -m);
-    float ah = r * MT_PI_HI;
+    float ah = MT_MUL_SPLIT(r, MT_PI_HI);
     float al = fmaf(r, MT_PI_HI, -ah);
 #if MT_SAB_RANDOM
     float lo = al;
@@ -88,7 +88,7 @@ MT_HD float mt_sinpi_core(float r) {
     const float DOWN = 5.42101086242752217003726400434970855712890625e-20f;   /* 2^-64 */
     float y = mt_sinpi_main(r);
     float rs = r * UP;                               /* exact */
-    float big = rs * MT_PI_HI;
+    float big = MT_MUL_SPLIT(rs, MT_PI_HI);
     float bigl = fmaf(rs, MT_PI_HI, -big);
     float ty = big * DOWN;                           /* the rounding onto the grid */
     float terr = big - ty * UP;                      /* exact */
@@ -107,7 +107,7 @@ MT_HD float mt_cospi_core(float r) {
     const float Q3 = -0.02421933598816394805908203125f;  /* 0xbcc667a1 */
     float z = r * r;
     float zl = fmaf(r, r, -z);
-    float ph = C1_HI * z;
+    float ph = MT_MUL_SPLIT(z, C1_HI);
     float pl = fmaf(C1_HI, z, -ph);
     float q = Q3;
     q = fmaf(q, z, Q2);

@@ -218,7 +218,7 @@ MT_HD float mt_math_log_finish(float e, float shi, float slo) {
     q = fmaf(q, z, Q1);
     q = fmaf(q, z, Q0);
     float t = (shi * z) * q;
-    float ahi = e * MT_LN2_HI;
+    float ahi = MT_MUL_SPLIT(e, MT_LN2_HI);
     float alo = fmaf(e, MT_LN2_HI, -ahi) + e * MT_LN2_LO;
     float b = 2.0f * shi;
     float sum = ahi + b;
