@@ -4,7 +4,7 @@
  *   mt_logf_normal(u1) = mt_logf(u1) for u1 = m 2^-24, 1 <= m <= 2^24;
  *   mt_math_log_core_f(e, f) = mt_math_log_core(e, f, 0) for every f = m - 1 of a split (m's bits
  *   0x3f3504f3..0x3fb504f2), e = 0 and e = -24 (mt_logf's shortened core).
- * Exhaustive: 2^24 inputs each (2^23 for the core), about two seconds.
+ * Exhaustive: 2^24 inputs each (2^23 f at two e for the core), about two seconds.
  *
  *   gcc -O2 -ffp-contract=off -Inative/include bench/box_muller_identity.c -o /tmp/box_muller_identity -lm
  *   /tmp/box_muller_identity

@@ -1,10 +1,12 @@
 /* unguarded_sweep_cuda.cu -- proof on an NVIDIA GPU that the pinned routines' unguarded quotient and
- * square root (mt_math_div_by, mt_math_sqrt_pos: native/include/mt_pinned_math.h) give the IEEE
- * operators' bits on every input their callers can receive, under the device flags of the numeric
- * mode it is built with (identical or identical_ftz):
- *   1. logs: mt_math_log_core_f(e, f), the unguarded quotients, against mt_math_log_core(e, f, 0),
- *      the IEEE ones, for every f = m - 1 of a split (m's bits 0x3f3504f3..0x3fb504f2: 2^23 values;
- *      mt_logf and Box-Muller's log reach the core through these only), e = 0 and e = -24;
+ * square root (mt_math_div_by in native/include/mt_pinned_math.h, mt_math_sqrt_pos in
+ * mt_pinned_elementwise.h) give the IEEE operators' bits on every input their callers can receive,
+ * under the device flags of the numeric mode it is built with (identical or identical_ftz):
+ *   1. logs: both quotients of mt_math_log_quotients(f) (the unguarded sequence) against IEEE's
+ *      f / dhi and (rem - shi dlo) / dhi, and mt_math_log_core_f(e, f) against
+ *      mt_math_log_core(e, f, 0) at e = 0 and -24, for every f = m - 1 of a split (m's bits
+ *      0x3f3504f3..0x3fb504f2: 2^23 values; mt_logf and Box-Muller's log reach the core through
+ *      these only);
  *   2. roots: mt_math_sqrt_pos(v) against sqrtf(v) for Box-Muller's v = 0 - 2 ln u1, every u1
  *      (u1 = m 2^-24, 1 <= m <= 2^24);
  *   3. draws: mt_box_muller on the GPU against the same routine on this host (the CPU's IEEE
@@ -41,9 +43,16 @@ __global__ void k_logs(tally *t) {
     unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= SPLIT_COUNT) return;
     float f = mt_bits_f32(SPLIT_FIRST + i) - 1.0f;
+    float shi, slo;
+    mt_math_log_quotients(f, &shi, &slo);
+    float dhi = 2.0f + f, dlo = (2.0f - dhi) + f;
+    float shi_ieee = f / dhi;
+    float slo_ieee = (fmaf(-shi_ieee, dhi, f) - shi_ieee * dlo) / dhi;
+    bool bad = mt_f32_bits(shi) != mt_f32_bits(shi_ieee) || mt_f32_bits(slo) != mt_f32_bits(slo_ieee);
     const float es[2] = {0.0f, -24.0f};
     for (int k = 0; k < 2; ++k)
-        if (mt_f32_bits(mt_math_log_core_f(es[k], f)) != mt_f32_bits(mt_math_log_core(es[k], f, 0.0f))) note(t, i);
+        bad |= mt_f32_bits(mt_math_log_core_f(es[k], f)) != mt_f32_bits(mt_math_log_core(es[k], f, 0.0f));
+    if (bad) note(t, i);
 }
 
 __global__ void k_roots(tally *t) {
@@ -79,6 +88,7 @@ int main(void) {
     float *dz;
     check(cudaMalloc(&dz, 2ull * DRAWS * sizeof(float)), "cudaMalloc");
     k_draws<<<(DRAWS + 255) / 256, 256>>>(dz);
+    check(cudaGetLastError(), "launch");
     check(cudaDeviceSynchronize(), "kernels");
     std::vector<float> z(2ull * DRAWS);
     check(cudaMemcpy(z.data(), dz, z.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -91,7 +101,7 @@ int main(void) {
             if (draws_bad++ == 0) draws_first = i;
     }
     printf("{\"mode\": %d, \"logs\": [%u, %llu, %u], \"roots\": [%u, %llu, %u], \"draws\": [%u, %llu, %u]}\n",
-           MT_NUMERIC_MODE, 2u * SPLIT_COUNT, t[0].bad, t[0].first, DRAWS, t[1].bad, t[1].first, DRAWS, draws_bad,
+           MT_NUMERIC_MODE, SPLIT_COUNT, t[0].bad, t[0].first, DRAWS, t[1].bad, t[1].first, DRAWS, draws_bad,
            draws_first);
     printf("# [inputs, differing, first differing index] of each check\n");
     return (t[0].bad || t[1].bad || draws_bad) ? 1 : 0;

@@ -559,6 +559,7 @@ def test_dropout_of_an_empty_tensor_is_empty():
     (lambda g: g.uniform((2, -1)), r"shape must hold ints >= 0"),
     (lambda g: g.uniform(3, stream=-1), r"stream must be in \[0, 2\*\*64\)"),
     (lambda g: g.normal(3, offset=2**64 - 2), r"offset \+ n must be <= 2\^64 - 1"),
+    (lambda g: g.uniform(3, offset=2**64 - 2), r"offset \+ n must be <= 2\^64 - 1"),
     (lambda g: g.kaiming_uniform(3, fan_in=0), r"fan_in must be a positive int"),
     (lambda g: g.xavier_normal(3, fan_in=2, fan_out=2.5), r"fan_out must be a positive int"),
     (lambda g: g.xavier_uniform(3, fan_in=2, fan_out=2, gain=0), r"gain must be > 0"),

@@ -317,7 +317,8 @@ MT_NOINLINE static int uniform_bounds(float *width, float *lo, float *hi, double
     return *lo < *hi;
 }
 
-int mt_check_uniform_args(float *width, float *low32, const float *out, double low, double high, int64_t n) {
+int mt_check_uniform_args(float *width, float *low32, const float *out, uint64_t offset, double low, double high,
+                          int64_t n) {
     int rc = mt_check_ptr(out, "out");
     if (rc) return rc;
     float lo, hi;
@@ -330,6 +331,7 @@ int mt_check_uniform_args(float *width, float *low32, const float *out, double l
     if (!ordered) return mt_fail(MT_EINVAL, "low must be < high in float32 (got %g, %g)", low, high);
     if (!mt_is_finite(*width)) return mt_fail(MT_EINVAL, "high - low overflows float32");
     if (n < 0) return mt_fail(MT_EINVAL, "n must be >= 0, got %lld", (long long)n);
+    if ((rc = mt_check_span(offset, n))) return rc;
     *low32 = lo;
     return MT_OK;
 }

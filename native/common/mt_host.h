@@ -84,7 +84,8 @@ int mt_check_sgd_args(float lr, float momentum, float dampening, float weight_de
 
 /* mt_uniform_fill's arguments; on success *low32 and *high32 are low and high rounded to
  * float32 under IEEE defaults, and *width = high32 - low32 (rounded once). */
-int mt_check_uniform_args(float *width, float *low32, const float *out, double low, double high, int64_t n);
+int mt_check_uniform_args(float *width, float *low32, const float *out, uint64_t offset, double low, double high,
+                          int64_t n);
 
 /* The floating-point environment every op runs in: round to nearest, no flush-to-zero or
  * denormals-are-zero, whatever the calling process set (torch.set_flush_denormal, code built

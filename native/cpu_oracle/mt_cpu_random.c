@@ -49,7 +49,7 @@ static void uniform_range(void *ctx, int64_t b, int64_t e) {
 int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
                     int64_t n) {
     float width, lo;
-    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
+    int rc = mt_check_uniform_args(&width, &lo, out, offset, low, high, n);
     if (rc) return rc;
     uniform_job job = {out, seed, stream, offset, lo, width};
     mt_fp_env env;

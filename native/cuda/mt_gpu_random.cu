@@ -65,11 +65,17 @@ __device__ __forceinline__ void store4(float *y, const span &s, int64_t t, float
     }
 }
 
-/* Uniform: element i is stream element offset + i, one per thread, grid-stride. */
-__global__ void mt_k_uniform(float *out, int64_t n, uint64_t seed, uint64_t stream, uint64_t offset, float low,
-                             float width) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = mt_uniform_at(low, width, mt_philox_word(seed, stream, offset + (uint64_t)i));
+/* Uniform: one counter block a thread (the four stream elements of one Philox block), as the
+ * normal fill; grid-stride. */
+template <int VEC>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_uniform(float *out, span s, float low, float width) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < s.blocks; t += stride) {
+        uint32_t w[4];
+        mt_philox_words(w, s.seed, s.stream, s.first_block + (uint64_t)t);
+        store4<VEC>(out, s, t, make_float4(mt_uniform_at(low, width, w[0]), mt_uniform_at(low, width, w[1]),
+                                           mt_uniform_at(low, width, w[2]), mt_uniform_at(low, width, w[3])));
+    }
 }
 
 /* mean + std * z; UNIT_STD (std == 1): z + mean, the same bits in every mode (1 * z is z,
@@ -119,12 +125,6 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_dropout(float *y, const f
         }
     }
     if (FUSED) mt_map_report(flag, bad, false);
-}
-
-int span_check(uint64_t offset, int64_t n) {
-    const char *why = mt_span_problem(offset, n);
-    return why ? mt_fail(MT_EINVAL, "%s (offset %llu, n %lld)", why, (unsigned long long)offset, (long long)n)
-               : MT_OK;
 }
 
 /* A fill of n floats at out: nothing for n == 0; out staged when it is host memory (written
@@ -178,7 +178,7 @@ int dropout_common(float *y, const float *x, float p, uint64_t seed, uint64_t st
                    uint32_t flags, const char *const names[4]) {
     int rc;
     const char *why = mt_dropout_problem(p);
-    if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = span_check(offset, n)))
+    if ((rc = mt_check_ptr(y, names[0])) || (rc = mt_check_ptr(x, names[1])) || (rc = mt_check_span(offset, n)))
         return rc;
     if (why) return mt_fail(MT_EINVAL, "%s, got %g", why, (double)p);
     if ((rc = mt_check_alias(y, x, n, 1, names[0], names[1]))) return rc;
@@ -197,18 +197,20 @@ extern "C" {
 int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
                     int64_t n) {
     float width, lo;
-    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
+    int rc = mt_check_uniform_args(&width, &lo, out, offset, low, high, n);
     if (rc) return rc;
     return run_fill(out, n, "uniform fill", [&](float *dev) {
-        int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(n, threads);
+        span s = span_of(seed, stream, offset, n);
+        int threads = mt_gpu_threads(), blocks = mt_gpu_blocks(s.blocks, threads);
         mt_gpu_record_launch(threads, blocks);
-        mt_k_uniform<<<blocks, threads, 0, MT_STREAM>>>(dev, n, seed, stream, offset, lo, width);
+        if (s.head == 0 && mt_gpu_aligned16(dev)) mt_k_uniform<1><<<blocks, threads, 0, MT_STREAM>>>(dev, s, lo, width);
+        else mt_k_uniform<0><<<blocks, threads, 0, MT_STREAM>>>(dev, s, lo, width);
     });
 }
 
 int mt_normal_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double mean, double std, int64_t n) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = span_check(offset, n))) return rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_span(offset, n))) return rc;
     float mean32, std32;
     mt_fp_env env;
     mt_fp_begin(&env);

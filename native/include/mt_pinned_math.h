@@ -70,13 +70,18 @@ MT_HD int mt_math_k(float t, float kf) {
  * a hardware estimate refined by fmas -- for x / d: r = rcp(d) and one Newton step, q = x r, then
  * one remainder correction; for sqrt(v): y = v rsqrt(v), then one correction -- behind a range
  * check (FCHK for the quotient, an exponent test for the root) that branches to a slow path near
- * zero, the subnormals, the overflow threshold and the specials. Inside the callers' ranges the
- * refined sequence is the IEEE result (the check would pass), so the sequence alone gives the
+ * zero, the subnormals, the overflow threshold and the specials. These are the same instructions
+ * as nvcc's own fast paths (sm_90), which give IEEE's result wherever the check passes; inside
+ * the callers' ranges it would, and no intermediate is subnormal there, so the .ftz forms that
+ * identical_ftz's flags give the fmas change nothing either. So the sequence alone gives the
  * same bits without the check, its branch and its reconvergence: CUDA device code of the exact
  * modes takes it (MT_MATH_UNGUARDED; the root, mt_math_sqrt_pos, is Box-Muller's, in
  * mt_pinned_elementwise.h); every other build (CPU, HIP, Metal, the fast mode, whose operators
- * are approximate) the IEEE operators. Checked on the GPU for every input each caller can
- * receive (bench/unguarded_sweep_cuda.cu, bench/silu_division_sweep.py). */
+ * are approximate) the IEEE operators. Exactness rests on the estimates' actual accuracy (a
+ * worse estimate within PTX's stated bound could miss by an ulp), so it is checked on the GPU
+ * for every input each caller can receive (bench/unguarded_sweep_cuda.cu,
+ * bench/silu_division_sweep.py), on sm_90; a newer architecture that JIT-compiles the PTX runs
+ * the sweeps again. */
 
 /* What mt_math_div_by takes for the divisor d: its refined reciprocal on the GPU sequence, d
  * itself elsewhere. Formed once for quotients that share d. */
@@ -91,7 +96,8 @@ MT_HD float mt_math_divisor(float d) {
 }
 
 /* x / d with r = mt_math_divisor(d): IEEE's bits where d is normal in [2^-60, 2^100] in
- * magnitude and x is +0 or normal with x / d normal (x = -0 would give +0). */
+ * magnitude, x is +0 or |x| >= 2^-100 (a remainder that needs correcting is then at least
+ * |x| 2^-26: normal and exact), and 2^-126 <= |x / d| < 2^127 (x = -0 would give +0). */
 MT_HD float mt_math_div_by(float x, float d, float r) {
 #if MT_MATH_UNGUARDED
     float q = __fmul_rn(x, r);
@@ -241,17 +247,24 @@ MT_HD float mt_math_log_core(float e, float f, float flo) {
  * nhi = f + 0 = f (f is not -0), nlo = 0 - (f - f) = +0, dlo's + 0 changes no value (the sum
  * before it is never -0: 2 - dhi is not), and rem + (0 - p) = rem - p (they could differ only
  * for rem = -0, p = +0, but an exact fmaf remainder of f != -0 is never -0). The two quotients
- * share dhi, and take the unguarded GPU sequence where f = m - 1 of a split (mt_math_split):
- * then f is 0 or a multiple of 2^-24, dhi lies in [1.70, 2.42], and rem - p is +0 or a nonzero
- * multiple of 2^-73, so every operand and quotient is normal
- * (bench/unguarded_sweep_cuda.cu compares it with the IEEE core on the GPU for every such f). */
-MT_HD float mt_math_log_core_f(float e, float f) {
+ * (mt_math_log_quotients) share dhi, and take the unguarded GPU sequence where f = m - 1 of a
+ * split (mt_math_split): then f is 0 or a multiple of 2^-24 of magnitude at least 2^-24, dhi
+ * lies in [1.70, 2.42], and rem - p is +0 or at least 2^-68 in magnitude (a reviewer's
+ * exhaustive count), inside mt_math_div_by's range (bench/unguarded_sweep_cuda.cu compares
+ * both quotients with IEEE's on the GPU for every such f). */
+MT_HD void mt_math_log_quotients(float f, MT_THREAD float *shi_out, MT_THREAD float *slo_out) {
     float dhi = 2.0f + f;
     float dlo = (2.0f - dhi) + f;                    /* 2 + f = dhi + dlo exactly */
     float r = mt_math_divisor(dhi);
     float shi = mt_math_div_by(f, dhi, r);
     float rem = fmaf(-shi, dhi, f);                  /* exact remainder */
-    float slo = mt_math_div_by(rem - shi * dlo, dhi, r);
+    *shi_out = shi;
+    *slo_out = mt_math_div_by(rem - shi * dlo, dhi, r);
+}
+
+MT_HD float mt_math_log_core_f(float e, float f) {
+    float shi, slo;
+    mt_math_log_quotients(f, &shi, &slo);
     return mt_math_log_finish(e, shi, slo);
 }
 

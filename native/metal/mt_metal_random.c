@@ -53,7 +53,7 @@ done:
 int mt_uniform_fill(float *out, uint64_t seed, uint64_t stream, uint64_t offset, double low, double high,
                     int64_t n) {
     float width, lo;
-    int rc = mt_check_uniform_args(&width, &lo, out, low, high, n);
+    int rc = mt_check_uniform_args(&width, &lo, out, offset, low, high, n);
     if (rc || n == 0) return rc;
     mt_mtl_random_params p = {seed, stream, offset, n, lo, width, MT_MTL_UNIFORM, 0};
     return draw(out, NULL, p, NULL);
