@@ -12,7 +12,7 @@ word), and the bytes each side must move as a fraction of the measured device-to
 bandwidth (torch's y.copy_(x) over the same 2**log2n floats: read + write).
 Bytes: dropout forward/backward, ours into out=: the finiteness pre-pass reads x (nothing is
 written when x holds NaN or inf), then read x + write y = 12 per element; a new output 8;
-torch: 8 (its dropout also writes its 1-byte mask: 9). normal fill: write 4. Before timing, the first 2**20 outputs are
+torch: 8 (its dropout also writes its 1-byte mask: 9). normal and uniform fills: write 4. Before timing, the first 2**20 outputs are
 checked against the CPU oracle. SiLU and add: bench/elementwise_cuda.py.
 """
 import os
@@ -53,6 +53,10 @@ def bench(torch, n, repeat, bw):
     normal_t = timed(lambda: y.normal_(), repeat, sync=torch.cuda.synchronize)
     rows["normal"] = {"normal_ms": normal * 1e3, "normal_torch_ms": normal_t * 1e3,
                       "normal_of_copy_bw": 4 * n / normal / bw}
+    uniform = timed(lambda: lib.mt_uniform_fill(fp(y), 1234, 2, 0, 0.0, 1.0, n), repeat)
+    uniform_t = timed(lambda: y.uniform_(), repeat, sync=torch.cuda.synchronize)
+    rows["uniform"] = {"uniform_ms": uniform * 1e3, "uniform_torch_ms": uniform_t * 1e3,
+                       "uniform_of_copy_bw": 4 * n / uniform / bw}
     return rows
 
 
@@ -67,6 +71,9 @@ def main():
              rows["dropout_matches_cpu"], rows["dropout_fresh_equals_out"]))
     print("normal fill %.3f ms (%.0f%%; torch normal_ %.3f ms)"
           % (o["normal_ms"], 100 * o["normal_of_copy_bw"], o["normal_torch_ms"]))
+    u = rows["uniform"]
+    print("uniform fill %.3f ms (%.0f%%; torch uniform_ %.3f ms)"
+          % (u["uniform_ms"], 100 * u["uniform_of_copy_bw"], u["uniform_torch_ms"]))
     gpu_record(args, "random_cuda", rows, torch)
 
 
