@@ -18,7 +18,7 @@ import sys
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import mojo_train as mt
@@ -743,10 +743,12 @@ def attention_vs_torch(case, numeric_mode, dtype=None):
 
 @settings(max_examples=25, **HYPOTHESIS)
 @given(case=attention_cases())
+@example(case={"b": 2, "h": 1, "hkv": 1, "tq": 2, "tk": 4, "d": 1, "exp": 3, "mask": "none", "seed": 0})  # flushed dk, dv
 def test_attention_stays_within_the_bound_of_torch_float64(attention_mode, case):
     outputs = attention_vs_torch(case, attention_mode.numeric_mode)
     for name, (ours, ref, unit) in outputs.items():
-        tol.assert_close_to_reference(ours, ref, "%r attention %r: %s" % (attention_mode, case, name), unit=unit)
+        tol.assert_close_to_reference(ours, ref, "%r attention %r: %s" % (attention_mode, case, name), unit=unit,
+                                      floor=tol.grid_at_zero(attention_mode))
 
 
 def _figures_case(rng):

@@ -156,6 +156,18 @@ def units(kind, options, g_unit):
 # own included (torch float32 gave -0.0 for a loss of -1.8e-76), so the bound is at least that.
 FLOAT32_GRID_AT_ZERO = 2.0 ** -149
 
+# A mode that flushes (identical_ftz: its stated rule, native/contracts/ftz.md) gives 0 for a
+# result below the smallest normal float, so near zero its grid is 2^-126, not the subnormals'.
+# Found by hypothesis in 2026-12-05's fresh-clone CI: attention's dk and dv at tiny logits, 2e-42
+# in float64, came out 0 on metal_emulated identical_ftz (176x a bound floored at 2^-149).
+FLUSHED_GRID_AT_ZERO = 2.0 ** -126
+
+
+def grid_at_zero(mode):
+    """The floor of a comparison near zero for ``mode`` (a tests/conftest.py Mode): the flushed
+    grid where the library declares the flush rule, else float32's subnormal grid."""
+    return FLUSHED_GRID_AT_ZERO if mode.has("flush_rule") else FLOAT32_GRID_AT_ZERO
+
 # A cross-entropy quantity in the subnormal range (tiny probabilities or class weights scale it:
 # a loss of 3.7e-43 from three products of probabilities near 1e-39 and weights near 1e-3,
 # 2026-12-03's thirteenth-session long fuzz run) is made of terms that each round onto that grid,
@@ -195,9 +207,10 @@ def bound_used(ours, ref64, unit, bound_of=None, floor=FLOAT32_GRID_AT_ZERO):
     return float(ratio[i]), i
 
 
-def assert_close_to_reference(ours, ref64, what, unit=1.0):
-    """Assert |ours - ref64| <= ATOL * unit + RTOL * |ref64| elementwise, naming the worst one."""
-    used, i = bound_used(ours, ref64, unit)
+def assert_close_to_reference(ours, ref64, what, unit=1.0, floor=FLOAT32_GRID_AT_ZERO):
+    """Assert |ours - ref64| <= ATOL * unit + RTOL * |ref64| (at least ``floor``) elementwise,
+    naming the worst one."""
+    used, i = bound_used(ours, ref64, unit, floor=floor)
     if used > 1.0:
         ours = np.asarray(ours, dtype=np.float64).ravel()
         ref64 = np.asarray(ref64, dtype=np.float64).ravel()
