@@ -163,11 +163,7 @@ __device__ __forceinline__ float elt_mid(float a, float b) {
  * element go (FCHK, the branch and its reconvergence), and the group's finiteness check of x
  * (known finite). HIP, the sabotaged build and the fast mode (whose division is approximate:
  * --use_fast_math) keep their operators. */
-#if !defined(__HIPCC__) && !defined(MT_HIP) && !MT_SAB_ELEMENTWISE && MT_NUMERIC_MODE != MT_MODE_FAST
-#define MT_SILU_FAST 1
-#else
-#define MT_SILU_FAST 0
-#endif
+#define MT_SILU_FAST (MT_MATH_UNGUARDED && !MT_SAB_ELEMENTWISE)
 #define MT_SILU_FAST_LO 5.42101086242752217003726400434970855712890625e-20f  /* 2^-64 */
 #define MT_SILU_FAST_HI 64.0f
 

@@ -74,11 +74,19 @@
 #define MT_MADD(a, b, c) fmaf((a), (b), (c))
 #endif
 
+/* NVIDIA device code (nvcc's device pass; never HIP's): where the routines below may spell an
+ * operation in the GPU's own instructions for the same result. */
+#if defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP)
+#define MT_CUDA_DEVICE 1
+#else
+#define MT_CUDA_DEVICE 0
+#endif
+
 /* a * b, the product of an exact split (p = a * b, then fmaf(a, b, -p) its error), with b a
  * constant. CUDA device code of the pinned modes spells it __fmul_rn: nvcc folds the plain
  * product's negation into the constant (-p = a * -b), a second multiply, where the intrinsic's
  * is a negated fma operand. The same bits. */
-#if MT_PINNED_ARITHMETIC && defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP)
+#if MT_PINNED_ARITHMETIC && MT_CUDA_DEVICE
 #define MT_MUL_SPLIT(a, b) __fmul_rn((a), (b))
 #else
 #define MT_MUL_SPLIT(a, b) ((a) * (b))
@@ -497,7 +505,7 @@ MT_HD void mt_sgd_elem(MT_THREAD float *p, MT_THREAD float *buf, float g, MT_THR
  * 64-bit product to the same wide multiply plus an add of a zero register to its high word (20
  * adds a Philox block, ~4 instructions an element of a normal fill). The same integer. */
 MT_HD uint64_t mt_mul_wide_u32(uint32_t a, uint32_t c) {
-#if defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP)
+#if MT_CUDA_DEVICE
     uint64_t p;
     asm("mul.wide.u32 %0, %1, %2;" : "=l"(p) : "r"(a), "r"(c));
     return p;

@@ -15,7 +15,7 @@
 
 /* CUDA device code of the exact modes: x / d and sqrt(v) on known ranges without the range
  * check (mt_math_div_by below). */
-#if defined(__CUDA_ARCH__) && !defined(__HIPCC__) && !defined(MT_HIP) && MT_NUMERIC_MODE != MT_MODE_FAST
+#if MT_CUDA_DEVICE && MT_NUMERIC_MODE != MT_MODE_FAST
 #define MT_MATH_UNGUARDED 1
 #else
 #define MT_MATH_UNGUARDED 0
