@@ -23,7 +23,8 @@
 #     bench=NAME         bench/NAME.py --write in three processes (targets hold on the median of
 #                        three); the results file comes back in the archive
 #     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
-#                        bench/NAME.py, as the per-instruction table (sass.csv) and the details
+#                        bench/NAME.py, as the per-instruction table (sass_KERNEL.csv) and the
+#                        details (details_KERNEL.csv; KERNEL's other characters as _)
 #     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
 #     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
 #     ab=NAME            bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
@@ -132,8 +133,9 @@ for step in "$@"; do
         spec=${step#ncu=}
         timeout 300 ncu --set full -k "regex:${spec%%:*}" -c 1 -f -o "$L/rep" python3 "bench/${spec#*:}.py" --repeat 3 \
             > "$L/ncu_run.txt" 2>&1
-        ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass$SUF.csv" 2>&1
-        ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details$SUF.csv" 2>&1
+        k=$(echo "${spec%%:*}" | tr -c 'A-Za-z0-9_\n' _)
+        ncu --import "$L/rep.ncu-rep" --page source --csv --print-source sass > "$L/sass_$k$SUF.csv" 2>&1
+        ncu --import "$L/rep.ncu-rep" --page details --csv > "$L/details_$k$SUF.csv" 2>&1
         rm -f "$L/rep.ncu-rep" ;;
     py=*)
         s=${step#py=}

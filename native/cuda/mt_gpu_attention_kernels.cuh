@@ -77,12 +77,35 @@ struct geom {
 __device__ __forceinline__ bool live_bits(float x) { return __float_as_uint(x) != MASKED; }
 __device__ __forceinline__ float masked_value() { return __uint_as_float(MASKED); }
 
-/* Rows [r0, r0 + n) of a (rows, D) tensor into a tile of stride DS (rows past n untouched). */
+/* Rows [r0, r0 + n) of a (rows, D) tensor into a tile of stride DS (rows past n untouched). The
+ * thread's elements are e = tid + k*NT of the rows' n*D floats, or of their n*D/4 float4 groups
+ * where D is a multiple of 4 and the tensor 16-byte aligned (then every row starts aligned): one
+ * division for the thread's first (row, column), then each next one by carrying NT's quotient
+ * and remainder (a division per element was a fifth of a key block's instructions). ASYNC: the
+ * groups are cp.async copies (mt_gpu.h), visible after mt_cp_async_wait and a barrier; the
+ * single floats are copied at once either way. */
+template <bool ASYNC = false>
 __device__ __forceinline__ void load_rows(float *tile, int DS, const float *src, int64_t r0, int n, int D) {
-    const float *s = src + r0 * D;
-    for (int e = threadIdx.x; e < n * D; e += NT) {
-        int r = e / D, d = e - r * D;
-        tile[r * DS + d] = s[e];
+    const bool groups = (D & 3) == 0 && ((uintptr_t)src & 15) == 0;
+    const int W = groups ? D >> 2 : D, total = n * W, step_r = NT / W, step_c = NT - step_r * W;
+    int e = threadIdx.x, r = e / W, c = e - r * W;
+    if (groups) {
+        const float4 *s = (const float4 *)(src + r0 * D);
+        for (; e < total; e += NT) {
+            if (ASYNC)
+                mt_cp_async16(tile + r * DS + 4 * c, (const float *)(s + e), 16);
+            else
+                *(float4 *)(tile + r * DS + 4 * c) = s[e];
+            r += step_r, c += step_c;
+            if (c >= W) c -= W, ++r;
+        }
+    } else {
+        const float *s = src + r0 * D;
+        for (; e < total; e += NT) {
+            tile[r * DS + c] = s[e];
+            r += step_r, c += step_c;
+            if (c >= W) c -= W, ++r;
+        }
     }
 }
 
@@ -223,6 +246,17 @@ __device__ __forceinline__ int load_key_block(float *Ks, float *Vs, int DS, cons
     return nk;
 }
 
+/* Key block kb of a query tile's kv head, copied (asynchronously where it can be) into buffer
+ * kb % 2 of KV (each buffer a K tile then a V tile), and committed as one group. */
+__device__ __forceinline__ void stage_key_block(float *KV, int DS, const mt_attn_args &a, int64_t kv0, int64_t kb) {
+    const int64_t j0 = kb * TR;
+    const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+    float *Ks = KV + (kb & 1) * 2 * TR * DS;
+    load_rows<true>(Ks, DS, a.k, kv0 + j0, nk, (int)a.D);
+    load_rows<true>(Ks + TR * DS, DS, a.v, kv0 + j0, nk, (int)a.D);
+    mt_cp_async_commit();
+}
+
 /* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = 4ty + u below n and
  * its columns col = 64g + 4tx + c below D. */
 template <int NCG, class F>
@@ -248,15 +282,17 @@ template <int NCG>
 __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     constexpr int DS = geom<NCG>::DS;
     MT_ATTN_SMEM_DECL(smem);
-    float *Qs = smem, *Ks = Qs + TR * DS, *Vs = Ks + TR * DS, *Pt = Vs + TR * DS, *Alpha = Pt + TR * PS;
+    /* two buffers of a key block's K and V tiles: block kb + 1's copy runs under block kb's work */
+    float *Qs = smem, *KV = Qs + TR * DS, *Pt = KV + 4 * TR * DS, *Alpha = Pt + TR * PS;
     const mt_attn_args &a = d.a;
     const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
     const query_tile qt = query_tile_of_block(a);
     const int64_t b = qt.b, h = qt.h, i0 = qt.i0, row0 = qt.row0;
     const int n = qt.n;
-    /* the l of row (tid / 32) * 8 + tid % 32, kept by the lanes 0..7 of each warp */
-    const int lrow = (tid >> 5) * 8 + (tid & 31);
-    const bool lsum = (tid & 31) < 8;
+    /* the l of row tid, kept by the threads of the first two warps (whole warps: the other six
+     * issue none of its steps) */
+    const int lrow = tid;
+    const bool lsum = tid < TR;
     float l = 0.0f, m[4], acc[4][4 * NCG];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -265,9 +301,15 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = 0.0f;
     }
     load_rows(Qs, DS, a.q, row0, n, D);
-    for (int64_t kb = 0, nb = key_blocks(a, i0, n); kb < nb; ++kb) {
-        int64_t j0;
-        const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's Pt read too */
+    const int64_t nb = key_blocks(a, i0, n);
+    if (nb > 0) stage_key_block(KV, DS, a, qt.kv0, 0);
+    for (int64_t kb = 0; kb < nb; ++kb) {
+        const int64_t j0 = kb * TR;
+        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+        mt_cp_async_wait<0>();
+        __syncthreads();                /* block kb's tiles are visible; block kb - 1's (and Pt) are read */
+        if (kb + 1 < nb) stage_key_block(KV, DS, a, qt.kv0, kb + 1);
+        const float *Ks = KV + (kb & 1) * 2 * TR * DS, *Vs = Ks + TR * DS;
         float s[4][4], pv[4][4];
         chains_over_d(s, Qs, Ks, DS, D);
         int masked = 0;
@@ -303,7 +345,16 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         const bool any_masked = __syncthreads_or(masked);
         if (lsum) {                                         /* l = l * alpha, then + p_j ascending */
             l = l * Alpha[lrow];
-            for (int jj = 0; jj < nk; ++jj) {
+            int jj = 0;
+            for (; jj + 8 <= nk; jj += 8) {                 /* eight loads in flight, then their adds */
+                float p[8];
+#pragma unroll
+                for (int k = 0; k < 8; ++k) p[k] = Pt[(jj + k) * PS + lrow];
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+                    if (live_bits(p[k])) l = l + p[k];
+            }
+            for (; jj < nk; ++jj) {
                 float p = Pt[jj * PS + lrow];
                 if (live_bits(p)) l = l + p;
             }
@@ -481,7 +532,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
 
 /* Shared memory of each kernel, in bytes. */
 template <int NCG>
-constexpr size_t fwd_smem() { return (size_t)(3 * TR * geom<NCG>::DS + TR * PS + TR) * 4; }
+constexpr size_t fwd_smem() { return (size_t)(5 * TR * geom<NCG>::DS + TR * PS + TR) * 4; }
 template <int NCG>
 constexpr size_t dq_smem() { return (size_t)(4 * TR * geom<NCG>::DS + TR * PS + 2 * TR) * 4; }
 template <int NCG>

@@ -107,6 +107,15 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 template <class T> inline T __ldg(const T *p) { return *p; }
+/* The project's asynchronous copies (native/cuda/mt_gpu.h) as HIP has them: a plain copy now,
+ * commit and wait doing nothing (the barrier after them orders the copy). */
+inline void mt_cp_async16(float *smem, const float *gmem, int src_bytes) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    memcpy(v, gmem, (size_t)src_bytes);
+    memcpy(smem, v, 16);
+}
+inline void mt_cp_async_commit() {}
+template <int N> inline void mt_cp_async_wait() {}
 
 namespace emu {
 
