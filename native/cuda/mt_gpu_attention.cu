@@ -117,6 +117,11 @@ int stage(attn_bufs *w, const mt_attn_args *a, int backward) {
             (rc = to_device(&d.dv, &w->arena, a->dv, kvb, false, &w->s_dv)))
             return rc;
         if (rb && (a->dq || a->dk || a->dv) && (rc = w->arena.alloc((void **)&w->dev.delta, rb))) return rc;
+        if (a->dq && rb) {                  /* the dq relay's words, zero (mt_gpu_attention_kernels.cuh) */
+            const int64_t relay_bytes = mt_attn_relay_words(*a) * 4;
+            if ((rc = w->arena.alloc((void **)&w->dev.relay, relay_bytes))) return rc;
+            MT_GPU_CHECK(gpuMemsetAsync(w->dev.relay, 0, (size_t)relay_bytes, MT_STREAM), "attention relay words");
+        }
     }
     return (w->dev.flags = mapped_flags()) ? MT_OK : MT_ENOMEM;
 }

@@ -50,11 +50,59 @@
 /* What the kernels read: the call (device pointers), the row deltas (B*H*Tq floats, the
  * backward's) and the refusal flags of the host's check kernels (int32[MT_ATTN_FLAGS], zeroed
  * before the call; the attention kernels do not touch them). */
+/* The relay's handoffs. take: a block's work index, in the order blocks start (a block waits
+ * only on blocks with smaller indices, so on blocks already running or done: no deadlock
+ * whatever order the hardware starts blocks in). wait: until *word == value, then the writes
+ * published with it are visible to the block (after its barrier). publish: *word = value after
+ * the block's writes (after its barrier). load: a float another block wrote, never from a
+ * stale L1 line. */
+#if defined(MT_EMULATED_GPU)
+inline int32_t mt_relay_take(int32_t *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
+inline void mt_relay_wait(const int32_t *word, int32_t value) {
+    while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != value) std::this_thread::yield();
+}
+inline void mt_relay_publish(int32_t *word, int32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+inline float mt_relay_load(const float *p) { return *p; }
+#elif defined(__HIPCC__) || defined(MT_HIP)
+__device__ __forceinline__ int32_t mt_relay_take(int32_t *counter) { return atomicAdd(counter, 1); }
+__device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value) {
+    while (__hip_atomic_load(word, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT) != value) __builtin_amdgcn_s_sleep(1);
+}
+__device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) {
+    __hip_atomic_store(word, value, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ float mt_relay_load(const float *p) { return *p; }   /* after an acquire at agent scope */
+#else
+__device__ __forceinline__ int32_t mt_relay_take(int32_t *counter) { return atomicAdd(counter, 1); }
+__device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value) {
+    for (;;) {
+        int32_t seen;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+        if (seen == value) break;
+        __nanosleep(64);
+    }
+}
+__device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+__device__ __forceinline__ float mt_relay_load(const float *p) { return __ldcg(p); }
+#endif
+
 struct mt_attn_dev {
     mt_attn_args a;
     float *delta;
     int32_t *flags;
+    int32_t *relay;     /* the dq relay's words (mt_attn_relay_words, zeroed before the backward), or NULL */
 };
+
+/* The dq relay (the backward with dq asked for and at least one key block): the dk/dv kernel's
+ * block of key block kb, having formed ds of a query tile, continues that tile's dq chains over
+ * its keys, from where block kb - 1 left them in dq, and hands them on. Its words: one a query
+ * tile of each (batch, head), the count of key blocks whose part of the tile's chains is in dq;
+ * then the count of blocks that have taken their work. */
+inline int64_t mt_attn_relay_words(const mt_attn_args &a) {
+    return a.B * a.H * ((a.Tq + MT_ATTN_KEY_BLOCK - 1) / MT_ATTN_KEY_BLOCK) + 1;
+}
 
 enum { MT_ATTN_FLAG_Q, MT_ATTN_FLAG_K, MT_ATTN_FLAG_V, MT_ATTN_FLAG_DOUT, MT_ATTN_FLAG_OUT, MT_ATTN_FLAG_LSE,
        MT_ATTN_FLAG_MASK, MT_ATTN_FLAGS = 8 };
@@ -469,10 +517,55 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
     store_own_rows<NCG>(a.dq + row0 * D, acc, n, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
 }
 
+/* The dq relay's step of key block kb for the query tile at i0 (n rows) of head h: ds (dSs,
+ * query rows by keys) transposed into Ps (free once the dv chains have read it), block kb - 1's
+ * part of the chains read back from dq, continued over this block's nk keys, and written back
+ * (times scale where kb is the tile's last key block), then handed on. */
+template <int NCG>
+__device__ __forceinline__ void relay_dq(const mt_attn_dev &d, float *Ps, const float *dSs, const float *Ks, int nk,
+                                         int64_t b, int64_t h, int64_t i0, int n, int64_t kb, bool any_masked) {
+    const mt_attn_args &a = d.a;
+    const int D = (int)a.D, tid = threadIdx.x;
+    const int64_t qtile = (b * a.H + h) * ((a.Tq + TR - 1) / TR) + i0 / TR, row0 = (b * a.H + h) * a.Tq + i0;
+    const bool last = kb + 1 == key_blocks(a, i0, n);
+    int32_t *word = d.relay + qtile;
+    __syncthreads();                                    /* every chain has read Ps */
+    for (int e = tid; e < TR * TR; e += NT) {
+        const int r = e >> 6, jj = e & (TR - 1);        /* r: the query row, jj: the key */
+        Ps[jj * PS + r] = dSs[r * PS + jj];
+    }
+    if (tid == 0 && kb > 0) mt_relay_wait(word, (int32_t)kb);
+    __syncthreads();                                    /* Ps is whole; block kb - 1's part is visible */
+    float acc[4][4 * NCG];
+    const int ty = tid >> 4, tx = tid & 15;
+    float *dq = a.dq + row0 * D;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int g = 0; g < NCG; ++g)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                const int r = 4 * ty + u, col = 64 * g + 4 * tx + c;
+                acc[u][4 * g + c] = kb > 0 && r < n && col < D ? mt_relay_load(dq + (int64_t)r * D + col) : 0.0f;
+            }
+    chains_over_pairs_sel<NCG>(acc, Ps, Ks, nk, any_masked);
+    if (last)
+        store_own_rows<NCG>(dq, acc, n, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
+    else
+        store_own_rows<NCG>(dq, acc, n, D, [](float x, int) { return x; });
+    __syncthreads();                                    /* every part of the tile is written */
+    if (tid == 0 && !last) mt_relay_publish(word, (int32_t)(kb + 1));
+}
+
 /* dk and dv of a key block of one kv head: chains over (query head of the group, row)
  * ascending; dk times scale at the end. Blocks walk the key blocks in ascending order (under
- * causality the first ones see the most rows). */
-template <int NCG>
+ * causality the first ones see the most rows). DQ: the block also carries the dq relay
+ * (mt_attn_relay_words): for each query tile it continues the tile's dq chains over its keys
+ * from what block kb - 1 left in dq (from +0 at the first key block), and the last key block of
+ * the tile writes scale times them -- the dq kernel's chains, in its order, without its second
+ * pass over s and dp. Its block index is taken at its start (mt_relay_take), so the block it
+ * waits on has started before it. */
+template <int NCG, bool DQ>
 __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
     constexpr int DS = geom<NCG>::DS;
     MT_ATTN_SMEM_DECL(smem);
@@ -480,7 +573,14 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
     float *dSs = Ps + TR * PS, *Lse = dSs + TR * PS, *Delta = Lse + TR;
     const mt_attn_args &a = d.a;
     const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-    const int64_t bg_count = a.B * a.Hkv, idx = blockIdx.x, kb = idx / bg_count, bg = idx % bg_count;
+    const int64_t bg_count = a.B * a.Hkv, qtiles = (a.Tq + TR - 1) / TR;
+    int64_t idx = blockIdx.x;
+    if (DQ) {
+        if (tid == 0) ((int32_t *)Delta)[TR] = mt_relay_take(d.relay + a.B * a.H * qtiles);
+        __syncthreads();
+        idx = ((const int32_t *)Delta)[TR];
+    }
+    const int64_t kb = idx / bg_count, bg = idx % bg_count;
     const int64_t b = bg / a.Hkv, g = bg % a.Hkv, group = a.H / a.Hkv, j0 = kb * TR;
     const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
     const int64_t kv0 = bg * a.Tk + j0;
@@ -522,8 +622,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
                 }
             }
             const bool any_masked = __syncthreads_or(masked);
-            chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
-            chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
+            if (a.dv) chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
+            if (a.dk) chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
+            if (DQ) relay_dq<NCG>(d, Ps, dSs, Ks, nk, b, h, i0, n, kb, any_masked);
         }
     }
     if (a.dk) store_own_rows<NCG>(a.dk + kv0 * D, dk, nk, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
@@ -536,7 +637,7 @@ constexpr size_t fwd_smem() { return (size_t)(5 * TR * geom<NCG>::DS + TR * PS +
 template <int NCG>
 constexpr size_t dq_smem() { return (size_t)(4 * TR * geom<NCG>::DS + TR * PS + 2 * TR) * 4; }
 template <int NCG>
-constexpr size_t dkv_smem() { return (size_t)(4 * TR * geom<NCG>::DS + 2 * TR * PS + 2 * TR) * 4; }
+constexpr size_t dkv_smem() { return (size_t)(4 * TR * geom<NCG>::DS + 2 * TR * PS + 2 * TR + 4) * 4; }  /* + the work index */
 
 template <int NCG, class Launch>
 int enqueue(const mt_attn_dev &d, int backward, Launch &&launch) {
@@ -548,8 +649,11 @@ int enqueue(const mt_attn_dev &d, int backward, Launch &&launch) {
     if (rows && (a.dq || a.dk || a.dv) &&
         (rc = launch(delta_kernel, (unsigned)((rows + NT - 1) / NT), (unsigned)NT, (size_t)0, d)))
         return rc;
+    if (a.dq && d.relay && kvgrid && qgrid)             /* dq by the relay, in the dk/dv kernel */
+        return launch(dkv_kernel<NCG, true>, (unsigned)kvgrid, (unsigned)NT, dkv_smem<NCG>(), d);
     if (a.dq && qgrid && (rc = launch(dq_kernel<NCG>, (unsigned)qgrid, (unsigned)NT, dq_smem<NCG>(), d))) return rc;
-    if ((a.dk || a.dv) && kvgrid && (rc = launch(dkv_kernel<NCG>, (unsigned)kvgrid, (unsigned)NT, dkv_smem<NCG>(), d)))
+    if ((a.dk || a.dv) && kvgrid &&
+        (rc = launch(dkv_kernel<NCG, false>, (unsigned)kvgrid, (unsigned)NT, dkv_smem<NCG>(), d)))
         return rc;
     return 0;
 }

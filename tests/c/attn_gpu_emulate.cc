@@ -417,19 +417,25 @@ std::string check_backward(const Oracle &O, const Case &c, const Inputs &in, flo
                    b.dout, b.q, b.k, b.v, b.out_in, b.lse_in, b.mask, c.kind, b.sb, b.sh, b.si, b.sj, c.is_causal,
                    scale, c.B, c.H, c.Hkv, c.Tq, c.Tk, c.D, c.drop_, DROP_SEED, DROP_STREAM, c.offset_))
         return std::string("ERROR oracle backward refused: ") + O.last_error();
-    Guarded dq_e((size_t)z.nq * 4), dk_e((size_t)z.nkv * 4), dv_e((size_t)z.nkv * 4), delta((size_t)z.rows * 4);
-    Guarded flags(MT_ATTN_FLAGS * 4);
-    memset(flags.bytes(), 0, MT_ATTN_FLAGS * 4);
-    b.dq = want_dq ? dq_e.f() : nullptr, b.dk = want_dk ? dk_e.f() : nullptr, b.dv = want_dv ? dv_e.f() : nullptr;
-    mt_attn_dev d{b, delta.f(), (int32_t *)flags.bytes()};
-    std::string err = run_emulated(d, 1);
-    if (!err.empty()) return "ERROR backward: " + err + (*ok ? "" : "; and the forward:" + report);
-    if (want_dq) *ok &= compare("dq", dq_e.f(), dq_o.data(), z.qshape, report, verbose);
-    if (want_dk) *ok &= compare("dk", dk_e.f(), dk_o.data(), z.kvshape, report, verbose);
-    if (want_dv) *ok &= compare("dv", dv_e.f(), dv_o.data(), z.kvshape, report, verbose);
-    *ok &= flags_clear(flags, "backward", report);
-    if (!dq_e.intact() || !dk_e.intact() || !dv_e.intact() || !delta.intact())
-        report += "\n    backward wrote past an output's end", *ok = false;
+    /* twice: dq by the dk/dv kernel's relay (the GPU's way), then by the dq kernel (no relay words) */
+    for (int relay = 1; relay >= 0; --relay) {
+        const char *how = relay ? " (relay)" : " (dq kernel)";
+        Guarded dq_e((size_t)z.nq * 4), dk_e((size_t)z.nkv * 4), dv_e((size_t)z.nkv * 4), delta((size_t)z.rows * 4);
+        Guarded flags(MT_ATTN_FLAGS * 4), words((size_t)mt_attn_relay_words(b) * 4);
+        memset(flags.bytes(), 0, MT_ATTN_FLAGS * 4);
+        memset(words.bytes(), 0, (size_t)mt_attn_relay_words(b) * 4);
+        b.dq = want_dq ? dq_e.f() : nullptr, b.dk = want_dk ? dk_e.f() : nullptr, b.dv = want_dv ? dv_e.f() : nullptr;
+        mt_attn_dev d{b, delta.f(), (int32_t *)flags.bytes(), relay ? (int32_t *)words.bytes() : nullptr};
+        std::string err = run_emulated(d, 1);
+        if (!err.empty()) return std::string("ERROR backward") + how + ": " + err + (*ok ? "" : "; and the forward:" + report);
+        if (want_dq) *ok &= compare(relay ? "dq (relay)" : "dq (dq kernel)", dq_e.f(), dq_o.data(), z.qshape, report, verbose);
+        if (want_dk) *ok &= compare("dk", dk_e.f(), dk_o.data(), z.kvshape, report, verbose);
+        if (want_dv) *ok &= compare("dv", dv_e.f(), dv_o.data(), z.kvshape, report, verbose);
+        *ok &= flags_clear(flags, "backward", report);
+        if (!dq_e.intact() || !dk_e.intact() || !dv_e.intact() || !delta.intact() || !words.intact())
+            report += std::string("\n    backward") + how + " wrote past an output's end", *ok = false;
+        if (!want_dq) break;                /* without dq the two ways are one */
+    }
     return "";
 }
 
