@@ -14,13 +14,15 @@
  * Every chain is serial in the thread that owns its output, in the contract's order:
  *   scores, dp   over d ascending (16 chains of a thread side by side);
  *   out (acc)    over the keys of a block ascending, continued across blocks in ascending order;
- *   l            the same, summed by one thread per row (8 per warp);
- *   dq           over the keys ascending (key blocks in ascending order);
+ *   l            the same, summed by one thread per row (threads 0-63);
+ *   dq           over the keys ascending (key blocks in ascending order): in the dq kernel, or
+ *                carried from key block to key block by the dk/dv kernel's relay (relay_dq);
  *   dk, dv       over (query head of the group, query row) ascending.
  * A masked pair's value is stored as the bit pattern MASKED (a NaN no arithmetic writes: live
  * NaNs are canonical), and a chain step of a tile holding any masked pair is a select on it, so
  * a masked pair takes part in nothing; tiles without one run plain fmas. The row maximum is
- * exact (mt_attn_max), taken by a butterfly over the 16 threads sharing a row. No atomics.
+ * exact (mt_attn_max), taken by a butterfly over the 16 threads sharing a row. No atomic
+ * arithmetic on floats: the relay's block counter and per-tile words are its only atomics.
  */
 #ifndef MT_GPU_ATTENTION_KERNELS_CUH
 #define MT_GPU_ATTENTION_KERNELS_CUH
