@@ -403,6 +403,22 @@ def test_a_broadcast_mask_gives_the_bits_of_its_expanded_copy(attention_mode, sh
                 run(attention_mode.numeric_mode, x, attn_mask=full))
 
 
+def test_many_key_blocks_for_one_kv_head_give_the_oracles_bits(attention_identical, monkeypatch):
+    """11 key blocks (the last one partial) for one (batch, kv head) pair and its two query heads:
+    on a GPU the dk/dv kernel's blocks carry dq's chains from key block to key block, nearly each
+    waiting on the one before (attention.md, "dq by relay"). Causal and not, every output equals
+    the cpu oracle's bytes, and causal equals its explicit top-left tril mask."""
+    m, vendor = attention_identical.numeric_mode, attention_identical.vendor
+    x = inputs(1, 2, 1, 700, 700, 40, 23)
+    for kw in ({"is_causal": True}, {}):
+        got = run(m, x, **kw)
+        monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
+        want = run(m, x, **kw)
+        monkeypatch.setenv("MOJO_TRAIN_VENDOR", vendor)
+        assert same(got, want), (vendor, kw)
+    assert same(run(m, x, is_causal=True), run(m, x, attn_mask=np.tril(np.ones((700, 700), dtype=bool))))
+
+
 def test_grouped_query_heads_read_their_kv_head(attention_mode):
     """out and dq are per query head: GQA gives the bits of k and v repeated per head."""
     m = attention_mode.numeric_mode

@@ -117,7 +117,7 @@ int stage(attn_bufs *w, const mt_attn_args *a, int backward) {
             (rc = to_device(&d.dv, &w->arena, a->dv, kvb, false, &w->s_dv)))
             return rc;
         if (rb && (a->dq || a->dk || a->dv) && (rc = w->arena.alloc((void **)&w->dev.delta, rb))) return rc;
-        if (a->dq && rb) {                  /* the dq relay's words, zero (mt_gpu_attention_kernels.cuh) */
+        if (a->dq && rb && a->Tk > 0) {     /* the dq relay's words, zero (mt_gpu_attention_kernels.cuh) */
             const int64_t relay_bytes = mt_attn_relay_words(*a) * 4;
             if ((rc = w->arena.alloc((void **)&w->dev.relay, relay_bytes))) return rc;
             MT_GPU_CHECK(gpuMemsetAsync(w->dev.relay, 0, (size_t)relay_bytes, MT_STREAM), "attention relay words");
@@ -157,7 +157,7 @@ struct gpu_launch {
                    const mt_attn_dev &d) const {
         if (smem > 48 * 1024) {
             static std::mutex mu;
-            static void *allowed[8];
+            static void *allowed[16];       /* 8 kernels ask for more than 48 KB today */
             std::lock_guard<std::mutex> lock(mu);
             bool known = false;
             for (void *k : allowed) known |= k == (void *)kernel;
