@@ -60,8 +60,10 @@
  * stale L1 line. */
 #if defined(MT_EMULATED_GPU)
 inline int32_t mt_relay_take(int32_t *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
-inline void mt_relay_wait(const int32_t *word, int32_t value) {
-    while (__atomic_load_n(word, __ATOMIC_ACQUIRE) != value) std::this_thread::yield();
+inline void mt_relay_wait(const int32_t *word, int32_t value) {   /* blocks run one at a time there, in */
+    if (__atomic_load_n(word, __ATOMIC_ACQUIRE) != value)          /* take order: a wait must find its word */
+        throw std::runtime_error("dq relay: waited for " + std::to_string(value) + ", the word holds " +
+                                 std::to_string(__atomic_load_n(word, __ATOMIC_ACQUIRE)));
 }
 inline void mt_relay_publish(int32_t *word, int32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 inline float mt_relay_load(const float *p) { return *p; }
