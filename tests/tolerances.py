@@ -168,6 +168,17 @@ def grid_at_zero(mode):
     grid where the library declares the flush rule, else float32's subnormal grid."""
     return FLUSHED_GRID_AT_ZERO if mode.has("flush_rule") else FLOAT32_GRID_AT_ZERO
 
+
+# The (vendor, numeric mode) the running test computes in: conftest.py's mode fixtures set it for
+# the test and restore it after. A comparison's floor near zero is that mode's grid unless the
+# call names its own (twenty-fifth to thirtieth sessions: the floor came from each call site, and
+# only attention's knew a flushing mode's).
+MODE_UNDER_TEST = None
+
+
+def floor_of_the_mode_under_test():
+    return FLOAT32_GRID_AT_ZERO if MODE_UNDER_TEST is None else grid_at_zero(MODE_UNDER_TEST)
+
 # A cross-entropy quantity in the subnormal range (tiny probabilities or class weights scale it:
 # a loss of 3.7e-43 from three products of probabilities near 1e-39 and weights near 1e-3,
 # 2026-12-03's thirteenth-session long fuzz run) is made of terms that each round onto that grid,
@@ -207,9 +218,11 @@ def bound_used(ours, ref64, unit, bound_of=None, floor=FLOAT32_GRID_AT_ZERO):
     return float(ratio[i]), i
 
 
-def assert_close_to_reference(ours, ref64, what, unit=1.0, floor=FLOAT32_GRID_AT_ZERO):
-    """Assert |ours - ref64| <= ATOL * unit + RTOL * |ref64| (at least ``floor``) elementwise,
-    naming the worst one."""
+def assert_close_to_reference(ours, ref64, what, unit=1.0, floor=None):
+    """Assert |ours - ref64| <= ATOL * unit + RTOL * |ref64| (at least ``floor``: by default the
+    grid at zero of the mode under test) elementwise, naming the worst one."""
+    if floor is None:
+        floor = floor_of_the_mode_under_test()
     used, i = bound_used(ours, ref64, unit, floor=floor)
     if used > 1.0:
         ours = np.asarray(ours, dtype=np.float64).ravel()
