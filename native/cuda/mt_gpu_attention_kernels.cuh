@@ -386,14 +386,15 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
                 m[u] = mnew;
             }
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
+            for (int w = 0; w < 4; ++w)
                 pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf(s[u][w] - m[u]));
-                Pt[(tx + 16 * w) * PS + r] = pv[u][w];
-            }
             if (tx == 0) Alpha[r] = alpha;
 #pragma unroll
             for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
         }
+#pragma unroll
+        for (int w = 0; w < 4; ++w)                         /* the thread's four rows side by side */
+            *(float4 *)(Pt + (tx + 16 * w) * PS + 4 * ty) = make_float4(pv[0][w], pv[1][w], pv[2][w], pv[3][w]);
         const bool any_masked = __syncthreads_or(masked);
         if (lsum) {                                         /* l = l * alpha, then + p_j ascending */
             l = l * Alpha[lrow];
@@ -534,9 +535,10 @@ __device__ __forceinline__ void relay_dq(const mt_attn_dev &d, float *Ps, const 
     const bool last = kb + 1 == key_blocks(a, i0, n);
     int32_t *word = d.relay + qtile;
     __syncthreads();                                    /* every chain has read Ps */
-    for (int e = tid; e < TR * TR; e += NT) {
-        const int r = e >> 6, jj = e & (TR - 1);        /* r: the query row, jj: the key */
-        Ps[jj * PS + r] = dSs[r * PS + jj];
+    for (int e = tid; e < TR * TR / 4; e += NT) {
+        const int r = e & (TR - 1), jj = 4 * (e >> 6);  /* r: the query row, jj: its first of four keys */
+        const float4 v = *(const float4 *)(dSs + r * PS + jj);
+        Ps[jj * PS + r] = v.x, Ps[(jj + 1) * PS + r] = v.y, Ps[(jj + 2) * PS + r] = v.z, Ps[(jj + 3) * PS + r] = v.w;
     }
     if (tid == 0 && kb > 0) mt_relay_wait(word, (int32_t)kb);
     __syncthreads();                                    /* Ps is whole; block kb - 1's part is visible */
@@ -615,15 +617,17 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             for (int w = 0; w < 4; ++w) {
                 const int r = tx + 16 * w;
                 const float lse = r < n ? Lse[r] : 0.0f, delta = r < n ? Delta[r] : 0.0f;
+                float p[4], ds[4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int jj = 4 * ty + u;
-                    float p, ds;
-                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p, &ds,
-                                &masked);
-                    Ps[r * PS + jj] = p;
-                    dSs[r * PS + jj] = ds;
+                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p[u],
+                                &ds[u], &masked);
                 }
+                /* the thread's four keys side by side: one 16-byte store each (four 4-byte ones
+                 * at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu, call 1) */
+                *(float4 *)(Ps + r * PS + 4 * ty) = make_float4(p[0], p[1], p[2], p[3]);
+                *(float4 *)(dSs + r * PS + 4 * ty) = make_float4(ds[0], ds[1], ds[2], ds[3]);
             }
             const bool any_masked = __syncthreads_or(masked);
             if (a.dv) chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
