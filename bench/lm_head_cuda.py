@@ -69,7 +69,7 @@ def main():
                "ratio": ours_ms / theirs_ms, "ours_tflops": flops / ours_ms / 1e9,
                "torch_tflops": flops / theirs_ms / 1e9, "ours_extra_mb": ours_extra / 2 ** 20,
                "torch_extra_mb": theirs_extra / 2 ** 20, "loss": got[0], "torch_loss": float(ref.detach()),
-               "dweight_rel_err": err, "chunk_rows": args.chunk}
+               "dweight_rel_err": err, "chunk_rows": args.chunk, "gpu": torch.cuda.get_device_name()}
     print("linear_cross_entropy fwd+bwd %dx%dx%d: ours %.2f ms (%.1f TFLOP/s, %.0f MB extra), torch materialized "
           "fp32 %.2f ms (%.1f TFLOP/s, %.0f MB extra), ratio %.2f; loss %.6f vs %.6f, dweight rel err %.1e"
           % (r, w, v, ours_ms, figures["ours_tflops"], figures["ours_extra_mb"], theirs_ms,

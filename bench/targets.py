@@ -8,7 +8,10 @@ median over at least three processes -- the records of the latest commit in that
 process -- meets the bound; with fewer it is UNPROVEN (the figure is still shown: torch's own
 time moves by a third between processes on the H200, so one process proves nothing); NO RECORD
 when no record has the figure. Against another figure, each process's ratio is taken first and
-the median is of the ratios. Exit status 0 always (this is a report; the issues decide).
+the median is of the ratios. A target named for a GPU ("(H200)" in its words) counts only the
+records taken on that GPU (a record's figures name it as "gpu"; a record without the name predates
+it and is taken as the H200 all of those ran on): an H100's figures can be written beside them
+without standing in for the H200's. Exit status 0 always (this is a report; the issues decide).
 ``--all`` also lists every process's value.
 
 To give a target three processes, run its benchmark three times with --write at one commit
@@ -33,6 +36,13 @@ class Target:
         self.issue, self.what, self.name, self.path, self.unit, self.factor = issue, what, name, path, unit, factor
         self.upper = at_most is not None
         self.bound = at_most if self.upper else at_least
+        self.gpu = "H200" if "H200" in what else None
+
+
+def taken_on(record, gpu):
+    """Whether a record counts for a target of ``gpu`` (None: any machine)."""
+    name = record.get("figures", {}).get("gpu")
+    return gpu is None or name is None or gpu in str(name)
 
 
 T1024, T4096 = "attention[T=1024,B=8]", "attention[T=4096,B=2]"
@@ -128,7 +138,8 @@ def records(results, name):
 
 def evaluate(target, results):
     """(status, shown value, bound in words, commit, processes, per-process values)."""
-    rows = [r for r in records(results, target.name) if figure(r, target.path) is not None]
+    rows = [r for r in records(results, target.name)
+            if figure(r, target.path) is not None and taken_on(r, target.gpu)]
     if not rows:
         return "NO RECORD", None, _bound_words(target), None, 0, []
     commit = rows[-1]["commit"]

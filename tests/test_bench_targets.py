@@ -71,3 +71,17 @@ def test_the_command_prints_one_status_per_target():
     assert run.returncode == 0, run.stderr
     statuses = re.findall(r"^\d+\.\d+ .*  (HOLDS|MISSES|UNPROVEN|NO RECORD)", run.stdout, re.M)
     assert len(statuses) == len(T.TARGETS)
+
+
+def test_a_target_named_for_the_h200_counts_only_the_h200s_records(tmp_path):
+    """An H100's records (written the same way) never stand in for the H200's: the latest H200
+    commit decides; a record without a GPU name predates the field and counts."""
+    t = T.Target("x", "x (H200)", "b", "a.ms", at_most=1.0)
+    h200 = [("c1", {"a": {"ms": 0.9}, "gpu": "NVIDIA H200"}) for _ in range(3)]
+    h100 = [("c2", {"a": {"ms": 2.0}, "gpu": "NVIDIA H100 80GB HBM3"}) for _ in range(3)]
+    _write(tmp_path, "b", h200 + h100)
+    status, _, _, commit = T.evaluate(t, str(tmp_path))[:4]
+    assert (status, commit) == ("HOLDS", "c1")
+    assert T.evaluate(T.Target("x", "x", "b", "a.ms", at_most=1.0), str(tmp_path))[0] == "MISSES"  # any GPU: c2
+    _write(tmp_path, "b", h100 + [("c0", {"a": {"ms": 0.5}}) for _ in range(3)])
+    assert T.evaluate(t, str(tmp_path))[3] == "c0"
