@@ -309,6 +309,26 @@ __device__ __forceinline__ void stage_key_block(float *KV, int DS, const mt_attn
     mt_cp_async_commit();
 }
 
+/* A query tile's rows of q and dout into Qs and dOs, and their lse and delta into Lse and Delta
+ * (ASYNC: as copies committed as one group, visible after mt_cp_async_wait and a barrier). */
+template <bool ASYNC>
+__device__ __forceinline__ void stage_query_tile(float *Qs, float *dOs, float *Lse, float *Delta, int DS,
+                                                 const mt_attn_dev &d, int64_t row0, int n) {
+    const mt_attn_args &a = d.a;
+    load_rows<ASYNC>(Qs, DS, a.q, row0, n, (int)a.D);
+    load_rows<ASYNC>(dOs, DS, a.dout, row0, n, (int)a.D);
+    if (threadIdx.x < n) {
+        if (ASYNC) {
+            mt_cp_async4(Lse + threadIdx.x, a.lse_in + row0 + threadIdx.x, 4);
+            mt_cp_async4(Delta + threadIdx.x, d.delta + row0 + threadIdx.x, 4);
+        } else {
+            Lse[threadIdx.x] = a.lse_in[row0 + threadIdx.x];
+            Delta[threadIdx.x] = d.delta[row0 + threadIdx.x];
+        }
+    }
+    if (ASYNC) mt_cp_async_commit();
+}
+
 /* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = 4ty + u below n and
  * its columns col = 64g + 4tx + c below D. */
 template <int NCG, class F>
@@ -522,10 +542,10 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
     store_own_rows<NCG>(a.dq + row0 * D, acc, n, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
 }
 
-/* The dq relay's step of key block kb for the query tile at i0 (n rows) of head h: ds (dSs,
- * query rows by keys) transposed into Ps (free once the dv chains have read it), block kb - 1's
- * part of the chains read back from dq, continued over this block's nk keys, and written back
- * (times scale where kb is the tile's last key block), then handed on. */
+/* The dq relay's step of key block kb for the query tile at i0 (n rows) of head h, after a
+ * barrier past every chain's reads of Ps: ds (dSs, query rows by keys) transposed into Ps, block
+ * kb - 1's part of the chains read back from dq, continued over this block's nk keys, and
+ * written back (times scale where kb is the tile's last key block), then handed on. */
 template <int NCG>
 __device__ __forceinline__ void relay_dq(const mt_attn_dev &d, float *Ps, const float *dSs, const float *Ks, int nk,
                                          int64_t b, int64_t h, int64_t i0, int n, int64_t kb, bool any_masked) {
@@ -534,7 +554,6 @@ __device__ __forceinline__ void relay_dq(const mt_attn_dev &d, float *Ps, const 
     const int64_t qtile = (b * a.H + h) * ((a.Tq + TR - 1) / TR) + i0 / TR, row0 = (b * a.H + h) * a.Tq + i0;
     const bool last = kb + 1 == key_blocks(a, i0, n);
     int32_t *word = d.relay + qtile;
-    __syncthreads();                                    /* every chain has read Ps */
     for (int e = tid; e < TR * TR / 4; e += NT) {
         const int r = e & (TR - 1), jj = 4 * (e >> 6);  /* r: the query row, jj: its first of four keys */
         const float4 v = *(const float4 *)(dSs + r * PS + jj);
@@ -598,17 +617,17 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
     load_rows(Ks, DS, a.k, kv0, nk, D);
     load_rows(Vs, DS, a.v, kv0, nk, D);
     const int64_t first = a.is_causal ? j0 / TR * TR : 0;  /* rows above j0 see no key of the block */
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+    const int64_t h_end = (g + 1) * group;
+    bool staged = false;                                /* the tile's rows are in flight already */
+    for (int64_t h = g * group; h < h_end; ++h) {
         for (int64_t i0 = first; i0 < a.Tq; i0 += TR) {
             const int n = (int)(a.Tq - i0 < TR ? a.Tq - i0 : TR);
             const int64_t row0 = (b * a.H + h) * a.Tq + i0;
-            __syncthreads();
-            load_rows(Qs, DS, a.q, row0, n, D);
-            load_rows(dOs, DS, a.dout, row0, n, D);
-            if (tid < n) {
-                Lse[tid] = a.lse_in[row0 + tid];
-                Delta[tid] = d.delta[row0 + tid];
+            if (!staged) {
+                __syncthreads();                        /* the last tile's rows are read */
+                stage_query_tile<false>(Qs, dOs, Lse, Delta, DS, d, row0, n);
             }
+            mt_cp_async_wait<0>();
             __syncthreads();
             float s[4][4], dp[4][4];                    /* own rows: keys; other rows: query rows */
             two_chains_over_d(s, dp, Ks, Qs, Vs, dOs, DS, D);
@@ -632,7 +651,19 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             const bool any_masked = __syncthreads_or(masked);
             if (a.dv) chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
             if (a.dk) chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
-            if (DQ) relay_dq<NCG>(d, Ps, dSs, Ks, nk, b, h, i0, n, kb, any_masked);
+            if (DQ) {
+                __syncthreads();                        /* every chain has read Ps, Qs and dOs */
+                /* the next tile's rows copied under the relay's step (Qs, dOs, Lse and Delta are
+                 * free now): its wait and its chains hide their latency */
+                const bool more_rows = i0 + TR < a.Tq;
+                staged = more_rows || h + 1 < h_end;
+                if (staged) {
+                    const int64_t h2 = more_rows ? h : h + 1, i2 = more_rows ? i0 + TR : first;
+                    stage_query_tile<true>(Qs, dOs, Lse, Delta, DS, d, (b * a.H + h2) * a.Tq + i2,
+                                           (int)(a.Tq - i2 < TR ? a.Tq - i2 : TR));
+                }
+                relay_dq<NCG>(d, Ps, dSs, Ks, nk, b, h, i0, n, kb, any_masked);
+            }
         }
     }
     if (a.dk) store_own_rows<NCG>(a.dk + kv0 * D, dk, nk, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });

@@ -114,6 +114,7 @@ inline void mt_cp_async16(float *smem, const float *gmem, int src_bytes) {
     memcpy(v, gmem, (size_t)src_bytes);
     memcpy(smem, v, 16);
 }
+inline void mt_cp_async4(float *smem, const float *gmem, int src_bytes) { *smem = src_bytes ? *gmem : 0.0f; }
 inline void mt_cp_async_commit() {}
 template <int N> inline void mt_cp_async_wait() {}
 
