@@ -402,12 +402,12 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             float alpha = 1.0f;
             if (mb != -INFINITY) {                          /* the row has a live pair in this block */
                 const float mnew = mt_attn_max(m[u], mb);
-                alpha = mt_expf(m[u] - mnew);
+                alpha = mt_expf_ranged(m[u] - mnew);
                 m[u] = mnew;
             }
 #pragma unroll
             for (int w = 0; w < 4; ++w)
-                pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf(s[u][w] - m[u]));
+                pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf_ranged(s[u][w] - m[u]));
             if (tx == 0) Alpha[r] = alpha;
 #pragma unroll
             for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
@@ -482,7 +482,7 @@ __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float
         *p_out = *ds_out = masked_value();
         return;
     }
-    const float p = mt_expf(sc - lse);
+    const float p = mt_expf_ranged(sc - lse);
     float pd = p, dpd = dp;
     const mt_attn_args &a = d.a;
     if (a.dropout_p > 0.0f) {
