@@ -166,4 +166,35 @@ __device__ __forceinline__ void mt_cp_async_wait() {
 #endif
 }
 
+/* Words that order one block's writes before another block's reads of them, at device scope:
+ * a block's writes, then a barrier (cumulative), then one thread's release (a store or an add)
+ * on the word; the reader's thread 0 loads it with acquire until it says enough, then a barrier,
+ * then the block reads the data through L2 (__ldcg: never a stale L1 line). Used by the
+ * attention's dq relay and RMSNorm's one-pass windows. */
+#if defined(__HIPCC__) || defined(MT_HIP)
+__device__ __forceinline__ int32_t mt_load_acquire_gpu(const int32_t *word) {
+    return __hip_atomic_load(word, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ void mt_store_release_gpu(int32_t *word, int32_t value) {
+    __hip_atomic_store(word, value, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ void mt_add_release_gpu(int32_t *word, int32_t value) {
+    __hip_atomic_fetch_add(word, value, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ __forceinline__ void mt_spin_pause() { __builtin_amdgcn_s_sleep(1); }
+#else
+__device__ __forceinline__ int32_t mt_load_acquire_gpu(const int32_t *word) {
+    int32_t seen;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
+    return seen;
+}
+__device__ __forceinline__ void mt_store_release_gpu(int32_t *word, int32_t value) {
+    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+__device__ __forceinline__ void mt_add_release_gpu(int32_t *word, int32_t value) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
+}
+__device__ __forceinline__ void mt_spin_pause() { __nanosleep(20); }
+#endif
+
 #endif /* MT_GPU_H */

@@ -67,29 +67,17 @@ inline void mt_relay_wait(const int32_t *word, int32_t value) {   /* blocks run 
 }
 inline void mt_relay_publish(int32_t *word, int32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 inline float mt_relay_load(const float *p) { return *p; }
-#elif defined(__HIPCC__) || defined(MT_HIP)
+#else   /* mt_gpu.h's device-scope words */
 __device__ __forceinline__ int32_t mt_relay_take(int32_t *counter) { return atomicAdd(counter, 1); }
 __device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value) {
-    while (__hip_atomic_load(word, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT) != value) __builtin_amdgcn_s_sleep(1);
+    while (mt_load_acquire_gpu(word) != value) mt_spin_pause();
 }
-__device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) {
-    __hip_atomic_store(word, value, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-}
+__device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) { mt_store_release_gpu(word, value); }
+#if defined(__HIPCC__) || defined(MT_HIP)
 __device__ __forceinline__ float mt_relay_load(const float *p) { return *p; }   /* after an acquire at agent scope */
 #else
-__device__ __forceinline__ int32_t mt_relay_take(int32_t *counter) { return atomicAdd(counter, 1); }
-__device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value) {
-    for (;;) {
-        int32_t seen;
-        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(word) : "memory");
-        if (seen == value) break;
-        __nanosleep(64);
-    }
-}
-__device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) {
-    asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(word), "r"(value) : "memory");
-}
 __device__ __forceinline__ float mt_relay_load(const float *p) { return __ldcg(p); }
+#endif
 #endif
 
 struct mt_attn_dev {
@@ -162,21 +150,24 @@ __device__ __forceinline__ void load_rows(float *tile, int DS, const float *src,
 }
 
 /* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows 4*ty+u of a
- * tile, y rows tx+16w of another, both of stride DS. */
-__device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, const float *y, int DS, int D) {
-    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+ * tile, y rows tx+16w of another, both of stride DS. DF: D when it is known at compile time (the
+ * loop then unrolls with immediate offsets: no address arithmetic an iteration), else 0. */
+template <int DF>
+__device__ __forceinline__ void chains_over_d_of(float (&c)[4][4], const float *x, const float *y, int DS, int D) {
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, Dn = DF ? DF : D;
     const float *xr = x + 4 * ty * DS, *yr = y + tx * DS;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
         for (int w = 0; w < 4; ++w) c[u][w] = 0.0f;
     int d = 0;
-    for (; d + 4 <= D; d += 4) {
+#pragma unroll 1
+    for (const float *xe = xr + (Dn & ~3); xr < xe; xr += 4, yr += 4) {
         float4 a[4], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) a[u] = *(const float4 *)(xr + u * DS + d);
+        for (int u = 0; u < 4; ++u) a[u] = *(const float4 *)(xr + u * DS);
 #pragma unroll
-        for (int w = 0; w < 4; ++w) b[w] = *(const float4 *)(yr + 16 * w * DS + d);
+        for (int w = 0; w < 4; ++w) b[w] = *(const float4 *)(yr + 16 * w * DS);
 #pragma unroll
         for (int u = 0; u < 4; ++u)
 #pragma unroll
@@ -187,31 +178,43 @@ __device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, 
                 c[u][w] = MT_DOT_STEP(a[u].w, b[w].w, c[u][w]);
             }
     }
-    for (; d < D; ++d)
+    if (DF == 0)
+        for (; d < (Dn & 3); ++d)
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < 4; ++u)
 #pragma unroll
-            for (int w = 0; w < 4; ++w) c[u][w] = MT_DOT_STEP(xr[u * DS + d], yr[16 * w * DS + d], c[u][w]);
+                for (int w = 0; w < 4; ++w) c[u][w] = MT_DOT_STEP(xr[u * DS + d], yr[16 * w * DS + d], c[u][w]);
+}
+
+/* The same for any D, with D = 64 * NCG (the full width of the tiles) unrolled. */
+template <int NCG>
+__device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, const float *y, int D) {
+    if (D == 64 * NCG)
+        chains_over_d_of<64 * NCG>(c, x, y, geom<NCG>::DS, D);
+    else
+        chains_over_d_of<0>(c, x, y, geom<NCG>::DS, D);
 }
 
 /* The two score chains of the backward side by side (q.k and dout.v over the same d). */
+template <int NCG>
 __device__ __forceinline__ void two_chains_over_d(float (&s)[4][4], float (&dp)[4][4], const float *x1,
-                                                  const float *y1, const float *x2, const float *y2, int DS, int D) {
-    chains_over_d(s, x1, y1, DS, D);
-    chains_over_d(dp, x2, y2, DS, D);
+                                                  const float *y1, const float *x2, const float *y2, int D) {
+    chains_over_d<NCG>(s, x1, y1, D);
+    chains_over_d<NCG>(dp, x2, y2, D);
 }
 
 /* acc[u][4g + c] = chain over t in [0, n) ascending of (cv[t][4ty + u], rows[t][64g + 4tx + c]),
  * continued from acc: cv a per-pair tile (stride PS, own rows contiguous), rows a (n, D) tile
- * of stride DS. SEL: a step whose coefficient is MASKED is skipped. */
-template <int NCG, bool SEL>
+ * of stride DS. SEL: a step whose coefficient is MASKED is skipped. FULL: n is a whole tile (TR),
+ * the loop unrolled by 8 with immediate offsets. */
+template <int NCG, bool SEL, bool FULL>
 __device__ __forceinline__ void chains_over_pairs(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
                                                   int n) {
     constexpr int DS = geom<NCG>::DS;
-    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, nn = FULL ? TR : n;
     const float *cp = cv + 4 * ty, *rp = rows + 4 * tx;
-#pragma unroll 2
-    for (int t = 0; t < n; ++t) {
+#pragma unroll (FULL ? 8 : 2)
+    for (int t = 0; t < nn; ++t) {
         float4 cf = *(const float4 *)(cp + t * PS);
         const float co[4] = {cf.x, cf.y, cf.z, cf.w};
 #pragma unroll
@@ -233,9 +236,11 @@ template <int NCG>
 __device__ __forceinline__ void chains_over_pairs_sel(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
                                                       int n, bool any_masked) {
     if (any_masked)
-        chains_over_pairs<NCG, true>(acc, cv, rows, n);
+        chains_over_pairs<NCG, true, false>(acc, cv, rows, n);
+    else if (n == TR)
+        chains_over_pairs<NCG, false, true>(acc, cv, rows, n);
     else
-        chains_over_pairs<NCG, false>(acc, cv, rows, n);
+        chains_over_pairs<NCG, false, false>(acc, cv, rows, n);
 }
 
 /* The score of query row i against key j (both in range): chain * scale, then the mask or
@@ -252,6 +257,13 @@ __device__ __forceinline__ float score(const mt_attn_dev &d, float chain, int64_
         s = -INFINITY;
     }
     return s;
+}
+
+/* Whether every pair of a whole tile (n = nk = TR rows each side) takes score()'s first step
+ * only (chain * scale): no mask, and under causality every key at or before every query row. A
+ * block-uniform test, so the tile's pairs skip score()'s per-pair tests (the same values). */
+__device__ __forceinline__ bool plain_tile(const mt_attn_args &a, int64_t i0, int n, int64_t j0, int nk) {
+    return a.mask_kind == MT_ATTENTION_MASK_NONE && n == TR && nk == TR && (!a.is_causal || j0 + TR - 1 <= i0);
 }
 
 /* Key blocks a query tile [i0, i0 + n) reaches: all, or under causality up to its last row's. */
@@ -383,8 +395,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         if (kb + 1 < nb) stage_key_block(KV, DS, a, qt.kv0, kb + 1);
         const float *Ks = KV + (kb & 1) * 2 * TR * DS, *Vs = Ks + TR * DS;
         float s[4][4], pv[4][4];
-        chains_over_d(s, Qs, Ks, DS, D);
+        chains_over_d<NCG>(s, Qs, Ks, D);
         int masked = 0;
+        const bool plain = plain_tile(a, i0, n, j0, nk);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
@@ -393,7 +406,10 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             for (int w = 0; w < 4; ++w) {
                 const int jj = tx + 16 * w;
                 const bool in = r < n && jj < nk;
-                s[u][w] = in ? score(d, s[u][w], b, h, i0 + r, j0 + jj) : -INFINITY;
+                if (plain)
+                    s[u][w] = s[u][w] * a.scale;
+                else
+                    s[u][w] = in ? score(d, s[u][w], b, h, i0 + r, j0 + jj) : -INFINITY;
                 masked |= in && s[u][w] == -INFINITY;
                 mb = mt_attn_max(mb, s[u][w]);
             }
@@ -474,9 +490,9 @@ __global__ void __launch_bounds__(NT) delta_kernel(mt_attn_dev d) {
  * dropout: dv's chains take it) and ds = p (dp after dropout - delta), both MASKED when the pair
  * is masked. */
 __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float dp, float lse, float delta, int64_t b,
-                                            int64_t h, int64_t i, int64_t j, bool in, float *p_out, float *ds_out,
-                                            int *masked) {
-    const float sc = in ? score(d, s, b, h, i, j) : -INFINITY;
+                                            int64_t h, int64_t i, int64_t j, bool in, bool plain, float *p_out,
+                                            float *ds_out, int *masked) {
+    const float sc = plain ? s * d.a.scale : in ? score(d, s, b, h, i, j) : -INFINITY;
     if (sc == -INFINITY) {
         *masked |= in;
         *p_out = *ds_out = masked_value();
@@ -521,8 +537,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
         int64_t j0;
         const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's dSt read too */
         float s[4][4], dp[4][4];
-        two_chains_over_d(s, dp, Qs, Ks, dOs, Vs, DS, D);
+        two_chains_over_d<NCG>(s, dp, Qs, Ks, dOs, Vs, D);
         int masked = 0;
+        const bool plain = plain_tile(a, i0, n, j0, nk);
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
@@ -531,7 +548,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
             for (int w = 0; w < 4; ++w) {
                 const int jj = tx + 16 * w;
                 float p, ds;
-                pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p, &ds,
+                pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, plain, &p, &ds,
                             &masked);
                 dSt[jj * PS + r] = ds;
             }
@@ -630,8 +647,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             mt_cp_async_wait<0>();
             __syncthreads();
             float s[4][4], dp[4][4];                    /* own rows: keys; other rows: query rows */
-            two_chains_over_d(s, dp, Ks, Qs, Vs, dOs, DS, D);
+            two_chains_over_d<NCG>(s, dp, Ks, Qs, Vs, dOs, D);
             int masked = 0;
+            const bool plain = plain_tile(a, i0, n, j0, nk);
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 const int r = tx + 16 * w;
@@ -640,8 +658,8 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int jj = 4 * ty + u;
-                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, &p[u],
-                                &ds[u], &masked);
+                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, plain,
+                                &p[u], &ds[u], &masked);
                 }
                 /* the thread's four keys side by side: one 16-byte store each (four 4-byte ones
                  * at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu, call 1) */

@@ -344,16 +344,11 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                 pub[((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o] = a;
             }
             __syncthreads();   /* then one release at gpu scope publishes the block's writes (cumulative) */
-            if (tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(count + w) : "memory");
+            if (tid == 0) mt_add_release_gpu(count + w, 1);
         };
         auto stats = [&](int w) {   /* r and k of window w's rows (a warp a row), once every block published */
             if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
-                int32_t seen;
-                for (;;) {
-                    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count + w) : "memory");
-                    if (seen >= RMS_GROUPS) break;
-                    __nanosleep(20);
-                }
+                while (mt_load_acquire_gpu(count + w) < RMS_GROUPS) mt_spin_pause();
                 *suspect = 0;   /* the last window's apply read it before its barrier */
             }
             __syncthreads();
