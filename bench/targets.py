@@ -36,13 +36,14 @@ class Target:
         self.issue, self.what, self.name, self.path, self.unit, self.factor = issue, what, name, path, unit, factor
         self.upper = at_most is not None
         self.bound = at_most if self.upper else at_least
-        self.gpu = "H200" if "H200" in what else None
+        self.gpu = "H200" if re.search(r"\bH200", what) else None
 
 
 def taken_on(record, gpu):
-    """Whether a record counts for a target of ``gpu`` (None: any machine)."""
+    """Whether a record counts for a target of ``gpu`` (None: any machine): the record's GPU name
+    holds it as a word ("NVIDIA H200", not "NVIDIA GH200")."""
     name = record.get("figures", {}).get("gpu")
-    return gpu is None or name is None or gpu in str(name)
+    return gpu is None or name is None or re.search(r"\b%s\b" % gpu, str(name)) is not None
 
 
 T1024, T4096 = "attention[T=1024,B=8]", "attention[T=4096,B=2]"
@@ -85,7 +86,7 @@ TARGETS = [
            at_most="embedding.torch_backward_ms"),
     Target("14.4", "attention B=8 H=12 T=1024 D=64 causal fwd+bwd <= torch's efficient (H200)", "attention_cuda",
            T1024 + ".fwd_bwd_ms", at_most=T1024 + ".torch_efficient_ms"),
-    Target("14.4", "the same, faster than torch's math backend (a must)", "attention_cuda", T1024 + ".fwd_bwd_ms",
+    Target("14.4", "the same, faster than torch's math backend (a must; H200)", "attention_cuda", T1024 + ".fwd_bwd_ms",
            at_most=T1024 + ".torch_math_ms"),
     Target("14.4", "attention B=2 T=4096 fwd+bwd <= torch's efficient (H200)", "attention_cuda",
            T4096 + ".fwd_bwd_ms", at_most=T4096 + ".torch_efficient_ms"),

@@ -85,3 +85,6 @@ def test_a_target_named_for_the_h200_counts_only_the_h200s_records(tmp_path):
     assert T.evaluate(T.Target("x", "x", "b", "a.ms", at_most=1.0), str(tmp_path))[0] == "MISSES"  # any GPU: c2
     _write(tmp_path, "b", h100 + [("c0", {"a": {"ms": 0.5}}) for _ in range(3)])
     assert T.evaluate(t, str(tmp_path))[3] == "c0"
+    gh200 = [("c3", {"a": {"ms": 2.0}, "gpu": "NVIDIA GH200 480GB"}) for _ in range(3)]
+    _write(tmp_path, "b", h200 + gh200)
+    assert T.evaluate(t, str(tmp_path))[3] == "c1"                       # the name as a word

@@ -150,8 +150,10 @@ __device__ __forceinline__ void load_rows(float *tile, int DS, const float *src,
 }
 
 /* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows 4*ty+u of a
- * tile, y rows tx+16w of another, both of stride DS. DF: D when it is known at compile time (the
- * loop then unrolls with immediate offsets: no address arithmetic an iteration), else 0. */
+ * tile, y rows tx+16w of another, both of stride DS. The loop walks two pointers (4 instructions
+ * an iteration beside its 8 loads and 64 fmas; recomputing the rows' addresses from tid took 10);
+ * it stays a loop: unrolled by 2 it spilled at 128 registers. DF: D when it is known at compile
+ * time (a constant trip count, no tail), else 0. */
 template <int DF>
 __device__ __forceinline__ void chains_over_d_of(float (&c)[4][4], const float *x, const float *y, int DS, int D) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, Dn = DF ? DF : D;
@@ -186,7 +188,7 @@ __device__ __forceinline__ void chains_over_d_of(float (&c)[4][4], const float *
                 for (int w = 0; w < 4; ++w) c[u][w] = MT_DOT_STEP(xr[u * DS + d], yr[16 * w * DS + d], c[u][w]);
 }
 
-/* The same for any D, with D = 64 * NCG (the full width of the tiles) unrolled. */
+/* The same for any D, with D = 64 * NCG (the full width of the tiles) as a constant. */
 template <int NCG>
 __device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, const float *y, int D) {
     if (D == 64 * NCG)
@@ -213,7 +215,8 @@ __device__ __forceinline__ void chains_over_pairs(float (&acc)[4][4 * NCG], cons
     constexpr int DS = geom<NCG>::DS;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, nn = FULL ? TR : n;
     const float *cp = cv + 4 * ty, *rp = rows + 4 * tx;
-#pragma unroll (FULL ? 8 : 2)
+    constexpr int UNROLL = FULL ? 8 : 2;
+#pragma unroll UNROLL
     for (int t = 0; t < nn; ++t) {
         float4 cf = *(const float4 *)(cp + t * PS);
         const float co[4] = {cf.x, cf.y, cf.z, cf.w};
