@@ -80,6 +80,15 @@ if [ "${1:-}" = prepare ]; then
     echo "$(date +%s%N)-$$" > .whl/stage_id && cp .whl/stage_id native/build/.stage_id
     if [ -n "$(git status --porcelain -- native mojo_train)" ]; then echo 1; else echo 0; fi > .whl/dirty
     echo "prepared: $(ls .whl | tr '\n' ' ')(commit $(cat .whl/commit), dirty $(cat .whl/dirty))"
+    # the device tool refuses a tree (tracked and untracked-not-ignored files, plus what is
+    # carried) over 64 MiB: say so here, before a call is spent on it
+    tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+    whl=$(du -sb .whl | cut -f1)
+    echo "the call's tree: $(( (tree + whl) / 1048576 )) MiB of 64 (.whl $(( whl / 1048576 )) MiB)"
+    if [ $(( tree + whl )) -gt $(( 64 * 1048576 )) ]; then
+        echo "over the device tool's 64 MiB: drop a variant folder .whl/v*/ or a library the call does not use"
+        exit 5
+    fi
     exit 0
 fi
 [ $# -gt 0 ] || { sed -n '2,30p' "$0"; exit 2; }
