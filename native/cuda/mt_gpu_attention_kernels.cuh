@@ -262,6 +262,11 @@ __device__ __forceinline__ float score(const mt_attn_dev &d, float chain, int64_
     return s;
 }
 
+/* Rows of the tile starting at row `start` of `total`: TR, or what is left. */
+__device__ __forceinline__ int tile_rows(int64_t total, int64_t start) {
+    return (int)(total - start < TR ? total - start : TR);
+}
+
 /* Whether every pair of a whole tile (n = nk = TR rows each side) takes score()'s first step
  * only (chain * scale): no mask, and under causality every key at or before every query row. A
  * block-uniform test, so the tile's pairs skip score()'s per-pair tests (the same values). */
@@ -294,7 +299,7 @@ __device__ __forceinline__ query_tile query_tile_of_block(const mt_attn_args &a)
     q.b = bh / a.H;
     q.h = bh % a.H;
     q.i0 = t * TR;
-    q.n = (int)(a.Tq - q.i0 < TR ? a.Tq - q.i0 : TR);
+    q.n = tile_rows(a.Tq, q.i0);
     q.row0 = (q.b * a.H + q.h) * a.Tq + q.i0;
     q.kv0 = (q.b * a.Hkv + kv_head(a, q.h)) * a.Tk;
     return q;
@@ -305,7 +310,7 @@ __device__ __forceinline__ query_tile query_tile_of_block(const mt_attn_args &a)
 __device__ __forceinline__ int load_key_block(float *Ks, float *Vs, int DS, const mt_attn_args &a, int64_t kv0,
                                               int64_t kb, int64_t *j0) {
     *j0 = kb * TR;
-    const int nk = (int)(a.Tk - *j0 < TR ? a.Tk - *j0 : TR);
+    const int nk = tile_rows(a.Tk, *j0);
     __syncthreads();
     load_rows(Ks, DS, a.k, kv0 + *j0, nk, (int)a.D);
     load_rows(Vs, DS, a.v, kv0 + *j0, nk, (int)a.D);
@@ -317,7 +322,7 @@ __device__ __forceinline__ int load_key_block(float *Ks, float *Vs, int DS, cons
  * kb % 2 of KV (each buffer a K tile then a V tile), and committed as one group. */
 __device__ __forceinline__ void stage_key_block(float *KV, int DS, const mt_attn_args &a, int64_t kv0, int64_t kb) {
     const int64_t j0 = kb * TR;
-    const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+    const int nk = tile_rows(a.Tk, j0);
     float *Ks = KV + (kb & 1) * 2 * TR * DS;
     load_rows<true>(Ks, DS, a.k, kv0 + j0, nk, (int)a.D);
     load_rows<true>(Ks + TR * DS, DS, a.v, kv0 + j0, nk, (int)a.D);
@@ -392,7 +397,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     if (nb > 0) stage_key_block(KV, DS, a, qt.kv0, 0);
     for (int64_t kb = 0; kb < nb; ++kb) {
         const int64_t j0 = kb * TR;
-        const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+        const int nk = tile_rows(a.Tk, j0);
         mt_cp_async_wait<0>();
         __syncthreads();                /* block kb's tiles are visible; block kb - 1's (and Pt) are read */
         if (kb + 1 < nb) stage_key_block(KV, DS, a, qt.kv0, kb + 1);
@@ -627,7 +632,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
     }
     const int64_t kb = idx / bg_count, bg = idx % bg_count;
     const int64_t b = bg / a.Hkv, g = bg % a.Hkv, group = a.H / a.Hkv, j0 = kb * TR;
-    const int nk = (int)(a.Tk - j0 < TR ? a.Tk - j0 : TR);
+    const int nk = tile_rows(a.Tk, j0);
     const int64_t kv0 = bg * a.Tk + j0;
     float dk[4][4 * NCG], dv[4][4 * NCG];
 #pragma unroll
@@ -641,7 +646,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
     bool staged = false;                                /* the tile's rows are in flight already */
     for (int64_t h = g * group; h < h_end; ++h) {
         for (int64_t i0 = first; i0 < a.Tq; i0 += TR) {
-            const int n = (int)(a.Tq - i0 < TR ? a.Tq - i0 : TR);
+            const int n = tile_rows(a.Tq, i0);
             const int64_t row0 = (b * a.H + h) * a.Tq + i0;
             if (!staged) {
                 __syncthreads();                        /* the last tile's rows are read */
@@ -681,7 +686,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
                 if (staged) {
                     const int64_t h2 = more_rows ? h : h + 1, i2 = more_rows ? i0 + TR : first;
                     stage_query_tile<true>(Qs, dOs, Lse, Delta, DS, d, (b * a.H + h2) * a.Tq + i2,
-                                           (int)(a.Tq - i2 < TR ? a.Tq - i2 : TR));
+                                           tile_rows(a.Tq, i2));
                 }
                 relay_dq<NCG>(d, Ps, dSs, Ks, nk, b, h, i0, n, kb, any_masked);
             }
