@@ -56,8 +56,8 @@
  * only on blocks with smaller indices, so on blocks already running or done: no deadlock
  * whatever order the hardware starts blocks in). wait: until *word == value, then the writes
  * published with it are visible to the block (after its barrier). publish: *word = value after
- * the block's writes (after its barrier). load: a float another block wrote, never from a
- * stale L1 line. */
+ * the block's writes (after its barrier). load (load4: four, 16-byte aligned): a float another
+ * block wrote, never from a stale L1 line. */
 #if defined(MT_EMULATED_GPU)
 inline int32_t mt_relay_take(int32_t *counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
 inline void mt_relay_wait(const int32_t *word, int32_t value) {   /* blocks run one at a time there, in */
@@ -67,6 +67,7 @@ inline void mt_relay_wait(const int32_t *word, int32_t value) {   /* blocks run 
 }
 inline void mt_relay_publish(int32_t *word, int32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 inline float mt_relay_load(const float *p) { return *p; }
+inline float4 mt_relay_load4(const float *p) { return *(const float4 *)p; }
 #else   /* mt_gpu.h's device-scope words */
 __device__ __forceinline__ int32_t mt_relay_take(int32_t *counter) { return atomicAdd(counter, 1); }
 __device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value) {
@@ -75,8 +76,10 @@ __device__ __forceinline__ void mt_relay_wait(const int32_t *word, int32_t value
 __device__ __forceinline__ void mt_relay_publish(int32_t *word, int32_t value) { mt_store_release_gpu(word, value); }
 #if defined(__HIPCC__) || defined(MT_HIP)
 __device__ __forceinline__ float mt_relay_load(const float *p) { return *p; }   /* after an acquire at agent scope */
+__device__ __forceinline__ float4 mt_relay_load4(const float *p) { return *(const float4 *)p; }
 #else
 __device__ __forceinline__ float mt_relay_load(const float *p) { return __ldcg(p); }
+__device__ __forceinline__ float4 mt_relay_load4(const float *p) { return __ldcg((const float4 *)p); }
 #endif
 #endif
 
@@ -349,11 +352,31 @@ __device__ __forceinline__ void stage_query_tile(float *Qs, float *dOs, float *L
     if (ASYNC) mt_cp_async_commit();
 }
 
+/* Whether a tile's own rows fill whole 16-byte groups at dst: n = TR rows of D = 64 * NCG
+ * columns, dst 16-byte aligned (block-uniform). */
+template <int NCG>
+__device__ __forceinline__ bool whole_rows16(const float *dst, int n, int D) {
+    return n == TR && D == 64 * NCG && ((uintptr_t)dst & 15) == 0;
+}
+
 /* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = 4ty + u below n and
- * its columns col = 64g + 4tx + c below D. */
+ * its columns col = 64g + 4tx + c below D (16 bytes at a time where whole_rows16). */
 template <int NCG, class F>
 __device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[4][4 * NCG], int n, int D, F value) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
+    if (whole_rows16<NCG>(dst, n, D)) {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = 4 * ty + u;
+#pragma unroll
+            for (int g = 0; g < NCG; ++g) {
+                const float *v = acc[u] + 4 * g;
+                *(float4 *)(dst + (int64_t)r * D + 64 * g + 4 * tx) =
+                    make_float4(value(v[0], r), value(v[1], r), value(v[2], r), value(v[3], r));
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
         const int r = 4 * ty + u;
@@ -429,12 +452,29 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
                 alpha = mt_expf_ranged(m[u] - mnew);
                 m[u] = mnew;
             }
-#pragma unroll
-            for (int w = 0; w < 4; ++w)
-                pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf_ranged(s[u][w] - m[u]));
             if (tx == 0) Alpha[r] = alpha;
 #pragma unroll
             for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
+        }
+        /* p = e^(s - m): where all 16 exponents of the thread lie in mt_expf_mid's range (a NaN or
+         * an infinity fails the test) every s is live and finite and every p finite and positive,
+         * so mt_expf_mid alone gives the per-pair expression's bits without its branches */
+        int mid = 1;
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) mid &= mt_expf_in_mid(s[u][w] - m[u]);
+        if (mid) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) pv[u][w] = mt_expf_mid(s[u][w] - m[u]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w)
+                    pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf_ranged(s[u][w] - m[u]));
         }
 #pragma unroll
         for (int w = 0; w < 4; ++w)                         /* the thread's four rows side by side */
@@ -518,6 +558,34 @@ __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float
     *ds_out = mt_canonical_nan(mt_attn_ds(p, dpd, delta));
 }
 
+/* Whether pair_values may run branch-free for the 16 pairs of a thread: a plain tile without
+ * dropout whose exponents x = s * scale - lse all lie in mt_expf_mid's range (a NaN or an
+ * infinity fails the test). The score is then finite, p = mt_expf_mid(x) is finite and positive
+ * (its own canonical form) and ds is pair_values's: mid_pair_values gives the same bits. Rows:
+ * the pair (u, w) takes lse[u] (LSE_U: the dq kernel, whose own rows are query rows) or lse[w]
+ * (the dk/dv kernel). */
+template <bool LSE_U>
+__device__ __forceinline__ bool mid_pairs(const mt_attn_args &a, bool plain, const float (&s)[4][4], const float (&lse)[4],
+                                          float (&x)[4][4]) {
+    if (!plain || a.dropout_p > 0.0f) return false;
+    int mid = 1;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            x[u][w] = s[u][w] * a.scale - lse[LSE_U ? u : w];
+            mid &= mt_expf_in_mid(x[u][w]);
+        }
+    return mid;
+}
+
+/* pair_values of a pair that mid_pairs admitted, from its exponent x. */
+__device__ __forceinline__ void mid_pair_values(float x, float dp, float delta, float *p_out, float *ds_out) {
+    const float p = mt_expf_mid(x);
+    *p_out = p;
+    *ds_out = mt_canonical_nan(mt_attn_ds(p, dp, delta));
+}
+
 /* dq of a query tile: chains over the keys ascending, times scale at the end. */
 template <int NCG>
 __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
@@ -548,17 +616,34 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
         two_chains_over_d<NCG>(s, dp, Qs, Ks, dOs, Vs, D);
         int masked = 0;
         const bool plain = plain_tile(a, i0, n, j0, nk);
+        float lse[4], delta[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
-            const float lse = r < n ? Lse[r] : 0.0f, delta = r < n ? Delta[r] : 0.0f;
+            lse[u] = r < n ? Lse[r] : 0.0f, delta[u] = r < n ? Delta[r] : 0.0f;
+        }
+        float x[4][4];
+        if (mid_pairs<true>(a, plain, s, lse, x)) {         /* the same bits as pair_values, branch-free */
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const int jj = tx + 16 * w;
-                float p, ds;
-                pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, plain, &p, &ds,
-                            &masked);
-                dSt[jj * PS + r] = ds;
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    float p, ds;
+                    mid_pair_values(x[u][w], dp[u][w], delta[u], &p, &ds);
+                    dSt[(tx + 16 * w) * PS + 4 * ty + u] = ds;
+                }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = 4 * ty + u;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const int jj = tx + 16 * w;
+                    float p, ds;
+                    pair_values(d, s[u][w], dp[u][w], lse[u], delta[u], b, h, i0 + r, j0 + jj, r < n && jj < nk,
+                                plain, &p, &ds, &masked);
+                    dSt[jj * PS + r] = ds;
+                }
             }
         }
         const bool any_masked = __syncthreads_or(masked);
@@ -589,15 +674,25 @@ __device__ __forceinline__ void relay_dq(const mt_attn_dev &d, float *Ps, const 
     float acc[4][4 * NCG];
     const int ty = tid >> 4, tx = tid & 15;
     float *dq = a.dq + row0 * D;
+    if (kb > 0 && whole_rows16<NCG>(dq, n, D)) {         /* 16 bytes at a time */
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int g = 0; g < NCG; ++g)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-                const int r = 4 * ty + u, col = 64 * g + 4 * tx + c;
-                acc[u][4 * g + c] = kb > 0 && r < n && col < D ? mt_relay_load(dq + (int64_t)r * D + col) : 0.0f;
+            for (int g = 0; g < NCG; ++g) {
+                const float4 v = mt_relay_load4(dq + (int64_t)(4 * ty + u) * D + 64 * g + 4 * tx);
+                acc[u][4 * g] = v.x, acc[u][4 * g + 1] = v.y, acc[u][4 * g + 2] = v.z, acc[u][4 * g + 3] = v.w;
             }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int g = 0; g < NCG; ++g)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int r = 4 * ty + u, col = 64 * g + 4 * tx + c;
+                    acc[u][4 * g + c] = kb > 0 && r < n && col < D ? mt_relay_load(dq + (int64_t)r * D + col) : 0.0f;
+                }
+    }
     chains_over_pairs_sel<NCG>(acc, Ps, Ks, nk, any_masked);
     if (last)
         store_own_rows<NCG>(dq, acc, n, D, [&](float x, int) { return mt_canonical_nan(a.scale * x); });
@@ -658,21 +753,41 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             two_chains_over_d<NCG>(s, dp, Ks, Qs, Vs, dOs, D);
             int masked = 0;
             const bool plain = plain_tile(a, i0, n, j0, nk);
+            float lse[4], delta[4];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 const int r = tx + 16 * w;
-                const float lse = r < n ? Lse[r] : 0.0f, delta = r < n ? Delta[r] : 0.0f;
-                float p[4], ds[4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int jj = 4 * ty + u;
-                    pair_values(d, s[u][w], dp[u][w], lse, delta, b, h, i0 + r, j0 + jj, r < n && jj < nk, plain,
-                                &p[u], &ds[u], &masked);
-                }
-                /* the thread's four keys side by side: one 16-byte store each (four 4-byte ones
-                 * at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu, call 1) */
+                lse[w] = r < n ? Lse[r] : 0.0f, delta[w] = r < n ? Delta[r] : 0.0f;
+            }
+            /* the thread's four keys of query row r side by side: one 16-byte store each (four
+             * 4-byte ones at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu, call 1) */
+            auto store_row = [&](int r, const float (&p)[4], const float (&ds)[4]) {
                 *(float4 *)(Ps + r * PS + 4 * ty) = make_float4(p[0], p[1], p[2], p[3]);
                 *(float4 *)(dSs + r * PS + 4 * ty) = make_float4(ds[0], ds[1], ds[2], ds[3]);
+            };
+            float x[4][4];
+            if (mid_pairs<false>(a, plain, s, lse, x)) {    /* the same bits as pair_values, branch-free */
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    float p[4], ds[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                        mid_pair_values(x[u][w], dp[u][w], delta[w], &p[u], &ds[u]);
+                    store_row(tx + 16 * w, p, ds);
+                }
+            } else {
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const int r = tx + 16 * w;
+                    float p[4], ds[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const int jj = 4 * ty + u;
+                        pair_values(d, s[u][w], dp[u][w], lse[w], delta[w], b, h, i0 + r, j0 + jj, r < n && jj < nk,
+                                    plain, &p[u], &ds[u], &masked);
+                    }
+                    store_row(r, p, ds);
+                }
             }
             const bool any_masked = __syncthreads_or(masked);
             if (a.dv) chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
