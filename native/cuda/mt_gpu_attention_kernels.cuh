@@ -668,12 +668,18 @@ __device__ __forceinline__ int tile_pair_values(const mt_attn_dev &d, float (&s)
     auto qrow = [&](int u, int w) { return Q_IS_U ? 4 * ty + u : tx + 16 * w; };
     auto key = [&](int u, int w) { return Q_IS_U ? tx + 16 * w : 4 * ty + u; };
     int masked = 0;
+    if (plain)                                          /* one test a tile, not one a pair */
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < 4; ++u)
 #pragma unroll
-        for (int w = 0; w < 4; ++w)
-            s[u][w] = pair_score(d, s[u][w], b, h, i0 + qrow(u, w), j0 + key(u, w), qrow(u, w) < n && key(u, w) < nk,
-                                 plain);
+            for (int w = 0; w < 4; ++w) s[u][w] = s[u][w] * d.a.scale;
+    else
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                s[u][w] = pair_score(d, s[u][w], b, h, i0 + qrow(u, w), j0 + key(u, w),
+                                     qrow(u, w) < n && key(u, w) < nk, false);
     auto fast = [&](auto masks) -> bool {
         constexpr bool MASKS = decltype(masks)::value;
         float x[4][4];
