@@ -111,9 +111,6 @@ constexpr uint32_t MASKED = 0xffffffffu;
 
 static_assert(TR == MT_ATTN_KEY_BLOCK, "the forward's key block is the tile");
 
-/* A compile-time choice passed to a generic lambda. */
-template <bool B> struct flag { static constexpr bool value = B; };
-
 /* The padded row stride of a (rows, D) tile: NCG groups of 64 columns. */
 template <int NCG>
 struct geom {
@@ -432,11 +429,10 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         chains_over_d<NCG>(s, Qs, Ks, D);
         int masked = 0;
         const bool plain = plain_tile(a, i0, n, j0, nk);
-        float mb[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
-            mb[u] = -INFINITY;
+            float mb = -INFINITY;
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 const int jj = tx + 16 * w;
@@ -446,80 +442,40 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
                 else
                     s[u][w] = in ? score(d, s[u][w], b, h, i0 + r, j0 + jj) : -INFINITY;
                 masked |= in && s[u][w] == -INFINITY;
-                mb[u] = mt_attn_max(mb[u], s[u][w]);
+                mb = mt_attn_max(mb, s[u][w]);
             }
+#pragma unroll
+            for (int x = 1; x < 16; x <<= 1) mb = mt_attn_max(mb, MT_ATTN_SHFL_XOR(mb, x));
+            float alpha = 1.0f;
+            if (mb != -INFINITY) {                          /* the row has a live pair in this block */
+                const float mnew = mt_attn_max(m[u], mb);
+                alpha = mt_expf_ranged(m[u] - mnew);
+                m[u] = mnew;
+            }
+            if (tx == 0) Alpha[r] = alpha;
+#pragma unroll
+            for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
         }
-#pragma unroll
-        for (int x = 1; x < 16; x <<= 1)                    /* the four rows' butterflies side by side */
-#pragma unroll
-            for (int u = 0; u < 4; ++u) mb[u] = mt_attn_max(mb[u], MT_ATTN_SHFL_XOR(mb[u], x));
-        /* Each row with a live pair in this block (mb > -inf) moves its maximum to mnew and scales
-         * its chains by alpha = e^(m - mnew). Branch-free where every such exponent is -inf (the
-         * row's first live block: mt_expf gives +0) or in mt_expf_mid's range; else row by row. */
-        float alpha[4];
+        /* p = e^(s - m): where all 16 exponents of the thread lie in mt_expf_mid's range (a NaN or
+         * an infinity fails the test) every s is live and finite and every p finite and positive,
+         * so mt_expf_mid alone gives the per-pair expression's bits without its branches */
         int mid = 1;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const float e = m[u] - mt_attn_max(m[u], mb[u]);
-            mid &= mb[u] == -INFINITY | e == -INFINITY | mt_expf_in_mid(e);
-        }
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) mid &= mt_expf_in_mid(s[u][w] - m[u]);
         if (mid) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const float mnew = mt_attn_max(m[u], mb[u]), e = m[u] - mnew;
-                const float ex = mt_expf_mid(mt_expf_in_mid(e) ? e : 0.0f);
-                alpha[u] = mb[u] == -INFINITY ? 1.0f : e == -INFINITY ? 0.0f : ex;
-                m[u] = mb[u] == -INFINITY ? m[u] : mnew;
-            }
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) pv[u][w] = mt_expf_mid(s[u][w] - m[u]);
         } else {
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                alpha[u] = 1.0f;
-                if (mb[u] != -INFINITY) {
-                    const float mnew = mt_attn_max(m[u], mb[u]);
-                    alpha[u] = mt_expf_ranged(m[u] - mnew);
-                    m[u] = mnew;
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (tx == 0) Alpha[4 * ty + u] = alpha[u];
-#pragma unroll
-            for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha[u];
-        }
-        /* p = e^(s - m), MASKED for a masked pair (s = -inf): branch-free where every live
-         * pair's exponent lies in mt_expf_mid's range (a NaN or an infinity fails the test), its p
-         * then finite and positive, so mt_expf_mid alone gives the per-pair expression's bits */
-        auto mid_exps = [&](auto masks) -> bool {
-            constexpr bool MASKS = decltype(masks)::value;
-            int ok = 1;
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-#pragma unroll
-                for (int w = 0; w < 4; ++w)
-                    ok &= (MASKS && s[u][w] == -INFINITY) | mt_expf_in_mid(s[u][w] - m[u]);
-            if (!ok) return false;
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    if (MASKS) {
-                        const bool live = s[u][w] != -INFINITY;
-                        const float e = mt_expf_mid(live ? s[u][w] - m[u] : 0.0f);
-                        pv[u][w] = live ? e : masked_value();
-                    } else {
-                        pv[u][w] = mt_expf_mid(s[u][w] - m[u]);
-                    }
-                }
-            return true;
-        };
-        if (!(plain ? mid_exps(flag<false>()) : mid_exps(flag<true>())))
 #pragma unroll
             for (int u = 0; u < 4; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w)
                     pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf_ranged(s[u][w] - m[u]));
+        }
 #pragma unroll
         for (int w = 0; w < 4; ++w)                         /* the thread's four rows side by side */
             *(float4 *)(Pt + (tx + 16 * w) * PS + 4 * ty) = make_float4(pv[0][w], pv[1][w], pv[2][w], pv[3][w]);
@@ -578,19 +534,13 @@ __global__ void __launch_bounds__(NT) delta_kernel(mt_attn_dev d) {
     d.delta[row] = acc;
 }
 
-/* The backward's score of a pair whose q.k chain is s: chain * scale in a plain tile, else
- * score()'s, or -inf for a pair past the tile's rows (in false). */
-__device__ __forceinline__ float pair_score(const mt_attn_dev &d, float s, int64_t b, int64_t h, int64_t i, int64_t j,
-                                            bool in, bool plain) {
-    return plain ? s * d.a.scale : in ? score(d, s, b, h, i, j) : -INFINITY;
-}
-
-/* The backward's per-pair values of a pair with score sc (pair_score) and dout.v chain dp: p
- * (after dropout: dv's chains take it) and ds = p (dp after dropout - delta), both MASKED when
- * the pair is masked. */
-__device__ __forceinline__ void pair_values(const mt_attn_dev &d, float sc, float dp, float lse, float delta, int64_t b,
-                                            int64_t h, int64_t i, int64_t j, bool in, float *p_out, float *ds_out,
-                                            int *masked) {
+/* The backward's per-pair values of a pair whose chains are s (q.k) and dp (dout.v): p (after
+ * dropout: dv's chains take it) and ds = p (dp after dropout - delta), both MASKED when the pair
+ * is masked. */
+__device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float dp, float lse, float delta, int64_t b,
+                                            int64_t h, int64_t i, int64_t j, bool in, bool plain, float *p_out,
+                                            float *ds_out, int *masked) {
+    const float sc = plain ? s * d.a.scale : in ? score(d, s, b, h, i, j) : -INFINITY;
     if (sc == -INFINITY) {
         *masked |= in;
         *p_out = *ds_out = masked_value();
@@ -608,104 +558,32 @@ __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float sc, floa
     *ds_out = mt_canonical_nan(mt_attn_ds(p, dpd, delta));
 }
 
-/* Whether pair_values may run branch-free for the 16 pairs of a thread: no dropout, and every
- * live pair's exponent sc - lse in mt_expf_mid's range (a NaN or an infinity fails the test).
- * MASKS: a pair may be masked (sc = -inf: not a live pair; its x is 0, a harmless argument),
- * else every pair must be live (a plain tile: an overflowing -inf score fails the test). A
- * live pair's p = mt_expf_mid(x) is then finite and positive (its own canonical form), so
- * mid_pair_values gives pair_values's bits. Rows: the pair (u, w) takes lse[u] (LSE_U: the dq
- * kernel, whose own rows are query rows) or lse[w] (the dk/dv kernel). x: the exponents. */
-template <bool LSE_U, bool MASKS>
-__device__ __forceinline__ bool mid_pairs(const mt_attn_args &a, const float (&sc)[4][4], const float (&lse)[4],
+/* Whether pair_values may run branch-free for the 16 pairs of a thread: a plain tile without
+ * dropout whose exponents x = s * scale - lse all lie in mt_expf_mid's range (a NaN or an
+ * infinity fails the test). The score is then finite, p = mt_expf_mid(x) is finite and positive
+ * (its own canonical form) and ds is pair_values's: mid_pair_values gives the same bits. Rows:
+ * the pair (u, w) takes lse[u] (LSE_U: the dq kernel, whose own rows are query rows) or lse[w]
+ * (the dk/dv kernel). */
+template <bool LSE_U>
+__device__ __forceinline__ bool mid_pairs(const mt_attn_args &a, bool plain, const float (&s)[4][4], const float (&lse)[4],
                                           float (&x)[4][4]) {
-    if (a.dropout_p > 0.0f) return false;
+    if (!plain || a.dropout_p > 0.0f) return false;
     int mid = 1;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-            const float e = sc[u][w] - lse[LSE_U ? u : w];
-            if (MASKS) {
-                const bool live = sc[u][w] != -INFINITY;
-                x[u][w] = live ? e : 0.0f;
-                mid &= !live | mt_expf_in_mid(e);
-            } else {
-                x[u][w] = e;
-                mid &= mt_expf_in_mid(e);
-            }
+            x[u][w] = s[u][w] * a.scale - lse[LSE_U ? u : w];
+            mid &= mt_expf_in_mid(x[u][w]);
         }
     return mid;
 }
 
-/* pair_values of a pair that mid_pairs<., MASKS> admitted, from its score and exponent x. */
-template <bool MASKS>
-__device__ __forceinline__ void mid_pair_values(float sc, float x, float dp, float delta, bool in, float *p_out,
-                                                float *ds_out, int *masked) {
+/* pair_values of a pair that mid_pairs admitted, from its exponent x. */
+__device__ __forceinline__ void mid_pair_values(float x, float dp, float delta, float *p_out, float *ds_out) {
     const float p = mt_expf_mid(x);
-    const float ds = mt_canonical_nan(mt_attn_ds(p, dp, delta));
-    if (MASKS) {
-        const bool live = sc != -INFINITY;
-        *p_out = live ? p : masked_value();
-        *ds_out = live ? ds : masked_value();
-        *masked |= in & !live;
-    } else {
-        *p_out = p;
-        *ds_out = ds;
-    }
-}
-
-/* The per-pair values of a thread's 16 pairs (u, w) of a tile: s holds their q.k chains (their
- * scores on return), dp their dout.v chains. Q_IS_U (the dq kernel): pair (u, w) is query row
- * 4ty + u and key tx + 16w, else (the dk/dv kernel) query row tx + 16w and key 4ty + u; lse and
- * delta are indexed by the pair's query row (u or w). store_row(w, p, ds) takes p[u] and ds[u]
- * for u = 0..3. Branch-free (mid_pairs) where it may be, pair_values elsewhere: the same bits.
- * Returns whether a pair in the tile's rows was masked. */
-template <bool Q_IS_U, class StoreRow>
-__device__ __forceinline__ int tile_pair_values(const mt_attn_dev &d, float (&s)[4][4], const float (&dp)[4][4],
-                                                const float (&lse)[4], const float (&delta)[4], int64_t b, int64_t h,
-                                                int64_t i0, int n, int64_t j0, int nk, bool plain, StoreRow store_row) {
-    const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-    auto qrow = [&](int u, int w) { return Q_IS_U ? 4 * ty + u : tx + 16 * w; };
-    auto key = [&](int u, int w) { return Q_IS_U ? tx + 16 * w : 4 * ty + u; };
-    int masked = 0;
-    if (plain)                                          /* one test a tile, not one a pair */
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int w = 0; w < 4; ++w) s[u][w] = s[u][w] * d.a.scale;
-    else
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int w = 0; w < 4; ++w)
-                s[u][w] = pair_score(d, s[u][w], b, h, i0 + qrow(u, w), j0 + key(u, w),
-                                     qrow(u, w) < n && key(u, w) < nk, false);
-    auto fast = [&](auto masks) -> bool {
-        constexpr bool MASKS = decltype(masks)::value;
-        float x[4][4];
-        if (!mid_pairs<Q_IS_U, MASKS>(d.a, s, lse, x)) return false;
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-            float p[4], ds[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u)
-                mid_pair_values<MASKS>(s[u][w], x[u][w], dp[u][w], delta[Q_IS_U ? u : w],
-                                       qrow(u, w) < n && key(u, w) < nk, &p[u], &ds[u], &masked);
-            store_row(w, p, ds);
-        }
-        return true;
-    };
-    if (plain ? fast(flag<false>()) : fast(flag<true>())) return masked;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-        float p[4], ds[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-            pair_values(d, s[u][w], dp[u][w], lse[Q_IS_U ? u : w], delta[Q_IS_U ? u : w], b, h, i0 + qrow(u, w),
-                        j0 + key(u, w), qrow(u, w) < n && key(u, w) < nk, &p[u], &ds[u], &masked);
-        store_row(w, p, ds);
-    }
-    return masked;
+    *p_out = p;
+    *ds_out = mt_canonical_nan(mt_attn_ds(p, dp, delta));
 }
 
 /* dq of a query tile: chains over the keys ascending, times scale at the end. */
@@ -736,18 +614,38 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
         const int nk = load_key_block(Ks, Vs, DS, a, qt.kv0, kb, &j0);   /* the last block's dSt read too */
         float s[4][4], dp[4][4];
         two_chains_over_d<NCG>(s, dp, Qs, Ks, dOs, Vs, D);
+        int masked = 0;
+        const bool plain = plain_tile(a, i0, n, j0, nk);
         float lse[4], delta[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
             lse[u] = r < n ? Lse[r] : 0.0f, delta[u] = r < n ? Delta[r] : 0.0f;
         }
-        /* ds of key tx + 16w for the thread's four query rows side by side */
-        const int masked = tile_pair_values<true>(d, s, dp, lse, delta, b, h, i0, n, j0, nk, plain_tile(a, i0, n, j0, nk),
-                                                  [&](int w, const float (&)[4], const float (&ds)[4]) {
-                                                      *(float4 *)(dSt + (tx + 16 * w) * PS + 4 * ty) =
-                                                          make_float4(ds[0], ds[1], ds[2], ds[3]);
-                                                  });
+        float x[4][4];
+        if (mid_pairs<true>(a, plain, s, lse, x)) {         /* the same bits as pair_values, branch-free */
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    float p, ds;
+                    mid_pair_values(x[u][w], dp[u][w], delta[u], &p, &ds);
+                    dSt[(tx + 16 * w) * PS + 4 * ty + u] = ds;
+                }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = 4 * ty + u;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const int jj = tx + 16 * w;
+                    float p, ds;
+                    pair_values(d, s[u][w], dp[u][w], lse[u], delta[u], b, h, i0 + r, j0 + jj, r < n && jj < nk,
+                                plain, &p, &ds, &masked);
+                    dSt[jj * PS + r] = ds;
+                }
+            }
+        }
         const bool any_masked = __syncthreads_or(masked);
         chains_over_pairs_sel<NCG>(acc, dSt, Ks, nk, any_masked);
     }
@@ -853,21 +751,44 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
             __syncthreads();
             float s[4][4], dp[4][4];                    /* own rows: keys; other rows: query rows */
             two_chains_over_d<NCG>(s, dp, Ks, Qs, Vs, dOs, D);
+            int masked = 0;
+            const bool plain = plain_tile(a, i0, n, j0, nk);
             float lse[4], delta[4];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 const int r = tx + 16 * w;
                 lse[w] = r < n ? Lse[r] : 0.0f, delta[w] = r < n ? Delta[r] : 0.0f;
             }
-            /* the thread's four keys of query row tx + 16w side by side: one 16-byte store each
-             * (four 4-byte ones at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu) */
-            const int masked = tile_pair_values<false>(
-                d, s, dp, lse, delta, b, h, i0, n, j0, nk, plain_tile(a, i0, n, j0, nk),
-                [&](int w, const float (&p)[4], const float (&ds)[4]) {
+            /* the thread's four keys of query row r side by side: one 16-byte store each (four
+             * 4-byte ones at stride PS met in 8 of the 32 banks: a 4-way conflict, ncu, call 1) */
+            auto store_row = [&](int r, const float (&p)[4], const float (&ds)[4]) {
+                *(float4 *)(Ps + r * PS + 4 * ty) = make_float4(p[0], p[1], p[2], p[3]);
+                *(float4 *)(dSs + r * PS + 4 * ty) = make_float4(ds[0], ds[1], ds[2], ds[3]);
+            };
+            float x[4][4];
+            if (mid_pairs<false>(a, plain, s, lse, x)) {    /* the same bits as pair_values, branch-free */
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    float p[4], ds[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u)
+                        mid_pair_values(x[u][w], dp[u][w], delta[w], &p[u], &ds[u]);
+                    store_row(tx + 16 * w, p, ds);
+                }
+            } else {
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
                     const int r = tx + 16 * w;
-                    *(float4 *)(Ps + r * PS + 4 * ty) = make_float4(p[0], p[1], p[2], p[3]);
-                    *(float4 *)(dSs + r * PS + 4 * ty) = make_float4(ds[0], ds[1], ds[2], ds[3]);
-                });
+                    float p[4], ds[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const int jj = 4 * ty + u;
+                        pair_values(d, s[u][w], dp[u][w], lse[w], delta[w], b, h, i0 + r, j0 + jj, r < n && jj < nk,
+                                    plain, &p[u], &ds[u], &masked);
+                    }
+                    store_row(r, p, ds);
+                }
+            }
             const bool any_masked = __syncthreads_or(masked);
             if (a.dv) chains_over_pairs_sel<NCG>(dv, Ps, dOs, n, any_masked);
             if (a.dk) chains_over_pairs_sel<NCG>(dk, dSs, Qs, n, any_masked);
