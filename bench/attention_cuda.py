@@ -15,6 +15,12 @@ beyond its inputs. ``bits_equal_cpu``: our out, lse, dq, dk, dv at the first sha
 oracle's bytes. ``torch_efficient_dq_repeats``: whether torch's efficient backend gives the same
 dq bits twice in a row.
 
+Also (thirty-second session) the first shape without causality under a float key-padding mask,
+(B, 1, 1, T) of 0 and -inf, batch b masking its last b * T / 16 keys (the padded batch of a
+variable-length run): every tile then takes the masked path (no tile is plain), against torch's
+efficient backend on the same mask (``mask: "key_padding"`` in its record). Its bits are not
+compared with the oracle here (the cards and tests/test_attention.py cover masks).
+
 Predicted before the first run (9 SIMT matmul-sized passes of the causal half: forward 2,
 backward 7 -- dk/dv recompute s and dp, dq recomputes them again -- 29 G fma at the first
 shape, at 40-50% of the H200's 67 TFLOP/s fp32): 2.2-2.8 ms at (8, 12, 1024, 64), 9-11 ms at
@@ -36,20 +42,36 @@ import mojo_train as mt  # noqa: E402
 from mojo_train._native import ffi, load  # noqa: E402
 
 SHAPES = ((8, 12, 1024, 64), (2, 12, 4096, 64))
+MASKED_SHAPE = (8, 12, 1024, 64)
+MASK_FLOAT = 2   # MT_ATTENTION_MASK_FLOAT
 
 
-def _attention_calls(lib, bufs, b, h, t, d, causal, scale):
+def _attention_calls(lib, bufs, b, h, t, d, causal, scale, mask=None):
+    """The forward and backward calls; mask: a (B, 1, 1, T) float DeviceBuffer (key padding) or None."""
     q, k, v, do, out, lse, dq, dk, dv = bufs
+    m = (mask.ptr("void *"), MASK_FLOAT, t, 0, 0, 1) if mask is not None else (ffi.NULL, 0, 0, 0, 0, 0)
 
     def forward():
-        return lib.mt_attention_forward(out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), ffi.NULL, 0, 0, 0, 0, 0,
+        return lib.mt_attention_forward(out.ptr(), lse.ptr(), q.ptr(), k.ptr(), v.ptr(), *m,
                                         causal, scale, b, h, h, t, t, d, 0.0, 0, 0, 0)
 
     def backward():
         return lib.mt_attention_backward(dq.ptr(), dk.ptr(), dv.ptr(), do.ptr(), q.ptr(), k.ptr(), v.ptr(),
-                                         out.ptr(), lse.ptr(), ffi.NULL, 0, 0, 0, 0, 0, causal, scale, b, h, h,
+                                         out.ptr(), lse.ptr(), *m, causal, scale, b, h, h,
                                          t, t, d, 0.0, 0, 0, 0)
     return forward, backward
+
+
+def _key_padding(gpu, b, t):
+    """(b, 1, 1, t) float32 of 0 and -inf: batch i masks its last i * t // 16 keys."""
+    import struct
+    rows = []
+    for i in range(b):
+        cut = t - i * t // 16
+        rows.append(struct.pack("<%df" % t, *([0.0] * cut + [float("-inf")] * (t - cut))))
+    buf = DeviceBuffer(gpu, (b, 1, 1, t))
+    buf.upload(b"".join(rows))
+    return buf
 
 
 def _digest(buf):
@@ -74,7 +96,7 @@ def _cpu_digests(gpu_bufs, b, h, t, d, scale):
     return [hashlib.sha256(ffi.buffer(x)).hexdigest() for x in outs]
 
 
-def bench_attention(torch, gpu, shape, repeat, check_bits):
+def bench_attention(torch, gpu, shape, repeat, check_bits, masked=False):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     b, h, t, d = shape
@@ -83,7 +105,9 @@ def bench_attention(torch, gpu, shape, repeat, check_bits):
     out, dq, dk, dv = (DeviceBuffer(gpu, shape) for _ in range(4))
     lse = DeviceBuffer(gpu, (b, h, t))
     bufs = (q, k, v, do, out, lse, dq, dk, dv)
-    forward, backward = _attention_calls(gpu.lib, bufs, b, h, t, d, 1, scale)
+    mask = _key_padding(gpu, b, t) if masked else None
+    causal = 0 if masked else 1
+    forward, backward = _attention_calls(gpu.lib, bufs, b, h, t, d, causal, scale, mask)
 
     def ours():
         _call(gpu, forward(), "mt_attention_forward")
@@ -101,17 +125,21 @@ def bench_attention(torch, gpu, shape, repeat, check_bits):
 
     qt, kt, vt = (x.torch(torch).requires_grad_(True) for x in (q, k, v))
     dot = do.torch(torch)
+    mask_t = mask.torch(torch) if masked else None
 
     def theirs(backend):
         def run():
             qt.grad = kt.grad = vt.grad = None
             with sdpa_kernel([backend]):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale).backward(dot)
+                F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask_t, is_causal=not masked,
+                                               scale=scale).backward(dot)
         return run
 
-    figures = {"B": b, "H": h, "T": t, "D": d, "is_causal": True, "forward_ms": t_fwd * 1e3,
+    figures = {"B": b, "H": h, "T": t, "D": d, "is_causal": not masked, "forward_ms": t_fwd * 1e3,
                "fwd_bwd_ms": t_both * 1e3, "extra_MB": ours_extra / 1e6,
                "delta_MB": 4 * b * h * t / 1e6}
+    if masked:
+        figures["mask"] = "key_padding"
     for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)):
         run = theirs(backend)
         try:
@@ -149,11 +177,13 @@ def main():
     torch = cuda_torch()
     gpu = load("identical", "cuda")
     rows = []
-    for i, shape in enumerate(SHAPES):
-        r = bench_attention(torch, gpu, shape, args.repeat, check_bits=(i == 0))
+    cases = [(shape, i == 0, False) for i, shape in enumerate(SHAPES)] + [(MASKED_SHAPE, False, True)]
+    for shape, check_bits, masked in cases:
+        r = bench_attention(torch, gpu, shape, args.repeat, check_bits=check_bits, masked=masked)
         rows.append(r)
-        line = ("attention causal B=%d H=%d T=%d D=%d: forward %.3f ms, forward+backward %.3f ms, extra %.1f MB"
-                % (r["B"], r["H"], r["T"], r["D"], r["forward_ms"], r["fwd_bwd_ms"], r["extra_MB"]))
+        line = ("attention %s B=%d H=%d T=%d D=%d: forward %.3f ms, forward+backward %.3f ms, extra %.1f MB"
+                % ("key-padding-masked" if masked else "causal", r["B"], r["H"], r["T"], r["D"], r["forward_ms"],
+                   r["fwd_bwd_ms"], r["extra_MB"]))
         for name in ("efficient", "math"):
             if "torch_%s_ms" % name in r:
                 line += "; torch %s %.3f ms (%.0f MB) = %.2fx ours" % (name, r["torch_%s_ms" % name],

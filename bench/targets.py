@@ -46,7 +46,7 @@ def taken_on(record, gpu):
     return gpu is None or name is None or re.search(r"\b%s\b" % gpu, str(name)) is not None
 
 
-T1024, T4096 = "attention[T=1024,B=8]", "attention[T=4096,B=2]"
+T1024, T4096 = "attention[T=1024,B=8,is_causal=True]", "attention[T=4096,B=2,is_causal=True]"
 TARGETS = [
     Target("16.1", "linear forward 8192^3, TFLOP/s >= torch's (H200)", "linear_cuda",
            "rows[op=forward,m=8192,n=8192].ours_TFLOPs", at_least="rows[op=forward,m=8192,n=8192].torch_TFLOPs",
