@@ -249,20 +249,48 @@ __device__ __forceinline__ void chains_over_pairs_sel(float (&acc)[4][4 * NCG], 
         chains_over_pairs<NCG, false, false>(acc, cv, rows, n);
 }
 
-/* The score of query row i against key j (both in range): chain * scale, then the mask or
- * causality; -inf marks a masked pair. (A float mask's NaN and +inf are refused by the host's
- * check kernel.) */
-__device__ __forceinline__ float score(const mt_attn_dev &d, float chain, int64_t b, int64_t h, int64_t i, int64_t j) {
-    const mt_attn_args &a = d.a;
+/* The score of query row i against key j (both in range) from its chain and its mask element
+ * mv (a float mask's element; a bool mask's byte as a float, 0 masking; unused without a mask):
+ * chain * scale, then the mask or causality; -inf marks a masked pair. (A float mask's NaN and
+ * +inf are refused by the host's check kernel.) */
+__device__ __forceinline__ float score(const mt_attn_args &a, float chain, float mv, int64_t i, int64_t j) {
     float s = chain * a.scale;
     if (a.mask_kind == MT_ATTENTION_MASK_FLOAT) {
-        s = s + ((const float *)a.mask)[b * a.sb + h * a.sh + i * a.si + j * a.sj];
+        s = s + mv;
     } else if (a.mask_kind == MT_ATTENTION_MASK_BOOL) {
-        if (!((const uint8_t *)a.mask)[b * a.sb + h * a.sh + i * a.si + j * a.sj]) s = -INFINITY;
+        if (mv == 0.0f) s = -INFINITY;
     } else if (a.is_causal && j > i) {
         s = -INFINITY;
     }
     return s;
+}
+
+/* The scores of a thread's 16 pairs (u, w) of a tile that is not plain, in place of their
+ * chains s: pair (u, w) is query row i0 + qrow(u, w) and key j0 + key(u, w), -inf where either
+ * lies past the tile's rows (n, nk). A mask's elements are loaded four at a time (one u), in
+ * flight together: loaded pair by pair, each inside its pair's branch, they were waited for one
+ * after another; all 16 at once made the dk/dv kernel spill (36 bytes, in the plain tiles' path). */
+template <class QRow, class Key>
+__device__ __forceinline__ void tile_scores(const mt_attn_args &a, float (&s)[4][4], int64_t b, int64_t h, int64_t i0,
+                                            int n, int64_t j0, int nk, QRow qrow, Key key) {
+    auto at = [&](int u, int w) { return b * a.sb + h * a.sh + (i0 + qrow(u, w)) * a.si + (j0 + key(u, w)) * a.sj; };
+    auto in = [&](int u, int w) { return qrow(u, w) < n && key(u, w) < nk; };
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        float mv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (a.mask_kind == MT_ATTENTION_MASK_FLOAT) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                if (in(u, w)) mv[w] = ((const float *)a.mask)[at(u, w)];
+        } else if (a.mask_kind == MT_ATTENTION_MASK_BOOL) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w)
+                if (in(u, w)) mv[w] = (float)((const uint8_t *)a.mask)[at(u, w)];
+        }
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+            s[u][w] = in(u, w) ? score(a, s[u][w], mv[w], i0 + qrow(u, w), j0 + key(u, w)) : -INFINITY;
+    }
 }
 
 /* Rows of the tile starting at row `start` of `total`: TR, or what is left. */
@@ -429,6 +457,14 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         chains_over_d<NCG>(s, Qs, Ks, D);
         int masked = 0;
         const bool plain = plain_tile(a, i0, n, j0, nk);
+        if (plain)
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+#pragma unroll
+                for (int w = 0; w < 4; ++w) s[u][w] = s[u][w] * a.scale;
+        else
+            tile_scores(a, s, b, h, i0, n, j0, nk, [&](int u, int) { return 4 * ty + u; },
+                        [&](int, int w) { return tx + 16 * w; });
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
@@ -437,10 +473,6 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             for (int w = 0; w < 4; ++w) {
                 const int jj = tx + 16 * w;
                 const bool in = r < n && jj < nk;
-                if (plain)
-                    s[u][w] = s[u][w] * a.scale;
-                else
-                    s[u][w] = in ? score(d, s[u][w], b, h, i0 + r, j0 + jj) : -INFINITY;
                 masked |= in && s[u][w] == -INFINITY;
                 mb = mt_attn_max(mb, s[u][w]);
             }
@@ -534,13 +566,14 @@ __global__ void __launch_bounds__(NT) delta_kernel(mt_attn_dev d) {
     d.delta[row] = acc;
 }
 
-/* The backward's per-pair values of a pair whose chains are s (q.k) and dp (dout.v): p (after
+/* The backward's per-pair values of a pair whose q.k chain is s (plain: a plain tile's pair,
+ * whose score is s * scale; else s is its score, tile_scores') and dout.v chain dp: p (after
  * dropout: dv's chains take it) and ds = p (dp after dropout - delta), both MASKED when the pair
  * is masked. */
 __device__ __forceinline__ void pair_values(const mt_attn_dev &d, float s, float dp, float lse, float delta, int64_t b,
                                             int64_t h, int64_t i, int64_t j, bool in, bool plain, float *p_out,
                                             float *ds_out, int *masked) {
-    const float sc = plain ? s * d.a.scale : in ? score(d, s, b, h, i, j) : -INFINITY;
+    const float sc = plain ? s * d.a.scale : s;
     if (sc == -INFINITY) {
         *masked |= in;
         *p_out = *ds_out = masked_value();
@@ -633,6 +666,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
                     dSt[(tx + 16 * w) * PS + 4 * ty + u] = ds;
                 }
         } else {
+            if (!plain)
+                tile_scores(a, s, b, h, i0, n, j0, nk, [&](int u, int) { return 4 * ty + u; },
+                            [&](int, int w) { return tx + 16 * w; });
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int r = 4 * ty + u;
@@ -776,6 +812,9 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
                     store_row(tx + 16 * w, p, ds);
                 }
             } else {
+                if (!plain)
+                    tile_scores(a, s, b, h, i0, n, j0, nk, [&](int, int w) { return tx + 16 * w; },
+                                [&](int u, int) { return 4 * ty + u; });
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const int r = tx + 16 * w;
