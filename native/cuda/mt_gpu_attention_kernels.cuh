@@ -619,6 +619,37 @@ __device__ __forceinline__ void mid_pair_values(float x, float dp, float delta, 
     *ds_out = mt_canonical_nan(mt_attn_ds(p, dp, delta));
 }
 
+/* mid_pairs for a tile that is not plain, from its pairs' scores sc (tile_scores'): a masked
+ * pair (sc = -inf) is not tested and its exponent x is 0 (a harmless argument, its value
+ * selected afterwards); every other pair's sc - lse must lie in mt_expf_mid's range. No
+ * dropout. Rows as mid_pairs'. */
+template <bool LSE_U>
+__device__ __forceinline__ bool masked_mid_pairs(const mt_attn_args &a, const float (&sc)[4][4], const float (&lse)[4],
+                                                 float (&x)[4][4]) {
+    if (a.dropout_p > 0.0f) return false;
+    int mid = 1;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            const bool live = sc[u][w] != -INFINITY;
+            const float e = sc[u][w] - lse[LSE_U ? u : w];
+            x[u][w] = live ? e : 0.0f;
+            mid &= !live | mt_expf_in_mid(e);
+        }
+    return mid;
+}
+
+/* pair_values of a pair that masked_mid_pairs admitted, from its score sc and exponent x. */
+__device__ __forceinline__ void masked_mid_pair_values(float sc, float x, float dp, float delta, bool in, float *p_out,
+                                                       float *ds_out, int *masked) {
+    const bool live = sc != -INFINITY;
+    const float p = mt_expf_mid(x);
+    *p_out = live ? p : masked_value();
+    *ds_out = live ? mt_canonical_nan(mt_attn_ds(p, dp, delta)) : masked_value();
+    *masked |= in & !live;
+}
+
 /* dq of a query tile: chains over the keys ascending, times scale at the end. */
 template <int NCG>
 __global__ void __launch_bounds__(NT, 3 - NCG) dq_kernel(mt_attn_dev d) {
@@ -815,17 +846,30 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
                 if (!plain)
                     tile_scores(a, s, b, h, i0, n, j0, nk, [&](int, int w) { return tx + 16 * w; },
                                 [&](int u, int) { return 4 * ty + u; });
+                if (!plain && masked_mid_pairs<false>(a, s, lse, x)) {   /* the same bits, branch-free */
 #pragma unroll
-                for (int w = 0; w < 4; ++w) {
-                    const int r = tx + 16 * w;
-                    float p[4], ds[4];
+                    for (int w = 0; w < 4; ++w) {
+                        const int r = tx + 16 * w;
+                        float p[4], ds[4];
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) {
-                        const int jj = 4 * ty + u;
-                        pair_values(d, s[u][w], dp[u][w], lse[w], delta[w], b, h, i0 + r, j0 + jj, r < n && jj < nk,
-                                    plain, &p[u], &ds[u], &masked);
+                        for (int u = 0; u < 4; ++u)
+                            masked_mid_pair_values(s[u][w], x[u][w], dp[u][w], delta[w], r < n && 4 * ty + u < nk,
+                                                   &p[u], &ds[u], &masked);
+                        store_row(r, p, ds);
                     }
-                    store_row(r, p, ds);
+                } else {
+#pragma unroll
+                    for (int w = 0; w < 4; ++w) {
+                        const int r = tx + 16 * w;
+                        float p[4], ds[4];
+#pragma unroll
+                        for (int u = 0; u < 4; ++u) {
+                            const int jj = 4 * ty + u;
+                            pair_values(d, s[u][w], dp[u][w], lse[w], delta[w], b, h, i0 + r, j0 + jj,
+                                        r < n && jj < nk, plain, &p[u], &ds[u], &masked);
+                        }
+                        store_row(r, p, ds);
+                    }
                 }
             }
             const bool any_masked = __syncthreads_or(masked);
