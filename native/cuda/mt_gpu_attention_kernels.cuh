@@ -267,9 +267,10 @@ __device__ __forceinline__ float score(const mt_attn_args &a, float chain, float
 
 /* The scores of a thread's 16 pairs (u, w) of a tile that is not plain, in place of their
  * chains s: pair (u, w) is query row i0 + qrow(u, w) and key j0 + key(u, w), -inf where either
- * lies past the tile's rows (n, nk). A mask's elements are loaded four at a time (one u), in
- * flight together: loaded pair by pair, each inside its pair's branch, they were waited for one
- * after another; all 16 at once made the dk/dv kernel spill (36 bytes, in the plain tiles' path). */
+ * lies past the tile's rows (n, nk). A mask's elements are loaded a row's four (one u) at a
+ * time, four scalar loads in flight together: loaded pair by pair, each inside its pair's branch,
+ * they were waited for one after another. (All 16 at once made the dk/dv kernel spill 36 bytes
+ * in the plain tiles' path as first written, 3f12bf6; not measured since.) */
 template <class QRow, class Key>
 __device__ __forceinline__ void tile_scores(const mt_attn_args &a, float (&s)[4][4], int64_t b, int64_t h, int64_t i0,
                                             int n, int64_t j0, int nk, QRow qrow, Key key) {

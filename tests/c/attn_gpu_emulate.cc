@@ -44,12 +44,13 @@ struct Oracle {
 /* ---- guarded "device" buffers --------------------------------------------------------------- */
 
 /* bytes at a 256-byte aligned start whose end lies within 256 bytes of an inaccessible page; the
- * slack is 0xFF bytes, checked by intact(). */
+ * slack is 0xFF bytes, checked by intact(). tight: the end abuts the page itself (no slack), so a
+ * read one byte past the end faults (the masks: a load the kernel should not make). */
 class Guarded {
   public:
-    explicit Guarded(size_t bytes) : bytes_(bytes) {
+    explicit Guarded(size_t bytes, bool tight = false) : bytes_(bytes) {
         const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        size_t span = (bytes + 255) / 256 * 256;
+        size_t span = tight ? bytes : (bytes + 255) / 256 * 256;
         map_bytes_ = (span + page - 1) / page * page + page;
         void *p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
@@ -87,6 +88,7 @@ enum Pattern {
     RANDOM,     /* about 30% (bool) or 15% (float: -inf) of pairs masked, some rows wholly */
     BAND,       /* row i keeps keys j with |j - i| <= 20: whole key blocks dead for a row, live later */
     NO_MASKED,  /* bool all true, float finite: tiles without a masked pair, with a mask */
+    BYTES,      /* bool: the kept pairs' bytes only 1 or 255, about 40% of pairs masked */
 };
 enum Special {
     PLAIN,      /* q, k uniform in [-amp, amp] */
@@ -127,7 +129,7 @@ const char *kind_name(int kind) { return kind == 0 ? "none" : kind == 1 ? "bool"
 
 std::string name_of(const Case &c) {
     static const char *layouts[] = {"full", "bcast_qk", "bcast_head", "keypad", "transposed"};
-    static const char *patterns[] = {"", "-band", "-nomasked"};
+    static const char *patterns[] = {"", "-band", "-nomasked", "-bytes"};
     static const char *specials[] = {"", "_overflow", "_scores_nan", "_madeup_saved"};
     char buf[340], sc[32] = "default", am[64] = "";
     if (!std::isnan(c.scale_)) snprintf(sc, sizeof sc, "%g", c.scale_);
@@ -161,6 +163,10 @@ std::vector<Case> cases() {
         C(65, 130, 1).mask(2, FULL), C(130, 65, 7).mask(2, BCAST_QK), C(130, 130, 33).mask(2, KEYPAD),
         C(64, 64, 64).mask(2, FULL).hkv(1), C(65, 65, 100).mask(2, TRANSPOSED), C(130, 130, 128).mask(2, BCAST_QK),
         C(130, 130, 33).mask(2, BCAST_QK, BAND), C(130, 65, 100).mask(2, FULL, NO_MASKED),
+        /* bool bytes of 1 and 255 only, short tiles on either side (the mask's last byte ends at
+         * an inaccessible page: a load past it faults) */
+        C(63, 1, 7).mask(1, FULL, BYTES), C(65, 127, 7).mask(1, FULL, BYTES), C(127, 65, 33).mask(1, TRANSPOSED, BYTES),
+        C(1, 65, 7).mask(1, KEYPAD, BYTES),
         /* other scales: negative, zero */
         C(130, 130, 64).scale(-0.3f), C(65, 130, 7).causal().scale(-0.3f), C(65, 65, 33).mask(2, FULL).scale(-0.3f),
         C(64, 65, 64).scale(0.0f),
@@ -208,14 +214,15 @@ void make_mask(Inputs &in, const Case &c, std::mt19937 &rng) {
     case TRANSPOSED: in.sb = H * Tq * Tk, in.sh = Tq * Tk, in.si = 1, in.sj = Tq; break;   /* (B, H, Tk, Tq) memory */
     }
     int64_t n = nb * nh * ni * nj, esize = c.kind == 1 ? 1 : 4;
-    in.mask = std::make_unique<Guarded>((size_t)(n * esize));
+    in.mask = std::make_unique<Guarded>((size_t)(n * esize), true);
     std::uniform_real_distribution<float> u(0.0f, 1.0f);
     for (int64_t b = 0; b < nb; ++b)
         for (int64_t h = 0; h < nh; ++h)
             for (int64_t i = 0; i < ni; ++i) {
                 /* the second row of each (b, h), and every row of the last batch of a key-padding
                  * mask (when there are two batches), masked wholly */
-                bool dead = c.pattern == RANDOM && (c.layout == KEYPAD ? b == nb - 1 && nb > 1 : i == 1 % ni && ni > 1);
+                bool dead = (c.pattern == RANDOM || c.pattern == BYTES) &&
+                            (c.layout == KEYPAD ? b == nb - 1 && nb > 1 : i == 1 % ni && ni > 1);
                 for (int64_t j = 0; j < nj; ++j) {
                     int64_t at = b * in.sb + h * in.sh + i * in.si + j * in.sj;
                     float r = u(rng);
@@ -223,7 +230,8 @@ void make_mask(Inputs &in, const Case &c, std::mt19937 &rng) {
                     if (c.pattern == BAND) r = (j - i > 20 || i - j > 20) ? 0.0f : 1.0f;
                     if (c.kind == 1) {
                         static const unsigned char keep[] = {1, 2, 255, 7};
-                        in.mask->bytes()[at] = dead || r < 0.3f ? 0 : keep[j % 4];
+                        const unsigned char kv = c.pattern == BYTES ? (((i * 7 + j * 3) & 1) ? 255 : 1) : keep[j % 4];
+                        in.mask->bytes()[at] = dead || r < (c.pattern == BYTES ? 0.4f : 0.3f) ? 0 : kv;
                     } else {
                         in.mask->f()[at] = dead || r < 0.15f ? -INFINITY : (u(rng) * 6.0f - 3.0f);
                     }
