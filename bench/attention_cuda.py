@@ -29,6 +29,7 @@ shape, at 40-50% of the H200's 67 TFLOP/s fp32): 2.2-2.8 ms at (8, 12, 1024, 64)
 import hashlib
 import math
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +65,6 @@ def _attention_calls(lib, bufs, b, h, t, d, causal, scale, mask=None):
 
 def _key_padding(gpu, b, t):
     """(b, 1, 1, t) float32 of 0 and -inf: batch i masks its last i * t // 16 keys."""
-    import struct
     rows = []
     for i in range(b):
         cut = t - i * t // 16
