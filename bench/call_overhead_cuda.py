@@ -16,7 +16,10 @@ torch.cuda.synchronize(), as in every benchmark here. Figures, in microseconds:
   alloc_free         a DeviceArray of n floats made and dropped (mt_device_alloc / mt_device_free)
   torch_sync         torch.cuda.synchronize() on an idle GPU
   embedding_forward  64 ids into a (1024, 768) table, ours (DeviceArrays) and torch's (torch_...)
-So add_fresh - c_add is the Python wrapper, c_add - torch_sync the native call's own host time.
+  c_embedding_forward   the native mt_embedding_forward alone into a kept output (MT_MAP_OUT_FRESH)
+  c_alloc_free       the native mt_device_alloc and mt_device_free of n floats alone (no Python objects)
+So add_fresh - c_add is the Python wrapper, c_add - torch_sync the native call's own host time;
+alloc_free - c_alloc_free is a DeviceArray's Python part.
 The same at 2**--big-log2n floats (default 28, bench/elementwise_cuda.py's size; --big-repeat
 calls): big_add (ours through the API, a new output each call), big_add_c (the native call into
 a kept output), big_add_torch, big_alloc_free (a DeviceArray of that size made and dropped): what
@@ -38,12 +41,12 @@ from _timing import bench_args  # noqa: E402
 
 import mojo_train as mt  # noqa: E402
 from mojo_train import _ops, elementwise as ew  # noqa: E402
-from mojo_train._native import load  # noqa: E402
+from mojo_train._native import ffi, load  # noqa: E402
 from mojo_train.embedding import embedding_forward  # noqa: E402
 
 
-def _profile(call, sync, calls=5000):
-    """cProfile of `calls` queued calls (deferring, so the host's part alone): the top functions."""
+def _profile(call, sync, what, calls=5000):
+    """cProfile of `calls` calls of `what` (deferring: queued, so the host's part alone): the top functions."""
     import cProfile
     import pstats
     prof = cProfile.Profile()
@@ -52,14 +55,15 @@ def _profile(call, sync, calls=5000):
         call()
     sync()
     prof.disable()
-    print("cProfile of %d deferred small adds on DeviceArrays (tottime, then cumtime):" % calls)
+    print("cProfile of %d %s (tottime, then cumtime):" % (calls, what))
     pstats.Stats(prof).sort_stats("tottime").print_stats(22)
     pstats.Stats(prof).sort_stats("cumtime").print_stats(12)
 
 
 def main():
     args = bench_args(__doc__, 400, ("--n", 4096), ("--big-log2n", 28), ("--big-repeat", 20),
-                      ("--cprofile", False, "print a cProfile of deferred small adds (not recorded)"))
+                      ("--cprofile", False, "print a cProfile of deferred small adds and of waiting small "
+                                            "embedding forwards (not recorded)"))
     torch = cuda_torch()
     n, r = args.n, args.repeat
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -77,11 +81,17 @@ def main():
     us["c_add"] = timed(lambda: lib.mt_add(fp(z), fp(x), fp(y), n, fresh), r)
     us["probe"] = timed(lambda: _ops.f32_in(x, "x", "add"), r)
     us["alloc_free"] = timed(lambda: mt.DeviceArray.empty((n,)), r)
+    slot = ffi.new("void **")
+    us["c_alloc_free"] = timed(lambda: (lib.mt_device_alloc(slot, 4 * n), lib.mt_device_free(slot[0])), r)
     us["torch_sync"] = timed(sync, r)
     table = torch.rand(1024, 768, device="cuda", generator=gen)
     ids = torch.randint(0, 1024, (64,), device="cuda", generator=gen)
     table_d, ids_d = mt.to_device(table.cpu().numpy()), mt.to_device(ids.cpu().numpy())
     us["embedding_forward"] = timed(lambda: embedding_forward(table_d, ids_d), r)
+    kept = mt.DeviceArray((64, 768))
+    eargs = (ffi.cast("float *", kept.ptr), ffi.cast("float *", table_d.ptr), ffi.cast("void *", ids_d.ptr), 8, 64,
+             1024, 768, fresh)
+    us["c_embedding_forward"] = timed(lambda: lib.mt_embedding_forward(*eargs), r)
     us["torch_embedding_forward"] = timed(lambda: torch.nn.functional.embedding(ids, table), r, sync=sync)
     big = 1 << args.big_log2n
     xb, yb = (torch.rand(big, device="cuda", generator=gen) for _ in range(2))
@@ -106,7 +116,9 @@ def main():
         us["deferred_alloc_free_queued10"] = timed(lambda: [mt.DeviceArray.empty((n,)) for _ in range(10)], r // 10,
                                                    sync=msync) / 10
         if args.cprofile:
-            _profile(lambda: ew.add(xd, yd), msync)
+            _profile(lambda: ew.add(xd, yd), msync, "deferred small adds on DeviceArrays")
+    if args.cprofile:
+        _profile(lambda: embedding_forward(table_d, ids_d), msync, "waiting small embedding forwards on DeviceArrays")
     us = {k: v * 1e6 for k, v in us.items()}
     assert ew.add(x, y).to_host().tobytes() == (x + y).cpu().numpy().tobytes(), "add differs from torch's"
     print("  ".join("%s %.1f us" % kv for kv in us.items()))

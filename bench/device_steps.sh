@@ -32,7 +32,8 @@
 #                        a library built here (e.g. `make BUILD=/tmp/vX NVCC="nvcc -D..."
 #                        /tmp/vX/libmojo_train_cuda_identical.so`, copied with its .sha256 into
 #                        .whl/vX/), or another commit's Python (its mojo_train/ and bench/ copied into
-#                        .whl/vX/: its bench/NAME.py runs there over the tree's libraries)
+#                        .whl/vX/: its bench/NAME.py runs there over the tree's libraries, or over
+#                        its own in .whl/vX/native/build/ with its native/include/, for another ABI)
 #     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
 #                        that); ncu's tables then carry DIR's name (ab='s tree rounds never do)
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
@@ -158,9 +159,10 @@ for step in "$@"; do
             echo "rc=$?" >> "$L/ab_$b.txt"
             for v in .whl/v*/; do
                 if [ -f "$v/bench/$b.py" ]; then
+                    # its own libraries where it has them (another ABI), else the tree's
                     echo "== round $round $(basename "$v") (its Python)" >> "$L/ab_$b.txt"
-                    (cd "$v" && PYTHONPATH=$PWD MOJO_TRAIN_LIBRARY_PATH=$OLDPWD/native/build \
-                        timeout 200 python3 "bench/$b.py") >> "$L/ab_$b.txt" 2>&1
+                    (cd "$v" && libs=$OLDPWD/native/build && { [ ! -f native/build/libmojo_train_cuda_identical.so ] || libs=$PWD/native/build; } &&
+                        PYTHONPATH=$PWD MOJO_TRAIN_LIBRARY_PATH=$libs timeout 200 python3 "bench/$b.py") >> "$L/ab_$b.txt" 2>&1
                     echo "rc=$?" >> "$L/ab_$b.txt"
                 elif [ -f "$v/libmojo_train_cuda_identical.so" ]; then
                     echo "== round $round $(basename "$v")" >> "$L/ab_$b.txt"

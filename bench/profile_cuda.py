@@ -43,6 +43,13 @@ def _embedding(torch, backward):
     return lambda: mt.embedding_forward(table, ids)
 
 
+def _torch_embedding(torch):
+    """torch's own forward on the same problem (its kernel's time beside ours)."""
+    from embedding_cuda import D, V, T, zipf_ids
+    ids, table = zipf_ids(torch, T, V), torch.randn(V, D, device="cuda")
+    return lambda: torch.nn.functional.embedding(ids, table)
+
+
 def _cross_entropy(torch):
     from loss_cuda import MEAN, DeviceBuffer, _call
     from mojo_train._native import load
@@ -91,6 +98,7 @@ def _maps(torch, which):
 CASES = {
     "adamw_1": lambda t: _adamw(t, 1), "adamw_200": lambda t: _adamw(t, 200),
     "embedding_forward": lambda t: _embedding(t, False), "embedding_backward": lambda t: _embedding(t, True),
+    "torch_embedding_forward": _torch_embedding,
     "cross_entropy": _cross_entropy, "rms_norm": _rms_norm,
     "silu": lambda t: _maps(t, "silu"), "add": lambda t: _maps(t, "add"), "normal": lambda t: _maps(t, "normal"),
 }

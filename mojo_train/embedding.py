@@ -140,7 +140,8 @@ def _gather_plain(where, weight, ids):
         wp, ip = weight._cptr, ids._cptr
     else:
         wp, ip = _ops.fptr(weight), ids.address
-    rc = backend.lib.mt_embedding_forward(_ops.fptr(out), wp, _ops.ffi.cast("void *", ip), id_bytes, n, vocab, d)
+    rc = backend.lib.mt_embedding_forward(_ops.fptr(out), wp, _ops.ffi.cast("void *", ip), id_bytes, n, vocab, d,
+                                          _ops.map_flags(None))
     backend.check(rc, where)
     return out
 
@@ -154,12 +155,13 @@ def _table(weight, where):
 
 
 def _gather(where, w, pi, id_bytes, shape, numeric_mode):
-    """embedding_forward's native call on checked Probes: table ``w``, ids ``pi`` of ``shape``."""
+    """embedding_forward's native call on checked Probes: table ``w``, ids ``pi`` of ``shape``. The
+    output is this call's own, so it is declared fresh (a GPU checks the ids inside the gather)."""
     backend, on_device = _ops.placement(where, numeric_mode, weight=w, ids=pi)
     vocab, d = w.shape
     out = _ops.out_f32(shape + (d,), on_device, numeric_mode, backend)
     rc = backend.lib.mt_embedding_forward(_ops.fptr(out), _ops.fptr(w), _ops.vptr(pi), id_bytes, pi.nelems,
-                                          vocab, d)
+                                          vocab, d, _ops.map_flags(None))
     backend.check(rc, where)
     return out
 

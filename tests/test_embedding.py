@@ -796,6 +796,28 @@ def _emulated_library(tmp_path):
     return lib
 
 
+# The forward's paths: (output on the device, flags, the thread has a mapped status word). A host
+# output's device twin is fresh (the gather checks the ids) whatever the flags; a device output
+# takes k_check first unless it is declared fresh (MT_MAP_OUT_FRESH = 1).
+_FORWARD_MODES = [(False, 0, 1), (False, 1, 0), (True, 0, 1), (True, 1, 1), (True, 1, 0)]
+
+
+def _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device):
+    """(status, output bytes) of the emulated forward into an output that starts as 3.5s."""
+    n, d = len(ids), table.shape[1]
+    host = np.full((n, d), 3.5, np.float32)
+    out = emu.emu_device_alloc(host.nbytes, 0) if out_on_device else ffi.cast("void *", host.ctypes.data)
+    if out_on_device:
+        ffi.memmove(out, host.tobytes(), host.nbytes)
+    try:
+        rc = emu.mt_embedding_forward(ffi.cast("float *", out), ffi.cast("float *", table.ctypes.data),
+                                      ffi.cast("void *", ids.ctypes.data), ids.itemsize, n, table.shape[0], d, flags)
+        return rc, bytes(ffi.buffer(out, host.nbytes))
+    finally:
+        if out_on_device:
+            emu.emu_device_free(out)
+
+
 def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
     """native/cuda/mt_gpu_embedding.cu has no block or warp cooperation, so running its
     threads one at a time (blocks in a scrambled order) is a valid schedule: its host glue and
@@ -805,14 +827,16 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
     ffi = FFI()
     ffi.cdef("int mt_embedding_backward(float *, const float *, const void *, int32_t, int64_t, int64_t, int64_t,"
              " int64_t, int32_t); int mt_embedding_forward(float *, const float *, const void *, int32_t, int64_t,"
-             " int64_t, int64_t); void emu_geometry(int, int, int); const char *mt_last_error(void);")
+             " int64_t, int64_t, uint32_t); void emu_geometry(int, int, int, int); const char *mt_last_error(void);"
+             " void *emu_device_alloc(int64_t, int); void emu_device_free(void *);")
     emu = ffi.dlopen(_emulated_library(tmp_path))
     oracle = _native.load("identical", "cpu")
-    # the last two: more columns than a block's group (EMB_COLS x threads), so with 2 blocks the
-    # fold and tree kernels walk several column groups (gridDim.y > 1)
+    # (40, 300) and (2, 257): more columns than a block's group (EMB_COLS x threads), so with 2
+    # blocks the fold and tree kernels walk several column groups (gridDim.y > 1); d = 300, 4 and
+    # 1032: the forward's 16-byte words (1032: more than a lane's batch a row), the others 4-byte
     cases = [(7, 3, 3000, -1, 0), (50, 17, 3100, 3, 1), (1000, 5, 5000, 0, 0), (13, 33, 2049, 12, 1),
              (300, 65, 1025, -1, 0), (1, 2, 6000, -1, 1), (2000, 9, 9000, 5, 0), (3, 2, 70001, 1, 1),
-             (40, 300, 5000, 2, 1), (2, 257, 4100, -1, 0)]
+             (40, 300, 5000, 2, 1), (2, 257, 4100, -1, 0), (9, 4, 700, -1, 0), (30, 1032, 300, 7, 1)]
     for (vocab, d, n, pad, acc), (threads, blocks, part_cap) in itertools.product(
             cases, [(32, 0, 1), (64, 3, 0), (96, 7, 1), (32, 2, 1), (32, 2, 0)]):
         ids, dy = _skewed(np, n, vocab).astype(np.int32), _dy(np, n, d)
@@ -821,7 +845,7 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
         oracle.check(oracle.lib.mt_embedding_backward(_native.ffi.cast("float *", want.ctypes.data),
                      _native.ffi.cast("float *", dy.ctypes.data), _native.ffi.cast("void *", ids.ctypes.data), 4,
                      n, vocab, d, pad, acc), "oracle")
-        emu.emu_geometry(threads, blocks, part_cap)
+        emu.emu_geometry(threads, blocks, part_cap, 1)
         for plan in (1, 2):
             got = start.copy()
             rc = emu.mt_embedding_backward(ffi.cast("float *", got.ctypes.data), ffi.cast("float *", dy.ctypes.data),
@@ -829,10 +853,24 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
             assert rc == 0, ffi.string(emu.mt_last_error())
             assert got.tobytes() == want.tobytes(), (vocab, d, n, pad, acc, plan, threads, blocks, part_cap)
         table = _dy(np, vocab, d, seed=6)
-        out = np.empty((n, d), np.float32)
-        assert emu.mt_embedding_forward(ffi.cast("float *", out.ctypes.data), ffi.cast("float *", table.ctypes.data),
-                                        ffi.cast("void *", ids.ctypes.data), 4, n, vocab, d) == 0
-        assert out.tobytes() == table[ids].tobytes()
+        for out_on_device, flags, mapped in _FORWARD_MODES:
+            emu.emu_geometry(threads, blocks, part_cap, mapped)
+            got = _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device)
+            assert got == (0, table[ids].tobytes()), (vocab, d, n, out_on_device, flags, mapped, threads, blocks)
+    # a refused id: the oracle's words in every mode; a caller's output (host, or on the device
+    # without MT_MAP_OUT_FRESH) untouched
+    table = _dy(np, 6, 8, seed=7)
+    for out_on_device, flags, mapped in _FORWARD_MODES:
+        emu.emu_geometry(32, 2, 1, mapped)
+        ids = np.array([0, 5, 2, 6, 1, -1], np.int64)
+        rc, got = _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device)
+        assert rc == EINVAL
+        assert ffi.string(emu.mt_last_error()) == b"ids[3] = 6 is outside [0, 6) (vocab); nothing was written"
+        if not (out_on_device and flags):
+            assert got == np.full((6, 8), 3.5, np.float32).tobytes()
+        ids[3], ids[5] = 4, 3
+        assert _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device) == (0, table[ids].tobytes())
+    emu.emu_geometry(32, 2, 1, 1)
     bad = np.zeros((3, 2), np.float32)
     bad[2, 1] = np.nan
     got = np.ones((4, 2), np.float32)

@@ -100,9 +100,10 @@ static inline int mt_emb_check_sizes(const void *ids, int32_t id_bytes, int64_t 
 }
 
 static inline int mt_emb_check_forward(const float *out, const float *weight, const void *ids, int32_t id_bytes,
-                                       int64_t n_ids, int64_t vocab, int64_t dim) {
+                                       int64_t n_ids, int64_t vocab, int64_t dim, uint32_t flags) {
     int rc;
-    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_ptr(weight, "weight"))) return rc;
+    if ((rc = mt_check_ptr(out, "out")) || (rc = mt_check_ptr(weight, "weight")) || (rc = mt_check_map_flags(flags)))
+        return rc;
     return mt_emb_check_sizes(ids, id_bytes, n_ids, vocab, dim);
 }
 

@@ -67,8 +67,9 @@ static void gather_range(void *ctx, int64_t b, int64_t e) {
 }
 
 int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
-                         int64_t vocab, int64_t dim) {
-    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim);
+                         int64_t vocab, int64_t dim, uint32_t flags) {
+    /* MT_MAP_OUT_FRESH changes nothing here: the ids are checked before any row is copied */
+    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim, flags);
     if (rc) return rc;
     int64_t bad = mt_emb_first_bad_id(ids, id_bytes, n_ids, vocab);
     if (bad >= 0) return mt_emb_bad_id(ids, id_bytes, bad, vocab);

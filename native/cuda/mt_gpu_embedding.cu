@@ -309,25 +309,59 @@ __global__ void k_scan(const void *ids, int32_t id_bytes, int64_t n, int64_t voc
     }
 }
 
-/* The forward: row copies as 32-bit words (every bit kept). Deferred (slot_bad, slot_at and
- * poison set: mt_gpu_deferred.h), a refusal is written to the slot -- the first refused
- * position and its id, found by one thread (a refusal's cost only), then the flag -- and
- * raises the poison word; nothing is copied after an earlier deferred call's refusal either. */
-__global__ void k_gather(uint32_t *out, const uint32_t *w, const void *ids, int32_t id_bytes, int64_t n, int64_t d,
-                         const emb_status *st, int64_t vocab, int32_t *slot_bad, int64_t *slot_at, int32_t *poison) {
-    if (slot_bad && st->bad_ids && blockIdx.x == 0 && threadIdx.x == 0) {
-        int64_t i = 0, id = 0;
-        for (; i < n; ++i)
-            if ((id = mt_emb_id(ids, id_bytes, i)) < 0 || id >= vocab) break;
-        slot_at[0] = i;
-        slot_at[1] = id;
-        *slot_bad = 1;
-        *poison = 1;
+/* Words one lane of the gather holds at once: a batch's loads are all issued before its stores. */
+#define EMB_GATHER_BATCH 8
+
+/* One row's copy by one warp: lane l moves words l, l + 32, l + 64, ..., a batch at a time.
+ * W: uint32_t, or uint4 where the table and the output are 16-byte aligned and a row is a
+ * whole number of them (every bit is copied either way). */
+template <class W>
+__device__ __forceinline__ void gather_row(W *__restrict__ dst, const W *__restrict__ src, int64_t words, int lane) {
+    for (int64_t base = lane; base < words; base += 32 * EMB_GATHER_BATCH) {
+        W v[EMB_GATHER_BATCH];
+#pragma unroll
+        for (int j = 0; j < EMB_GATHER_BATCH; ++j)
+            if (base + 32 * j < words) v[j] = src[base + 32 * j];
+#pragma unroll
+        for (int j = 0; j < EMB_GATHER_BATCH; ++j)
+            if (base + 32 * j < words) dst[base + 32 * j] = v[j];
     }
-    if (emb_refused(st) || (poison && *poison)) return;
-    for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-        const uint32_t *src = w + mt_emb_id(ids, id_bytes, r) * d;
-        for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[r * d + c] = src[c];
+}
+
+/* The forward: a warp per row (grid-stride over rows; blockDim a multiple of 32), the row's
+ * words copied by gather_row.
+ * Checked (fused_bad NULL): k_check has set st's words; after a refusal nothing is copied.
+ * Deferred (slot_bad, slot_at and poison set as well: mt_gpu_deferred.h), a refusal is written
+ * to the slot -- the first refused position and its id, found by one thread (a refusal's cost
+ * only), then the flag -- and raises the poison word; nothing is copied after an earlier
+ * deferred call's refusal either.
+ * Fused (fused_bad set; an output that is no caller data): each warp checks its row's id; an
+ * id outside [0, vocab) sets *fused_bad and leaves its row unwritten, the others are copied. */
+template <class W>
+__global__ void k_gather(W *out, const W *w, const void *ids, int32_t id_bytes, int64_t n, int64_t words,
+                         const emb_status *st, int64_t vocab, int32_t *slot_bad, int64_t *slot_at, int32_t *poison,
+                         int32_t *fused_bad) {
+    if (!fused_bad) {
+        if (slot_bad && st->bad_ids && blockIdx.x == 0 && threadIdx.x == 0) {
+            int64_t i = 0, id = 0;
+            for (; i < n; ++i)
+                if ((id = mt_emb_id(ids, id_bytes, i)) < 0 || id >= vocab) break;
+            slot_at[0] = i;
+            slot_at[1] = id;
+            *slot_bad = 1;
+            *poison = 1;
+        }
+        if (emb_refused(st) || (poison && *poison)) return;
+    }
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t r = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < n; r += warps) {
+        int64_t id = mt_emb_id(ids, id_bytes, r);
+        if (fused_bad && (id < 0 || id >= vocab)) {
+            if (lane == 0) *fused_bad = 1;
+            continue;
+        }
+        gather_row(out + r * words, w + id * words, words, lane);
     }
 }
 
@@ -352,6 +386,8 @@ dim3 grid2(int64_t items, int64_t dim, int64_t width, int threads, bool each = f
     mt_gpu_record_launch(threads, (int)(x * y));
     return dim3((unsigned)x, (unsigned)y);
 }
+
+bool emb_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 int grid1(int64_t items, int threads) {
     int blocks = mt_gpu_blocks(items, threads);
@@ -378,6 +414,16 @@ int host_copy(std::vector<char> *buf, const void **out, const void *p, int64_t b
     return MT_OK;
 }
 
+/* The refusal of ids holding a value outside [0, vocab): the oracle's message, naming the first. */
+int refuse_ids(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab) {
+    std::vector<char> buf;
+    const void *h = nullptr;
+    int rc = host_copy(&buf, &h, ids, n * id_bytes);
+    if (rc) return rc;
+    int64_t bad = mt_emb_first_bad_id(h, id_bytes, n, vocab);
+    return bad >= 0 ? mt_emb_bad_id(h, id_bytes, bad, vocab) : mt_fail(MT_EINVAL, "ids hold a value outside [0, vocab)");
+}
+
 /* The status after the call's kernels; on a refusal, the same message as the CPU oracle. */
 int finish(const emb_status *dev_st, const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, const float *dy,
            const float *dw, int64_t dim) {
@@ -389,11 +435,7 @@ int finish(const emb_status *dev_st, const void *ids, int32_t id_bytes, int64_t 
     const void *h = nullptr;
     int rc;
     int64_t bad = -1;
-    if (st.bad_ids) {
-        if ((rc = host_copy(&buf, &h, ids, n * id_bytes))) return rc;
-        bad = mt_emb_first_bad_id(h, id_bytes, n, vocab);
-        return bad >= 0 ? mt_emb_bad_id(h, id_bytes, bad, vocab) : mt_fail(MT_EINVAL, "ids hold a value outside [0, vocab)");
-    }
+    if (st.bad_ids) return refuse_ids(ids, id_bytes, n, vocab);
     if (st.bad_dy || st.bad_dw) {
         const float *x = st.bad_dy ? dy : dw;
         int64_t count = st.bad_dy ? n * dim : vocab * dim;
@@ -448,8 +490,8 @@ extern "C" {
 uint64_t mt_embedding_features(void) { return MT_FEATURE_EMBEDDING; }
 
 int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
-                         int64_t vocab, int64_t dim) {
-    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim);
+                         int64_t vocab, int64_t dim, uint32_t flags) {
+    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim, flags);
     if (rc) return rc;
     if (n_ids == 0) return MT_OK;
     if ((rc = mt_gpu_ready_deferring())) return rc;
@@ -457,28 +499,51 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
     emb_status *st = nullptr;
     void *dids, *dw, *dout;
     bool s_ids, s_w, s_out;
-    if ((rc = new_status(&st, &arena)) || (rc = stage(&dids, &s_ids, &arena, ids, n_ids * id_bytes, true)) ||
+    if ((rc = stage(&dids, &s_ids, &arena, ids, n_ids * id_bytes, true)) ||
         (rc = stage(&dw, &s_w, &arena, weight, vocab * dim * 4, true)) ||
         (rc = stage(&dout, &s_out, &arena, out, n_ids * dim * 4, false)))
         return rc;
-    /* Deferred (mt_gpu_deferred.h) when the thread defers and nothing is staged. */
+    /* Deferred (mt_gpu_deferred.h) when the thread defers and nothing is staged. Else fused
+     * when the output is no caller data (declared fresh, or a host output's device twin): the
+     * gather checks the ids itself, into the thread's mapped status word where there is one
+     * (no reset or download on the stream), else into the device status. */
     bool defer = mt_deferred_on() && !s_ids && !s_w && !s_out;
+    bool fused = !defer && (s_out || (flags & MT_MAP_OUT_FRESH));
+    mt_status *mapped = fused ? mt_mapped_status() : nullptr;
     mt_deferred_slot *slot = nullptr;
-    int32_t *poison = nullptr;
-    if ((!defer && (rc = mt_deferred_flush())) ||
+    int32_t *poison = nullptr, *fused_bad = nullptr;
+    if ((!mapped && (rc = new_status(&st, &arena))) || (!defer && (rc = mt_deferred_flush())) ||
         (defer && (rc = mt_deferred_take(&slot, &poison, MT_DEFER_EMBEDDING, "mt_embedding_forward", "ids", "weight",
                                           vocab))))
         return rc;
     int threads = mt_gpu_threads();
-    EMB_LAUNCH(k_check, grid1(n_ids, threads), threads, dids, id_bytes, n_ids, vocab, -1, nullptr, 0, nullptr, 0,
-               nullptr, st);
-    if ((rc = launch_check("embedding check"))) return rc;
-    EMB_LAUNCH(k_gather, grid1(n_ids * threads, threads), threads, (uint32_t *)dout, (const uint32_t *)dw, dids,
-               id_bytes, n_ids, dim, st, vocab, slot ? &slot->st.bad_params : nullptr, slot ? &slot->where : nullptr,
-               poison);
+    if (mapped) {
+        mapped->bad_params = 0;                          /* pinned host memory */
+        fused_bad = &mapped->bad_params;
+    } else if (fused) {
+        fused_bad = &st->bad_ids;
+    } else {
+        EMB_LAUNCH(k_check, grid1(n_ids, threads), threads, dids, id_bytes, n_ids, vocab, -1, nullptr, 0, nullptr, 0,
+                   nullptr, st);
+        if ((rc = launch_check("embedding check"))) return rc;
+    }
+    int gather_blocks = grid1(n_ids * 32, threads);    /* a warp a row */
+    int32_t *slot_bad = slot ? &slot->st.bad_params : nullptr;
+    int64_t *slot_at = slot ? &slot->where : nullptr;
+    if (dim % 4 == 0 && emb_aligned16(dout) && emb_aligned16(dw))
+        EMB_LAUNCH(k_gather<uint4>, gather_blocks, threads, (uint4 *)dout, (const uint4 *)dw, dids, id_bytes, n_ids,
+                   dim / 4, st, vocab, slot_bad, slot_at, poison, fused_bad);
+    else
+        EMB_LAUNCH(k_gather<uint32_t>, gather_blocks, threads, (uint32_t *)dout, (const uint32_t *)dw, dids, id_bytes,
+                   n_ids, dim, st, vocab, slot_bad, slot_at, poison, fused_bad);
     if ((rc = launch_check("embedding gather"))) return rc;
     if (defer) return MT_OK;
-    if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim))) return rc;
+    if (mapped) {
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "embedding");
+        if (mapped->bad_params) return refuse_ids(ids, id_bytes, n_ids, vocab);
+    } else if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim))) {
+        return rc;
+    }
     if (s_out) {
         if ((rc = mt_buf_to_host(out, dout, n_ids * dim * 4))) return rc;
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "download");

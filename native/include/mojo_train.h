@@ -36,8 +36,10 @@ extern "C" {
  * finiteness check fused into the one pass for an output declared fresh); an optimizer step
  * no longer refuses a non-finite parameter (optim.md step 3).
  * 7: attention takes dropout: (dropout_p, seed, stream, offset) last (attention.md, "Dropout").
- * 8: deferred refusals (mt_set_deferred_refusals, mt_deferred_refusals; contracts/README.md). */
-#define MT_ABI_VERSION 8
+ * 8: deferred refusals (mt_set_deferred_refusals, mt_deferred_refusals; contracts/README.md).
+ * 9: mt_embedding_forward takes the maps' `uint32_t flags` last (MT_MAP_OUT_FRESH: the ids'
+ * range check fused into the gather for an output declared fresh). */
+#define MT_ABI_VERSION 9
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -323,9 +325,12 @@ int mt_lm_head_loss(float *loss_out /* (1); may be NULL when reduction is NONE *
  * the others, an output that is not also an input is undefined after a non-finite input was
  * found (the check is fused into the one pass), while an output that aliases an input (in
  * place) is checked first and never written on refusal. */
+/* flags: 0, or MT_MAP_OUT_FRESH (below) when `out` is not the caller's data: then a GPU may
+ * check the ids inside the gather (one launch fewer), and after a refused id `out` holds
+ * anything; without it a refusal writes nothing. Other bits are refused. */
 int mt_embedding_forward(float *out /* (n_ids*dim) */, const float *weight /* (vocab*dim) */,
                          const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
-                         int64_t vocab, int64_t dim);
+                         int64_t vocab, int64_t dim, uint32_t flags);
 int mt_embedding_backward(float *dweight /* (vocab*dim) */, const float *dy /* (n_ids*dim) */,
                           const void *ids /* (n_ids) */, int32_t id_bytes, int64_t n_ids,
                           int64_t vocab, int64_t dim, int64_t padding_idx /* < 0: none */,

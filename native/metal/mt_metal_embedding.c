@@ -14,8 +14,9 @@
 uint64_t mt_embedding_features(void) { return MT_FEATURE_EMBEDDING; }
 
 MT_NOINLINE static int forward_body(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
-                                    int64_t vocab, int64_t dim) {
-    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim);
+                                    int64_t vocab, int64_t dim, uint32_t flags) {
+    /* MT_MAP_OUT_FRESH changes nothing here: the ids are checked on the host before the gather */
+    int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim, flags);
     if (rc || n_ids == 0 || (rc = mt_mtl_open())) return rc;
     mt_mtl_call call;
     mt_mtl_begin(&call);
@@ -38,8 +39,8 @@ done:
 }
 
 int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
-                         int64_t vocab, int64_t dim) {
-    MT_RETURN_IN_FP_ENV(forward_body(out, weight, ids, id_bytes, n_ids, vocab, dim));
+                         int64_t vocab, int64_t dim, uint32_t flags) {
+    MT_RETURN_IN_FP_ENV(forward_body(out, weight, ids, id_bytes, n_ids, vocab, dim, flags));
 }
 
 /* The refusal naming the first NaN/inf of the n floats bound in `x` (host address hx), if any. */

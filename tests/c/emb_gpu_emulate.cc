@@ -23,10 +23,27 @@ uint64_t mt_accumulate_features(void) { return 0; }
 uint64_t mt_elementwise_features(void) { return 0; }
 uint64_t mt_schedule_features(void) { return 0; }
 
-/* Threads per block, the block budget (0: 64), and whether leaf partials may be kept. */
-__attribute__((visibility("default"))) void emu_geometry(int threads, int max_blocks, int part_cap) {
+/* Threads per block, the block budget (0: 64), whether leaf partials may be kept, and whether
+ * the thread has a mapped status word. */
+__attribute__((visibility("default"))) void emu_geometry(int threads, int max_blocks, int part_cap, int mapped) {
     emu_threads = threads;
     emu_max_blocks = max_blocks;
     emu_part_cap = part_cap;
+    emu_mapped = mapped;
+}
+
+/* "Device" memory for a test's buffers (used in place, never staged), filled with byte `fill`. */
+__attribute__((visibility("default"))) void *emu_device_alloc(int64_t bytes, int fill) {
+    void *p = malloc((size_t)bytes);
+    if (p) {
+        memset(p, fill, (size_t)bytes);
+        emu_device[(uintptr_t)p] = (size_t)bytes;
+    }
+    return p;
+}
+
+__attribute__((visibility("default"))) void emu_device_free(void *p) {
+    emu_device.erase((uintptr_t)p);
+    free(p);
 }
 }

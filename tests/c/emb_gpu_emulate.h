@@ -29,6 +29,9 @@ struct dim3 {
 struct float4 {
     float x, y, z, w;
 };
+struct uint4 {
+    uint32_t x, y, z, w;
+};
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 inline dim3 blockIdx, threadIdx, blockDim, gridDim;
@@ -86,6 +89,15 @@ struct mt_deferred_slot {
     int64_t where, value;
 };
 #define MT_DEFER_EMBEDDING 2
+/* The thread's status word in mapped pinned memory (native/cuda/mt_gpu_runtime.h); emu_mapped = 0
+ * emulates a thread without one (the fused gather then checks into the device status). */
+struct mt_status {
+    int32_t bad_params, bad_grads, nonfinite_total, scale;
+    float total, coef;
+};
+inline int emu_mapped = 1;
+inline mt_status emu_mapped_word;
+inline mt_status *mt_mapped_status(void) { return emu_mapped ? &emu_mapped_word : nullptr; }
 inline int mt_gpu_ready_deferring(void) { return MT_OK; }
 inline bool mt_deferred_on(void) { return false; }
 inline int mt_deferred_flush(void) { return MT_OK; }
