@@ -466,28 +466,58 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         else
             tile_scores(a, s, b, h, i0, n, j0, nk, [&](int u, int) { return 4 * ty + u; },
                         [&](int, int w) { return tx + 16 * w; });
+        float mb[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = 4 * ty + u;
-            float mb = -INFINITY;
+            mb[u] = -INFINITY;
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 const int jj = tx + 16 * w;
                 const bool in = r < n && jj < nk;
                 masked |= in && s[u][w] == -INFINITY;
-                mb = mt_attn_max(mb, s[u][w]);
+                mb[u] = mt_attn_max(mb[u], s[u][w]);
             }
+        }
 #pragma unroll
-            for (int x = 1; x < 16; x <<= 1) mb = mt_attn_max(mb, MT_ATTN_SHFL_XOR(mb, x));
-            float alpha = 1.0f;
-            if (mb != -INFINITY) {                          /* the row has a live pair in this block */
-                const float mnew = mt_attn_max(m[u], mb);
-                alpha = mt_expf_ranged(m[u] - mnew);
-                m[u] = mnew;
+        for (int x = 1; x < 16; x <<= 1)                    /* the four rows' butterflies side by side */
+#pragma unroll
+            for (int u = 0; u < 4; ++u) mb[u] = mt_attn_max(mb[u], MT_ATTN_SHFL_XOR(mb[u], x));
+        /* A row with a live pair in this block (mb > -inf) moves its maximum to mnew and scales its
+         * chains by alpha = e^(m - mnew). Branch-free where each row's exponent is -inf (its first
+         * live block: e^-inf = +0), in mt_expf_mid's range, or the row has no live pair (alpha 1);
+         * else row by row, as mt_expf_ranged takes each. The same bits either way. */
+        float alpha[4];
+        int alphas_mid = 1;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const float e = m[u] - mt_attn_max(m[u], mb[u]);
+            alphas_mid &= (mb[u] == -INFINITY) | (e == -INFINITY) | mt_expf_in_mid(e);
+        }
+        if (alphas_mid) {
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const float mnew = mt_attn_max(m[u], mb[u]), e = m[u] - mnew;
+                const float ex = mt_expf_mid(mt_expf_in_mid(e) ? e : 0.0f);
+                alpha[u] = mb[u] == -INFINITY ? 1.0f : e == -INFINITY ? 0.0f : ex;
+                m[u] = mb[u] == -INFINITY ? m[u] : mnew;
             }
-            if (tx == 0) Alpha[r] = alpha;
+        } else {
 #pragma unroll
-            for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha;
+            for (int u = 0; u < 4; ++u) {
+                alpha[u] = 1.0f;
+                if (mb[u] != -INFINITY) {
+                    const float mnew = mt_attn_max(m[u], mb[u]);
+                    alpha[u] = mt_expf_ranged(m[u] - mnew);
+                    m[u] = mnew;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (tx == 0) Alpha[4 * ty + u] = alpha[u];
+#pragma unroll
+            for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha[u];
         }
         /* p = e^(s - m): where all 16 exponents of the thread lie in mt_expf_mid's range (a NaN or
          * an infinity fails the test) every s is live and finite and every p finite and positive,

@@ -442,15 +442,53 @@ int mt_device_count(int32_t *out) {
     return MT_OK;
 }
 
+/* Idle blocks of mt_device_free, by size: a block freed after the whole device was idle (the
+ * synchronizing free) is kept for the next mt_device_alloc of the same size, which then makes
+ * no runtime call and needs no synchronization (nothing has touched the block since the device
+ * was idle). An op's new output is allocated and dropped on every call, so a step repeats the
+ * same sizes. At most MT_IDLE_BLOCKS are kept; others go back to the stream-ordered pool, which
+ * keeps freed memory anyway (its release threshold, above), so keeping them holds no more
+ * memory. A failed allocation gives them all back and tries once more. g_own_lock held. */
+#define MT_IDLE_BLOCKS 32
+static std::multimap<size_t, void *> g_idle;
+
+static void *mt_idle_take(size_t nbytes) {
+    auto it = g_idle.find(nbytes);
+    if (it == g_idle.end()) return nullptr;
+    void *p = it->second;
+    g_idle.erase(it);
+    return p;
+}
+
+static void mt_idle_release_all(void) {
+    for (auto &e : g_idle) gpuFreeAsync(e.second, MT_STREAM);
+    g_idle.clear();
+}
+
 int mt_device_alloc(void **out, int64_t nbytes) {
     int rc;
     if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready_deferring())) return rc;
     if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
     void *p = nullptr;
+    {
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        if ((p = mt_idle_take((size_t)nbytes))) {
+            g_own[(uintptr_t)p] = (size_t)nbytes;
+            *out = p;
+            return MT_OK;
+        }
+    }
     /* Stream-ordered, then synchronized: the memory is usable on any stream on return. A thread
      * that defers refusals keeps its calls queued: the memory is then usable in the order of
      * this thread's stream (and of the legacy default stream, which synchronizes with it). */
-    MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM), "device allocation");
+    if (gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM) != gpuSuccess) {
+        gpuGetLastError();
+        {
+            std::lock_guard<std::mutex> hold(g_own_lock);
+            mt_idle_release_all();
+        }
+        MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM), "device allocation");
+    }
     if (!mt_deferred_on()) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
@@ -462,16 +500,29 @@ int mt_device_alloc(void **out, int64_t nbytes) {
 
 int mt_device_free(void *ptr) {
     if (!ptr) return MT_OK;
+    size_t nbytes = 0;
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
-        g_own.erase((uintptr_t)ptr);
+        auto it = g_own.find((uintptr_t)ptr);
+        if (it != g_own.end()) {
+            nbytes = it->second;
+            g_own.erase(it);
+        }
     }
-    /* Back to the pool after the whole device is idle (as cudaFree would wait), so no kernel
-     * on any stream -- torch's included -- can still be reading it when it is reused. A thread
-     * that defers refusals frees in its stream's order (work on the legacy default stream,
-     * torch's unless told otherwise, is ordered with it; a side stream's is not), unless another
-     * thread has deferred calls queued (its stream is not ordered with this one). */
-    if (!mt_deferred_on() || mt_deferred_elsewhere()) MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+    /* Reused only after the whole device is idle (as cudaFree would wait), so no kernel on any
+     * stream -- torch's included -- can still be reading it: kept idle (above) or back to the
+     * pool. A thread that defers refusals frees in its stream's order (work on the legacy
+     * default stream, torch's unless told otherwise, is ordered with it; a side stream's is
+     * not), unless another thread has deferred calls queued (its stream is not ordered with
+     * this one); such a block is never kept idle (it may still be in use on that stream). */
+    if (!mt_deferred_on() || mt_deferred_elsewhere()) {
+        MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        if (nbytes && g_idle.size() < MT_IDLE_BLOCKS) {
+            g_idle.emplace(nbytes, ptr);
+            return MT_OK;
+        }
+    }
     MT_GPU_CHECK(gpuFreeAsync(ptr, MT_STREAM), "device free");
     return MT_OK;
 }
