@@ -185,6 +185,9 @@ def _table():
     (array.array("d", [1.0]), TypeError, "ids has dtype float64"),
     ([0, 4], ValueError, r"ids\[1\] = 4 is outside \[0, 4\)"),
     ([2, -1, 7], ValueError, r"ids\[1\] = -1 is outside"),
+    ([1, -1, 2], ValueError, r"ids\[1\] = -1 is outside \[0, 4\)"),
+    ([3, 2, -(1 << 40)], ValueError, r"ids\[2\] = -1099511627776 is outside \[0, 4\)"),
+    ([3, 1 << 40, 0], ValueError, r"ids\[1\] = 1099511627776 is outside \[0, 4\)"),
     ([], ValueError, "ids is empty"),
     ([[1], [2]], TypeError, "must be flat"),
 ])
@@ -253,6 +256,20 @@ def test_the_c_abi_refuses_a_bad_flags_word_and_id_width(mode):
     assert b"id_bytes" in ffi.string(lib.mt_last_error())
     assert lib.mt_embedding_backward(*args, 8, 0, 2, 1, -1, 0) == 0      # no ids: every row +0.0
     assert dw.tolist() == [[0.0], [0.0]]
+    # the forward's flags: 0 or MT_MAP_OUT_FRESH (1); other bits refused, out untouched; a refused
+    # id's words say whether out was declared fresh (then undefined) or untouched
+    out, table = Array.from_list([7.0], "float32"), Array.from_list([1.0, 2.0], "float32")
+    fwd = (ffi.cast("float *", out.address), ffi.cast("float *", table.address), ffi.cast("void *", ids.address))
+    for flags in (2, 1 << 31):
+        assert lib.mt_embedding_forward(*fwd, 8, 1, 2, 1, flags) == EINVAL
+        assert b"flags" in ffi.string(lib.mt_last_error()) and out.tolist() == [7.0]
+    bad = Array.from_list([-1], "int64")
+    for flags, words in ((0, b"nothing was written"), (1, b"out's contents are undefined (declared fresh)")):
+        assert lib.mt_embedding_forward(fwd[0], fwd[1], ffi.cast("void *", bad.address), 8, 1, 2, 1, flags) == EINVAL
+        assert ffi.string(lib.mt_last_error()) == b"ids[0] = -1 is outside [0, 2) (vocab); " + words + (
+            b"; no input was written" if flags else b"")
+        assert out.tolist() == [7.0]       # a host output: never written on a refusal
+    assert lib.mt_embedding_forward(*fwd, 8, 1, 2, 1, 1) == 0 and out.tolist() == [1.0]
 
 
 # ---- microbatches ----------------------------------------------------------------------------
@@ -786,7 +803,8 @@ def _emulated_library(tmp_path):
     if not cxx or not cc:
         pytest.skip("no C/C++ compiler to build the GPU emulation")
     lib = str(tmp_path / "libemb_emulated.so")
-    flags = ["-O1", "-fPIC", "-ffp-contract=off", "-Inative/include", "-Inative/common", "-Itests/c"]
+    flags = ["-O1", "-fPIC", "-ffp-contract=off", "-Inative/include", "-Inative/common", "-Itests/c",
+             "-fsanitize=alignment", "-fno-sanitize-recover=alignment"]
     host = str(tmp_path / "mt_host.o")
     subprocess.run([cc, "-std=c11", "-c", "native/common/mt_host.c", "-o", host, "-D_GNU_SOURCE"] + flags,
                    cwd=REPO, check=True, capture_output=True)
@@ -857,20 +875,41 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(tmp_path):
             emu.emu_geometry(threads, blocks, part_cap, mapped)
             got = _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device)
             assert got == (0, table[ids].tobytes()), (vocab, d, n, out_on_device, flags, mapped, threads, blocks)
-    # a refused id: the oracle's words in every mode; a caller's output (host, or on the device
-    # without MT_MAP_OUT_FRESH) untouched
+    # a refused id (one too large, one negative, ids far outside the table: a gather that copied a
+    # refused row would read far outside it): the oracle's words in every mode; a caller's output
+    # (host, or on the device without MT_MAP_OUT_FRESH) untouched
     table = _dy(np, 6, 8, seed=7)
     for out_on_device, flags, mapped in _FORWARD_MODES:
         emu.emu_geometry(32, 2, 1, mapped)
-        ids = np.array([0, 5, 2, 6, 1, -1], np.int64)
-        rc, got = _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device)
-        assert rc == EINVAL
-        assert ffi.string(emu.mt_last_error()) == b"ids[3] = 6 is outside [0, 6) (vocab); nothing was written"
-        if not (out_on_device and flags):
-            assert got == np.full((6, 8), 3.5, np.float32).tobytes()
-        ids[3], ids[5] = 4, 3
+        for ids, at in (([0, 5, 2, 6, 1, -1], 3), ([1, -1, 2, 0, 3, 4], 1), ([0, 1, 2, 3, 4, 1 << 40], 5),
+                        ([0, 1, 2, -(1 << 40), 4, 5], 3)):
+            ids = np.array(ids, np.int64)
+            rc, got = _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device)
+            assert rc == EINVAL
+            words = b"out's contents are undefined (declared fresh); no input was written" if flags else (
+                b"nothing was written")
+            assert ffi.string(emu.mt_last_error()) == b"ids[%d] = %d is outside [0, 6) (vocab); %s" % (
+                at, ids[at], words)
+            if not (out_on_device and flags):
+                assert got == np.full((6, 8), 3.5, np.float32).tobytes()
+        ids = np.array([0, 5, 2, 4, 1, 3], np.int64)
         assert _emulated_forward(np, ffi, emu, table, ids, flags, out_on_device) == (0, table[ids].tobytes())
+    # a device table 4 bytes past a 16-byte boundary: the 4-byte words (the emulated uint4 is
+    # 16-byte aligned and the emulation is built to stop at a misaligned access)
     emu.emu_geometry(32, 2, 1, 1)
+    table = _dy(np, 6, 8, seed=8)
+    raw = emu.emu_device_alloc(table.nbytes + 16, 0)
+    try:
+        shifted = ffi.cast("char *", raw) + 4
+        ffi.memmove(shifted, table.tobytes(), table.nbytes)
+        ids = np.array([5, 0, 3], np.int64)
+        for flags in (0, 1):
+            out = np.full((3, 8), 3.5, np.float32)
+            assert emu.mt_embedding_forward(ffi.cast("float *", out.ctypes.data), ffi.cast("float *", shifted),
+                                            ffi.cast("void *", ids.ctypes.data), 8, 3, 6, 8, flags) == 0
+            assert out.tobytes() == table[ids].tobytes()
+    finally:
+        emu.emu_device_free(raw)
     bad = np.zeros((3, 2), np.float32)
     bad[2, 1] = np.nan
     got = np.ones((4, 2), np.float32)

@@ -143,9 +143,13 @@ static inline int64_t mt_emb_first_bad_id(const void *ids, int32_t id_bytes, int
  * a deferred call's (native/cuda/mt_gpu_deferred.cu). */
 #define MT_EMB_BAD_ID_WORDS "ids[%lld] = %lld is outside [0, %lld) (vocab)"
 
-static inline int mt_emb_bad_id(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab) {
-    return mt_fail(MT_EINVAL, MT_EMB_BAD_ID_WORDS "; nothing was written", (long long)n,
-                   (long long)mt_emb_id(ids, id_bytes, n), (long long)vocab);
+/* The refusal of the id at position n. fresh: the forward's output was declared fresh
+ * (MT_MAP_OUT_FRESH), so every vendor says it is undefined (a GPU may have gathered the other
+ * rows into it); else nothing was written. */
+static inline int mt_emb_bad_id(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, int fresh) {
+    return mt_fail(MT_EINVAL, MT_EMB_BAD_ID_WORDS "; %s", (long long)n, (long long)mt_emb_id(ids, id_bytes, n),
+                   (long long)vocab,
+                   fresh ? "out's contents are undefined (declared fresh); no input was written" : "nothing was written");
 }
 
 /* The first NaN/inf of x (n floats), or -1. */

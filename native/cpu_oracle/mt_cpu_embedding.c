@@ -68,11 +68,12 @@ static void gather_range(void *ctx, int64_t b, int64_t e) {
 
 int mt_embedding_forward(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
                          int64_t vocab, int64_t dim, uint32_t flags) {
-    /* MT_MAP_OUT_FRESH changes nothing here: the ids are checked before any row is copied */
+    /* The ids are checked before any row is copied; MT_MAP_OUT_FRESH changes only a refusal's
+     * words (out undefined, as a GPU that checks inside its gather says: one message everywhere) */
     int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim, flags);
     if (rc) return rc;
     int64_t bad = mt_emb_first_bad_id(ids, id_bytes, n_ids, vocab);
-    if (bad >= 0) return mt_emb_bad_id(ids, id_bytes, bad, vocab);
+    if (bad >= 0) return mt_emb_bad_id(ids, id_bytes, bad, vocab, (flags & MT_MAP_OUT_FRESH) != 0);
     gather_job job = {out, weight, ids, id_bytes, dim};
     mt_parallel_for_work(n_ids, 1, n_ids * dim, gather_range, &job);
     return MT_OK;
@@ -242,7 +243,7 @@ MT_NOINLINE static int backward_body(float *dweight, const float *dy, const void
     if ((rc = mt_emb_check_backward(&plan, dweight, dy, ids, id_bytes, n_ids, vocab, dim, padding_idx, flags)))
         return rc;
     int64_t bad = mt_emb_first_bad_id(ids, id_bytes, n_ids, vocab);
-    if (bad >= 0) return mt_emb_bad_id(ids, id_bytes, bad, vocab);
+    if (bad >= 0) return mt_emb_bad_id(ids, id_bytes, bad, vocab, 0);
     if ((bad = first_nonfinite(dy, n_ids * dim)) >= 0) return mt_emb_nonfinite("dy", bad, dim);
     int accumulate = flags & MT_EMB_ACCUMULATE;
     if (accumulate && (bad = first_nonfinite(dweight, vocab * dim)) >= 0)

@@ -414,19 +414,20 @@ int host_copy(std::vector<char> *buf, const void **out, const void *p, int64_t b
     return MT_OK;
 }
 
-/* The refusal of ids holding a value outside [0, vocab): the oracle's message, naming the first. */
-int refuse_ids(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab) {
+/* The refusal of ids holding a value outside [0, vocab): the oracle's message, naming the first
+ * (fresh: the forward's output was declared fresh, mt_emb_bad_id). */
+int refuse_ids(const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, int fresh = 0) {
     std::vector<char> buf;
     const void *h = nullptr;
     int rc = host_copy(&buf, &h, ids, n * id_bytes);
     if (rc) return rc;
     int64_t bad = mt_emb_first_bad_id(h, id_bytes, n, vocab);
-    return bad >= 0 ? mt_emb_bad_id(h, id_bytes, bad, vocab) : mt_fail(MT_EINVAL, "ids hold a value outside [0, vocab)");
+    return bad >= 0 ? mt_emb_bad_id(h, id_bytes, bad, vocab, fresh) : mt_fail(MT_EINVAL, "ids hold a value outside [0, vocab)");
 }
 
 /* The status after the call's kernels; on a refusal, the same message as the CPU oracle. */
 int finish(const emb_status *dev_st, const void *ids, int32_t id_bytes, int64_t n, int64_t vocab, const float *dy,
-           const float *dw, int64_t dim) {
+           const float *dw, int64_t dim, int fresh = 0) {
     emb_status st;
     MT_GPU_CHECK(gpuMemcpyAsync(&st, dev_st, sizeof st, gpuMemcpyDefault, MT_STREAM), "status download");
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "embedding");
@@ -435,7 +436,7 @@ int finish(const emb_status *dev_st, const void *ids, int32_t id_bytes, int64_t 
     const void *h = nullptr;
     int rc;
     int64_t bad = -1;
-    if (st.bad_ids) return refuse_ids(ids, id_bytes, n, vocab);
+    if (st.bad_ids) return refuse_ids(ids, id_bytes, n, vocab, fresh);
     if (st.bad_dy || st.bad_dw) {
         const float *x = st.bad_dy ? dy : dw;
         int64_t count = st.bad_dy ? n * dim : vocab * dim;
@@ -508,7 +509,8 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
      * gather checks the ids itself, into the thread's mapped status word where there is one
      * (no reset or download on the stream), else into the device status. */
     bool defer = mt_deferred_on() && !s_ids && !s_w && !s_out;
-    bool fused = !defer && (s_out || (flags & MT_MAP_OUT_FRESH));
+    const int fresh_flag = (flags & MT_MAP_OUT_FRESH) != 0;
+    bool fused = !defer && (s_out || fresh_flag);
     mt_status *mapped = fused ? mt_mapped_status() : nullptr;
     mt_deferred_slot *slot = nullptr;
     int32_t *poison = nullptr, *fused_bad = nullptr;
@@ -540,8 +542,8 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
     if (defer) return MT_OK;
     if (mapped) {
         MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "embedding");
-        if (mapped->bad_params) return refuse_ids(ids, id_bytes, n_ids, vocab);
-    } else if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim))) {
+        if (mapped->bad_params) return refuse_ids(ids, id_bytes, n_ids, vocab, fresh_flag);
+    } else if ((rc = finish(st, ids, id_bytes, n_ids, vocab, nullptr, nullptr, dim, fresh_flag))) {
         return rc;
     }
     if (s_out) {

@@ -15,7 +15,8 @@ uint64_t mt_embedding_features(void) { return MT_FEATURE_EMBEDDING; }
 
 MT_NOINLINE static int forward_body(float *out, const float *weight, const void *ids, int32_t id_bytes, int64_t n_ids,
                                     int64_t vocab, int64_t dim, uint32_t flags) {
-    /* MT_MAP_OUT_FRESH changes nothing here: the ids are checked on the host before the gather */
+    /* The ids are checked on the host before the gather; MT_MAP_OUT_FRESH changes only a refusal's
+     * words (out undefined, as a GPU that checks inside its gather says: one message everywhere) */
     int rc = mt_emb_check_forward(out, weight, ids, id_bytes, n_ids, vocab, dim, flags);
     if (rc || n_ids == 0 || (rc = mt_mtl_open())) return rc;
     mt_mtl_call call;
@@ -25,7 +26,7 @@ MT_NOINLINE static int forward_body(float *out, const float *weight, const void 
     if ((rc = mt_mtl_stage(&call, &args[2], ids, n_ids * id_bytes, MT_MTL_IN, (void **)&hid))) goto done;
     int64_t bad = mt_emb_first_bad_id(hid, id_bytes, n_ids, vocab);
     if (bad >= 0) {
-        rc = mt_emb_bad_id(hid, id_bytes, bad, vocab);
+        rc = mt_emb_bad_id(hid, id_bytes, bad, vocab, (flags & MT_MAP_OUT_FRESH) != 0);
         goto done;
     }
     if ((rc = mt_mtl_stage(&call, &args[1], weight, vocab * dim * 4, MT_MTL_IN, NULL)) ||
@@ -71,7 +72,7 @@ MT_NOINLINE static int backward_body(float *dweight, const float *dy, const void
     if (n_ids > 0 && (rc = mt_mtl_stage(&call, &ids_arg, ids, n_ids * id_bytes, MT_MTL_IN, (void **)&hid))) goto done;
     int64_t bad = n_ids > 0 ? mt_emb_first_bad_id(hid, id_bytes, n_ids, vocab) : -1;
     if (bad >= 0) {
-        rc = mt_emb_bad_id(hid, id_bytes, bad, vocab);
+        rc = mt_emb_bad_id(hid, id_bytes, bad, vocab, 0);
         goto done;
     }
     if ((rc = mt_mtl_stage(&call, &args[1], dy, n_ids * dim * 4, MT_MTL_IN, (void **)&hdy)) ||

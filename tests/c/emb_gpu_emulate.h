@@ -29,7 +29,7 @@ struct dim3 {
 struct float4 {
     float x, y, z, w;
 };
-struct uint4 {
+struct alignas(16) uint4 {     /* as CUDA's: a 16-byte load of a misaligned address faults */
     uint32_t x, y, z, w;
 };
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
