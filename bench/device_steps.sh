@@ -25,7 +25,9 @@
 #     ncu=KERNEL:NAME    ncu --set full over the first launch of KERNEL (a regular expression) in
 #                        bench/NAME.py, as the per-instruction table (sass_KERNEL.csv) and the
 #                        details (details_KERNEL.csv; KERNEL's other characters as _)
-#     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps)
+#     sanitize           make sanitize-cuda with $SANITIZE_CUDA_ARGS (the Makefile's default: --mps; with
+#                        --no-build, its canary native/build/sanitizer_canaries is made here: see
+#                        bench/sanitize_cuda.py's build step, and prepare carries it)
 #     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
 #     ab=NAME            bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
 #                        libraries, then each variant folder .whl/v*/, into ab_NAME.txt. A variant is
@@ -72,7 +74,7 @@ if [ "${1:-}" = prepare ]; then
     built_from_these_sources all || exit 1
     rm -rf .whl/build && mkdir -p .whl/build
     for f in native/build/libmojo_train_cpu_* native/build/libmojo_train_cuda_* native/build/libmojo_train_metal_emulated_* \
-             native/build/ftz_probe_cuda native/build/unguarded_sweep_cuda_*; do
+             native/build/ftz_probe_cuda native/build/unguarded_sweep_cuda_* native/build/sanitizer_canaries; do
         [ -f "$f" ] && cp -p "$f" .whl/build/
     done
     git rev-parse --short HEAD > .whl/commit

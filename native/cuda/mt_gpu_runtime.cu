@@ -480,10 +480,22 @@ static bool mt_idle_holds(const void *p) {
     return false;
 }
 
+/* At exit the idle blocks are freed (a leak checker counts what is still allocated when the
+ * runtime goes): registered at the first block kept, after the runtime's own exit handler, so
+ * it runs before that one. Errors are ignored. */
+static void mt_idle_free_at_exit(void) {
+    std::lock_guard<std::mutex> hold(g_idle_lock);
+    for (auto &e : g_idle) gpuFree(e.second.ptr);
+    g_idle.clear();
+    g_idle_bytes = 0;
+}
+
 /* Keeps p (nbytes, idle), giving back the least recently kept blocks while over either bound;
  * false (p not kept) when it alone is over MT_IDLE_BYTES. */
 static bool mt_idle_keep(void *p, size_t nbytes) {
     if (nbytes > MT_IDLE_BYTES) return false;
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { atexit(mt_idle_free_at_exit); });
     std::lock_guard<std::mutex> hold(g_idle_lock);
     while (!g_idle.empty() && (g_idle.size() >= MT_IDLE_BLOCKS || g_idle_bytes + nbytes > MT_IDLE_BYTES)) {
         auto oldest = g_idle.begin();
