@@ -64,7 +64,7 @@ __device__ __forceinline__ int64_t grid_threads() { return (int64_t)gridDim.x * 
 __device__ bool any_nonfinite(const float *x, int64_t n) {
     int64_t t = grid_thread(), stride = grid_threads(), head = 0;
     bool bad = false;
-    if (((uintptr_t)x & 15u) == 0) {
+    if (mt_gpu_aligned16(x)) {
         const float4 *x4 = (const float4 *)x;
         for (int64_t i = t; i < n / 4; i += stride) {
             float4 q = x4[i];
@@ -210,7 +210,7 @@ __device__ __forceinline__ void store_cols(float *dst, const float x[EMB_COLS], 
 __global__ void k_zero(float *dw, int64_t n, const emb_status *st) {
     if (emb_refused(st)) return;
     int64_t head = 0;
-    if (((uintptr_t)dw & 15u) == 0) {
+    if (mt_gpu_aligned16(dw)) {
         float4 *d4 = (float4 *)dw;
         for (int64_t i = grid_thread(); i < n / 4; i += grid_threads()) d4[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         head = n / 4 * 4;
@@ -387,8 +387,6 @@ dim3 grid2(int64_t items, int64_t dim, int64_t width, int threads, bool each = f
     return dim3((unsigned)x, (unsigned)y);
 }
 
-bool emb_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 int grid1(int64_t items, int threads) {
     int blocks = mt_gpu_blocks(items, threads);
     mt_gpu_record_launch(threads, blocks);
@@ -532,7 +530,7 @@ int mt_embedding_forward(float *out, const float *weight, const void *ids, int32
     int gather_blocks = grid1(n_ids * 32, threads);    /* a warp a row */
     int32_t *slot_bad = slot ? &slot->st.bad_params : nullptr;
     int64_t *slot_at = slot ? &slot->where : nullptr;
-    if (dim % 4 == 0 && emb_aligned16(dout) && emb_aligned16(dw))
+    if (dim % 4 == 0 && mt_gpu_aligned16(dout) && mt_gpu_aligned16(dw))
         EMB_LAUNCH(k_gather<uint4>, gather_blocks, threads, (uint4 *)dout, (const uint4 *)dw, dids, id_bytes, n_ids,
                    dim / 4, st, vocab, slot_bad, slot_at, poison, fused_bad);
     else

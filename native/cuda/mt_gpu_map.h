@@ -67,6 +67,4 @@ typedef int (*mt_map_launch)(void *ctx, float *out, const float *a, const float 
 int mt_gpu_map(float *out, const float *a, const float *b, int64_t n, uint32_t flags, const char *const names[4],
                mt_map_launch launch, void *ctx);
 
-MT_HD bool mt_gpu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 #endif

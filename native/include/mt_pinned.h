@@ -55,6 +55,11 @@
 #define MT_HD_INLINE MT_HD
 #endif
 
+#if !MT_METAL
+/* Whether p is 16-byte aligned: a float4 or uint4 access may use it (host and device code). */
+MT_HD int mt_gpu_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+#endif
+
 #define MT_MODE_IDENTICAL 0
 #define MT_MODE_DETERMINISTIC 1
 #define MT_MODE_FAST 2
