@@ -9,7 +9,7 @@ the arithmetic each op is pinned to.
 from ._array import Array
 from ._host_blocks import release as release_host_cache
 from ._native import BackendError, backend_info
-from .device import DeviceArray, memory_stats, to_device, transfer_bytes
+from .device import DeviceArray, memory_stats, release_device_cache, to_device, transfer_bytes
 from .deferred import deferred_refusals, deferred_refusals_enabled, set_deferred_refusals, synchronize
 from .optim import SGD, Adam, AdamW, clip_grad_norm_
 from .loss import cross_entropy
@@ -27,7 +27,7 @@ from .accumulate import accumulate_grads, accumulation_is_aligned
 
 __version__ = "0.1.0"
 
-__all__ = ["Array", "release_host_cache", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats",
+__all__ = ["Array", "release_host_cache", "BackendError", "backend_info", "DeviceArray", "to_device", "transfer_bytes", "memory_stats", "release_device_cache",
            "synchronize", "deferred_refusals", "set_deferred_refusals", "deferred_refusals_enabled",
            # optimizers and clipping
            "SGD", "Adam", "AdamW", "clip_grad_norm_",

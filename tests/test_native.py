@@ -103,7 +103,7 @@ def test_identity_exports_agree_with_what_was_asked(mode):
     lib = mode.backend.lib
     assert ffi.string(lib.mt_vendor()).decode() == mode.vendor
     assert ffi.string(lib.mt_numeric_mode()).decode() == mode.numeric_mode
-    assert lib.mt_abi_version() == _native.ABI_VERSION == 9
+    assert lib.mt_abi_version() == _native.ABI_VERSION == 10
     assert os.path.basename(mode.backend.path) == _native.library_name(mode.vendor, mode.numeric_mode)
     assert int(lib.mt_features()) == mode.backend.features
     for capability in ("optim", "clip", "random"):

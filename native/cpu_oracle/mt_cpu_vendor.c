@@ -32,6 +32,11 @@ int mt_device_free(void *ptr) {
     return ptr ? mt_fail(MT_EUNSUPPORTED, "the cpu vendor has no device memory to free") : MT_OK;
 }
 
+int mt_device_release_cache(int32_t keep_none_after) {
+    (void)keep_none_after;   /* no device memory, so nothing is kept */
+    return MT_OK;
+}
+
 int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
     int rc;
     if (nbytes < 0) return mt_fail(MT_EINVAL, "nbytes must be >= 0, got %lld", (long long)nbytes);

@@ -211,7 +211,8 @@ mt_arena::~mt_arena() {
  * with the arena, counted by mt_mem_count). */
 static int own_block(mt_arena *arena, void **out, size_t b) {
     void *p = nullptr;
-    MT_GPU_CHECK(gpuMallocAsync(&p, b, MT_STREAM), "device allocation");
+    int rc = mt_pool_alloc(&p, b);
+    if (rc) return rc;
     arena->owned.push_back(p);
     arena->owned_bytes += (int64_t)b;
     mt_mem_count((int64_t)b);
@@ -442,15 +443,99 @@ int mt_device_count(int32_t *out) {
     return MT_OK;
 }
 
+/* Idle blocks of mt_device_free, by size: a block freed after the whole device was idle (the
+ * synchronizing free) is kept for the next mt_device_alloc of the same size, which then makes
+ * no runtime call and needs no synchronization (nothing has touched the block since the device
+ * was idle). An op's new output is allocated and dropped on every call, so a step repeats the
+ * same sizes. At most MT_IDLE_BLOCKS blocks and MT_IDLE_BYTES bytes are kept, the least
+ * recently kept given back to the stream-ordered pool first (on CUDA the pool keeps freed
+ * memory too: its release threshold, above; on HIP it does not, so these bytes are what the
+ * library then holds beyond its scratch). Any pool allocation that fails gives them all back
+ * and tries once more (mt_pool_alloc). g_idle_lock held for the g_idle_* state. */
+#define MT_IDLE_BLOCKS 32
+#define MT_IDLE_BYTES ((size_t)2 << 30)
+struct mt_idle_block {
+    void *ptr;
+    uint64_t stamp;     /* when it was kept: the smallest is given back first */
+};
+static std::mutex g_idle_lock;
+static std::multimap<size_t, mt_idle_block> g_idle;
+static size_t g_idle_bytes = 0;
+static uint64_t g_idle_clock = 0;
+
+static void *mt_idle_take(size_t nbytes) {
+    std::lock_guard<std::mutex> hold(g_idle_lock);
+    auto it = g_idle.find(nbytes);
+    if (it == g_idle.end()) return nullptr;
+    void *p = it->second.ptr;
+    g_idle.erase(it);
+    g_idle_bytes -= nbytes;
+    return p;
+}
+
+static bool mt_idle_holds(const void *p) {
+    std::lock_guard<std::mutex> hold(g_idle_lock);
+    for (auto &e : g_idle)
+        if (e.second.ptr == p) return true;
+    return false;
+}
+
+/* Set by mt_device_release_cache(1): no block is kept idle any more (an exit handler's call, so
+ * that blocks freed later in the process's teardown go back to the pool too). */
+static std::atomic<bool> g_idle_off{false};
+
+/* Keeps p (nbytes, idle), giving back the least recently kept blocks while over either bound;
+ * false (p not kept) when it alone is over MT_IDLE_BYTES. */
+static bool mt_idle_keep(void *p, size_t nbytes) {
+    if (nbytes > MT_IDLE_BYTES || g_idle_off.load(std::memory_order_relaxed)) return false;
+    std::lock_guard<std::mutex> hold(g_idle_lock);
+    while (!g_idle.empty() && (g_idle.size() >= MT_IDLE_BLOCKS || g_idle_bytes + nbytes > MT_IDLE_BYTES)) {
+        auto oldest = g_idle.begin();
+        for (auto it = g_idle.begin(); it != g_idle.end(); ++it)
+            if (it->second.stamp < oldest->second.stamp) oldest = it;
+        gpuFreeAsync(oldest->second.ptr, MT_STREAM);
+        g_idle_bytes -= oldest->first;
+        g_idle.erase(oldest);
+    }
+    g_idle.emplace(nbytes, mt_idle_block{p, ++g_idle_clock});
+    g_idle_bytes += nbytes;
+    return true;
+}
+
+static void mt_idle_release_all(void) {
+    std::lock_guard<std::mutex> hold(g_idle_lock);
+    for (auto &e : g_idle) gpuFreeAsync(e.second.ptr, MT_STREAM);
+    g_idle.clear();
+    g_idle_bytes = 0;
+}
+
+/* gpuMallocAsync on MT_STREAM; when it fails, the idle blocks go back to the pool and it is
+ * tried once more. */
+extern "C++" {   /* mt_gpu_runtime.h declares it for C++ */
+int mt_pool_alloc(void **p, size_t nbytes) {
+    if (gpuMallocAsync(p, nbytes, MT_STREAM) == gpuSuccess) return MT_OK;
+    gpuGetLastError();
+    mt_idle_release_all();
+    MT_GPU_CHECK(gpuMallocAsync(p, nbytes, MT_STREAM), "device allocation");
+    return MT_OK;
+}
+}
+
 int mt_device_alloc(void **out, int64_t nbytes) {
     int rc;
     if ((rc = mt_check_ptr(out, "out")) || (rc = mt_gpu_ready_deferring())) return rc;
     if (nbytes < 1) return mt_fail(MT_EINVAL, "nbytes must be >= 1, got %lld", (long long)nbytes);
-    void *p = nullptr;
+    void *p = mt_idle_take((size_t)nbytes);
+    if (p) {
+        std::lock_guard<std::mutex> hold(g_own_lock);
+        g_own[(uintptr_t)p] = (size_t)nbytes;
+        *out = p;
+        return MT_OK;
+    }
     /* Stream-ordered, then synchronized: the memory is usable on any stream on return. A thread
      * that defers refusals keeps its calls queued: the memory is then usable in the order of
      * this thread's stream (and of the legacy default stream, which synchronizes with it). */
-    MT_GPU_CHECK(gpuMallocAsync(&p, (size_t)nbytes, MT_STREAM), "device allocation");
+    if ((rc = mt_pool_alloc(&p, (size_t)nbytes))) return rc;
     if (!mt_deferred_on()) MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
@@ -462,16 +547,27 @@ int mt_device_alloc(void **out, int64_t nbytes) {
 
 int mt_device_free(void *ptr) {
     if (!ptr) return MT_OK;
+    size_t nbytes = 0;
     {
         std::lock_guard<std::mutex> hold(g_own_lock);
-        g_own.erase((uintptr_t)ptr);
+        auto it = g_own.find((uintptr_t)ptr);
+        if (it != g_own.end()) {
+            nbytes = it->second;
+            g_own.erase(it);
+        }
     }
-    /* Back to the pool after the whole device is idle (as cudaFree would wait), so no kernel
-     * on any stream -- torch's included -- can still be reading it when it is reused. A thread
-     * that defers refusals frees in its stream's order (work on the legacy default stream,
-     * torch's unless told otherwise, is ordered with it; a side stream's is not), unless another
-     * thread has deferred calls queued (its stream is not ordered with this one). */
-    if (!mt_deferred_on() || mt_deferred_elsewhere()) MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+    /* Reused only after the whole device is idle (as cudaFree would wait), so no kernel on any
+     * stream -- torch's included -- can still be reading it: kept idle (above) or back to the
+     * pool. A thread that defers refusals frees in its stream's order (work on the legacy
+     * default stream, torch's unless told otherwise, is ordered with it; a side stream's is
+     * not), unless another thread has deferred calls queued (its stream is not ordered with
+     * this one); such a block is never kept idle (it may still be in use on that stream). */
+    if (!nbytes && mt_idle_holds(ptr))       /* kept idle by an earlier free of it: freeing it again */
+        return mt_fail(MT_EINVAL, "ptr %p was already freed by mt_device_free", ptr);
+    if (!mt_deferred_on() || mt_deferred_elsewhere()) {
+        MT_GPU_CHECK(gpuDeviceSynchronize(), "device free");
+        if (nbytes && mt_idle_keep(ptr, nbytes)) return MT_OK;
+    }
     MT_GPU_CHECK(gpuFreeAsync(ptr, MT_STREAM), "device free");
     return MT_OK;
 }
@@ -487,6 +583,21 @@ int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
     MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "copy");
     if (d && !s) mt_gpu_count_h2d(nbytes);
     if (s && !d) mt_gpu_count_d2h(nbytes);
+    return MT_OK;
+}
+
+/* Every idle block back to the stream-ordered pool, and (CUDA) the pool's unused memory back to
+ * the device; keep_none_after != 0: no block is kept idle from then on. */
+int mt_device_release_cache(int32_t keep_none_after) {
+    if (keep_none_after) g_idle_off.store(true, std::memory_order_relaxed);
+    if (!g_ready.load(std::memory_order_acquire)) return MT_OK;   /* nothing was ever allocated */
+    mt_idle_release_all();
+    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "empty cache");
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+    cudaGetLastError();
+#endif
     return MT_OK;
 }
 

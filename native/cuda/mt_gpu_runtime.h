@@ -68,6 +68,10 @@ struct mt_arena {
  * repeat costs no transfer. Kernels only read them. */
 int mt_cached_upload(const void **out, const void *host, int64_t bytes);
 
+/* Device memory from the stream-ordered pool on MT_STREAM (uninitialised); when the pool has
+ * none, mt_device_free's idle blocks go back to it and it is tried once more. */
+int mt_pool_alloc(void **p, size_t nbytes);
+
 /* The calling thread's status word in mapped pinned memory (kernels write it directly). */
 mt_status *mt_mapped_status(void);
 

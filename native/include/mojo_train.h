@@ -38,8 +38,9 @@ extern "C" {
  * 7: attention takes dropout: (dropout_p, seed, stream, offset) last (attention.md, "Dropout").
  * 8: deferred refusals (mt_set_deferred_refusals, mt_deferred_refusals; contracts/README.md).
  * 9: mt_embedding_forward takes the maps' `uint32_t flags` last (MT_MAP_OUT_FRESH: the ids'
- * range check fused into the gather for an output declared fresh). */
-#define MT_ABI_VERSION 9
+ * range check fused into the gather for an output declared fresh).
+ * 10: mt_device_release_cache (freed device blocks kept idle for reuse, given back on request). */
+#define MT_ABI_VERSION 10
 
 /* ignore_index meaning "no row is ignored": with it, every target must be in [0, vocab) and a
  * target equal to INT64_MIN is refused as out of range like any other (never ignored). */
@@ -386,6 +387,14 @@ int mt_memory_stats(int64_t *out /* (2) */, int32_t reset);
 int mt_device_count(int32_t *out /* (1) */);
 int mt_device_alloc(void **out /* (1) */, int64_t nbytes);
 int mt_device_free(void *ptr);
+/* A GPU vendor's mt_device_free keeps a block it freed after the device was idle for the next
+ * mt_device_alloc of the same size (at most 32 blocks and 2 GiB): no runtime call or
+ * synchronization then. This gives every such block back to the vendor's pool, and on CUDA the
+ * pool's unused memory back to the device (torch.cuda.empty_cache's job). keep_none_after != 0:
+ * no block is kept idle from then on -- what a host calls before it exits, so that a leak
+ * checker (compute-sanitizer's memcheck) finds every block freed; the Python package does.
+ * The cpu vendor and Metal keep nothing: there it does nothing. */
+int mt_device_release_cache(int32_t keep_none_after);
 int mt_memcpy(void *dst /* (nbytes) */, const void *src /* (nbytes) */, int64_t nbytes);
 int mt_synchronize(void);
 /* Deferred refusals (contracts/README.md, "Deferred refusals"), for the calling thread: with

@@ -91,6 +91,12 @@ int mt_device_free(void *ptr) {
     return mt_fail(MT_EINVAL, "ptr %p is not an allocation of mt_device_alloc (free only what it returned)", ptr);
 }
 
+/* Metal keeps no freed buffer: every mt_device_free releases its buffer at once. */
+int mt_device_release_cache(int32_t keep_none_after) {
+    (void)keep_none_after;
+    return MT_OK;
+}
+
 /* Every call has waited for its work: device memory is read and written in place. */
 int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
     int rc;
