@@ -184,6 +184,8 @@ def plain_out(shape, n, on_device, backend):
     """The new float32 output of a plain path (``plain_f32_inputs``): ``shape`` (n elements) is
     its inputs', so a host Array is made without checking it again."""
     if on_device:
+        if getattr(_DEVICE_OUTPUTS, "allocate", None) is None:   # else device_outputs' allocator
+            return DeviceArray._fresh(backend, shape, n)
         return out_f32(shape, True, None, backend)
     return Array._empty_checked(shape, "float32", 4 * n)
 

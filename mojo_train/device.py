@@ -9,6 +9,8 @@ takes a host buffer; results stay on the device. ``to_host()`` copies back into 
 ``mojo_train.Array``. Foreign device tensors (torch CUDA tensors, CuPy arrays, anything with
 ``__cuda_array_interface__`` or DLPack) are accepted by the ops directly, in place.
 """
+import threading
+
 from ._array import Array, _check_shape, reshaped_dims
 from ._dtypes import ARRAY_DTYPES, DTYPES
 from ._errors import where_msg
@@ -31,22 +33,41 @@ def gpu_backend(numeric_mode, where):
     return backend
 
 
-_FLOAT_P, _VOID_PP, _VOID_P, _UINTPTR = (ffi.typeof(t) for t in ("float *", "void **", "void *", "uintptr_t"))
+_FLOAT_P, _VOID_PP, _UINTPTR = (ffi.typeof(t) for t in ("float *", "void **", "uintptr_t"))
+
+
+_SLOT = threading.local()    # a thread's void *[1] for mt_device_alloc's result (ffi.new is slow)
 
 
 class _Allocation:
-    """One device allocation, freed when the last array viewing it is gone."""
+    """One device allocation, freed when the last array viewing it is gone. Made on every op's
+    new output, so its host time counts: the pointer is kept as the cdata the allocation gave
+    (``vp``), cast from it and freed through it, and its integer value is formed only when
+    asked for (``ptr``)."""
 
-    __slots__ = ("backend", "ptr", "nbytes")
+    __slots__ = ("backend", "vp", "nbytes", "_free")
 
     def __init__(self, backend, nbytes):
-        out = ffi.new(_VOID_PP)
-        backend.check(backend.lib.mt_device_alloc(out, max(int(nbytes), 1)), "DeviceArray")
-        self.backend, self.ptr, self.nbytes = backend, int(ffi.cast(_UINTPTR, out[0])), nbytes
+        out = getattr(_SLOT, "out", None)
+        if out is None:
+            out = _SLOT.out = ffi.new(_VOID_PP)
+        lib = backend.lib
+        rc = lib.mt_device_alloc(out, nbytes if nbytes > 1 else 1)
+        if rc:
+            backend.check(rc, "DeviceArray")
+        self.backend, self.vp, self.nbytes, self._free = backend, out[0], nbytes, lib.mt_device_free
+
+    @property
+    def ptr(self):
+        return int(ffi.cast(_UINTPTR, self.vp))
+
+    def float_ptr(self, offset):
+        """``float *`` at byte ``offset``."""
+        return ffi.cast(_FLOAT_P, self.vp) if not offset else ffi.cast(_FLOAT_P, self.ptr + offset)
 
     def __del__(self):
         try:
-            self.backend.lib.mt_device_free(ffi.cast(_VOID_P, self.ptr))
+            self._free(self.vp)
         except Exception:   # interpreter shutdown
             pass
 
@@ -59,6 +80,9 @@ class _Borrowed:
 
     def __init__(self, backend, ptr, nbytes, owner):
         self.backend, self.ptr, self.nbytes, self.owner = backend, int(ptr), nbytes, owner
+
+    def float_ptr(self, offset):
+        return ffi.cast(_FLOAT_P, self.ptr + offset)
 
 
 def _checked_shape(shape, dtype):
@@ -86,7 +110,7 @@ class DeviceArray:
             self._alloc = _alloc
             self._zero()
         self._alloc = _alloc
-        self._cptr = ffi.cast(_FLOAT_P, _alloc.ptr + _offset)   # for the hot calls
+        self._cptr = _alloc.float_ptr(_offset)   # for the hot calls
 
     @classmethod
     def empty(cls, shape, dtype="float32", numeric_mode=None):
@@ -97,12 +121,14 @@ class DeviceArray:
         return cls._over(shape, dtype, nbytes, alloc) if cls is DeviceArray else cls(shape, dtype, _alloc=alloc)
 
     @classmethod
-    def _fresh(cls, backend, shape):
+    def _fresh(cls, backend, shape, n=None):
         """An uninitialised float32 DeviceArray of ``backend`` (a GPU vendor's), of a ``shape``
-        already checked (an op's output, shaped by its inputs' probes)."""
-        n = 1
-        for d in shape:
-            n *= d
+        already checked (an op's output, shaped by its inputs' probes), of ``n`` elements when
+        the caller knows them."""
+        if n is None:
+            n = 1
+            for d in shape:
+                n *= d
         return cls._over(tuple(shape), "float32", 4 * n, _Allocation(backend, 4 * n))
 
     @classmethod
@@ -111,7 +137,7 @@ class DeviceArray:
         again: an op's output is made on every call)."""
         a = object.__new__(cls)
         a.shape, a.dtype, a._offset, a.nbytes, a._alloc = shape, dtype, offset, nbytes, alloc
-        a._cptr = ffi.cast(_FLOAT_P, alloc.ptr + offset)
+        a._cptr = alloc.float_ptr(offset)
         return a
 
     @classmethod

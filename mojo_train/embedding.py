@@ -111,6 +111,7 @@ def embedding_forward(weight, ids, *, numeric_mode=None):
 
 
 _ID_BYTES = {"int32": 4, "int64": 8}
+_VOID_P = _ops.ffi.typeof("void *")
 
 
 def _gather_plain(where, weight, ids):
@@ -136,13 +137,13 @@ def _gather_plain(where, weight, ids):
         return None
     vocab, d = wshape
     out = _ops.plain_out(tuple(ishape) + (d,), n * d, on_device, backend)
-    if on_device:
-        wp, ip = weight._cptr, ids._cptr
+    if on_device:      # cffi passes any pointer as the ids' void *
+        op, wp, ip = out._cptr, weight._cptr, ids._cptr
     else:
-        wp, ip = _ops.fptr(weight), ids.address
-    rc = backend.lib.mt_embedding_forward(_ops.fptr(out), wp, _ops.ffi.cast("void *", ip), id_bytes, n, vocab, d,
-                                          _ops.map_flags(None))
-    backend.check(rc, where)
+        op, wp, ip = _ops.fptr(out), _ops.fptr(weight), _ops.ffi.cast(_VOID_P, ids.address)
+    rc = backend.lib.mt_embedding_forward(op, wp, ip, id_bytes, n, vocab, d, _ops.map_flags(None))
+    if rc:
+        backend.check(rc, where)
     return out
 
 
