@@ -268,7 +268,14 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
 #ifndef MT_MAP_LEAN_SILU
 #define MT_MAP_LEAN_SILU 1
 #endif
-__host__ __device__ constexpr bool lean_map(int op) { return op == OP_ADD || (MT_MAP_LEAN_SILU && exp_map(op)); }
+/* add likewise (0: the unrolled walk; an A/B switch for the card that wants more bytes in
+ * flight a thread, as the H200 may: NOTES, thirty-fourth session). */
+#ifndef MT_MAP_LEAN_ADD
+#define MT_MAP_LEAN_ADD 1
+#endif
+__host__ __device__ constexpr bool lean_map(int op) {
+    return (MT_MAP_LEAN_ADD && op == OP_ADD) || (MT_MAP_LEAN_SILU && exp_map(op));
+}
 
 template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
