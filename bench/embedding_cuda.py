@@ -14,8 +14,8 @@ The forward is also timed with deferred refusals (``ours_deferred_ms``: the call
 kernels without the status read, then ``mt.synchronize()``), and last, with no freed block kept
 idle for the next output (``ours_uncached_ms``: after ``mt_device_release_cache(1)``, as an exit
 handler calls it; each output then comes from the stream-ordered pool with its synchronizations).
-Ours is timed twice: through the API (embedding_backward allocates its (V, d) output each call
-with cudaMalloc; torch's caching allocator makes its allocation nearly free) and as the raw C
+Ours is timed twice: through the API (embedding_backward allocates its (V, d) output each call:
+the block the previous call's output left idle, as torch's caching allocator reuses its own) and as the raw C
 call into a kept output (the op itself).
 torch: aten.embedding_dense_backward (the op autograd runs), default and with
 torch.use_deterministic_algorithms(True). Bytes ours must move: the pre-pass reads dy and the

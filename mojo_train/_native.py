@@ -143,6 +143,7 @@ _lock = threading.Lock()
 _loaded = {}          # (vendor, numeric mode), or ("environment", its two raw values) -> Backend
 _attempts = {}        # (vendor, numeric mode) -> [(path, outcome)]
 _last_choice = {}     # what the most recent default load chose, and why
+_exit_handlers = set()   # the GPU library files whose exit handler is registered
 
 
 class Backend:
@@ -382,7 +383,8 @@ def _try_load(vendor, numeric_mode):
             continue
         tried.append((path, "loaded" + note))
         _attempts[(vendor, numeric_mode)] = tried
-        if vendor != "cpu":
+        if vendor != "cpu" and path not in _exit_handlers:   # once a file (tests reload after _forget)
+            _exit_handlers.add(path)
             atexit.register(_release_device_cache_at_exit, lib)
         return Backend(lib, vendor, numeric_mode, path)
     _attempts[(vendor, numeric_mode)] = tried

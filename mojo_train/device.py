@@ -48,14 +48,17 @@ class _Allocation:
     __slots__ = ("backend", "vp", "nbytes", "_free")
 
     def __init__(self, backend, nbytes):
-        out = getattr(_SLOT, "out", None)
-        if out is None:
-            out = _SLOT.out = ffi.new(_VOID_PP)
+        # taken out of the thread's slot while in use: Python code that runs between the call and
+        # the read (a trace function, a signal handler, a finalizer) may allocate too
+        slot = _SLOT.__dict__
+        out = slot.pop("out", None) or ffi.new(_VOID_PP)
         lib = backend.lib
         rc = lib.mt_device_alloc(out, nbytes if nbytes > 1 else 1)
+        vp = out[0]
+        slot["out"] = out
         if rc:
             backend.check(rc, "DeviceArray")
-        self.backend, self.vp, self.nbytes, self._free = backend, out[0], nbytes, lib.mt_device_free
+        self.backend, self.vp, self.nbytes, self._free = backend, vp, nbytes, lib.mt_device_free
 
     @property
     def ptr(self):
@@ -300,6 +303,7 @@ def release_device_cache(numeric_mode=None):
     back: the blocks to the pool, and (CUDA) the pool's unused memory to the device. Arrays still
     alive are untouched; later drops are kept again. The cpu vendor and Metal keep nothing, so
     there it does nothing. The package calls the same at exit, so that a leak checker such as
-    compute-sanitizer's memcheck finds every block freed."""
+    compute-sanitizer's memcheck finds every block freed. Each numeric mode is a library of its
+    own: ``numeric_mode`` names one (default: the environment's), as for the arrays."""
     backend = load(numeric_mode_arg(numeric_mode, "release_device_cache"))
     backend.check(backend.lib.mt_device_release_cache(0), "release_device_cache")

@@ -105,6 +105,37 @@ def _zeros_then_the_same_block_again(dev, n, at=None):
     return c
 
 
+def test_an_allocation_made_inside_another_on_the_same_thread_gets_its_own_block(dev):
+    """Python code can run on the allocating thread between mt_device_alloc's return and the
+    read of its result (a trace function, a signal handler, a finalizer); an array it makes
+    there must not take the outer allocation's result slot: two blocks, two addresses."""
+    import sys
+    from mojo_train import device
+    mt.DeviceArray.empty((1,), numeric_mode=dev.numeric_mode)
+    inner, armed = [], [True]
+    code = device._Allocation.__init__.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+
+        def local(frame, event, arg):
+            if event == "line" and armed[0] and "rc" in frame.f_locals:   # after the native call
+                armed[0] = False
+                inner.append(mt.DeviceArray.empty((1000,), numeric_mode=dev.numeric_mode))
+            return local
+        return local
+
+    old = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        outer = mt.DeviceArray.empty((1000,), numeric_mode=dev.numeric_mode)
+    finally:
+        sys.settrace(old)
+    assert inner and not armed[0], "the trace function never ran inside the allocation"
+    assert outer.ptr != inner[0].ptr
+
+
 def test_release_device_cache_gives_the_kept_blocks_back_and_keeping_goes_on(dev):
     """release_device_cache() returns on every vendor; on a GPU vendor the block a dropped array
     left idle goes back (the pool may still hand the same address out), and a block dropped

@@ -279,6 +279,10 @@ struct mt_cache_entry {
 static thread_local mt_cache_entry t_cache[MT_CACHE_ENTRIES];
 static thread_local uint64_t t_clock = 0;
 
+extern "C" {
+static void mt_idle_release_all(void);   /* mt_device_free's idle blocks back to the pool (below) */
+}
+
 int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
     mt_cache_entry *victim = &t_cache[0];
     for (mt_cache_entry &e : t_cache) {
@@ -293,7 +297,13 @@ int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
         gpuFree(victim->dev);
         victim->dev = nullptr;
     }
-    MT_GPU_CHECK(gpuMalloc(&victim->dev, (size_t)bytes), "device allocation");
+    if (gpuMalloc(&victim->dev, (size_t)bytes) != gpuSuccess) {   /* idle blocks back to the pool, once more */
+        gpuGetLastError();
+        victim->dev = nullptr;
+        mt_idle_release_all();
+        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
+        MT_GPU_CHECK(gpuMalloc(&victim->dev, (size_t)bytes), "device allocation");
+    }
     victim->host.assign((const char *)host, (const char *)host + bytes);
     /* from the entry's own copy, which lives until it is evicted (the caller's may not) */
     MT_GPU_CHECK(gpuMemcpyAsync(victim->dev, victim->host.data(), (size_t)bytes, gpuMemcpyDefault, MT_STREAM),
@@ -456,19 +466,37 @@ int mt_device_count(int32_t *out) {
 #define MT_IDLE_BYTES ((size_t)2 << 30)
 struct mt_idle_block {
     void *ptr;
-    uint64_t stamp;     /* when it was kept: the smallest is given back first */
+    uint64_t stamp;     /* when it was kept: the smallest is given back first, the largest taken first */
+    int device;         /* the device current when it was freed: taken only by an allocation there */
 };
 static std::mutex g_idle_lock;
 static std::multimap<size_t, mt_idle_block> g_idle;
 static size_t g_idle_bytes = 0;
 static uint64_t g_idle_clock = 0;
 
+/* The calling thread's current device (0 when the runtime cannot say). */
+static int mt_current_device(void) {
+    int d = 0;
+#if defined(MT_HIP) || defined(__HIPCC__)
+    if (hipGetDevice(&d) != hipSuccess) d = 0;
+#else
+    if (cudaGetDevice(&d) != cudaSuccess) d = 0;
+#endif
+    return d;
+}
+
+/* The most recently kept idle block of nbytes on the current device (its lines likeliest in
+ * L2), or NULL. */
 static void *mt_idle_take(size_t nbytes) {
+    const int device = mt_current_device();
     std::lock_guard<std::mutex> hold(g_idle_lock);
-    auto it = g_idle.find(nbytes);
-    if (it == g_idle.end()) return nullptr;
-    void *p = it->second.ptr;
-    g_idle.erase(it);
+    auto range = g_idle.equal_range(nbytes);
+    auto pick = g_idle.end();
+    for (auto it = range.first; it != range.second; ++it)
+        if (it->second.device == device && (pick == g_idle.end() || it->second.stamp > pick->second.stamp)) pick = it;
+    if (pick == g_idle.end()) return nullptr;
+    void *p = pick->second.ptr;
+    g_idle.erase(pick);
     g_idle_bytes -= nbytes;
     return p;
 }
@@ -487,8 +515,12 @@ static std::atomic<bool> g_idle_off{false};
 /* Keeps p (nbytes, idle), giving back the least recently kept blocks while over either bound;
  * false (p not kept) when it alone is over MT_IDLE_BYTES. */
 static bool mt_idle_keep(void *p, size_t nbytes) {
-    if (nbytes > MT_IDLE_BYTES || g_idle_off.load(std::memory_order_relaxed)) return false;
+    if (nbytes > MT_IDLE_BYTES) return false;
+    const int device = mt_current_device();
     std::lock_guard<std::mutex> hold(g_idle_lock);
+    /* under the lock: a free racing mt_device_release_cache(1) either lands before its release
+     * (and is given back by it) or sees the switch */
+    if (g_idle_off.load(std::memory_order_relaxed)) return false;
     while (!g_idle.empty() && (g_idle.size() >= MT_IDLE_BLOCKS || g_idle_bytes + nbytes > MT_IDLE_BYTES)) {
         auto oldest = g_idle.begin();
         for (auto it = g_idle.begin(); it != g_idle.end(); ++it)
@@ -497,7 +529,7 @@ static bool mt_idle_keep(void *p, size_t nbytes) {
         g_idle_bytes -= oldest->first;
         g_idle.erase(oldest);
     }
-    g_idle.emplace(nbytes, mt_idle_block{p, ++g_idle_clock});
+    g_idle.emplace(nbytes, mt_idle_block{p, ++g_idle_clock, device});
     g_idle_bytes += nbytes;
     return true;
 }
@@ -589,16 +621,23 @@ int mt_memcpy(void *dst, const void *src, int64_t nbytes) {
 /* Every idle block back to the stream-ordered pool, and (CUDA) the pool's unused memory back to
  * the device; keep_none_after != 0: no block is kept idle from then on. */
 int mt_device_release_cache(int32_t keep_none_after) {
-    if (keep_none_after) g_idle_off.store(true, std::memory_order_relaxed);
+    if (keep_none_after) {
+        std::lock_guard<std::mutex> hold(g_idle_lock);
+        g_idle_off.store(true, std::memory_order_relaxed);
+    }
     if (!g_ready.load(std::memory_order_acquire)) return MT_OK;   /* nothing was ever allocated */
+    /* as every GPU call: a deferred refusal queued on this thread is reported (after the blocks
+     * go back, which no queued call uses: a block is kept only once the device was idle) */
     mt_idle_release_all();
-    MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "empty cache");
+    int rc = mt_gpu_ready();
+    gpuError_t err = gpuStreamSynchronize(MT_STREAM);
 #if !defined(MT_HIP) && !defined(__HIPCC__)
     cudaMemPool_t pool;
-    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+    if (cudaDeviceGetDefaultMemPool(&pool, mt_current_device()) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
     cudaGetLastError();
 #endif
-    return MT_OK;
+    if (rc) return rc;
+    return err == gpuSuccess ? MT_OK : mt_gpu_error(err, "release cache");
 }
 
 int mt_synchronize(void) {

@@ -389,8 +389,11 @@ int mt_device_alloc(void **out /* (1) */, int64_t nbytes);
 int mt_device_free(void *ptr);
 /* A GPU vendor's mt_device_free keeps a block it freed after the device was idle for the next
  * mt_device_alloc of the same size (at most 32 blocks and 2 GiB): no runtime call or
- * synchronization then. This gives every such block back to the vendor's pool, and on CUDA the
- * pool's unused memory back to the device (torch.cuda.empty_cache's job). keep_none_after != 0:
+ * synchronization then (a block is taken only on the device current when it was freed). This
+ * gives every such block back to the vendor's pool, and on CUDA the current device's pool's
+ * unused memory back to the device once the calling thread's stream is done
+ * (torch.cuda.empty_cache's job); like every GPU call it first reports a deferred refusal queued
+ * on the calling thread (the blocks go back either way). keep_none_after != 0:
  * no block is kept idle from then on -- what a host calls before it exits, so that a leak
  * checker (compute-sanitizer's memcheck) finds every block freed; the Python package does.
  * The cpu vendor and Metal keep nothing: there it does nothing. */
