@@ -797,6 +797,16 @@ class MemoryStats(FnTarget):
         assert set(stats) == {"current", "peak"} and 0 <= stats["current"] <= stats["peak"], stats
 
 
+class ReleaseDeviceCache(FnTarget):
+    """Returns None on every vendor (the cpu vendor and Metal keep nothing); tests/test_device.py
+    checks what a GPU vendor keeps and gives back."""
+    name, fn, covers = "release_device_cache", "release_device_cache", ("mojo_train.release_device_cache",)
+    params = ()
+
+    def check(self, c):
+        assert c.result is None
+
+
 class TransferBytes(FnTarget):
     name, fn, covers = "transfer_bytes", "transfer_bytes", ("mojo_train.transfer_bytes",)
     params = ()
@@ -900,5 +910,5 @@ def _array_targets():
 
 MISC_TARGETS = _schedule_targets() + _array_targets() + [
     ToDevice(), CopyFrom(), DeviceReshape(), ToHost(), EmbeddingCtor(), FromPretrained(), LayerForward(),
-    LayerBackward(), LayerWeight(), SaveLoad(), BackendInfo(), MemoryStats(), TransferBytes(), SetDeferredRefusals(),
+    LayerBackward(), LayerWeight(), SaveLoad(), BackendInfo(), MemoryStats(), ReleaseDeviceCache(), TransferBytes(), SetDeferredRefusals(),
     DeferredRefusalsEnabled(), Synchronize()] + SABOTAGE

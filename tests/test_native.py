@@ -370,6 +370,7 @@ FUNCTIONS = {
     "to_device": lambda nm, g: mojo_train.to_device(g, numeric_mode=nm),
     "transfer_bytes": lambda nm, g: mojo_train.transfer_bytes(numeric_mode=nm),
     "memory_stats": lambda nm, g: mojo_train.memory_stats(numeric_mode=nm),
+    "release_device_cache": lambda nm, g: mojo_train.release_device_cache(numeric_mode=nm),
 }
 
 
