@@ -280,7 +280,7 @@ static thread_local mt_cache_entry t_cache[MT_CACHE_ENTRIES];
 static thread_local uint64_t t_clock = 0;
 
 extern "C" {
-static void mt_idle_release_all(void);   /* mt_device_free's idle blocks back to the pool (below) */
+static gpuError_t mt_give_back_memory(void);   /* idle blocks and the pool's unused memory (below) */
 }
 
 int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
@@ -297,11 +297,10 @@ int mt_cached_upload(const void **out, const void *host, int64_t bytes) {
         gpuFree(victim->dev);
         victim->dev = nullptr;
     }
-    if (gpuMalloc(&victim->dev, (size_t)bytes) != gpuSuccess) {   /* idle blocks back to the pool, once more */
+    if (gpuMalloc(&victim->dev, (size_t)bytes) != gpuSuccess) {   /* the memory kept for reuse back, once more */
         gpuGetLastError();
         victim->dev = nullptr;
-        mt_idle_release_all();
-        MT_GPU_CHECK(gpuStreamSynchronize(MT_STREAM), "device allocation");
+        MT_GPU_CHECK(mt_give_back_memory(), "device allocation");
         MT_GPU_CHECK(gpuMalloc(&victim->dev, (size_t)bytes), "device allocation");
     }
     victim->host.assign((const char *)host, (const char *)host + bytes);
@@ -541,6 +540,20 @@ static void mt_idle_release_all(void) {
     g_idle_bytes = 0;
 }
 
+/* Every idle block back to the pool, the calling thread's stream finished, and (CUDA, whose
+ * pool keeps freed memory: its release threshold) the current device's pool's unused memory
+ * back to the device, where a plain cudaMalloc can have it. */
+static gpuError_t mt_give_back_memory(void) {
+    mt_idle_release_all();
+    gpuError_t err = gpuStreamSynchronize(MT_STREAM);
+#if !defined(MT_HIP) && !defined(__HIPCC__)
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, mt_current_device()) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
+    cudaGetLastError();
+#endif
+    return err;
+}
+
 /* gpuMallocAsync on MT_STREAM; when it fails, the idle blocks go back to the pool and it is
  * tried once more. */
 extern "C++" {   /* mt_gpu_runtime.h declares it for C++ */
@@ -630,12 +643,7 @@ int mt_device_release_cache(int32_t keep_none_after) {
      * go back, which no queued call uses: a block is kept only once the device was idle) */
     mt_idle_release_all();
     int rc = mt_gpu_ready();
-    gpuError_t err = gpuStreamSynchronize(MT_STREAM);
-#if !defined(MT_HIP) && !defined(__HIPCC__)
-    cudaMemPool_t pool;
-    if (cudaDeviceGetDefaultMemPool(&pool, mt_current_device()) == cudaSuccess) cudaMemPoolTrimTo(pool, 0);
-    cudaGetLastError();
-#endif
+    gpuError_t err = mt_give_back_memory();
     if (rc) return rc;
     return err == gpuSuccess ? MT_OK : mt_gpu_error(err, "release cache");
 }
