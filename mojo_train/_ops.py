@@ -164,18 +164,18 @@ def device_outputs(allocate):
         _DEVICE_OUTPUTS.allocate = previous
 
 
-def out_f32(shape, on_device, numeric_mode, backend=None):
+def out_f32(shape, on_device, numeric_mode, backend=None, n=None):
     """An uninitialised float32 output on the chosen side (device_outputs' allocator within one,
     for a non-empty device output: an empty torch tensor's address is NULL, which some entry
     points refuse for an output). ``backend``: the call's own (placement's), when ``shape``
     comes from its probes (a tuple of ints): the output is made without loading or checking
-    again."""
+    again; ``n``: its element count, when the caller has it."""
     if on_device:
         allocate = getattr(_DEVICE_OUTPUTS, "allocate", None)
         if allocate is not None and all(shape):     # an empty one keeps a non-null address of ours
             return allocate(tuple(shape), numeric_mode)
         if backend is not None:
-            return DeviceArray._fresh(backend, shape)
+            return DeviceArray._fresh(backend, shape, n)
         return DeviceArray.empty(shape, numeric_mode=numeric_mode)
     return Array.empty(shape, "float32")
 
@@ -184,9 +184,7 @@ def plain_out(shape, n, on_device, backend):
     """The new float32 output of a plain path (``plain_f32_inputs``): ``shape`` (n elements) is
     its inputs', so a host Array is made without checking it again."""
     if on_device:
-        if getattr(_DEVICE_OUTPUTS, "allocate", None) is None:   # else device_outputs' allocator
-            return DeviceArray._fresh(backend, shape, n)
-        return out_f32(shape, True, None, backend)
+        return out_f32(shape, True, None, backend, n)
     return Array._empty_checked(shape, "float32", 4 * n)
 
 

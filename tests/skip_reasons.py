@@ -46,8 +46,6 @@ REVIEWED = (
     ("reference", r"^torch\.distributed has no NCCL here$"),   # a torch built without NCCL (CPU builds)
     ("reference", r"^this machine has fewer than two CUDA GPUs for torch \(NCCL needs one a rank\)$"),
     ("reference", r"^(nvcc|hipcc|nm|clang|gcc|compute-sanitizer) is not installed"),
-    # the leak check's tool is NVIDIA's: it runs CUDA processes only
-    ("reference", r"^compute-sanitizer checks CUDA processes only \(vendor \w+\)$"),
     ("reference", r"^bash or tar is not installed$"),   # bench/device_steps.sh's tests
     ("reference", r"^make or sha256sum is not installed$"),   # its source stamp check (the Makefile's fallback is shasum)
     ("reference", r"^no cross compiler for another machine here \("),   # e.g. aarch64-linux-gnu-gcc (.ci/run installs it)

@@ -639,9 +639,8 @@ int mt_device_release_cache(int32_t keep_none_after) {
         g_idle_off.store(true, std::memory_order_relaxed);
     }
     if (!g_ready.load(std::memory_order_acquire)) return MT_OK;   /* nothing was ever allocated */
-    /* as every GPU call: a deferred refusal queued on this thread is reported (after the blocks
-     * go back, which no queued call uses: a block is kept only once the device was idle) */
-    mt_idle_release_all();
+    /* as every GPU call: a deferred refusal queued on this thread is reported; the blocks go
+     * back either way (no queued call uses one: a block is kept only once the device was idle) */
     int rc = mt_gpu_ready();
     gpuError_t err = mt_give_back_memory();
     if (rc) return rc;
