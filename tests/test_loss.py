@@ -319,23 +319,31 @@ def test_a_gradient_over_the_logits_is_refused_by_name_or_computed_in_place_exac
     _need(mode)
     lib = mode.backend.lib
     values = [float((i * 5) % 7) - 3.0 for i in range(rows * vocab + vocab)]
-    targets = ffi.new("int32_t[]", [1, 2, 3, 4] + [0] * 24)
+    ids = [1, 2, 3, 4] + [0] * 24
     want_loss, want_grad = ffi.new("float[1]"), ffi.new("float[]", rows * vocab)
-    ref = ffi.new("float[]", values)
-    assert lib.mt_cross_entropy(want_loss, ffi.NULL, want_grad, ref, targets, 4, rows, vocab, -100, 2, 0.0, 0) == 0
+    ref, ref_targets = ffi.new("float[]", values), ffi.new("int32_t[]", ids)
+    assert lib.mt_cross_entropy(want_loss, ffi.NULL, want_grad, ref, ref_targets, 4, rows, vocab, -100, 2, 0.0, 0) == 0
     for where, text in ((0, "dlogits is logits"), (vocab, "dlogits and logits overlap"),
                         (None, "dlogits overlaps targets")):
-        logits, loss = ffi.new("float[]", values), ffi.new("float[1]", [7.0])
+        # One arena: the logits, then the targets, then room for a whole gradient, so a gradient
+        # over the targets overlaps nothing else whatever addresses the allocator gives.
+        # (Two separate allocations let the 3x50304 gradient reach the logits on some runs.)
+        arena = ffi.new("float[]", values + [0.0] * (len(ids) + rows * vocab))
+        logits, loss = arena, ffi.new("float[1]", [7.0])
+        targets = ffi.cast("int32_t *", arena + len(values))
+        for i, t in enumerate(ids):
+            targets[i] = t
         out = ffi.cast("float *", targets) if where is None else logits + where
-        before = (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets)))
+        seen = lambda: (bytes(ffi.buffer(logits, 4 * len(values))), bytes(ffi.buffer(targets, 4 * len(ids))))
+        before = seen()
         rc = lib.mt_cross_entropy(loss, ffi.NULL, out, logits, targets, 4, rows, vocab, -100, 2, 0.0, 0)
         if rc == EINVAL:
             assert text in ffi.string(lib.mt_last_error()).decode(), text
-            assert (bytes(ffi.buffer(logits)), bytes(ffi.buffer(targets))) == before and loss[0] == 7.0
+            assert seen() == before and loss[0] == 7.0
         else:
             assert (rc, where) == (0, 0), (rc, text)            # only exact in place may be computed
             assert bytes(ffi.buffer(loss)) == bytes(ffi.buffer(want_loss))
-            assert bytes(ffi.buffer(logits))[:4 * rows * vocab] == bytes(ffi.buffer(want_grad))
+            assert seen()[0][:4 * rows * vocab] == bytes(ffi.buffer(want_grad))
 
 
 @pytest.mark.parametrize("inner", [1, 2])
