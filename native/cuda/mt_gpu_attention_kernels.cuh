@@ -9,7 +9,8 @@
  * thread (ty, tx) owns rows 4*ty .. 4*ty+3 and the other rows tx, tx+16, tx+32, tx+48. Tiles of
  * (rows, D) sit in shared memory row-major with a padded stride (DS), so the chains over d load
  * four consecutive d at once; a tile of per-pair values (p or ds) sits with the own rows
- * contiguous, so the chains over pairs load four own rows at once.
+ * contiguous, so the chains over pairs load four own rows at once. (The forward built with
+ * MT_ATTN_FWD_ROWS=8, an A/B variant: 128 own rows a tile at D <= 64, rows 8*ty .. 8*ty+7.)
  *
  * Every chain is serial in the thread that owns its output, in the contract's order:
  *   scores, dp   over d ascending (16 chains of a thread side by side);
@@ -117,6 +118,27 @@ struct geom {
     static constexpr int DS = 64 * NCG + 4;
 };
 
+/* The stride of a per-pair tile whose own rows are a block's 16 * R (R own rows a thread). */
+template <int R>
+struct pair_tile {
+    static constexpr int stride = 16 * R + 4;
+};
+static_assert(pair_tile<4>::stride == PS, "four own rows a thread: the tiles of TR rows");
+
+/* Own rows a thread of the forward: 4 (query tiles of TR rows, the backward's shape) or 8 (tiles
+ * of 2 * TR query rows, each key block's K and V tiles read by twice the rows; D <= 64 only, its
+ * shared memory above 227 KiB at D = 128). Every chain is the same either way: the choice moves
+ * no bit (tests/test_attention_emulated.py runs both). MT_ATTN_FWD_ROWS: the A/B's switch. */
+#ifndef MT_ATTN_FWD_ROWS
+#define MT_ATTN_FWD_ROWS 4
+#endif
+static_assert(MT_ATTN_FWD_ROWS == 4 || MT_ATTN_FWD_ROWS == 8, "MT_ATTN_FWD_ROWS is 4 or 8");
+template <int NCG>
+struct fwd_shape {
+    static constexpr int R = NCG == 1 ? MT_ATTN_FWD_ROWS : 4;   /* own rows a thread */
+    static constexpr int QR = 16 * R;                            /* query rows a block */
+};
+
 __device__ __forceinline__ bool live_bits(float x) { return __float_as_uint(x) != MASKED; }
 __device__ __forceinline__ float masked_value() { return __uint_as_float(MASKED); }
 
@@ -152,29 +174,30 @@ __device__ __forceinline__ void load_rows(float *tile, int DS, const float *src,
     }
 }
 
-/* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows 4*ty+u of a
- * tile, y rows tx+16w of another, both of stride DS. The loop walks two pointers (4 instructions
+/* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows R*ty+u of a
+ * tile (R own rows a thread: 4, or the forward's 8 of fwd_shape), y rows tx+16w of
+ * another, both of stride DS. The loop walks two pointers (4 instructions
  * an iteration beside its 8 loads and 64 fmas; recomputing the rows' addresses from tid took 10);
  * it stays a loop: unrolled by 2 it spilled at 128 registers. DF: D when it is known at compile
  * time (a constant trip count, no tail), else 0. */
-template <int DF>
-__device__ __forceinline__ void chains_over_d_of(float (&c)[4][4], const float *x, const float *y, int DS, int D) {
+template <int DF, int R>
+__device__ __forceinline__ void chains_over_d_of(float (&c)[R][4], const float *x, const float *y, int DS, int D) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, Dn = DF ? DF : D;
-    const float *xr = x + 4 * ty * DS, *yr = y + tx * DS;
+    const float *xr = x + R * ty * DS, *yr = y + tx * DS;
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < R; ++u)
 #pragma unroll
         for (int w = 0; w < 4; ++w) c[u][w] = 0.0f;
     int d = 0;
 #pragma unroll 1
     for (const float *xe = xr + (Dn & ~3); xr < xe; xr += 4, yr += 4) {
-        float4 a[4], b[4];
+        float4 a[R], b[4];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) a[u] = *(const float4 *)(xr + u * DS);
+        for (int u = 0; u < R; ++u) a[u] = *(const float4 *)(xr + u * DS);
 #pragma unroll
         for (int w = 0; w < 4; ++w) b[w] = *(const float4 *)(yr + 16 * w * DS);
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < R; ++u)
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 c[u][w] = MT_DOT_STEP(a[u].x, b[w].x, c[u][w]);
@@ -186,14 +209,14 @@ __device__ __forceinline__ void chains_over_d_of(float (&c)[4][4], const float *
     if (DF == 0)
         for (; d < (Dn & 3); ++d)
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w) c[u][w] = MT_DOT_STEP(xr[u * DS + d], yr[16 * w * DS + d], c[u][w]);
 }
 
 /* The same for any D, with D = 64 * NCG (the full width of the tiles) as a constant. */
-template <int NCG>
-__device__ __forceinline__ void chains_over_d(float (&c)[4][4], const float *x, const float *y, int D) {
+template <int NCG, int R>
+__device__ __forceinline__ void chains_over_d(float (&c)[R][4], const float *x, const float *y, int D) {
     if (D == 64 * NCG)
         chains_over_d_of<64 * NCG>(c, x, y, geom<NCG>::DS, D);
     else
@@ -208,27 +231,29 @@ __device__ __forceinline__ void two_chains_over_d(float (&s)[4][4], float (&dp)[
     chains_over_d<NCG>(dp, x2, y2, D);
 }
 
-/* acc[u][4g + c] = chain over t in [0, n) ascending of (cv[t][4ty + u], rows[t][64g + 4tx + c]),
- * continued from acc: cv a per-pair tile (stride PS, own rows contiguous), rows a (n, D) tile
- * of stride DS. SEL: a step whose coefficient is MASKED is skipped. FULL: n is a whole tile (TR),
+/* acc[u][4g + c] = chain over t in [0, n) ascending of (cv[t][R*ty + u], rows[t][64g + 4tx + c]),
+ * continued from acc: cv a per-pair tile (stride pair_tile<R>::stride, own rows contiguous), rows a
+ * (n, D) tile of stride DS. SEL: a step whose coefficient is MASKED is skipped. FULL: n is a whole tile (TR),
  * the loop unrolled by 8 with immediate offsets. */
-template <int NCG, bool SEL, bool FULL>
-__device__ __forceinline__ void chains_over_pairs(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
+template <int NCG, bool SEL, bool FULL, int R>
+__device__ __forceinline__ void chains_over_pairs(float (&acc)[R][4 * NCG], const float *cv, const float *rows,
                                                   int n) {
-    constexpr int DS = geom<NCG>::DS;
+    constexpr int DS = geom<NCG>::DS, CS = pair_tile<R>::stride;
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15, nn = FULL ? TR : n;
-    const float *cp = cv + 4 * ty, *rp = rows + 4 * tx;
+    const float *cp = cv + R * ty, *rp = rows + 4 * tx;
     constexpr int UNROLL = FULL ? 8 : 2;
 #pragma unroll UNROLL
     for (int t = 0; t < nn; ++t) {
-        float4 cf = *(const float4 *)(cp + t * PS);
-        const float co[4] = {cf.x, cf.y, cf.z, cf.w};
+        float4 cf[R / 4];
+#pragma unroll
+        for (int k = 0; k < R / 4; ++k) cf[k] = *(const float4 *)(cp + t * CS + 4 * k);
+        const float *co = (const float *)cf;
 #pragma unroll
         for (int g = 0; g < NCG; ++g) {
             float4 rf = *(const float4 *)(rp + t * DS + 64 * g);
             const float rv[4] = {rf.x, rf.y, rf.z, rf.w};
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     float nv = MT_DOT_STEP(co[u], rv[c], acc[u][4 * g + c]);
@@ -238,8 +263,8 @@ __device__ __forceinline__ void chains_over_pairs(float (&acc)[4][4 * NCG], cons
     }
 }
 
-template <int NCG>
-__device__ __forceinline__ void chains_over_pairs_sel(float (&acc)[4][4 * NCG], const float *cv, const float *rows,
+template <int NCG, int R>
+__device__ __forceinline__ void chains_over_pairs_sel(float (&acc)[R][4 * NCG], const float *cv, const float *rows,
                                                       int n, bool any_masked) {
     if (any_masked)
         chains_over_pairs<NCG, true, false>(acc, cv, rows, n);
@@ -265,19 +290,19 @@ __device__ __forceinline__ float score(const mt_attn_args &a, float chain, float
     return s;
 }
 
-/* The scores of a thread's 16 pairs (u, w) of a tile that is not plain, in place of their
+/* The scores of a thread's 4R pairs (u, w) of a tile that is not plain, in place of their
  * chains s: pair (u, w) is query row i0 + qrow(u, w) and key j0 + key(u, w), -inf where either
  * lies past the tile's rows (n, nk). A mask's elements are loaded a row's four (one u) at a
  * time, four scalar loads in flight together: loaded pair by pair, each inside its pair's branch,
  * they were waited for one after another. (All 16 at once made the dk/dv kernel spill 36 bytes
  * in the plain tiles' path as first written, 3f12bf6; not measured since.) */
-template <class QRow, class Key>
-__device__ __forceinline__ void tile_scores(const mt_attn_args &a, float (&s)[4][4], int64_t b, int64_t h, int64_t i0,
+template <int R, class QRow, class Key>
+__device__ __forceinline__ void tile_scores(const mt_attn_args &a, float (&s)[R][4], int64_t b, int64_t h, int64_t i0,
                                             int n, int64_t j0, int nk, QRow qrow, Key key) {
     auto at = [&](int u, int w) { return b * a.sb + h * a.sh + (i0 + qrow(u, w)) * a.si + (j0 + key(u, w)) * a.sj; };
     auto in = [&](int u, int w) { return qrow(u, w) < n && key(u, w) < nk; };
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < R; ++u) {
         float mv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (a.mask_kind == MT_ATTENTION_MASK_FLOAT) {
 #pragma unroll
@@ -299,11 +324,12 @@ __device__ __forceinline__ int tile_rows(int64_t total, int64_t start) {
     return (int)(total - start < TR ? total - start : TR);
 }
 
-/* Whether every pair of a whole tile (n = nk = TR rows each side) takes score()'s first step
- * only (chain * scale): no mask, and under causality every key at or before every query row. A
- * block-uniform test, so the tile's pairs skip score()'s per-pair tests (the same values). */
-__device__ __forceinline__ bool plain_tile(const mt_attn_args &a, int64_t i0, int n, int64_t j0, int nk) {
-    return a.mask_kind == MT_ATTENTION_MASK_NONE && n == TR && nk == TR && (!a.is_causal || j0 + TR - 1 <= i0);
+/* Whether every pair of a whole tile (n = rows own rows, nk = TR keys) takes score()'s first
+ * step only (chain * scale): no mask, and under causality every key at or before every query row.
+ * A block-uniform test, so the tile's pairs skip score()'s per-pair tests (the same values). */
+__device__ __forceinline__ bool plain_tile(const mt_attn_args &a, int64_t i0, int n, int64_t j0, int nk,
+                                           int rows = TR) {
+    return a.mask_kind == MT_ATTENTION_MASK_NONE && n == rows && nk == TR && (!a.is_causal || j0 + TR - 1 <= i0);
 }
 
 /* Key blocks a query tile [i0, i0 + n) reaches: all, or under causality up to its last row's. */
@@ -323,15 +349,16 @@ struct query_tile {
     int n;
 };
 
-/* This block's query tile: blocks walk the heaviest tiles (the last, under causality) first. */
-__device__ __forceinline__ query_tile query_tile_of_block(const mt_attn_args &a) {
-    int64_t tiles = (a.Tq + TR - 1) / TR, bh_count = a.B * a.H, idx = blockIdx.x;
+/* This block's query tile of `rows` rows (a multiple of TR): blocks walk the heaviest tiles (the
+ * last, under causality) first. */
+__device__ __forceinline__ query_tile query_tile_of_block(const mt_attn_args &a, int rows = TR) {
+    int64_t tiles = (a.Tq + rows - 1) / rows, bh_count = a.B * a.H, idx = blockIdx.x;
     int64_t t = tiles - 1 - idx / bh_count, bh = idx % bh_count;
     query_tile q;
     q.b = bh / a.H;
     q.h = bh % a.H;
-    q.i0 = t * TR;
-    q.n = tile_rows(a.Tq, q.i0);
+    q.i0 = t * rows;
+    q.n = (int)(a.Tq - q.i0 < rows ? a.Tq - q.i0 : rows);
     q.row0 = (q.b * a.H + q.h) * a.Tq + q.i0;
     q.kv0 = (q.b * a.Hkv + kv_head(a, q.h)) * a.Tk;
     return q;
@@ -381,22 +408,22 @@ __device__ __forceinline__ void stage_query_tile(float *Qs, float *dOs, float *L
     if (ASYNC) mt_cp_async_commit();
 }
 
-/* Whether a tile's own rows fill whole 16-byte groups at dst: n = TR rows of D = 64 * NCG
+/* Whether a tile's own rows fill whole 16-byte groups at dst: n = rows rows of D = 64 * NCG
  * columns, dst 16-byte aligned (block-uniform). */
 template <int NCG>
-__device__ __forceinline__ bool whole_rows16(const float *dst, int n, int D) {
-    return n == TR && D == 64 * NCG && ((uintptr_t)dst & 15) == 0;
+__device__ __forceinline__ bool whole_rows16(const float *dst, int n, int D, int rows = TR) {
+    return n == rows && D == 64 * NCG && ((uintptr_t)dst & 15) == 0;
 }
 
-/* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = 4ty + u below n and
+/* dst[r * D + col] = value(acc[u][4g + c], r) for the thread's own rows r = R*ty + u below n and
  * its columns col = 64g + 4tx + c below D (16 bytes at a time where whole_rows16). */
-template <int NCG, class F>
-__device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[4][4 * NCG], int n, int D, F value) {
+template <int NCG, int R, class F>
+__device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[R][4 * NCG], int n, int D, F value) {
     const int ty = threadIdx.x >> 4, tx = threadIdx.x & 15;
-    if (whole_rows16<NCG>(dst, n, D)) {
+    if (whole_rows16<NCG>(dst, n, D, 16 * R)) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int r = 4 * ty + u;
+        for (int u = 0; u < R; ++u) {
+            const int r = R * ty + u;
 #pragma unroll
             for (int g = 0; g < NCG; ++g) {
                 const float *v = acc[u] + 4 * g;
@@ -407,8 +434,8 @@ __device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[4]
         return;
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const int r = 4 * ty + u;
+    for (int u = 0; u < R; ++u) {
+        const int r = R * ty + u;
         if (r >= n) continue;
 #pragma unroll
         for (int g = 0; g < NCG; ++g)
@@ -422,24 +449,26 @@ __device__ __forceinline__ void store_own_rows(float *dst, const float (&acc)[4]
 
 /* ---- forward -------------------------------------------------------------------------------- */
 
+/* A block a query tile of QR = 16 * R rows (R = fwd_shape<NCG>::R: thread (ty, tx) owns query rows
+ * R*ty .. R*ty+R-1 and keys tx + 16w of each key block of TR). */
 template <int NCG>
-__global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
-    constexpr int DS = geom<NCG>::DS;
+__global__ void __launch_bounds__(NT, fwd_shape<NCG>::R == 4 ? 3 - NCG : 1) fwd_kernel(mt_attn_dev d) {
+    constexpr int DS = geom<NCG>::DS, R = fwd_shape<NCG>::R, QR = fwd_shape<NCG>::QR, PSR = pair_tile<R>::stride;
     MT_ATTN_SMEM_DECL(smem);
     /* two buffers of a key block's K and V tiles: block kb + 1's copy runs under block kb's work */
-    float *Qs = smem, *KV = Qs + TR * DS, *Pt = KV + 4 * TR * DS, *Alpha = Pt + TR * PS;
+    float *Qs = smem, *KV = Qs + QR * DS, *Pt = KV + 4 * TR * DS, *Alpha = Pt + TR * PSR;
     const mt_attn_args &a = d.a;
     const int D = (int)a.D, tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
-    const query_tile qt = query_tile_of_block(a);
+    const query_tile qt = query_tile_of_block(a, QR);
     const int64_t b = qt.b, h = qt.h, i0 = qt.i0, row0 = qt.row0;
     const int n = qt.n;
-    /* the l of row tid, kept by the threads of the first two warps (whole warps: the other six
+    /* the l of row tid, kept by the threads of the first QR / 32 warps (whole warps: the others
      * issue none of its steps) */
     const int lrow = tid;
-    const bool lsum = tid < TR;
-    float l = 0.0f, m[4], acc[4][4 * NCG];
+    const bool lsum = tid < QR;
+    float l = 0.0f, m[R], acc[R][4 * NCG];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < R; ++u) {
         m[u] = -INFINITY;
 #pragma unroll
         for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = 0.0f;
@@ -454,22 +483,22 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
         __syncthreads();                /* block kb's tiles are visible; block kb - 1's (and Pt) are read */
         if (kb + 1 < nb) stage_key_block(KV, DS, a, qt.kv0, kb + 1);
         const float *Ks = KV + (kb & 1) * 2 * TR * DS, *Vs = Ks + TR * DS;
-        float s[4][4], pv[4][4];
+        float s[R][4], pv[R][4];
         chains_over_d<NCG>(s, Qs, Ks, D);
         int masked = 0;
-        const bool plain = plain_tile(a, i0, n, j0, nk);
+        const bool plain = plain_tile(a, i0, n, j0, nk, QR);
         if (plain)
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w) s[u][w] = s[u][w] * a.scale;
         else
-            tile_scores(a, s, b, h, i0, n, j0, nk, [&](int u, int) { return 4 * ty + u; },
+            tile_scores(a, s, b, h, i0, n, j0, nk, [&](int u, int) { return R * ty + u; },
                         [&](int, int w) { return tx + 16 * w; });
-        float mb[4];
+        float mb[R];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int r = 4 * ty + u;
+        for (int u = 0; u < R; ++u) {
+            const int r = R * ty + u;
             mb[u] = -INFINITY;
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
@@ -480,23 +509,23 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             }
         }
 #pragma unroll
-        for (int x = 1; x < 16; x <<= 1)                    /* the four rows' butterflies side by side */
+        for (int x = 1; x < 16; x <<= 1)                    /* the R rows' butterflies side by side */
 #pragma unroll
-            for (int u = 0; u < 4; ++u) mb[u] = mt_attn_max(mb[u], MT_ATTN_SHFL_XOR(mb[u], x));
+            for (int u = 0; u < R; ++u) mb[u] = mt_attn_max(mb[u], MT_ATTN_SHFL_XOR(mb[u], x));
         /* A row with a live pair in this block (mb > -inf) moves its maximum to mnew and scales its
          * chains by alpha = e^(m - mnew). Branch-free where each row's exponent is -inf (its first
          * live block: e^-inf = +0), in mt_expf_mid's range, or the row has no live pair (alpha 1);
          * else row by row, as mt_expf_ranged takes each. The same bits either way. */
-        float alpha[4];
+        float alpha[R];
         int alphas_mid = 1;
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < R; ++u) {
             const float e = m[u] - mt_attn_max(m[u], mb[u]);
             alphas_mid &= (mb[u] == -INFINITY) | (e == -INFINITY) | mt_expf_in_mid(e);
         }
         if (alphas_mid) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < R; ++u) {
                 const float mnew = mt_attn_max(m[u], mb[u]), e = m[u] - mnew;
                 const float ex = mt_expf_mid(mt_expf_in_mid(e) ? e : 0.0f);
                 alpha[u] = mb[u] == -INFINITY ? 1.0f : e == -INFINITY ? 0.0f : ex;
@@ -504,7 +533,7 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             }
         } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
+            for (int u = 0; u < R; ++u) {
                 alpha[u] = 1.0f;
                 if (mb[u] != -INFINITY) {
                     const float mnew = mt_attn_max(m[u], mb[u]);
@@ -514,34 +543,37 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            if (tx == 0) Alpha[4 * ty + u] = alpha[u];
+        for (int u = 0; u < R; ++u) {
+            if (tx == 0) Alpha[R * ty + u] = alpha[u];
 #pragma unroll
             for (int c = 0; c < 4 * NCG; ++c) acc[u][c] = acc[u][c] * alpha[u];
         }
-        /* p = e^(s - m): where all 16 exponents of the thread lie in mt_expf_mid's range (a NaN or
+        /* p = e^(s - m): where all 4R exponents of the thread lie in mt_expf_mid's range (a NaN or
          * an infinity fails the test) every s is live and finite and every p finite and positive,
          * so mt_expf_mid alone gives the per-pair expression's bits without its branches */
         int mid = 1;
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
+        for (int u = 0; u < R; ++u)
 #pragma unroll
             for (int w = 0; w < 4; ++w) mid &= mt_expf_in_mid(s[u][w] - m[u]);
         if (mid) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w) pv[u][w] = mt_expf_mid(s[u][w] - m[u]);
         } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w)
                     pv[u][w] = s[u][w] == -INFINITY ? masked_value() : mt_canonical_nan(mt_expf_ranged(s[u][w] - m[u]));
         }
 #pragma unroll
-        for (int w = 0; w < 4; ++w)                         /* the thread's four rows side by side */
-            *(float4 *)(Pt + (tx + 16 * w) * PS + 4 * ty) = make_float4(pv[0][w], pv[1][w], pv[2][w], pv[3][w]);
+        for (int w = 0; w < 4; ++w)                         /* the thread's rows side by side, four at a time */
+#pragma unroll
+            for (int k = 0; k < R / 4; ++k)
+                *(float4 *)(Pt + (tx + 16 * w) * PSR + R * ty + 4 * k) =
+                    make_float4(pv[4 * k][w], pv[4 * k + 1][w], pv[4 * k + 2][w], pv[4 * k + 3][w]);
         const bool any_masked = __syncthreads_or(masked);
         if (lsum) {                                         /* l = l * alpha, then + p_j ascending */
             l = l * Alpha[lrow];
@@ -549,25 +581,25 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
             for (; jj + 8 <= nk; jj += 8) {                 /* eight loads in flight, then their adds */
                 float p[8];
 #pragma unroll
-                for (int k = 0; k < 8; ++k) p[k] = Pt[(jj + k) * PS + lrow];
+                for (int k = 0; k < 8; ++k) p[k] = Pt[(jj + k) * PSR + lrow];
 #pragma unroll
                 for (int k = 0; k < 8; ++k)
                     if (live_bits(p[k])) l = l + p[k];
             }
             for (; jj < nk; ++jj) {
-                float p = Pt[jj * PS + lrow];
+                float p = Pt[jj * PSR + lrow];
                 if (live_bits(p)) l = l + p;
             }
         }
         if (a.dropout_p > 0.0f) {                           /* the acc chains take p after dropout */
             __syncthreads();                                /* every l has read Pt */
 #pragma unroll
-            for (int u = 0; u < 4; ++u)
+            for (int u = 0; u < R; ++u)
 #pragma unroll
                 for (int w = 0; w < 4; ++w)
                     if (live_bits(pv[u][w]))
-                        Pt[(tx + 16 * w) * PS + 4 * ty + u] = mt_canonical_nan(mt_attn_drop(
-                            pv[u][w], a.seed, a.stream, MT_ATTN_PAIR_ELEMENT(a, b, h, i0 + 4 * ty + u, j0 + tx + 16 * w),
+                        Pt[(tx + 16 * w) * PSR + R * ty + u] = mt_canonical_nan(mt_attn_drop(
+                            pv[u][w], a.seed, a.stream, MT_ATTN_PAIR_ELEMENT(a, b, h, i0 + R * ty + u, j0 + tx + 16 * w),
                             a.dropout_p, a.dropout_scale));
             __syncthreads();
         }
@@ -579,8 +611,8 @@ __global__ void __launch_bounds__(NT, 3 - NCG) fwd_kernel(mt_attn_dev d) {
     store_own_rows<NCG>(a.out + row0 * D, acc, n, D, [&](float x, int r) { return mt_attn_out(x, Alpha[r]); });
     if (tx == 0 && a.lse) {
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-            if (4 * ty + u < n) a.lse[row0 + 4 * ty + u] = mt_attn_lse(m[u], Alpha[4 * ty + u]);
+        for (int u = 0; u < R; ++u)
+            if (R * ty + u < n) a.lse[row0 + R * ty + u] = mt_attn_lse(m[u], Alpha[R * ty + u]);
     }
 }
 
@@ -927,7 +959,10 @@ __global__ void __launch_bounds__(NT, 3 - NCG) dkv_kernel(mt_attn_dev d) {
 
 /* Shared memory of each kernel, in bytes. */
 template <int NCG>
-constexpr size_t fwd_smem() { return (size_t)(5 * TR * geom<NCG>::DS + TR * PS + TR) * 4; }
+constexpr size_t fwd_smem() {
+    constexpr int QR = fwd_shape<NCG>::QR;
+    return (size_t)((QR + 4 * TR) * geom<NCG>::DS + TR * pair_tile<fwd_shape<NCG>::R>::stride + QR) * 4;
+}
 template <int NCG>
 constexpr size_t dq_smem() { return (size_t)(4 * TR * geom<NCG>::DS + TR * PS + 2 * TR) * 4; }
 template <int NCG>
@@ -937,9 +972,12 @@ template <int NCG, class Launch>
 int enqueue(const mt_attn_dev &d, int backward, Launch &&launch) {
     const mt_attn_args &a = d.a;
     const int64_t qtiles = (a.Tq + TR - 1) / TR, kblocks = (a.Tk + TR - 1) / TR, rows = a.B * a.H * a.Tq;
-    const int64_t qgrid = a.B * a.H * qtiles, kvgrid = a.B * a.Hkv * kblocks;
+    const int64_t qgrid = a.B * a.H * qtiles, kvgrid = a.B * a.Hkv * kblocks, fwd_qr = fwd_shape<NCG>::QR;
     int rc;
-    if (!backward) return qgrid ? launch(fwd_kernel<NCG>, (unsigned)qgrid, (unsigned)NT, fwd_smem<NCG>(), d) : 0;
+    if (!backward) {
+        const int64_t fwd_grid = a.B * a.H * ((a.Tq + fwd_qr - 1) / fwd_qr);
+        return fwd_grid ? launch(fwd_kernel<NCG>, (unsigned)fwd_grid, (unsigned)NT, fwd_smem<NCG>(), d) : 0;
+    }
     if (rows && (a.dq || a.dk || a.dv) &&
         (rc = launch(delta_kernel, (unsigned)((rows + NT - 1) / NT), (unsigned)NT, (size_t)0, d)))
         return rc;

@@ -155,6 +155,9 @@ std::vector<Case> cases() {
         C(5, 5, 1), C(1, 1, 7), C(5, 64, 7).causal(), C(64, 64, 33), C(65, 65, 33).causal(), C(130, 130, 64),
         C(130, 130, 64).causal(), C(65, 130, 100).hkv(1), C(130, 65, 128).causal().hkv(1), C(64, 130, 128),
         C(5, 130, 64).causal(), C(130, 5, 64).causal(), C(130, 130, 127).causal(),
+        /* under causality, key blocks wholly before a query tile of 2 * TR rows (the forward's
+         * MT_ATTN_FWD_ROWS=8: the tile from row 128 takes key blocks 0 and 1 plain) */
+        C(260, 260, 64).causal(),
         /* bool masks (nonzero keeps) */
         C(130, 130, 1).mask(1, FULL), C(65, 64, 7).mask(1, BCAST_QK), C(64, 65, 33).mask(1, KEYPAD).hkv(1),
         C(130, 130, 64).mask(1, FULL).hkv(1), C(5, 130, 100).mask(1, TRANSPOSED), C(130, 130, 128).mask(1, BCAST_HEAD),
