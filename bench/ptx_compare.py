@@ -1,6 +1,7 @@
 """Whether two commits compile to the same CUDA device code, file by file (no GPU needed).
 
     python bench/ptx_compare.py <commit> [<other commit, default: the working tree>] [--mode identical] [--kernels]
+    python bench/ptx_compare.py <commit> [<other>] [--mode identical] --sass
 
 Each native/cuda/*.cu is compiled to PTX (compute_90) with the numeric mode's nvcc flags of the
 Makefile, each side's native/ placed in turn at one temporary path and compiled twice, and the
@@ -16,6 +17,12 @@ next; a non-inlined ``.func`` or data placed after a kernel counts as that kerne
 kernels that differ, the kernels on one side only, how many are the same, and whether the text
 before the first kernel (globals, constants, helpers declared there) differs -- a card whose
 kernels are all "same", with that text the same too, ran the same device code though its file changed.
+
+With ``--sass`` each file is compiled to sm_90 machine code instead (a cubin, ptxas included) and
+each kernel's ``.text`` section is compared byte for byte (no disassembler needed): the decision
+at the level the GPU runs, where PTX that differs only in the order nvcc emitted it, or varies
+from one compile to the next, may still assemble to the same code (the thirty-fifth session's
+attention forward switch: PTX "varies", every kernel's machine code the same).
 """
 import argparse
 import concurrent.futures
@@ -23,6 +30,7 @@ import difflib
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -84,18 +92,38 @@ def kernel_lines(a, b):
     return lines
 
 
-def ptx_of(tree, mode, scratch):
+def text_sections(elf):
+    """{section name: bytes} of the ``.text.*`` sections of a 64-bit little-endian ELF (a cubin:
+    one such section a kernel, its machine code)."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    entsize, count, names_at = struct.unpack_from("<HHH", elf, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + k * entsize) for k in range(count)]
+    strings = heads[names_at][4]
+    out = {}
+    for name_off, kind, _, _, offset, size, _, _, _, _ in heads:
+        name = elf[strings + name_off:elf.index(b"\0", strings + name_off)].decode()
+        if name.startswith(".text.") and kind != 8:      # 8: SHT_NOBITS
+            out[name[len(".text."):]] = elf[offset:offset + size]
+    return out
+
+
+def ptx_of(tree, mode, scratch, sass=False):
     """{file name: normalized PTX} of every native/cuda/*.cu in ``tree``, compiled into the
-    folder ``scratch`` (never into the tree)."""
+    folder ``scratch`` (never into the tree); with ``sass``, {file name: {kernel: its sm_90
+    machine code}} instead."""
     sources = sorted(f for f in os.listdir(os.path.join(tree, "native", "cuda")) if f.endswith(".cu"))
 
     def one(name):
-        out = os.path.join(scratch, name + ".ptx")
-        cmd = ["nvcc", "-O3", "-std=c++17", "-arch=compute_90", "-Inative/include", "-Inative/common",
-               "-Inative/cuda"] + MODE_FLAGS[mode] + ["-ptx", os.path.join("native", "cuda", name), "-o", out]
+        out = os.path.join(scratch, name + (".cubin" if sass else ".ptx"))
+        target = ["-gencode", "arch=compute_90,code=sm_90", "-cubin"] if sass else ["-arch=compute_90", "-ptx"]
+        cmd = ["nvcc", "-O3", "-std=c++17", "-Inative/include", "-Inative/common",
+               "-Inative/cuda"] + MODE_FLAGS[mode] + target + [os.path.join("native", "cuda", name), "-o", out]
         done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
         if done.returncode != 0:
             return name, None
+        if sass:
+            with open(out, "rb") as f:
+                return name, text_sections(f.read())
         with open(out) as f:
             return name, normalized(f.read())
 
@@ -123,6 +151,7 @@ def main():
     ap.add_argument("other", nargs="?", help="default: the working tree")
     ap.add_argument("--mode", default="identical", choices=sorted(MODE_FLAGS))
     ap.add_argument("--kernels", action="store_true", help="for a file that differs, which kernels differ")
+    ap.add_argument("--sass", action="store_true", help="compare each kernel's sm_90 machine code instead of PTX")
     args = ap.parse_args()
     if not shutil.which("nvcc"):
         sys.exit("nvcc is not on PATH")
@@ -135,9 +164,12 @@ def main():
         sides = []
         for commit in (args.commit, args.other):
             place_sources(commit, tree)
-            sides.append([ptx_of(tree, args.mode, tempfile.mkdtemp(dir=tmp)) for _ in range(2)])
+            sides.append([ptx_of(tree, args.mode, tempfile.mkdtemp(dir=tmp), args.sass) for _ in range(2)])
     (a, a2), (b, b2) = sides
-    print("device code (%s mode, compute_90 PTX), %s against %s:" % (args.mode, args.commit, args.other or "the working tree"))
+    print("device code (%s mode, %s), %s against %s:" % (
+        args.mode, "sm_90 machine code" if args.sass else "compute_90 PTX", args.commit, args.other or "the working tree"))
+    if args.sass:
+        return sass_report(a, a2, b, b2)
     differing = 0
     for name in sorted(set(a) | set(b)):
         if a.get(name) is None or b.get(name) is None:
@@ -157,6 +189,30 @@ def main():
             changed, len(lines_a))))
         if args.kernels and not same:
             print("\n".join(kernel_lines(a[name], b[name])))
+    return 1 if differing else 0
+
+
+def sass_report(a, a2, b, b2):
+    """Per file: same (every kernel's machine code), varies, or the kernels that differ."""
+    differing = 0
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) is None or b.get(name) is None:
+            print("  %-26s %s" % (name, "absent or not compiling on one side"))
+            differing += 1
+        elif a[name] != a2[name] or b[name] != b2[name]:
+            print("  %-26s %s" % (name, "varies from one compile to the next (ptxas): not decided"))
+            differing += 1
+        elif a[name] == b[name]:
+            print("  %-26s same (%d kernels)" % (name, len(a[name])))
+        else:
+            differing += 1
+            ka, kb = a[name], b[name]
+            differ = sorted(k for k in set(ka) & set(kb) if ka[k] != kb[k])
+            print("  %-26s differs: %d of %d kernels" % (name, len(differ) + len(set(ka) ^ set(kb)), len(ka)))
+            for what, names in (("differs", differ), ("only before", sorted(set(ka) - set(kb))),
+                                ("only after", sorted(set(kb) - set(ka)))):
+                for n in demangled(names):
+                    print("      %-11s %s" % (what, n))
     return 1 if differing else 0
 
 

@@ -78,8 +78,9 @@ def test_the_gpu_kernels_emulated_on_the_cpu_give_the_oracle_bits(driver):
 
 def test_the_forward_in_query_tiles_of_128_rows_gives_the_same_bits(tmp_path_factory):
     """The forward built with MT_ATTN_FWD_ROWS=8 (eight query rows a thread, tiles of 128 query
-    rows at D <= 64: the A/B variant of bench/attention_cuda.py) on every case: the tile's shape
-    moves no chain, so the bytes are the oracle's."""
+    rows at D <= 64: the variant library an A/B of bench/attention_cuda.py loads, built with
+    NVCC="nvcc -DMT_ATTN_FWD_ROWS=8") on every case: the tile's shape moves no chain, so the
+    bytes are the oracle's."""
     _every_case_gives_the_oracle_bits(_build(tmp_path_factory, "attn_emu_fwd_rows8", ["-DMT_ATTN_FWD_ROWS=8"]))
 
 

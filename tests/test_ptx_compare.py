@@ -1,6 +1,7 @@
 """bench/ptx_compare.py's normalization: two compilations of one kernel from two paths compare
 equal, and a real change in the code does not vanish in the normalization."""
 import os
+import struct
 import sys
 
 from _helpers import REPO
@@ -39,3 +40,38 @@ def test_kernels_tells_which_entry_points_of_a_file_differ():
     table = P.kernel_lines(".const .f32 c = 0f3F800000;\n" + k("k_same", "add"),
                            ".const .f32 c = 0f3F800001;\n" + k("k_same", "add"))
     assert "outside the kernels: DIFFERS" in table[0] and len(table) == 1
+
+
+def _elf(sections):
+    """A 64-bit little-endian ELF holding ``sections`` ([(name, type, bytes)]) after a null
+    section, with its section-name table last: what text_sections reads of a cubin."""
+    names = b"\0" + b"".join(n.encode() + b"\0" for n, _, _ in sections) + b".shstrtab\0"
+    body, heads, at, name_at = b"", [(0, 0, 0, 0)], 64, 1
+    for name, kind, data in sections + [(".shstrtab", 3, names)]:
+        heads.append((name_at, kind, at + len(body), len(data)))
+        body += data
+        name_at += len(name) + 1
+    shoff = 64 + len(body)
+    header = b"\x7fELF" + bytes([2, 1, 1]) + b"\0" * 9 + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64,
+                                                                       0, 0, 64, len(heads), len(heads) - 1)
+    table = b"".join(struct.pack("<IIQQQQIIQQ", n, k, 0, 0, off, size, 0, 0, 1, 0) for n, k, off, size in heads)
+    return header + body + table
+
+
+def test_text_sections_reads_each_kernels_machine_code_from_a_cubin():
+    elf = _elf([(".text.k_one", 1, b"\x01\x02\x03\x04"), (".nv.info.k_one", 1, b"\xff"),
+                (".text.k_two", 1, b"\x05" * 16), (".text.k_empty", 8, b"")])
+    assert P.text_sections(elf) == {"k_one": b"\x01\x02\x03\x04", "k_two": b"\x05" * 16}
+
+
+def test_sass_report_names_the_kernels_that_differ_and_fails(capsys):
+    before = {"a.cu": {"k_same": b"\x01", "k_changed": b"\x02", "k_gone": b"\x03"}, "b.cu": {"k": b"\x09"}}
+    after = {"a.cu": {"k_same": b"\x01", "k_changed": b"\x04", "k_new": b"\x03"}, "b.cu": {"k": b"\x09"}}
+    assert P.sass_report(before, before, after, after) == 1
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert lines == ["a.cu differs: 3 of 3 kernels", "differs k_changed", "only before k_gone", "only after k_new",
+                     "b.cu same (1 kernels)"]
+    assert P.sass_report(before, before, before, before) == 0
+    varying = dict(before, **{"b.cu": {"k": b"\x0a"}})
+    assert P.sass_report(before, varying, before, before) == 1
+    assert "b.cu varies from one compile to the next (ptxas): not decided" in " ".join(capsys.readouterr().out.split())

@@ -13,9 +13,9 @@
  * MT_ATTN_FWD_ROWS=8, an A/B variant: 128 own rows a tile at D <= 64, rows 8*ty .. 8*ty+7.)
  *
  * Every chain is serial in the thread that owns its output, in the contract's order:
- *   scores, dp   over d ascending (16 chains of a thread side by side);
+ *   scores, dp   over d ascending (16 chains of a thread side by side; 32 with MT_ATTN_FWD_ROWS=8);
  *   out (acc)    over the keys of a block ascending, continued across blocks in ascending order;
- *   l            the same, summed by one thread per row (threads 0-63);
+ *   l            the same, summed by one thread per row (threads 0-63; 0-127 with MT_ATTN_FWD_ROWS=8);
  *   dq           over the keys ascending (key blocks in ascending order): in the dq kernel, or
  *                carried from key block to key block by the dk/dv kernel's relay (relay_dq);
  *   dk, dv       over (query head of the group, query row) ascending.
@@ -175,10 +175,10 @@ __device__ __forceinline__ void load_rows(float *tile, int DS, const float *src,
 }
 
 /* c[u][w] = chain over d ascending of (x[own u][d], y[other w][d]) from +0: x rows R*ty+u of a
- * tile (R own rows a thread: 4, or the forward's 8 of fwd_shape), y rows tx+16w of
- * another, both of stride DS. The loop walks two pointers (4 instructions
- * an iteration beside its 8 loads and 64 fmas; recomputing the rows' addresses from tid took 10);
- * it stays a loop: unrolled by 2 it spilled at 128 registers. DF: D when it is known at compile
+ * tile (R own rows a thread: 4, or the forward's 8 of fwd_shape), y rows tx+16w of another, both
+ * of stride DS. The loop walks two pointers (at R = 4: 4 instructions an iteration beside its 8
+ * loads and 64 fmas; recomputing the rows' addresses from tid took 10); it stays a loop: unrolled
+ * by 2 it spilled at 128 registers (R = 4). DF: D when it is known at compile
  * time (a constant trip count, no tail), else 0. */
 template <int DF, int R>
 __device__ __forceinline__ void chains_over_d_of(float (&c)[R][4], const float *x, const float *y, int DS, int D) {
@@ -245,9 +245,10 @@ __device__ __forceinline__ void chains_over_pairs(float (&acc)[R][4 * NCG], cons
 #pragma unroll UNROLL
     for (int t = 0; t < nn; ++t) {
         float4 cf[R / 4];
+        float co[R];
 #pragma unroll
         for (int k = 0; k < R / 4; ++k) cf[k] = *(const float4 *)(cp + t * CS + 4 * k);
-        const float *co = (const float *)cf;
+        memcpy(co, cf, sizeof co);    /* (built element by element, dkv_kernel<1, true>'s code moved) */
 #pragma unroll
         for (int g = 0; g < NCG; ++g) {
             float4 rf = *(const float4 *)(rp + t * DS + 64 * g);
@@ -324,7 +325,7 @@ __device__ __forceinline__ int tile_rows(int64_t total, int64_t start) {
     return (int)(total - start < TR ? total - start : TR);
 }
 
-/* Whether every pair of a whole tile (n = rows own rows, nk = TR keys) takes score()'s first
+/* Whether every pair of a whole tile (n = rows query rows, nk = TR keys) takes score()'s first
  * step only (chain * scale): no mask, and under causality every key at or before every query row.
  * A block-uniform test, so the tile's pairs skip score()'s per-pair tests (the same values). */
 __device__ __forceinline__ bool plain_tile(const mt_attn_args &a, int64_t i0, int n, int64_t j0, int nk,

@@ -155,9 +155,11 @@ std::vector<Case> cases() {
         C(5, 5, 1), C(1, 1, 7), C(5, 64, 7).causal(), C(64, 64, 33), C(65, 65, 33).causal(), C(130, 130, 64),
         C(130, 130, 64).causal(), C(65, 130, 100).hkv(1), C(130, 65, 128).causal().hkv(1), C(64, 130, 128),
         C(5, 130, 64).causal(), C(130, 5, 64).causal(), C(130, 130, 127).causal(),
-        /* under causality, key blocks wholly before a query tile of 2 * TR rows (the forward's
-         * MT_ATTN_FWD_ROWS=8: the tile from row 128 takes key blocks 0 and 1 plain) */
-        C(260, 260, 64).causal(),
+        /* tiles of 2 * TR query rows (the forward's MT_ATTN_FWD_ROWS=8): under causality key blocks
+         * wholly before the tile (the tile from row 128 takes key blocks 0 and 1 plain), Tq < Tk;
+         * dropout in a plain tile; a float mask over a whole tile; NaN scores under causality */
+        C(260, 260, 64).causal(), C(200, 260, 64).causal(), C(130, 130, 64).dropout(0.3f, 5),
+        C(128, 64, 64).mask(2, TRANSPOSED), C(130, 130, 7).causal().special(SCORES_NAN),
         /* bool masks (nonzero keeps) */
         C(130, 130, 1).mask(1, FULL), C(65, 64, 7).mask(1, BCAST_QK), C(64, 65, 33).mask(1, KEYPAD).hkv(1),
         C(130, 130, 64).mask(1, FULL).hkv(1), C(5, 130, 100).mask(1, TRANSPOSED), C(130, 130, 128).mask(1, BCAST_HEAD),
