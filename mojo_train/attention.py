@@ -88,6 +88,8 @@ def _mask(attn_mask, sizes, is_causal, where):
     if not 1 <= len(shape) <= 4 or any(m not in (1, f) for m, f in zip(shape[::-1], full[::-1])):
         raise ValueError(where_msg(where, "attn_mask of shape %r does not broadcast to (B, H, Tq, Tk) = %r"
                                    % (shape, full)))
+    if 0 in full:       # no pair reads the mask: strides 0 (its own could pass int64, e.g. (0, 1, 2^40, 2^40))
+        return p, _MASK_KINDS[p.dtype], (0, 0, 0, 0)
     shape4 = (1,) * (4 - len(shape)) + shape
     strides, step = [0, 0, 0, 0], 1
     for dim in range(3, -1, -1):
@@ -103,7 +105,7 @@ def _scale(scale, d, where):
     elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(where_msg(where, "scale must be a real number or None, got %r" % (scale,)))
     else:
-        value = float(scale) if abs(scale) < 1e39 else float("inf")
+        value = scale       # _nearest_f32 gives None past float32 (a numpy scalar compared with 1e39 warned)
     f = _nearest_f32(value)
     if f is None or not math.isfinite(f):
         raise ValueError(where_msg(where, "scale must be finite in float32, got %r" % (scale,)))
@@ -116,8 +118,8 @@ def _dropout(dropout_p, generator, where):
         raise TypeError(where_msg(where, "dropout_p must be a real number, got %r" % (dropout_p,)))
     p32 = _nearest_f32(dropout_p)                # None: beyond a double, or beyond float32
     if p32 is None or not 0.0 <= p32 < 1.0:
-        raise ValueError(where_msg(where, "dropout_p must be in [0, 1) after rounding to float32, got %r (1 would "
-                                   "drop every pair)" % (dropout_p,)))
+        raise ValueError(where_msg(where, "dropout_p must be in [0, 1) after rounding to float32, got %r%s"
+                                   % (dropout_p, " (1 would drop every pair)" if p32 == 1.0 else "")))
     if generator is not None and not isinstance(generator, Generator):
         raise TypeError(where_msg(where, "generator must be a mojo_train.Generator or None, got %s"
                                   % type(generator).__name__))
@@ -232,8 +234,8 @@ def _saved(dout, out, lse, sizes, where):
     plse = _ops.f32_in(lse, "lse", where)
     for name, p, shape in (("dout", pdo, (b, h, tq, d)), ("out", po, (b, h, tq, d)), ("lse", plse, (b, h, tq))):
         if tuple(p.shape) != shape:
-            raise ValueError(where_msg(where, "%s must have shape %r, got %r (lse: the forward's with "
-                                       "return_lse=True)" % (name, shape, tuple(p.shape))))
+            raise ValueError(where_msg(where, "%s must have shape %r, got %r%s" % (
+                name, shape, tuple(p.shape), " (the forward's with return_lse=True)" if name == "lse" else "")))
     return pdo, po, plse
 
 

@@ -378,6 +378,48 @@ def test_no_query_rows_give_zero_key_gradients(attention_mode):
     assert out.shape == (1, 2, 0, 4) and lse.shape == (1, 2, 0) and (dk == 0).all() and (dv == 0).all()
 
 
+def test_a_call_without_pairs_takes_a_mask_whose_strides_would_pass_int64(attention_mode):
+    """B = 0: no pair reads the mask, so its strides are not formed (those of (0, 1, 2^40, 2^40)
+    pass int64), as the same call without a mask is taken."""
+    big = 2 ** 40
+    q = mt.Array.empty((0, 1, big, 4), "float32")
+    mask = mt.Array.empty((0, 1, big, big), "float32")
+    out, lse = SDPA(q, q, q, attn_mask=mask, return_lse=True, numeric_mode=attention_mode.numeric_mode)
+    grads = SDPA_BWD(q, q, q, q, out, lse, attn_mask=mask, numeric_mode=attention_mode.numeric_mode)
+    assert out.shape == (0, 1, big, 4) and lse.shape == (0, 1, big) and [g.shape for g in grads] == [q.shape] * 3
+
+
+def test_a_numpy_scalar_scale_is_its_value_and_warns_of_nothing(attention_mode):
+    import warnings
+    x = inputs(1, 2, 2, 5, 9, 4, 16)
+    want = SDPA(x["q"], x["k"], x["v"], scale=0.5, numeric_mode=attention_mode.numeric_mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # comparing np.float32 with 1e39 warned of an overflow
+        got = SDPA(x["q"], x["k"], x["v"], scale=np.float32(0.5), numeric_mode=attention_mode.numeric_mode)
+        with pytest.raises(ValueError, match="scale must be finite"):
+            SDPA(x["q"], x["k"], x["v"], scale=np.float32("nan"), numeric_mode=attention_mode.numeric_mode)
+    assert same([np.asarray(got)], [np.asarray(want)])
+
+
+def test_a_refusals_reason_is_the_one_that_applies(attention_mode):
+    """The dropout_p and shape messages say why only where it is why (a negative p does not
+    'drop every pair'; a wrong dout is not 'the forward's lse')."""
+    x = inputs(1, 2, 2, 3, 4, 5, 17)
+    m = attention_mode.numeric_mode
+    messages = {}
+    for p in (-0.1, 1.0):
+        with pytest.raises(ValueError) as info:
+            SDPA(x["q"], x["k"], x["v"], dropout_p=p, generator=Generator(1), numeric_mode=m)
+        messages[p] = str(info.value)
+    assert "1 would drop every pair" in messages[1.0] and "would drop" not in messages[-0.1], messages
+    out, lse = SDPA(x["q"], x["k"], x["v"], return_lse=True, numeric_mode=m)
+    with pytest.raises(ValueError) as info:
+        SDPA_BWD(x["dout"][:, :1].copy(), x["q"], x["k"], x["v"], out, lse, numeric_mode=m)
+    assert "dout must have shape" in str(info.value) and "lse" not in str(info.value), str(info.value)
+    with pytest.raises(ValueError, match=r"lse must have shape .* \(the forward's with return_lse=True\)"):
+        SDPA_BWD(x["dout"], x["q"], x["k"], x["v"], out, np.zeros((1, 2), np.float32), numeric_mode=m)
+
+
 def test_is_causal_is_a_top_left_tril_mask_bit_for_bit(attention_mode):
     for tq, tk in ((40, 100), (100, 40), (70, 70)):
         x = inputs(1, 2, 2, tq, tk, 16, tq + tk)

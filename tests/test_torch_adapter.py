@@ -195,6 +195,28 @@ def test_attention_dropout_and_its_gradients_are_the_native_api_bits(mode, devic
     F.scaled_dot_product_attention(*plain, dropout_p=0.3, numeric_mode=mode.numeric_mode, **kwargs)  # default generator
 
 
+def test_an_expanded_attention_mask_is_broadcast_not_copied():
+    """mask.expand(B, H, T, T) (stride 0 over B and H) gives its (T, T) mask's bits, and what the
+    forward keeps for the backward is the (T, T) memory, not B*H copies of it."""
+    q = _leaf(_rand((3, 4, 6, 8), 23))
+    base = _rand((6, 6), 24)
+    y = F.scaled_dot_product_attention(q, q, q, attn_mask=base.expand(3, 4, 6, 6))
+    want = F.scaled_dot_product_attention(q.detach(), q.detach(), q.detach(), attn_mask=base)
+    kept = [t for t in y.grad_fn.saved_tensors if t.dtype == torch.float32 and t.dim() == 4 and t.shape[-1] == 6]
+    assert _bits(y) == _bits(want)
+    assert len(kept) == 1 and kept[0].numel() == 36 and kept[0].data_ptr() == base.data_ptr(), \
+        [(tuple(t.shape), t.numel()) for t in kept]
+    y.backward(torch.ones_like(y))      # the backward takes the narrowed mask as well
+    assert torch.isfinite(q.grad).all()
+
+
+def test_attention_of_one_head_refuses_a_four_dimensional_mask_by_its_own_shape():
+    q = _rand((2, 5, 8), 25)
+    with pytest.raises(ValueError, match=r"scaled_dot_product_attention: attn_mask of shape \(1, 1, 5, 5\) has 4 "
+                                         r"dimensions; with 3-D query"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(1, 1, 5, 5))
+
+
 def test_attention_refuses_a_mask_that_wants_a_gradient():
     q = _rand((1, 1, 3, 4), 14)
     mask = torch.zeros(3, 3, requires_grad=True)

@@ -8,7 +8,8 @@ API's refusals are worded for (its argument names become the user's: ``a`` -> ``
 contiguous here (``_tensors.dense``: a copy, as torch's own kernels make) and handed to the
 native API as the Probes ``_tensors.probed`` reads from torch's metadata, the ones its own checks
 would make (the embedding's ids, a loss's class targets and an attention mask go as tensors: the
-native API probes those itself). Outputs are torch tensors: ``torch.empty`` passed as ``out=``
+native API probes those itself; a mask's broadcast dimensions are narrowed to size 1 first,
+``_tensors.unbroadcast``, as the native call broadcasts them without a copy). Outputs are torch tensors: ``torch.empty`` passed as ``out=``
 where the native call takes one (SiLU, GELU, dropout); otherwise what the native call allocated:
 on CUDA torch tensors already (``_tensors.native`` lends it torch's allocator), on the CPU its
 Array wrapped without a copy (``_tensors.as_torch``). No output is a view (in-place ops on it
@@ -31,7 +32,7 @@ from .. import lm_head as _lm_head
 from .. import loss as _loss
 from .. import rms_norm as _rms_norm
 from .._ops import Fresh
-from ._tensors import as_torch, dense, empty_like, native, probed, wait_for_torch
+from ._tensors import as_torch, dense, empty_like, native, probed, unbroadcast, wait_for_torch
 
 # the native API's argument names -> the user's, per op
 _LINEAR = {"a": "input", "dc": "grad_output"}
@@ -186,7 +187,7 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, options, numeric_mode, where):
         q, k, v = dense(query), dense(key), dense(value)
-        mask = dense(attn_mask)
+        mask = dense(unbroadcast(attn_mask))     # the native call broadcasts: no B*H copies of an expanded mask
         wait_for_torch(q.device)
         res = native(where, _ATTENTION, _attention.scaled_dot_product_attention, probed(q), probed(k),
                      probed(v), attn_mask=mask, return_lse=True, numeric_mode=numeric_mode, **options)

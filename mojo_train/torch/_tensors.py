@@ -158,6 +158,19 @@ def dense(t):
     return t if t.is_contiguous() else t.contiguous()
 
 
+def unbroadcast(t):
+    """``t`` with each broadcast dimension (stride 0, size above 1, as ``expand`` makes) narrowed
+    to size 1: a view of the same memory that still broadcasts to ``t``'s shape, for a native
+    call that broadcasts by itself (an attention mask: ``mask.expand(B, H, T, T)`` is then not
+    copied B*H times by ``dense``). None stays None."""
+    if t is None:
+        return None
+    for dim in range(t.dim()):
+        if t.stride(dim) == 0 and t.shape[dim] > 1:
+            t = t.narrow(dim, 0, 1)
+    return t
+
+
 # dtypes ``probed`` describes: (struct format, mojo_train's dtype name, itemsize), as _probe.py names them
 _PROBED = {torch.float32: ("f", "float32", 4), torch.int64: ("q", "int64", 8), torch.int32: ("i", "int32", 4)}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -268,6 +268,10 @@ def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, s
                                        "pass attn_mask.detach()"))
         device_of(where, query=query, attn_mask=attn_mask)
     if query.dim() == 3 and key.dim() == 3 and value.dim() == 3:       # (N, T, D): one head
+        if attn_mask is not None and attn_mask.dim() > 3:
+            raise ValueError(where_msg(where, "attn_mask of shape %r has %d dimensions; with 3-D query, key and "
+                                       "value (N, T, D) it must broadcast to (N, Tq, Tk), at most 3 (torch "
+                                       "refuses it too)" % (tuple(attn_mask.shape), attn_mask.dim())))
         out = _attention_call(where, query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1),
                               attn_mask if attn_mask is None or attn_mask.dim() < 3 else attn_mask.unsqueeze(1),
                               dropout_p, is_causal, scale, enable_gqa, numeric_mode, generator)
