@@ -36,6 +36,9 @@ def _check_dtype(dtype, where="Array"):
     return dtype
 
 
+_MAX_ELEMENTS = 2 ** 60     # of a shape, zeros left out: 8-byte elements' bytes stay below 2**63
+
+
 def _check_shape(shape, where="Array"):
     """Return ``shape`` as a tuple of non-negative ints, else ValueError."""
     dims = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
@@ -49,6 +52,10 @@ def _check_shape(shape, where="Array"):
     if any(d < 0 for d in dims):
         raise ValueError(where_msg(where, "bad shape %r; dimensions must be "
                                    "non-negative" % (shape,)))
+    if _prod(d for d in dims if d) > _MAX_ELEMENTS:
+        raise ValueError(where_msg(where, "bad shape %r; the product of its nonzero dimensions is past "
+                                   "2**60 (numpy and torch refuse such shapes too, even empty; the "
+                                   "native calls count elements in int64)" % (shape,)))
     return dims
 
 
@@ -409,7 +416,7 @@ class Array:
         return iter(memoryview(self._buf).cast(_DTYPES[self._dtype][0]).tolist())
 
     def __repr__(self):
-        if self.size <= 16:
+        if 0 < self.size <= 16:       # not an empty one: tolist() of shape (2**40, 0) is 2**40 lists
             return "Array(%r, shape=%r, dtype=%r)" % (self.tolist(), self._shape,
                                                       self._dtype)
         return "Array(shape=%r, dtype=%r)" % (self._shape, self._dtype)

@@ -233,6 +233,9 @@ def _refuse_torch_options(max_norm, norm_type, scale_grad_by_freq, sparse, kwarg
     if norm_type != 2.0:
         raise ValueError(where_msg(where, "norm_type only takes 2.0 (it means nothing without "
                                    "max_norm, which is refused)"))
+    for name, flag in (("scale_grad_by_freq", scale_grad_by_freq), ("sparse", sparse)):
+        if not isinstance(flag, bool):      # np.False_ is not read as True (torch refuses a numpy bool too)
+            raise TypeError(where_msg(where, "%s must be True or False, got %r" % (name, flag)))
     if scale_grad_by_freq is not False:
         raise ValueError(where_msg(where, "scale_grad_by_freq=True is refused: the gradient is the "
                                    "token rule's plain sum, without a division by id counts"))

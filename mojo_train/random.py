@@ -56,9 +56,17 @@ def _real(value, name, where):
 
 
 def _fan(value, name, where):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(where_msg(where, "%s must be a positive int, got %r" % (name, value)))
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value < 2 ** 63:
+        raise ValueError(where_msg(where, "%s must be a positive int below 2**63, got %r" % (name, value)))
     return int(value)
+
+
+def _within_f32(value, what, cause, where):
+    """``value`` rounded to float32, refused naming ``cause`` when it is beyond float32's range."""
+    f = _nearest_f32(value)
+    if f is None or not math.isfinite(f):
+        raise ValueError(where_msg(where, "%s %r is beyond float32's range; %s is too large" % (what, value, cause)))
+    return f
 
 
 def _shape(shape, where):
@@ -198,7 +206,7 @@ class Generator:
         kaiming_normal_ (mode='fan_in', leaky_relu slope a; a = 0 is ReLU's gain sqrt(2))."""
         where = "Generator.kaiming_normal"
         std = self._gain(a, where) / math.sqrt(_fan(fan_in, "fan_in", where))
-        return self.normal(shape, 0.0, std, device=device)
+        return self.normal(shape, 0.0, std, device=device)   # std <= sqrt(2): within float32
 
     def xavier_uniform(self, shape, fan_in, fan_out, gain=1.0, *, device=False):
         """U(-b, b) with b = sqrt(3) * gain * sqrt(2 / (fan_in + fan_out)): torch's
@@ -209,7 +217,9 @@ class Generator:
 
     def xavier_normal(self, shape, fan_in, fan_out, gain=1.0, *, device=False):
         """N(0, std) with std = gain * sqrt(2 / (fan_in + fan_out)): torch's xavier_normal_."""
-        std = self._xavier_std(fan_in, fan_out, gain, "Generator.xavier_normal")
+        where = "Generator.xavier_normal"
+        std = self._xavier_std(fan_in, fan_out, gain, where)
+        _within_f32(std, "the std", "gain", where)
         return self.normal(shape, 0.0, std, device=device)
 
     @staticmethod
@@ -225,7 +235,7 @@ class Generator:
         return gain * math.sqrt(2.0 / float(_fan(fan_in, "fan_in", where) + _fan(fan_out, "fan_out", where)))
 
     def _bounded(self, where, bound, shape, device):
-        if not bound > 0.0 or (struct.unpack("<f", struct.pack("<f", bound))[0] == 0.0):
+        if not bound > 0.0 or _within_f32(bound, "the bound", "gain", where) == 0.0:
             raise ValueError(where_msg(where, "the bound %r rounds to 0 in float32" % bound))
         return self._fill(where, "mt_uniform_fill", shape, -bound, bound, None, 0, device)
 
@@ -268,6 +278,9 @@ class Generator:
             raise ValueError(where_msg(where, "dy has shape %r, the forward's x had shape %r; dy must have x's "
                                        "shape (no broadcasting: reshape or expand explicitly)"
                                        % (tuple(pdy.shape), tuple(key.shape))))
+        if isinstance(key.size, bool) or not isinstance(key.size, numbers.Integral):     # a key built by hand
+            raise TypeError(where_msg(where, "key.size must be an int (the forward's element count), got %r"
+                                      % (key.size,)))
         if pdy.nelems != key.size:
             raise ValueError(where_msg(where, "dy has %d elements, the key's forward had %d" % (pdy.nelems, key.size)))
         return self._apply(where, "mt_dropout_backward", pdy, "dy", out, self._p(key.p, where), key.seed,

@@ -457,6 +457,8 @@ def test_layer_backward_is_the_function_and_refuses_a_frozen_table():
     (dict(norm_type=1.0), ValueError, "norm_type only takes 2.0"),
     (dict(scale_grad_by_freq=True), ValueError, "scale_grad_by_freq=True is refused"),
     (dict(sparse=True), ValueError, "sparse=True is refused"),
+    (dict(sparse=0), TypeError, "sparse must be True or False, got 0"),     # np.False_ was read as True
+    (dict(scale_grad_by_freq=None), TypeError, "scale_grad_by_freq must be True or False, got None"),
     (dict(_weight=None), TypeError, "_weight= is not taken"),
     (dict(device="cuda"), TypeError, "device= is not taken"),
     (dict(dtype="float16"), TypeError, "dtype= is not taken"),

@@ -433,6 +433,9 @@ def test_dropout_refuses_what_it_does_not_take_by_name():
         g.dropout_backward(array.array("f", [1.0] * 3), key)
     with pytest.raises(ValueError, match=r"dy has 3 elements, the key's forward had 2"):
         g.dropout_backward(array.array("f", [1.0] * 3), key._replace(shape=None))   # a key built by hand
+    for size in (4.5, float("nan"), True):      # a hand-built key's count, formatted with %d before
+        with pytest.raises(TypeError, match=r"key.size must be an int \(the forward's element count\), got"):
+            g.dropout_backward(array.array("f", [1.0] * 2), key._replace(shape=None, size=size))
     with pytest.raises(TypeError, match=r"key must be the DropoutKey"):
         g.dropout_backward(array.array("f", [1.0] * 2), {"seed": 1})
     assert g.counter == 1
@@ -564,6 +567,13 @@ def test_dropout_of_an_empty_tensor_is_empty():
     (lambda g: g.xavier_normal(3, fan_in=2, fan_out=2.5), r"fan_out must be a positive int"),
     (lambda g: g.xavier_uniform(3, fan_in=2, fan_out=2, gain=0), r"gain must be > 0"),
     (lambda g: g.kaiming_normal(3, fan_in=2, a=float("inf")), r"a must be finite"),
+    # past a double (sqrt of 2**1100 overflowed) or float32 (packing the bound overflowed)
+    (lambda g: g.kaiming_normal(3, fan_in=2 ** 1100), r"kaiming_normal: fan_in must be a positive int below 2\*\*63"),
+    (lambda g: g.xavier_uniform(3, fan_in=2, fan_out=2 ** 63), r"fan_out must be a positive int below 2\*\*63"),
+    (lambda g: g.xavier_uniform(3, fan_in=2, fan_out=2, gain=1e39),
+     r"xavier_uniform: the bound .* is beyond float32's range; gain is too large"),
+    (lambda g: g.xavier_normal(3, fan_in=2, fan_out=2, gain=1e39),
+     r"xavier_normal: the std .* is beyond float32's range; gain is too large"),
 ])
 def test_draws_refuse_bad_arguments_by_name_and_take_no_stream(call, match):
     g = Generator(1)

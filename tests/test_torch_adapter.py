@@ -531,6 +531,15 @@ def test_calls_under_autocast_are_refused_naming_autocast(mode, device_type):
     assert issubclass(mtt.AutocastError, TypeError) and issubclass(mtt.AutocastError, RuntimeError)
 
 
+def test_normalized_shape_takes_int_likes_and_refuses_others_by_name():
+    x = _rand((2, 8), 45)
+    assert _bits(F.rms_norm(x, torch.Size([8]))) == _bits(F.rms_norm(x, 8))
+    for bad in (8.0, "8", None):
+        with pytest.raises(TypeError, match=r"^mojo_train\.torch\.functional\.layer_norm: normalized_shape must be "
+                                            r"an int or a sequence of ints, got"):
+            F.layer_norm(x, bad)
+
+
 def test_bad_shapes_are_refused_with_the_users_argument_names_and_nothing_written(mode):
     _need(mode, torch.device("cpu"), "linear", "rms_norm", "embedding", "loss")
     x = _leaf(_rand((2, 5), 44))

@@ -16,6 +16,7 @@ saying so (use torch's explicitly). The public functions are one-line calls of t
 ones, which the modules call with their own names.
 """
 import numbers
+import operator
 
 import torch
 
@@ -177,7 +178,14 @@ def _inplace_target(input, inplace, where):
 
 
 def _normalized_shape(normalized_shape, input, where):
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    try:
+        shape = (operator.index(normalized_shape),)
+    except TypeError:
+        try:
+            shape = tuple(operator.index(d) for d in normalized_shape)
+        except TypeError:
+            raise TypeError(where_msg(where, "normalized_shape must be an int or a sequence of ints, got %r"
+                                      % (normalized_shape,))) from None
     if not shape or input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape):]) != shape:
         raise ValueError(where_msg(where, "input of shape %r does not end with normalized_shape %r"
                                    % (tuple(input.shape), shape)))
