@@ -36,7 +36,7 @@ def _check_dtype(dtype, where="Array"):
     return dtype
 
 
-_MAX_ELEMENTS = 2 ** 60     # of a shape, zeros left out: 8-byte elements' bytes stay below 2**63
+_MAX_ELEMENTS = 2 ** 63 - 1     # of a shape, zeros left out: the native calls take counts as int64
 
 
 def _check_shape(shape, where="Array"):
@@ -53,9 +53,9 @@ def _check_shape(shape, where="Array"):
         raise ValueError(where_msg(where, "bad shape %r; dimensions must be "
                                    "non-negative" % (shape,)))
     if _prod(d for d in dims if d) > _MAX_ELEMENTS:
-        raise ValueError(where_msg(where, "bad shape %r; the product of its nonzero dimensions is past "
-                                   "2**60 (numpy and torch refuse such shapes too, even empty; the "
-                                   "native calls count elements in int64)" % (shape,)))
+        raise ValueError(where_msg(where, "bad shape %r; the product of its nonzero dimensions must fit "
+                                   "int64 (at most 2**63 - 1), even where a zero makes it empty: the native "
+                                   "calls take products of dimensions as int64" % (shape,)))
     return dims
 
 

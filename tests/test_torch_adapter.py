@@ -208,6 +208,11 @@ def test_an_expanded_attention_mask_is_broadcast_not_copied():
         [(tuple(t.shape), t.numel()) for t in kept]
     y.backward(torch.ones_like(y))      # the backward takes the narrowed mask as well
     assert torch.isfinite(q.grad).all()
+    # an expanded mask of other sizes is refused by the shape the caller gave, as torch refuses it
+    for bad in (base.expand(5, 4, 6, 6), _rand((3, 1, 6, 6), 26).expand(3, 9, 6, 6), _rand((1, 6), 27).expand(9, 6)):
+        with pytest.raises(ValueError, match=r"attn_mask of shape %s does not broadcast"
+                                             % re.escape(repr(tuple(bad.shape)))):
+            F.scaled_dot_product_attention(q.detach(), q.detach(), q.detach(), attn_mask=bad)
 
 
 def test_attention_of_one_head_refuses_a_four_dimensional_mask_by_its_own_shape():

@@ -187,7 +187,9 @@ class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, attn_mask, options, numeric_mode, where):
         q, k, v = dense(query), dense(key), dense(value)
-        mask = dense(unbroadcast(attn_mask))     # the native call broadcasts: no B*H copies of an expanded mask
+        # the native call broadcasts: no B*H copies of an expanded mask
+        full = tuple(q.shape[:3]) + (k.shape[2],) if q.dim() == 4 and k.dim() == 4 else ()   # else refused natively
+        mask = dense(unbroadcast(attn_mask, full))
         wait_for_torch(q.device)
         res = native(where, _ATTENTION, _attention.scaled_dot_product_attention, probed(q), probed(k),
                      probed(v), attn_mask=mask, return_lse=True, numeric_mode=numeric_mode, **options)

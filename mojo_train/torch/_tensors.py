@@ -158,13 +158,16 @@ def dense(t):
     return t if t.is_contiguous() else t.contiguous()
 
 
-def unbroadcast(t):
+def unbroadcast(t, full):
     """``t`` with each broadcast dimension (stride 0, size above 1, as ``expand`` makes) narrowed
-    to size 1: a view of the same memory that still broadcasts to ``t``'s shape, for a native
-    call that broadcasts by itself (an attention mask: ``mask.expand(B, H, T, T)`` is then not
-    copied B*H times by ``dense``). None stays None."""
-    if t is None:
-        return None
+    to size 1, when ``t``'s shape broadcasts to ``full``: a view of the same memory that still
+    broadcasts to it, for a native call that broadcasts by itself (an attention mask:
+    ``mask.expand(B, H, T, T)`` is then not copied B*H times by ``dense``). A ``t`` that does not
+    broadcast to ``full`` is returned as it is, so that the native call refuses it by the shape
+    the caller gave. None stays None."""
+    if t is None or t.dim() > len(full) or any(
+            n not in (1, f) for n, f in zip(reversed(t.shape), reversed(full))):
+        return t
     for dim in range(t.dim()):
         if t.stride(dim) == 0 and t.shape[dim] > 1:
             t = t.narrow(dim, 0, 1)
