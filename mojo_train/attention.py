@@ -26,7 +26,7 @@ import numbers
 from . import _buffer, _ops
 from ._errors import where_msg
 from ._native import ffi
-from .random import DropoutKey, Generator, _nearest_f32, _uint64
+from .random import DropoutKey, Generator, _key_shape, _nearest_f32, _uint64
 
 __all__ = ["scaled_dot_product_attention", "scaled_dot_product_attention_backward"]
 
@@ -148,7 +148,7 @@ def _backward_dropout(p32, dropout_key, sizes, where):
         raise TypeError(where_msg(where, "dropout_key must be the forward's DropoutKey, got %s"
                                   % type(dropout_key).__name__))
     b, h, _, tq, tk, _ = sizes
-    if dropout_key.shape is not None and tuple(dropout_key.shape) != (b, h, tq, tk):
+    if _key_shape(dropout_key, "dropout_key", where) not in (None, (b, h, tq, tk)):
         raise ValueError(where_msg(where, "dropout_key is of pairs %r; this call's are (B, H, Tq, Tk) = %r"
                                    % (tuple(dropout_key.shape), (b, h, tq, tk))))
     if dropout_key.size != b * h * tq * tk:

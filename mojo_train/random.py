@@ -16,6 +16,7 @@ and are rounded once to float32 inside the library, so every vendor gets the sam
 import collections
 import math
 import numbers
+import operator
 import struct
 
 from . import _buffer, _ops
@@ -67,6 +68,18 @@ def _within_f32(value, what, cause, where):
     if f is None or not math.isfinite(f):
         raise ValueError(where_msg(where, "%s %r is beyond float32's range; %s is too large" % (what, value, cause)))
     return f
+
+
+def _key_shape(key, name, where):
+    """A DropoutKey's shape as a tuple, or None (a key of a count alone); a hand-built key's
+    other shape is refused naming ``name``.shape."""
+    if key.shape is None:
+        return None
+    try:
+        return tuple(operator.index(d) for d in key.shape)
+    except TypeError:
+        raise TypeError(where_msg(where, "%s.shape must be None or a tuple of ints (the forward's shape), got %r"
+                                  % (name, key.shape))) from None
 
 
 def _shape(shape, where):
@@ -274,7 +287,7 @@ class Generator:
         for field in ("seed", "stream", "offset"):       # a key built by hand reaches C unchecked otherwise
             _uint64(getattr(key, field), "key." + field, where)
         pdy = _ops.f32_in(dy, "dy", where)
-        if key.shape is not None and tuple(pdy.shape) != tuple(key.shape):
+        if _key_shape(key, "key", where) not in (None, tuple(pdy.shape)):
             raise ValueError(where_msg(where, "dy has shape %r, the forward's x had shape %r; dy must have x's "
                                        "shape (no broadcasting: reshape or expand explicitly)"
                                        % (tuple(pdy.shape), tuple(key.shape))))

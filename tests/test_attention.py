@@ -535,6 +535,8 @@ def _refusals():
         (b, (do, q, k, v, out, lse), {"dropout_key": (1, 2, 0, 0.5)}, TypeError, "dropout_key must be the forward's"),
         (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.5, 24, (1, 2, 3, 3))}, ValueError,
          "dropout_key is of pairs (1, 2, 3, 3)"),
+        (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.5, 24, 24)}, TypeError,
+         "dropout_key.shape must be None or a tuple of ints"),
         (b, (do, q, k, v, out, lse), {"dropout_p": 0.25, "dropout_key": DropoutKey(1, 2, 0, 0.5, 24, (1, 2, 3, 4))},
          ValueError, "dropout_p is 0.25 but dropout_key's p is 0.5"),
         (b, (do, q, k, v, out, lse), {"dropout_key": DropoutKey(1, 2, 0, 0.3, 24, (1, 2, 3, 4))}, ValueError,

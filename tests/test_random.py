@@ -433,6 +433,8 @@ def test_dropout_refuses_what_it_does_not_take_by_name():
         g.dropout_backward(array.array("f", [1.0] * 3), key)
     with pytest.raises(ValueError, match=r"dy has 3 elements, the key's forward had 2"):
         g.dropout_backward(array.array("f", [1.0] * 3), key._replace(shape=None))   # a key built by hand
+    with pytest.raises(TypeError, match=r"key.shape must be None or a tuple of ints \(the forward's shape\), got 5"):
+        g.dropout_backward(array.array("f", [1.0] * 2), key._replace(shape=5))
     for size in (4.5, float("nan"), True):      # a hand-built key's count, formatted with %d before
         with pytest.raises(TypeError, match=r"key.size must be an int \(the forward's element count\), got"):
             g.dropout_backward(array.array("f", [1.0] * 2), key._replace(shape=None, size=size))
