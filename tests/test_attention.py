@@ -622,6 +622,9 @@ def _c_cases(lib, keep):
         ("Hkv must be >= 1", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 1, 1, 0, 2, 3, 4)),
         ("Tq must be >= 0", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 1, 1, 1, -2, 3, 4)),
         ("too large", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 2**40, 1, 1, 2**20, 3, 4)),
+        # B*H is capped though Tq = Tk = 0 leaves every tensor empty (the message says so)
+        ("too large (B*H, B*Hkv, each tensor and B*H*Tq*Tk", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, 1.0, 2**62, 2, 2, 0,
+                                                                         0, 4)),
         ("scale must be finite", lambda o: fw(o, N, 0, 0, 0, 0, 0, 0, inf, *size)),
         ("is_causal must be 0 or 1", lambda o: fw(o, N, 0, 0, 0, 0, 0, 2, 1.0, *size)),
         ("mask_kind must be", lambda o: fw(o, mb, 3, 0, 0, 3, 1, 0, 1.0, *size)),

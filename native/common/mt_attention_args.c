@@ -26,12 +26,14 @@ static int check_sizes(const mt_attn_args *a) {
                        "Hkv=%lld", (long long)a->H, (long long)a->Hkv);
     if (a->D < 1 || a->D > MT_ATTN_MAX_D)
         return mt_fail(MT_EINVAL, "D must be in [1, %d], got %lld", MT_ATTN_MAX_D, (long long)a->D);
+    /* B*H and B*Hkv are capped even when Tq or Tk is 0 (the kernels' grids and row counts form
+     * them first), so B = 2^62 with Tq = 0 is refused though every tensor is empty */
     int64_t rows = capped_product(capped_product(a->B, a->H), a->Tq);
     int64_t keys = capped_product(capped_product(a->B, a->Hkv), a->Tk);
     if (rows < 0 || capped_product(rows, a->D) < 0 || keys < 0 || capped_product(keys, a->D) < 0 ||
         capped_product(rows, a->Tk) < 0)
-        return mt_fail(MT_EINVAL, "B=%lld, H=%lld, Hkv=%lld, Tq=%lld, Tk=%lld, D=%lld are too large (each tensor and "
-                       "B*H*Tq*Tk at most 2^60 elements)", (long long)a->B, (long long)a->H, (long long)a->Hkv,
+        return mt_fail(MT_EINVAL, "B=%lld, H=%lld, Hkv=%lld, Tq=%lld, Tk=%lld, D=%lld are too large (B*H, B*Hkv, each "
+                       "tensor and B*H*Tq*Tk at most 2^60 elements)", (long long)a->B, (long long)a->H, (long long)a->Hkv,
                        (long long)a->Tq, (long long)a->Tk, (long long)a->D);
     return MT_OK;
 }
