@@ -52,7 +52,7 @@ def _check_shape(shape, where="Array"):
     if any(d < 0 for d in dims):
         raise ValueError(where_msg(where, "bad shape %r; dimensions must be "
                                    "non-negative" % (shape,)))
-    if _prod(d for d in dims if d) > _MAX_ELEMENTS:
+    if 0 in dims and _prod(d for d in dims if d) > _MAX_ELEMENTS:    # (a nonempty one: _nbytes' MemoryError)
         raise ValueError(where_msg(where, "bad shape %r; the product of its nonzero dimensions must fit "
                                    "int64 (at most 2**63 - 1), even where a zero makes it empty: the native "
                                    "calls take products of dimensions as int64" % (shape,)))

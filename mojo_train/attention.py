@@ -88,7 +88,7 @@ def _mask(attn_mask, sizes, is_causal, where):
     if not 1 <= len(shape) <= 4 or any(m not in (1, f) for m, f in zip(shape[::-1], full[::-1])):
         raise ValueError(where_msg(where, "attn_mask of shape %r does not broadcast to (B, H, Tq, Tk) = %r"
                                    % (shape, full)))
-    if 0 in full:       # no pair reads the mask: strides 0 (a torch mask (0, 1, 2^31, 2^31)'s pass 2^60)
+    if 0 in full:       # no pair reads the mask: strides 0 (a mask (0, 1, 2^31, 2^31)'s reach past 2^60)
         return p, _MASK_KINDS[p.dtype], (0, 0, 0, 0)
     shape4 = (1,) * (4 - len(shape)) + shape
     strides, step = [0, 0, 0, 0], 1
