@@ -29,8 +29,9 @@
 #                        --no-build, its canary native/build/sanitizer_canaries is made here: see
 #                        bench/sanitize_cuda.py's build step, and prepare carries it)
 #     py=NAME            bench/NAME.py once, its output in py_NAME.txt (e.g. py=timeline_cuda)
-#     ab=NAME            bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
-#                        libraries, then each variant folder .whl/v*/, into ab_NAME.txt. A variant is
+#     ab=NAME[:V,...]    bench/NAME.py (no --write) in three rounds of alternating processes: the tree's
+#                        libraries, then each variant folder .whl/v*/ (or only those named: ab=NAME:vX,vY),
+#                        into ab_NAME.txt. A variant is
 #                        a library built here (e.g. `make BUILD=/tmp/vX NVCC="nvcc -D..."
 #                        /tmp/vX/libmojo_train_cuda_identical.so`, copied with its .sha256 into
 #                        .whl/vX/), or another commit's Python (its mojo_train/ and bench/ copied into
@@ -155,11 +156,14 @@ for step in "$@"; do
         echo "rc=$?" >> "$L/py_$s.txt" ;;
     ab=*)
         b=${step#ab=}
+        only=
+        case $b in *:*) only=",${b#*:},"; b=${b%%:*} ;; esac
         for round in 1 2 3; do
             echo "== round $round tree" >> "$L/ab_$b.txt"
             env -u MOJO_TRAIN_LIBRARY_PATH timeout 200 python3 "bench/$b.py" >> "$L/ab_$b.txt" 2>&1
             echo "rc=$?" >> "$L/ab_$b.txt"
             for v in .whl/v*/; do
+                [ -z "$only" ] || [[ "$only" == *",$(basename "$v"),"* ]] || continue
                 if [ -f "$v/bench/$b.py" ]; then
                     # its own libraries where it has them (another ABI), else the tree's
                     echo "== round $round $(basename "$v") (its Python)" >> "$L/ab_$b.txt"

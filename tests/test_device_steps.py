@@ -106,3 +106,32 @@ def test_the_staged_libraries_are_the_build_only_where_they_were_not_staged_from
                          text=True, timeout=120, env=dict(os.environ, OUT=str(out_dir)))
     assert out.returncode == 0, out.stdout + out.stderr
     assert target.read_bytes() == (b"built here" if staged_here else b"staged")
+
+
+@pytest.mark.parametrize("only", [None, "vB", "vA,vB"])
+def test_an_ab_step_runs_the_variants_it_names_or_every_one(bash, tmp_path, only):
+    """`ab=NAME` runs bench/NAME.py over the tree's libraries and then each variant folder
+    .whl/v*/, three rounds; `ab=NAME:vX,vY` over the named variants only (a call's .whl can hold
+    variants for several A/Bs, and each costs device time)."""
+    if shutil.which("make") is None or shutil.which("sha256sum") is None:
+        pytest.skip("make or sha256sum is not installed")
+    tree, _ = _tree(tmp_path)
+    (tree / "bench" / "probe.py").write_text(
+        "import os\nprint('libraries:', os.environ.get('MOJO_TRAIN_LIBRARY_PATH', 'tree'))\n")
+    for v in ("vA", "vB"):
+        (tree / ".whl" / v).mkdir(parents=True)
+        (tree / ".whl" / v / "libmojo_train_cuda_identical.so").write_bytes(b"variant")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    step = "ab=probe" + (":" + only if only else "")
+    out = subprocess.run([bash, str(tree / "bench" / "device_steps.sh"), step], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, OUT=str(out_dir)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    with tarfile.open(out_dir / "logs.tgz") as t:
+        log = t.extractfile("logs/ab_probe.txt").read().decode()
+    ran = [line.split()[-1] for line in log.splitlines() if line.startswith("== round")]
+    expected = ["tree"] + (only.split(",") if only else ["vA", "vB"])
+    assert ran == expected * 3, log
+    assert log.count("libraries: tree") == 3
+    for v in expected[1:]:
+        assert log.count("libraries: %s/.whl/%s/" % (tree, v)) == 3, log
