@@ -26,6 +26,10 @@ def _any_real(value, name, where):
 
 
 def _betas(value, name, where):
+    if isinstance(value, (set, frozenset, dict)) or not hasattr(value, "__getitem__"):
+        # a set's order is its hashes', a generator's is spent once: (beta1, beta2) could come out swapped
+        raise TypeError(where_msg(where, "%s must be a pair (beta1, beta2) in order, such as a tuple, got a %s"
+                                  % (name, type(value).__name__)))
     try:
         b1, b2 = value
     except (TypeError, ValueError):

@@ -272,6 +272,12 @@ class _Optimizer:
             self._native.changed = self._native.changed or bool(made)
         self._backend.check(rc, where)
 
+    def _check_room(self, where):
+        """A step makes t + 1, which load_state_dict must take back: t stays below 2**62."""
+        if self.t >= _MAX_STEPS - 1:
+            raise ValueError(where_msg(where, "the optimizer has taken t=%d steps, the most a run counts (2**62 - 1: "
+                                       "the range of t that load_state_dict takes)" % self.t))
+
     def _finish(self, clip, lr):
         self.t += 1
         self.lr_ = float(ffi.cast("float", lr))
@@ -314,6 +320,8 @@ class _Optimizer:
                                                   self._names[j], tuple(shape))))
             self._refuse_shared(_probe_ranges(probes), [pb.obj for pb in probes], _indexed(name, _single(entry)),
                                 where)
+        _native_max_norm(max_norm, where)      # the step's own checks, before the combining's work
+        self._check_room(where)
         try:
             combined = accumulate_grads(list(microbatch_grads), tokens, numeric_mode=self.numeric_mode)
         except (ValueError, TypeError) as exc:    # said of this call: the combining is part of it
@@ -322,7 +330,7 @@ class _Optimizer:
             if not text.startswith(head):
                 raise
             raise type(exc)(where_msg(where, text[len(head):])) from None
-        return self.step(combined, max_norm=max_norm)
+        return self._step(combined, max_norm, where)
 
     def zero_grad(self, grads):
         """Write +0.0 into every gradient tensor (matching params in count and shape)."""
@@ -480,9 +488,12 @@ class _Optimizer:
         (moments with the step reset to 0 would get step 1's bias corrections, made for moments
         holding one gradient, and the run would not resume); an SGD without a momentum buffer
         has flags 0. ``t >= 1`` with zero moments is a run whose gradients were zero, and is
-        taken. With these checks a loaded state cannot make the next step write NaN (a negative
-        second moment is a NaN square root, a non-finite moment a non-finite parameter); a state
-        that passes resumes bit-identically.
+        taken. These checks refuse the states that would make the next step write NaN by
+        themselves (a negative second moment is a NaN square root, a non-finite moment a
+        non-finite parameter); they do not bound a moment by what gradients could have made it,
+        so a finite ``exp_avg`` of 3e38 beside a zero ``exp_avg_sq`` is taken and its next
+        update overflows the parameter to infinity, as torch's step would. A state that passes
+        resumes bit-identically.
         """
         where = self._WHERE + ".load_state_dict"
         self._check_format(state, where)
@@ -648,6 +659,7 @@ def _described(value):
     return "a %s" % type(value).__name__ if not isinstance(value, (list, tuple)) else "%d items" % len(value)
 
 
+_MAX_STEPS = 2 ** 62                # t is in [0, _MAX_STEPS): what a state holds
 _KEYS = ("kind", "t", "n_total", "lr", "lr_schedule", "accumulation_steps")   # + the class's _STATE
 
 
@@ -655,7 +667,7 @@ def _step_count(value, where, name="t", what="the steps taken", high=None):
     """A step count: an int in [0, 2**62) and, with ``high`` (t), at most ``high``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(where_msg(where, "%s must be an int (%s), got %r" % (name, what, value)))
-    if not 0 <= value < 2 ** 62:
+    if not 0 <= value < _MAX_STEPS:
         raise ValueError(where_msg(where, "%s must be in [0, 2**62), got %r" % (name, value)))
     if high is not None and value > high:
         raise ValueError(where_msg(where, "%s is %d, more than t=%d: a tensor takes at most one step per step of "
@@ -780,8 +792,11 @@ class Adam(_Optimizer):
         refused before anything is written; a parameter holding NaN or inf is not read before the
         update and is stepped as torch steps it (NaN stays NaN: native/contracts/optim.md step 3).
         """
-        where = self._WHERE + ".step"
+        return self._step(grads, max_norm, self._WHERE + ".step")
+
+    def _step(self, grads, max_norm, where):
         clip, mn = _native_max_norm(max_norm, where)
+        self._check_room(where)
         gtable, keep = self._grads(grads, clip == 1, where)
         lr, made = self._native_groups(where)
         p, s, g = self._params, self._stab, self._native
@@ -871,8 +886,11 @@ class SGD(_Optimizer):
     def step(self, grads, max_norm=None):
         """One update from ``grads``, every group with its own hyper-parameters in one native
         call; clipping, return value and non-finite values as :meth:`Adam.step`."""
-        where = "SGD.step"
+        return self._step(grads, max_norm, self._WHERE + ".step")
+
+    def _step(self, grads, max_norm, where):
         clip, mn = _native_max_norm(max_norm, where)
+        self._check_room(where)
         gtable, keep = self._grads(grads, clip == 1, where)
         lr, made = self._native_groups(where)
         p, g = self._params, self._native

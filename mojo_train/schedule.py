@@ -19,6 +19,7 @@ and an optimizer's step reads it flushed. It is not part of ``config()``.
 import array
 import numbers
 import struct
+import sys
 
 from . import _ops
 from ._errors import refuse_keywords, where_msg
@@ -134,8 +135,15 @@ class _Schedule:
 
     def lr_values(self, n):
         """``array('f')`` of lr_at(1) .. lr_at(n)."""
-        n = _ops.int_arg(n, "n", type(self).__name__ + ".lr_values", 0, _MAX_T)
-        out = array.array("f", bytes(4 * n))
+        where = type(self).__name__ + ".lr_values"
+        n = _ops.int_arg(n, "n", where, 0, _MAX_T)
+        try:
+            if 4 * n > sys.maxsize:
+                raise MemoryError
+            out = array.array("f", bytes(4 * n))
+        except MemoryError:
+            raise MemoryError(where_msg(where, "n=%d values need %d bytes, more than this machine can hold; take "
+                                        "lr_at(t) for the steps you need" % (n, 4 * n))) from None
         if n:
             rc = self._backend.lib.mt_lr_values(ffi.from_buffer("float[]", out), self._code, self.peak_lr,
                                                 self.min_lr, self.warmup_steps, self.total_steps or 0, 1, n)

@@ -1278,3 +1278,45 @@ def test_the_native_state_scan_finds_the_first_bad_value(mode, nonnegative):
     clean = Array.from_list([0.5, -0.0, 1e-45] * 100)
     assert lib.mt_find_bad_state(first, ffi.cast("float *", clean.address), clean.size, nonnegative) == 0
     assert first[0] == -1
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_a_step_past_the_range_of_t_is_refused_so_every_state_a_step_makes_loads_back(mode, kind):
+    """t is in [0, 2**62) in a state: the step that would make t = 2**62 is refused (it was
+    taken, and the optimizer's own state_dict was then refused by its load_state_dict)."""
+    params = params_for(SIZES)
+    opt = make_optimizer(kind, params, mode.numeric_mode)
+    opt.step(grads_for_step(SIZES, 1))
+    state = opt.state_dict()
+    state["t"] = 2 ** 62 - 2
+    opt.load_state_dict(state)
+    opt.step(grads_for_step(SIZES, 2))                     # t = 2**62 - 1: the last count a state holds
+    assert opt.t == 2 ** 62 - 1
+    opt.load_state_dict(opt.state_dict())
+    grads = grads_for_step(SIZES, 3)
+    before = snapshot(opt, *params, *grads)
+    with pytest.raises(ValueError, match=r"^mojo_train\.%s\.step: the optimizer has taken t=%d steps, the most a run "
+                                         r"counts" % (KINDS[kind][0], 2 ** 62 - 1)):
+        opt.step(grads, max_norm=1.0)
+    assert snapshot(opt, *params, *grads) == before
+
+
+def test_step_accumulated_names_itself_for_max_norm_before_combining(mode):
+    params = params_for(EQUAL)
+    opt = make_optimizer("adamw", params, mode.numeric_mode, accumulation_steps=2)
+    a, b = equal_grads("array.array", 1), equal_grads("array.array", 2)
+    before = snapshot(opt, *(a + b))
+    with pytest.raises(ValueError, match=r"^mojo_train\.AdamW\.step_accumulated: max_norm must be finite"):
+        opt.step_accumulated([a, b], None, max_norm=math.nan)
+    assert snapshot(opt, *(a + b)) == before
+
+
+@pytest.mark.parametrize("betas", [{0.999, 0.9}, frozenset((0.9, 0.999)), {0.9: 1, 0.999: 2},
+                                   (b for b in (0.9, 0.999)), iter((0.9, 0.999))],
+                         ids=["set", "frozenset", "dict", "generator", "iterator"])
+def test_betas_without_an_order_are_refused_by_name(mode, betas):
+    """A set's order is its hashes' ({0.999, 0.9} gave beta1 = 0.999 silently), a generator's
+    is read once: betas must be indexable, as torch indexes it."""
+    with pytest.raises(TypeError, match=r"^mojo_train\.AdamW: betas must be a pair \(beta1, beta2\) in order"):
+        AdamW(params_for(SIZES), betas=betas, numeric_mode=mode.numeric_mode)
+    assert AdamW(params_for(SIZES), betas=[0.8, 0.95], numeric_mode=mode.numeric_mode).betas == (0.8, 0.95)

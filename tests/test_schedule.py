@@ -600,3 +600,13 @@ def test_an_optimizer_steps_with_the_schedules_float32_lr(mode, cls):
         b.step(array.array("f", g))
         assert a.lr_ == sched.lr_at(t)
     assert p1.tobytes() == p2.tobytes()
+
+
+@pytest.mark.parametrize("n", [2 ** 61, 2 ** 62])
+def test_lr_values_too_many_to_hold_is_a_memory_error_naming_n(n):
+    """n up to 2**62 is in lr_values' range, but 4 n bytes past sys.maxsize are in no machine's
+    memory: a MemoryError that says so and names the call (a bare OverflowError before; a
+    smaller n that fails to allocate, such as 2**40 here, gets the same message)."""
+    with pytest.raises(MemoryError, match=r"^mojo_train\.WarmupCosineLR\.lr_values: n=%d values need %d bytes"
+                                          % (n, 4 * n)):
+        WarmupCosineLR(1e-3, warmup_steps=10, total_steps=100).lr_values(n)

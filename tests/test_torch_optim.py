@@ -613,3 +613,65 @@ def test_the_sgd_plan_follows_momentum_and_its_buffers(identical):
     # the kept optimizer's plan: made, reused, rebuilt for the new buffer, for momentum off, kept for
     # the lr, rebuilt for momentum back on, reused
     assert [a is b for a, b in zip(plans, plans[1:])] == [True, False, False, True, False, True]
+
+
+def _state_bits(opt):
+    sd = opt.state_dict()
+    return sorted((k, key, _bits([v]) if torch.is_tensor(v) else v) for k, st in sd["state"].items()
+                  for key, v in st.items())
+
+
+@pytest.mark.parametrize("name, kwargs, key, value", [
+    ("AdamW", dict(lr=0.01), "exp_avg_sq", -1.0),
+    ("AdamW", dict(lr=0.01), "exp_avg", math.nan),
+    ("Adam", dict(lr=0.01), "exp_avg", -math.inf),
+    ("Adam", dict(lr=0.01, amsgrad=True), "max_exp_avg_sq", -0.5),
+    ("SGD", dict(lr=0.1, momentum=0.9), "momentum_buffer", math.inf),
+    ("AdamW", dict(lr=0.01), "exp_avg", None),              # absent beside a step count
+])
+def test_load_state_dict_refuses_moments_that_would_step_into_nan_and_loads_nothing(identical, name, kwargs, key,
+                                                                                     value):
+    """The native load_state_dict's rules for the state a step reads (finite moments, second
+    moments >= 0) hold for the adapter's too: a step does not scan its state, so a negative
+    exp_avg_sq loaded as it was stepped the parameter into NaN with no refusal."""
+    _need(identical)
+    params = _params()
+    opt = getattr(optim, name)(params, numeric_mode=identical.numeric_mode, **kwargs)
+    _step(opt, params, 0)
+    bad = copy.deepcopy(opt.state_dict())       # torch's state_dict shares each state dict with the optimizer
+    entry = bad["state"][2]
+    if value is None:
+        del entry[key]
+        pattern = r"state\[2\] has a step count but no %s" % key
+    else:
+        entry[key].view(-1)[3] = value
+        pattern = r"state\[2\]\['%s'\] holds %s at flat index 3; a moment must be finite" % (key, re.escape(repr(value)))
+    before, params_before = _state_bits(opt), _bits(params)
+    with pytest.raises(ValueError, match=r"^mojo_train\.torch\.optim\.%s\.load_state_dict: %s" % (name, pattern)):
+        opt.load_state_dict(bad)
+    assert _state_bits(opt) == before and _bits(params) == params_before
+    _step(opt, params, 1)                                     # and the optimizer steps on from its own state
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+def test_load_state_dict_checks_the_moments_as_torch_casts_them(identical):
+    """torch's load casts a float64 state to the parameter's float32: 1e39 becomes inf there."""
+    _need(identical)
+    params = _params()
+    opt = optim.AdamW(params, lr=0.01, numeric_mode=identical.numeric_mode)
+    _step(opt, params, 0)
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].double()
+    sd["state"][0]["exp_avg"][0, 0] = 1e39
+    with pytest.raises(ValueError, match=r"state\[0\]\['exp_avg'\] holds inf at flat index 0"):
+        opt.load_state_dict(sd)
+    sd["state"][0]["exp_avg"][0, 0] = 1e30                    # finite in float32: taken, as torch takes it
+    opt.load_state_dict(sd)
+    assert opt.state[params[0]]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("betas", [{0.999, 0.9}, (b for b in (0.9, 0.999))], ids=["set", "generator"])
+def test_betas_without_an_order_are_refused_by_name(betas):
+    with pytest.raises(TypeError, match=r"^mojo_train\.torch\.optim\.AdamW: betas must be a pair \(beta1, beta2\) "
+                                        r"in order"):
+        optim.AdamW(_params(), betas=betas)

@@ -26,7 +26,10 @@ device or on a GPU other than cuda:0, NaN or infinity in a gradient or parameter
 mojo_train refuses where torch would write NaN), gradients sharing memory with each other, a
 parameter or the state. Messages name ``param_groups[i]['params'][k]`` (a GPU's non-finite
 refusal says "grads": its status word has no index). A non-contiguous gradient is read through
-a contiguous copy.
+a contiguous copy. ``load_state_dict`` refuses, loading nothing, the moments mojo_train's own
+load_state_dict refuses -- not finite as torch's load casts them to float32, or a negative
+second moment: either would step the parameter into NaN -- and an Adam state with a step count
+but no exp_avg or exp_avg_sq. A step reads the state without scanning it again.
 
 Streams (CUDA): torch's current stream is synchronized before the native call, which
 synchronizes its own before returning (mojo_train/torch/_tensors.py).
@@ -127,6 +130,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
         self._adding = where + ".add_param_group"
         self.register_state_dict_post_hook(_schedules_as_configs)
         self.register_load_state_dict_pre_hook(_schedules_from_configs)
+        self.register_load_state_dict_pre_hook(_check_loaded_moments)
 
     def _attach(self, numeric_mode):
         """The native library of ``numeric_mode`` (a checked name or None) and a fresh check cache."""
@@ -443,6 +447,44 @@ def _schedules_from_configs(optimizer, state_dict):
             group = dict(group, lr_schedule=sched)
         groups.append(group)
     return dict(state_dict, param_groups=groups)
+
+
+_SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq")
+
+
+def _check_loaded_moments(optimizer, state_dict):
+    """load_state_dict pre-hook, before anything is loaded: the native load_state_dict's rules
+    for the moments a step reads -- finite (as torch's load casts them, to float32), second
+    moments >= 0 -- since a step does not scan its state: a NaN or negative moment would step
+    the parameter into NaN. Adam's state with a step count but without exp_avg or exp_avg_sq
+    is refused too (torch's own step fails on it; ours would start its moments from zero)."""
+    where = optimizer._WHERE + ".load_state_dict"
+    state = state_dict.get("state") if isinstance(state_dict, dict) else None
+    if not isinstance(state, dict):
+        return None                     # torch's own checks name it
+    for index, entry in state.items():
+        if not isinstance(entry, dict):
+            continue
+        for key in optimizer._SLOTS:
+            t = entry.get(key)
+            if not torch.is_tensor(t) or not t.is_floating_point():
+                continue                # absent, None or not a tensor: the step names it
+            v = t.detach().to(torch.float32).flatten()
+            bad = ~torch.isfinite(v)
+            if key in _SECOND_MOMENTS:
+                bad |= v < 0
+            if bool(bad.any()):
+                j = int(bad.nonzero()[0])
+                raise ValueError(where_msg(where, "state[%r][%r] holds %r at flat index %d; a moment must be finite%s "
+                                           "(the next step would write NaN into the parameter)"
+                                           % (index, key, float(v[j]), j,
+                                              " and >= 0" if key in _SECOND_MOMENTS else "")))
+        if "exp_avg" in optimizer._SLOTS and "step" in entry:
+            missing = [k for k in ("exp_avg", "exp_avg_sq") if k not in entry]
+            if missing:
+                raise ValueError(where_msg(where, "state[%r] has a step count but no %s; torch's Adam state holds "
+                                           "step, exp_avg and exp_avg_sq together" % (index, " or ".join(missing))))
+    return None
 
 
 def _described(value):
