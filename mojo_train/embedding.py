@@ -163,8 +163,15 @@ def _gather(where, w, pi, id_bytes, shape, numeric_mode):
     out = _ops.out_f32(shape + (d,), on_device, numeric_mode, backend)
     rc = backend.lib.mt_embedding_forward(_ops.fptr(out), _ops.fptr(w), _ops.vptr(pi), id_bytes, pi.nelems,
                                           vocab, d, _ops.map_flags(None))
-    backend.check(rc, where)
+    if rc:
+        try:
+            backend.check(rc, where)
+        except ValueError as exc:       # the undefined output is ours, dropped: nothing of the caller's was written
+            raise ValueError(str(exc).replace(_FRESH_TAIL, "; nothing was written")) from None
     return out
+
+
+_FRESH_TAIL = "; out's contents are undefined (declared fresh); no input was written"   # mt_embedding.h's
 
 
 def embedding_backward(dy, ids, vocab, *, padding_idx=None, grad=None, plan="auto", numeric_mode=None):

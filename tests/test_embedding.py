@@ -943,3 +943,15 @@ def test_backward_refuses_a_grad_sharing_memory_with_dy_naming_both(mode, start,
     with pytest.raises(ValueError, match=r"mojo_train\.embedding_backward: " + words):
         embedding_backward(dy, [0, 1, 2, 3], 4, grad=grad, numeric_mode=mode.numeric_mode)
     assert store.tobytes() == before
+
+
+def test_an_id_out_of_range_says_nothing_was_written_when_the_output_was_the_calls_own(mode):
+    """The gather declares its own new output fresh, and the C words for a fresh output ("out's
+    contents are undefined") were passed on to a caller who passed no out: that output is
+    dropped, so nothing of the caller's was written."""
+    with pytest.raises(ValueError, match=r"^mojo_train\.embedding_forward: ids\[1\] = 4 is outside \[0, 4\) "
+                                         r"\(vocab\); nothing was written$"):
+        embedding_forward(_table(), [0, 4], numeric_mode=mode.numeric_mode)
+    emb = Embedding(4, 3, weight=_table(), numeric_mode=mode.numeric_mode)
+    with pytest.raises(ValueError, match=r"is outside \[0, 4\) \(vocab\); nothing was written$"):
+        emb.forward([5])

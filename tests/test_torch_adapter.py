@@ -485,13 +485,17 @@ def test_modules_refuse_torch_options_they_do_not_implement_and_bad_numeric_mode
 
 def test_the_namespaces_name_only_what_mojo_train_computes():
     assert nn.Module is torch.nn.Module and nn.Sequential is torch.nn.Sequential and nn.functional is F
-    for namespace, name, torch_name in ((nn, "Conv2d", "torch.nn.Conv2d"), (F, "softmax", "torch.nn.functional.softmax")):
+    for namespace, name, torch_name in ((nn, "Conv2d", "torch.nn.Conv2d"), (F, "softmax", "torch.nn.functional.softmax"),
+                                        (nn.utils, "clip_grad_value_", "torch.nn.utils.clip_grad_value_"),
+                                        (nn.utils, "parameters_to_vector", "torch.nn.utils.parameters_to_vector")):
         assert not hasattr(namespace, name)
         with pytest.raises(AttributeError, match=r"^mojo_train\.torch\.\w+: has no %s: .* use %s explicitly"
                                                  % (name, re.escape(torch_name))):
             getattr(namespace, name)
     with pytest.raises(AttributeError, match="has no attribute 'Nonesuch'"):
         nn.Nonesuch
+    with pytest.raises(AttributeError, match="has no attribute 'Nonesuch'"):
+        nn.utils.Nonesuch
 
 
 # ---- refusals: named, nothing written -----------------------------------------------------------
@@ -955,3 +959,102 @@ def test_a_negated_view_is_read_as_the_values_torch_sees(op, inplace):
     assert _bits(y.resolve_neg()) == _bits(want), (op, y, want)
     if inplace:
         assert y is x and _bits(x.resolve_neg()) == _bits(want)
+
+
+# ---- create_graph=True: refused by name, never a silently constant gradient ----------------------
+def _double_backward_cases(m):
+    x = _rand((3, 8), 1).requires_grad_()
+    w = _rand((5, 8), 2).requires_grad_()
+    q = _rand((1, 2, 4, 8), 3).requires_grad_()
+    ids = _ids((6,), 5, 4)
+    t = _ids((3,), 5, 5)
+    return {
+        "linear": (lambda: F.linear(x, w, numeric_mode=m), x, "torch.nn.functional.linear"),
+        "rms_norm": (lambda: F.rms_norm(x, (8,), numeric_mode=m), x, "torch.nn.functional.rms_norm"),
+        "layer_norm": (lambda: F.layer_norm(x, (8,), numeric_mode=m), x, "torch.nn.functional.layer_norm"),
+        "gelu": (lambda: F.gelu(x, numeric_mode=m), x, "torch.nn.functional.gelu"),
+        "silu": (lambda: F.silu(x, numeric_mode=m), x, "torch.nn.functional.silu"),
+        "relu": (lambda: F.relu(x, numeric_mode=m), x, "torch.nn.functional.relu"),
+        "dropout": (lambda: F.dropout(x, 0.5, generator=Generator(1, numeric_mode=m), numeric_mode=m), x,
+                    "torch.nn.functional.dropout"),
+        "embedding": (lambda: F.embedding(ids, w, numeric_mode=m), w, "torch.nn.functional.embedding"),
+        "attention": (lambda: F.scaled_dot_product_attention(q, q, q, numeric_mode=m), q,
+                      "torch.nn.functional.scaled_dot_product_attention"),
+        "cross_entropy": (lambda: F.cross_entropy(F.linear(x, w, numeric_mode=m), t, numeric_mode=m), x,
+                          "torch.nn.functional.cross_entropy"),
+        "linear_cross_entropy": (lambda: F.linear_cross_entropy(x, w, t, numeric_mode=m), x,
+                                 "torch.nn.functional.linear_cross_entropy"),
+    }
+
+
+@pytest.mark.parametrize("op", sorted(_double_backward_cases(None)))
+def test_a_differentiable_gradient_is_refused_by_name(mode, op):
+    """Backwards are once-differentiable: ``torch.autograd.grad(..., create_graph=True)`` is
+    refused naming the op. torch's own once_differentiable refuses only when the incoming
+    gradient requires grad, so a gradient penalty on ``y.sum()``'s gradient came back as a
+    constant and its term was dropped from the next backward without a word."""
+    if op == "attention":
+        _need(mode, torch.device("cpu"), "attention")
+    fn, wrt, where = _double_backward_cases(mode.numeric_mode)[op]
+    y = fn().sum()
+    with pytest.raises(RuntimeError, match=r"^mojo_train\.torch\.functional\.%s\.backward: a differentiable "
+                                           r"gradient was asked for \(create_graph=True" % where.rsplit(".", 1)[1]):
+        torch.autograd.grad(y, wrt, create_graph=True)
+    (g,) = torch.autograd.grad(fn().sum(), wrt)            # the once-differentiable gradient itself is taken
+    assert g.shape == wrt.shape and not g.requires_grad
+
+
+# ---- dropout under torch.utils.checkpoint ------------------------------------------------------
+def _checkpointed_dropout(mode, use_reentrant):
+    """(forward's kept positions, backward's kept positions, the next draw) of nn.Dropout(0.5)
+    on 1000 ones (times the ones), under torch.utils.checkpoint (use_reentrant given) or without
+    it (None)."""
+    import torch.utils.checkpoint as cp
+    gen = Generator(7, numeric_mode=mode.numeric_mode)
+    drop = nn.Dropout(0.5, generator=gen, numeric_mode=mode.numeric_mode)
+    x = torch.ones(1000, requires_grad=True)
+
+    def f(x):       # the product saves tensors, so that a non-reentrant checkpoint re-runs the function
+        return drop(x) * x
+    y = f(x) if use_reentrant is None else cp.checkpoint(f, x, use_reentrant=use_reentrant)
+    y.sum().backward()
+    return y.detach() != 0, x.grad != 0, _bits(drop(torch.ones(1000)))
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_dropout_under_a_checkpoint_is_refused_by_name(mode, use_reentrant):
+    """The re-run of the forward draws the generator's next stream: with use_reentrant=True 518
+    of 1000 positions of the backward's mask differed from the forward's, silently; with False
+    the product's saved dropout output is the re-run's while the dropout's backward replays the
+    first run's key. p = 0 under checkpoint draws nothing and stays taken."""
+    with pytest.raises(RuntimeError, match=r"^mojo_train\.torch\.nn\.Dropout: p=0\.5 under torch\.utils\.checkpoint "
+                                           r"\(use_reentrant=%s\).*keep the dropout outside" % use_reentrant):
+        _checkpointed_dropout(mode, use_reentrant)
+    fwd, bwd, _ = _checkpointed_dropout(mode, None)      # without checkpoint: the forward's mask, replayed
+    assert torch.equal(fwd, bwd) and 300 < int(fwd.sum()) < 700
+    import torch.utils.checkpoint as cp
+    x = torch.ones(10, requires_grad=True)
+    drop = nn.Dropout(0.0, numeric_mode=mode.numeric_mode)
+    cp.checkpoint(lambda x: drop(x) * x, x, use_reentrant=use_reentrant).sum().backward()
+    assert x.grad.tolist() == [2.0] * 10
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_attention_dropout_under_a_checkpoint_is_refused_by_name(mode, use_reentrant):
+    """Attention saves its output for the backward: under either checkpoint mode the backward
+    read the re-run's output (another stream's mask) beside the forward's key, and its
+    gradient was wrong without a word; dropout_p=0 under checkpoint stays taken."""
+    import torch.utils.checkpoint as cp
+    _need(mode, torch.device("cpu"), "attention")
+    q = _rand((1, 2, 16, 8), 9).requires_grad_()
+
+    def attend(p):
+        return lambda q: F.scaled_dot_product_attention(q, q, q, dropout_p=p, numeric_mode=mode.numeric_mode,
+                                                        generator=Generator(3, numeric_mode=mode.numeric_mode))
+    with pytest.raises(RuntimeError, match=r"^mojo_train\.torch\.functional\.scaled_dot_product_attention: "
+                                           r"dropout_p=0\.5 under torch\.utils\.checkpoint \(use_reentrant=%s"
+                                           % use_reentrant):
+        cp.checkpoint(attend(0.5), q, use_reentrant=use_reentrant)
+    cp.checkpoint(attend(0.0), q, use_reentrant=use_reentrant).sum().backward()
+    (plain,) = torch.autograd.grad(attend(0.0)(q).sum(), q)
+    assert _bits(q.grad) == _bits(plain)

@@ -18,10 +18,13 @@ Saved for backward: linear's input and weight, RMSNorm's input and weight, the e
 SiLU's input, ReLU's output, dropout's key (never its mask), and the losses' gradients, which
 the native losses return from the forward call. A loss's backward multiplies those by the
 incoming gradient with torch's ``mul`` (one float32 rounding an element; exact, so the native
-bits, when it is 1.0 as after ``loss.backward()``). Backwards are once-differentiable.
+bits, when it is 1.0 as after ``loss.backward()``). Backwards are once-differentiable, and refuse
+``create_graph=True`` by name (``once_differentiable`` below).
 """
+import functools
+
 import torch
-from torch.autograd.function import once_differentiable
+from torch.autograd.function import once_differentiable as _torch_once_differentiable
 
 from .. import attention as _attention
 from .. import elementwise as _elementwise
@@ -31,6 +34,7 @@ from .. import linear as _linear
 from .. import lm_head as _lm_head
 from .. import loss as _loss
 from .. import rms_norm as _rms_norm
+from .._errors import where_msg
 from .._ops import Fresh
 from ._tensors import as_torch, dense, empty_like, native, probed, unbroadcast, wait_for_torch
 
@@ -40,6 +44,26 @@ _ROWS = {"x": "input", "dy": "grad_output"}
 _EMBEDDING = {"ids": "input", "dy": "grad_output"}
 _LOSS = {"logits": "input", "targets": "target"}
 _ATTENTION = {"q": "query", "k": "key", "v": "value", "dout": "grad_output"}
+
+
+def once_differentiable(backward):
+    """torch's ``once_differentiable``, and a refusal where the backward is asked to build a
+    graph (``create_graph=True``: double backward, a gradient penalty, Hessian products; grad
+    mode is on inside a backward exactly then). torch's decorator refuses only when the incoming
+    gradient itself requires grad: with a constant one (``y.sum()``'s), the gradients came back
+    as constants, and a penalty built on them was dropped from the next backward silently."""
+    once = _torch_once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def checked(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(where_msg(ctx.where + ".backward", "a differentiable gradient was asked for "
+                                         "(create_graph=True: double backward, a gradient penalty); mojo_train's "
+                                         "backwards are once-differentiable. Take this gradient with "
+                                         "create_graph=False, or use torch's own layer where the graph is "
+                                         "differentiated twice"))
+        return once(ctx, *grads)
+    return checked
 
 
 def _incoming(dy):
@@ -339,6 +363,7 @@ class CrossEntropyFunction(torch.autograd.Function):
                         numeric_mode=numeric_mode, **options)
         loss, dlogits = result if want_grad else (result, None)
         ctx.save_for_backward(as_torch(dlogits, x.device))
+        ctx.where = where
         return as_torch(loss, x.device)
 
     @staticmethod
@@ -356,6 +381,7 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, input, linear_weight, linear_bias, target, want_grad, numeric_mode, options, where):
         h, w, b, t = dense(input), dense(linear_weight), dense(linear_bias), dense(target)
         wait_for_torch(h.device)
+        ctx.where = where
         result = native(where, {}, _lm_head.linear_cross_entropy, probed(h), probed(w), probed(t),
                         linear_bias=probed(b), return_grad=want_grad,
                         numeric_mode=numeric_mode, **options)

@@ -26,6 +26,7 @@ from .._errors import where_msg
 from .._native import numeric_mode_arg
 from ..random import Generator
 from . import _functions
+from ._checkpoint import checkpoint_phase
 from ._generator import default_generator
 from ._names import not_here
 from ._tensors import device_of, float32, indices, refuse_autocast
@@ -80,9 +81,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     keyword; else the numeric mode's default one, ``mojo_train.torch.manual_seed``) at one stream
     per call, replayed by the backward (attention.md, "Dropout"): the same bits on every device,
     not torch's random numbers. Like torch's, it drops whenever ``dropout_p > 0`` (pass 0 in
-    evaluation). Not under ``torch.utils.checkpoint`` with ``dropout_p > 0``: its re-run of the
-    forward would draw the generator's next stream, not the first one's pairs (torch restores its
-    own random state there, not a mojo_train.Generator's)."""
+    evaluation). Refused under ``torch.utils.checkpoint`` with ``dropout_p > 0`` (either
+    ``use_reentrant``): its re-run of the forward would draw the generator's next stream, not the
+    first one's pairs (torch restores its own random state there, not a mojo_train.Generator's)."""
     return _attention_call(_HERE + "scaled_dot_product_attention", query, key, value, attn_mask, dropout_p,
                            is_causal, scale, enable_gqa, numeric_mode, generator)
 
@@ -115,7 +116,9 @@ def dropout(input, p=0.5, training=True, inplace=False, *, generator=None, numer
     (``generator``; None: ``mojo_train.torch.default_generator(numeric_mode)``, seeded by
     ``mojo_train.torch.manual_seed``). Each call in training takes one stream id; the backward
     regenerates the mask from the forward's key (never stored). ``training=False`` returns
-    ``input`` itself. p must lie in [0, 1) (p = 1 would drop everything: refused)."""
+    ``input`` itself. p must lie in [0, 1) (p = 1 would drop everything: refused). p > 0 under
+    ``torch.utils.checkpoint`` (either ``use_reentrant``) is refused: its re-run of the forward
+    would draw another mask than the one the backward replays (mojo_train/torch/_checkpoint.py)."""
     return _dropout(_HERE + "dropout", input, p, training, inplace, generator, numeric_mode)
 
 
@@ -287,6 +290,13 @@ def _attention_call(where, query, key, value, attn_mask, dropout_p, is_causal, s
     options = {"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale, "enable_gqa": enable_gqa}
     if isinstance(dropout_p, numbers.Real) and not isinstance(dropout_p, bool) and dropout_p > 0:
         options["generator"] = _generator(generator, mode, where)      # dropout_p itself: checked natively
+        phase = checkpoint_phase()
+        if phase is not None:
+            raise RuntimeError(where_msg(where, "dropout_p=%r under torch.utils.checkpoint (%s): its re-run of the "
+                                         "forward in the backward would draw the generator's next stream, not this "
+                                         "call's pairs (torch restores only its own random state there), and the "
+                                         "gradient would mix the two; keep the attention call outside the "
+                                         "checkpointed function, or pass dropout_p=0" % (dropout_p, phase)))
     elif generator is not None:
         _generator(generator, mode, where)
     return _functions.AttentionFunction.apply(query, key, value, attn_mask, options, mode, where)
@@ -319,6 +329,13 @@ def _dropout(where, input, p, training, inplace, generator, numeric_mode):
     if not training:
         return input
     _inplace_target(input, inplace, where)
+    phase = checkpoint_phase() if isinstance(p, numbers.Real) and not isinstance(p, bool) and p > 0 else None
+    if phase is not None:
+        raise RuntimeError(where_msg(where, "p=%r under torch.utils.checkpoint (%s): its re-run of the forward in "
+                                     "the backward would draw the generator's next stream, not this call's mask "
+                                     "(torch restores only its own random state there), and the gradient would "
+                                     "mix the two masks; keep the dropout outside the checkpointed function"
+                                     % (p, phase)))
     return _functions.DropoutFunction.apply(input, p, inplace, generator, where)
 
 

@@ -7,7 +7,9 @@ returns the total norm as a 0-d float32 tensor on the gradients' device. The ari
 mojo_train.clip_grad_norm_ (native/contracts/clip.md): the same bits on CPU tensors and CUDA
 tensors. ``error_if_nonfinite=True`` refuses a NaN or infinite total before anything is written,
 with a ``NonFiniteNormError`` (a RuntimeError, as torch raises, and a ValueError, as mojo_train
-does). Gradients must be float32 and contiguous (they are written in place).
+does). Gradients must be float32 and contiguous (they are written in place). Any other name of
+torch.nn.utils (``clip_grad_value_``, ``parameters_to_vector``, ...) is an AttributeError naming
+torch's own (``_names.not_here``).
 """
 import re
 
@@ -15,9 +17,14 @@ import torch
 
 from .. import clip as _clip
 from .._errors import where_msg
+from ._names import not_here
 from ._tensors import device_of, wait_for_torch
 
 __all__ = ["clip_grad_norm_", "NonFiniteNormError"]
+
+
+def __getattr__(name):
+    return not_here(__name__, torch.nn.utils, name)
 
 
 class NonFiniteNormError(RuntimeError, ValueError):
