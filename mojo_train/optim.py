@@ -292,7 +292,9 @@ class _Optimizer:
         matching params), in microbatch order: they are combined by ``accumulate_grads``
         (the pairwise tree over microbatches; with ``tokens``, the whole step's token count,
         a split that ``accumulation_is_aligned`` rejects is refused) into new arrays, which
-        ``step`` then takes (and clips, with ``max_norm``). The microbatch gradients are
+        are then stepped as ``step`` steps them (and clipped, with ``max_norm``; the step's own
+        checks come first, in this method's name; a subclass's override of ``step`` is not
+        called). The microbatch gradients are
         never written. A tensor listed twice in one microbatch, or one sharing memory with a
         parameter or the state, is refused naming both (``microbatch_grads[1][0] and
         microbatch_grads[1][2] share memory``). Returns what ``step`` returns; a refusal
@@ -472,7 +474,8 @@ class _Optimizer:
         ``lr_schedule`` (None, or a schedule config agreeing with this optimizer's schedule),
         ``accumulation_steps`` (this optimizer's) and the state arrays: flat C-contiguous float32
         (``buf_initialized``: int32) buffers of the right length, never cast or reshaped (a list
-        of floats is refused), finite, with ``exp_avg_sq >= 0`` (and ``max_exp_avg_sq >= 0``)
+        of floats is refused), ``exp_avg`` finite, ``exp_avg_sq >= 0`` (and ``max_exp_avg_sq >= 0``)
+        and not NaN (+inf is taken: a step writes it where a gradient's square overflows),
         and every ``buf_initialized`` flag 0 or 1; ``exp_avg`` is None exactly where this
         optimizer keeps none (SGD with momentum=0), ``max_exp_avg_sq`` where no group uses amsgrad.
 
@@ -489,8 +492,8 @@ class _Optimizer:
         holding one gradient, and the run would not resume); an SGD without a momentum buffer
         has flags 0. ``t >= 1`` with zero moments is a run whose gradients were zero, and is
         taken. These checks refuse the states that would make the next step write NaN by
-        themselves (a negative second moment is a NaN square root, a non-finite moment a
-        non-finite parameter); they do not bound a moment by what gradients could have made it,
+        themselves (a negative or NaN second moment is a NaN square root, a non-finite first
+        moment a non-finite parameter); they do not bound a moment by what gradients could have made it,
         so a finite ``exp_avg`` of 3e38 beside a zero ``exp_avg_sq`` is taken and its next
         update overflows the parameter to infinity, as torch's step would. A state that passes
         resumes bit-identically.
@@ -676,8 +679,9 @@ def _step_count(value, where, name="t", what="the steps taken", high=None):
 
 
 def _check_state_values(backend, array, name, where):
-    """Flags 0 or 1; moments finite, and second moments >= 0 (the step takes their square
-    root). The moments are scanned natively (mt_find_bad_state: a few ms per 10M values)."""
+    """Flags 0 or 1; first moments finite; second moments >= 0 and not NaN (the step takes
+    their square root; +inf, which a step writes where a gradient's square overflows, is
+    taken). The moments are scanned natively (mt_find_bad_state: a few ms per 10M values)."""
     view = array.memview()
     if name == "buf_initialized":
         bad = next((j for j, f in enumerate(view) if f not in (0, 1)), None)
@@ -687,15 +691,18 @@ def _check_state_values(backend, array, name, where):
         return
     first = ffi.new("int64_t *")
     backend.check(backend.lib.mt_find_bad_state(first, ffi.cast("float *", array.address), array.size,
-                                                name in ("exp_avg_sq", "max_exp_avg_sq")), where)
+                                                name in _SECOND_MOMENTS), where)
     j = first[0]
     if j < 0:
         return
-    if not math.isfinite(view[j]):
+    if name not in _SECOND_MOMENTS:
         raise ValueError(where_msg(where, "%s[%d] is %r; the state must be finite (a non-finite moment makes the "
                                    "next step's parameters non-finite)" % (name, j, view[j])))
-    raise ValueError(where_msg(where, "%s[%d] is %r; a second moment is >= 0 (the step takes its "
-                               "square root)" % (name, j, view[j])))
+    raise ValueError(where_msg(where, "%s[%d] is %r; a second moment is >= 0 and not NaN (the step takes its "
+                               "square root; +inf is taken)" % (name, j, view[j])))
+
+
+_SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq")
 
 
 class Adam(_Optimizer):

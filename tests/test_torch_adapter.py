@@ -1058,3 +1058,34 @@ def test_attention_dropout_under_a_checkpoint_is_refused_by_name(mode, use_reent
     cp.checkpoint(attend(0.0), q, use_reentrant=use_reentrant).sum().backward()
     (plain,) = torch.autograd.grad(attend(0.0)(q).sum(), q)
     assert _bits(q.grad) == _bits(plain)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpoint_sequential_refuses_dropout_only_in_the_segments_it_checkpoints(mode, use_reentrant):
+    """checkpoint_sequential runs its last segment plainly (and everything with segments=1): a
+    dropout there draws once and is replayed, so it is taken; one in a checkpointed segment is
+    refused. A stack frame of torch/utils/checkpoint.py alone does not mean a re-run."""
+    import torch.utils.checkpoint as cp
+    m = mode.numeric_mode
+    x = torch.ones(2, 4, requires_grad=True)
+    last = torch.nn.Sequential(nn.Linear(4, 4, numeric_mode=m), nn.Linear(4, 4, numeric_mode=m),
+                               nn.Dropout(0.5, generator=Generator(1, numeric_mode=m), numeric_mode=m))
+    for segments in (1, 2):
+        cp.checkpoint_sequential(last, segments, x, use_reentrant=use_reentrant).sum().backward()
+    first = torch.nn.Sequential(nn.Dropout(0.5, generator=Generator(1, numeric_mode=m), numeric_mode=m),
+                                nn.Linear(4, 4, numeric_mode=m), nn.Linear(4, 4, numeric_mode=m))
+    with pytest.raises(RuntimeError, match=r"^mojo_train\.torch\.nn\.Dropout: p=0\.5 under torch\.utils\.checkpoint "
+                                           r"\(use_reentrant=%s\)" % use_reentrant):
+        cp.checkpoint_sequential(first, 2, x, use_reentrant=use_reentrant)
+
+
+def test_the_default_generator_of_none_is_the_default_modes_own():
+    """Layers made with numeric_mode=None and with the default mode's name draw from one
+    generator: two generators of one seed gave both the same masks, and a checkpoint that saved
+    default_generator() missed the one the named layers drew from."""
+    mtt.manual_seed(5)
+    mode = _native.load(None).numeric_mode
+    assert mtt.default_generator() is mtt.default_generator(mode) is mtt.default_generator(mode.upper())
+    a = nn.Dropout(0.5)(torch.ones(64))
+    b = nn.Dropout(0.5, numeric_mode=mode)(torch.ones(64))
+    assert not torch.equal(a, b) and mtt.default_generator().counter == 2

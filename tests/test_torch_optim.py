@@ -645,7 +645,8 @@ def test_load_state_dict_refuses_moments_that_would_step_into_nan_and_loads_noth
         pattern = r"state\[2\] has a step count but no %s" % key
     else:
         entry[key].view(-1)[3] = value
-        pattern = r"state\[2\]\['%s'\] holds %s at flat index 3; a moment must be finite" % (key, re.escape(repr(value)))
+        pattern = r"state\[2\]\['%s'\] holds %s at flat index 3; (a second moment must be >= 0 and not NaN|it " \
+                  r"must be finite)" % (key, re.escape(repr(value)))
     before, params_before = _state_bits(opt), _bits(params)
     with pytest.raises(ValueError, match=r"^mojo_train\.torch\.optim\.%s\.load_state_dict: %s" % (name, pattern)):
         opt.load_state_dict(bad)
@@ -663,7 +664,8 @@ def test_load_state_dict_checks_the_moments_as_torch_casts_them(identical):
     sd = copy.deepcopy(opt.state_dict())
     sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].double()
     sd["state"][0]["exp_avg"][0, 0] = 1e39
-    with pytest.raises(ValueError, match=r"state\[0\]\['exp_avg'\] holds inf at flat index 0"):
+    with pytest.raises(ValueError, match=r"state\[0\]\['exp_avg'\] holds inf at flat index 0 as float32 \(torch's "
+                                         r"load casts it so\); it must be finite"):
         opt.load_state_dict(sd)
     sd["state"][0]["exp_avg"][0, 0] = 1e30                    # finite in float32: taken, as torch takes it
     opt.load_state_dict(sd)
@@ -675,3 +677,36 @@ def test_betas_without_an_order_are_refused_by_name(betas):
     with pytest.raises(TypeError, match=r"^mojo_train\.torch\.optim\.AdamW: betas must be a pair \(beta1, beta2\) "
                                         r"in order"):
         optim.AdamW(_params(), betas=betas)
+
+
+def test_a_second_moment_a_step_overflowed_to_inf_loads_back(identical):
+    """A gradient past ~1.8e19 squares to inf: exp_avg_sq = +inf is what a step writes (the
+    parameter moves by exp_avg / inf = 0), so the optimizer's own state_dict loads back."""
+    _need(identical)
+    params = _params()
+    opt = optim.AdamW(params, lr=0.01, numeric_mode=identical.numeric_mode)
+    for p, g in zip(params, _grads(0)):
+        p.grad = g
+    params[1].grad[0] = 4e19
+    opt.step()
+    assert math.isinf(float(opt.state[params[1]]["exp_avg_sq"][0])) and all(torch.isfinite(p).all() for p in params)
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    _step(opt, params, 1)
+    assert all(torch.isfinite(p).all() for p in params)
+
+
+@pytest.mark.parametrize("copied", [copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))], ids=["deepcopy", "pickle"])
+def test_a_copied_optimizer_keeps_its_state_dict_hooks(identical, copied):
+    """torch's pickled state keeps no hook: a deep copy or an unpickled optimizer had none, so it
+    loaded a negative exp_avg_sq without a word and saved its schedule as an object."""
+    _need(identical)
+    params = _params()
+    opt = optim.AdamW(params, lr=0.01, numeric_mode=identical.numeric_mode, lr_schedule=mt.ConstantLR(0.01))
+    _step(opt, params, 0)
+    twin = copied(opt)
+    assert twin.state_dict()["param_groups"][0]["lr_schedule"] == {"mojo_train_schedule": mt.ConstantLR(0.01).config()}
+    bad = copy.deepcopy(twin.state_dict())
+    bad["state"][0]["exp_avg_sq"].view(-1)[0] = -1.0
+    with pytest.raises(ValueError, match=r"state\[0\]\['exp_avg_sq'\] holds -1\.0"):
+        twin.load_state_dict(bad)
+    assert len(twin._optimizer_load_state_dict_pre_hooks) == len(opt._optimizer_load_state_dict_pre_hooks)

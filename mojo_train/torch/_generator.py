@@ -7,7 +7,7 @@ as ``torch.manual_seed`` does for torch's. The seed is 0 until it is set. Each d
 takes one stream id from its generator; its backward regenerates the mask from the key it drew
 with, so no mask is stored.
 """
-from .._native import numeric_mode_arg
+from .._native import load, numeric_mode_arg
 from ..random import Generator
 
 _SEED = [0]
@@ -22,8 +22,12 @@ def manual_seed(seed):
 
 
 def default_generator(numeric_mode=None):
-    """The default Generator of ``numeric_mode`` (None: the library's default numeric mode)."""
-    key = numeric_mode_arg(numeric_mode, "torch.default_generator")
+    """The default Generator of ``numeric_mode`` (None: the library's default numeric mode, the
+    same Generator as that mode's name gives)."""
+    # None is the numeric mode the library loaded for None has: one generator per mode, so that
+    # layers made with numeric_mode=None and with that mode's name draw one sequence of streams
+    # (two generators of one seed would give them the same masks)
+    key = load(numeric_mode_arg(numeric_mode, "torch.default_generator")).numeric_mode
     if key not in _DEFAULTS:
         _DEFAULTS[key] = Generator(_SEED[0], numeric_mode=key)
     return _DEFAULTS[key]

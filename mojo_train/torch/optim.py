@@ -27,9 +27,9 @@ mojo_train refuses where torch would write NaN), gradients sharing memory with e
 parameter or the state. Messages name ``param_groups[i]['params'][k]`` (a GPU's non-finite
 refusal says "grads": its status word has no index). A non-contiguous gradient is read through
 a contiguous copy. ``load_state_dict`` refuses, loading nothing, the moments mojo_train's own
-load_state_dict refuses -- not finite as torch's load casts them to float32, or a negative
-second moment: either would step the parameter into NaN -- and an Adam state with a step count
-but no exp_avg or exp_avg_sq. A step reads the state without scanning it again.
+load_state_dict refuses, as torch's load casts them to float32 -- a non-finite exp_avg or
+momentum buffer, a NaN or negative second moment -- and an Adam state with a step count but no
+exp_avg or exp_avg_sq. A step reads the state without scanning it again.
 
 Streams (CUDA): torch's current stream is synchronized before the native call, which
 synchronizes its own before returning (mojo_train/torch/_tensors.py).
@@ -128,9 +128,20 @@ class _NativeOptimizer(torch.optim.Optimizer):
         _groups.check_values(self._HYPER, self._hyper_raw(defaults), None, where, skip=self._skip(defaults))
         super().__init__(params, dict(defaults, steps_taken=0))
         self._adding = where + ".add_param_group"
-        self.register_state_dict_post_hook(_schedules_as_configs)
-        self.register_load_state_dict_pre_hook(_schedules_from_configs)
-        self.register_load_state_dict_pre_hook(_check_loaded_moments)
+        self._register_own_hooks()
+
+    def _register_own_hooks(self):
+        """Our state_dict hooks, once each: torch's pickled state (deepcopy, pickle) keeps no
+        hook, so __setstate__ registers them again -- without them a copy saved its schedules as
+        objects and loaded moments that step into NaN."""
+        for register, hooks, fn in ((self.register_state_dict_post_hook, "_optimizer_state_dict_post_hooks",
+                                     _schedules_as_configs),
+                                    (self.register_load_state_dict_pre_hook, "_optimizer_load_state_dict_pre_hooks",
+                                     _schedules_from_configs),
+                                    (self.register_load_state_dict_pre_hook, "_optimizer_load_state_dict_pre_hooks",
+                                     _check_loaded_moments)):
+            if fn not in getattr(self, hooks, {}).values():
+                register(fn)
 
     def _attach(self, numeric_mode):
         """The native library of ``numeric_mode`` (a checked name or None) and a fresh check cache."""
@@ -192,6 +203,7 @@ class _NativeOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         if not hasattr(self, "_backend"):             # unpickled (or deep-copied): load the library again
             self._attach(numeric_mode)
+        self._register_own_hooks()
         self._checked = {}
         self._forget()
         for group in self.param_groups:       # an older or a torch optimizer's groups lack keys: torch's values
@@ -454,10 +466,12 @@ _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq")
 
 def _check_loaded_moments(optimizer, state_dict):
     """load_state_dict pre-hook, before anything is loaded: the native load_state_dict's rules
-    for the moments a step reads -- finite (as torch's load casts them, to float32), second
-    moments >= 0 -- since a step does not scan its state: a NaN or negative moment would step
-    the parameter into NaN. Adam's state with a step count but without exp_avg or exp_avg_sq
-    is refused too (torch's own step fails on it; ours would start its moments from zero)."""
+    for the moments a step reads, as torch's load casts them (to float32) -- exp_avg and the
+    momentum buffer finite, second moments >= 0 and not NaN (+inf, which a step writes where a
+    gradient's square overflows, is taken) -- since a step does not scan its state: a NaN or
+    negative second moment would step the parameter into NaN. Adam's state with a step count but
+    without exp_avg or exp_avg_sq is refused too (torch's own step fails on it; ours would start
+    its moments from zero)."""
     where = optimizer._WHERE + ".load_state_dict"
     state = state_dict.get("state") if isinstance(state_dict, dict) else None
     if not isinstance(state, dict):
@@ -470,15 +484,15 @@ def _check_loaded_moments(optimizer, state_dict):
             if not torch.is_tensor(t) or not t.is_floating_point():
                 continue                # absent, None or not a tensor: the step names it
             v = t.detach().to(torch.float32).flatten()
-            bad = ~torch.isfinite(v)
-            if key in _SECOND_MOMENTS:
-                bad |= v < 0
+            second = key in _SECOND_MOMENTS
+            bad = torch.isnan(v) | (v < 0) if second else ~torch.isfinite(v)
             if bool(bad.any()):
                 j = int(bad.nonzero()[0])
-                raise ValueError(where_msg(where, "state[%r][%r] holds %r at flat index %d; a moment must be finite%s "
-                                           "(the next step would write NaN into the parameter)"
-                                           % (index, key, float(v[j]), j,
-                                              " and >= 0" if key in _SECOND_MOMENTS else "")))
+                cast = "" if t.dtype == torch.float32 else " as float32 (torch's load casts it so)"
+                why = ("a second moment must be >= 0 and not NaN (the step takes its square root; +inf is taken)"
+                       if second else "it must be finite (a non-finite one makes the parameter non-finite)")
+                raise ValueError(where_msg(where, "state[%r][%r] holds %r at flat index %d%s; %s"
+                                           % (index, key, float(v[j]), j, cast, why)))
         if "exp_avg" in optimizer._SLOTS and "step" in entry:
             missing = [k for k in ("exp_avg", "exp_avg_sq") if k not in entry]
             if missing:

@@ -551,7 +551,11 @@ int mt_find_bad_state(int64_t *first_bad, const float *x, int64_t n, int32_t non
     for (int64_t i = 0; i < n; ++i) {       /* bit tests: no float operation, no FP environment */
         uint32_t u;
         memcpy(&u, x + i, sizeof u);
-        if ((u & 0x7f800000u) == 0x7f800000u || (nonnegative && (u >> 31) && (u & 0x7fffffffu))) {
+        /* a second moment (nonnegative): NaN or below zero (-inf too; -0.0 is not); +inf is what a step
+         * writes when a gradient's square overflows. Else NaN or either infinity. */
+        int bad = nonnegative ? (u & 0x7fffffffu) > 0x7f800000u || ((u >> 31) && (u & 0x7fffffffu))
+                              : (u & 0x7f800000u) == 0x7f800000u;
+        if (bad) {
             *first_bad = i;
             return MT_OK;
         }

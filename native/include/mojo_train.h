@@ -373,8 +373,9 @@ int mt_gelu_backward(float *dx /* (n) */, const float *dy /* (n) */, const float
                      int32_t approximate, uint32_t flags);
 
 /* Validation of a host buffer of optimizer state before it is loaded (every vendor; x is a
- * host pointer): *first_bad is the index of the first element that is NaN or inf, or with
- * nonnegative != 0 also below zero (-0.0 is not), or -1 when there is none. */
+ * host pointer): *first_bad is the index of the first element that is NaN or inf -- with
+ * nonnegative != 0 (a second moment), NaN or below zero (-inf too; -0.0 is not), +inf being
+ * what a step writes when a gradient's square overflows -- or -1 when there is none. */
 int mt_find_bad_state(int64_t *first_bad /* (1) */, const float *x /* (n) */, int64_t n, int32_t nonnegative);
 
 /* Bytes the library holds for its own scratch (not caller buffers): out[0] now, out[1] the
