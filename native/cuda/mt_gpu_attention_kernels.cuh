@@ -77,7 +77,11 @@ static_assert(pair_tile<4>::stride == PS, "four own rows a thread: the tiles of 
 /* Own rows a thread of the forward: 4 (query tiles of TR rows, the backward's shape) or 8 (tiles
  * of 2 * TR query rows, each key block's K and V tiles read by twice the rows; D <= 64 only, its
  * shared memory above 227 KiB at D = 128). Every chain is the same either way: the choice moves
- * no bit (tests/test_attention_emulated.py runs both). MT_ATTN_FWD_ROWS: the A/B's switch. */
+ * no bit (tests/test_attention_emulated.py runs both). MT_ATTN_FWD_ROWS: the A/B's switch. 8
+ * measured slower on an H100 (thirty-seventh session: forward 0.64 -> 0.84 ms at B=8 H=12
+ * T=1024, 2.07 -> 2.26 ms at T=4096; the same bits, cards and tests passed): one block of 8
+ * warps an SM at 255 registers does not hide what two blocks of 8 did. Kept as a switch for
+ * another architecture's A/B. */
 #ifndef MT_ATTN_FWD_ROWS
 #define MT_ATTN_FWD_ROWS 4
 #endif
