@@ -767,10 +767,15 @@ def test_a_gradient_in_the_optimizers_own_state_is_refused(mode, kind):
         assert snapshot(opt) == before
 
 
-def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_param(mode):
+def _accumulating(mode):
+    """(params, an AdamW of accumulation_steps=2 over them, two microbatches' gradients)."""
     params = params_for(EQUAL)
     opt = make_optimizer("adamw", params, mode.numeric_mode, accumulation_steps=2)
-    a, b = equal_grads("array.array", 1), equal_grads("array.array", 2)
+    return params, opt, equal_grads("array.array", 1), equal_grads("array.array", 2)
+
+
+def test_step_accumulated_refuses_a_microbatch_gradient_listed_twice_or_in_a_param(mode):
+    params, opt, a, b = _accumulating(mode)
     before = snapshot(opt, *(a + b))
     with pytest.raises(ValueError, match=r"microbatch_grads\[1\]\[0\] and microbatch_grads\[1\]\[2\] share memory"):
         opt.step_accumulated([a, [b[0], b[1], b[0], b[3]]], None, max_norm=1.0)
@@ -1302,9 +1307,7 @@ def test_a_step_past_the_range_of_t_is_refused_so_every_state_a_step_makes_loads
 
 
 def test_step_accumulated_names_itself_for_max_norm_before_combining(mode):
-    params = params_for(EQUAL)
-    opt = make_optimizer("adamw", params, mode.numeric_mode, accumulation_steps=2)
-    a, b = equal_grads("array.array", 1), equal_grads("array.array", 2)
+    _, opt, a, b = _accumulating(mode)
     before = snapshot(opt, *(a + b))
     with pytest.raises(ValueError, match=r"^mojo_train\.AdamW\.step_accumulated: max_norm must be finite"):
         opt.step_accumulated([a, b], None, max_norm=math.nan)
