@@ -310,11 +310,14 @@ def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_bloc
         lib.mt_set_launch_geometry(256, 0)
 
 
-def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical):
+@pytest.mark.parametrize("variable", ["MOJO_TRAIN_RMS_ONE_PASS", "MOJO_TRAIN_RMS_CLUSTER"])
+def test_the_other_backward_paths_still_give_the_cards_bits(rms_norm_identical, variable):
     """MOJO_TRAIN_RMS_ONE_PASS=0 keeps CUDA's row kernel and dweight leaves where the one-pass
-    kernel would run (the card's lines of 8 leaves and more); other vendors read nothing of it.
-    In a process of its own: the variable is read once."""
-    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    kernel would run (the card's lines of 8 leaves and more); MOJO_TRAIN_RMS_CLUSTER=0 keeps the
+    one-pass kernel's groups as blocks of a cooperative launch where they would be thread-block
+    clusters. Other vendors read neither. In a process of its own: the variables are read once."""
+    env = dict(os.environ, MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    env[variable] = "0"
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "rms_norm"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
