@@ -37,6 +37,10 @@
 #                        .whl/vX/), or another commit's Python (its mojo_train/ and bench/ copied into
 #                        .whl/vX/: its bench/NAME.py runs there over the tree's libraries, or over
 #                        its own in .whl/vX/native/build/ with its native/include/, for another ABI)
+#     abenv=NAME:VAR=V[,VAR=V...]  bench/NAME.py (no --write) in three rounds of alternating processes
+#                        over the tree's libraries: as the environment has it, then with the
+#                        variables set (an A/B switch the library reads, e.g. MOJO_TRAIN_RMS_CLUSTER=0),
+#                        into abenv_NAME.txt
 #     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
 #                        that); ncu's tables then carry DIR's name (ab='s tree rounds never do)
 #     ftz_probe          native/build/ftz_probe_cuda (make it here: bench/ftz_probe_cuda.cu): how the GPU's
@@ -176,6 +180,18 @@ for step in "$@"; do
                     echo "rc=$?" >> "$L/ab_$b.txt"
                 fi
             done
+        done ;;
+    abenv=*)
+        spec=${step#abenv=}
+        b=${spec%%:*}
+        sets=$(echo "${spec#*:}" | tr , ' ')
+        for round in 1 2 3; do
+            echo "== round $round tree" >> "$L/abenv_$b.txt"
+            timeout 200 python3 "bench/$b.py" >> "$L/abenv_$b.txt" 2>&1
+            echo "rc=$?" >> "$L/abenv_$b.txt"
+            echo "== round $round ${spec#*:}" >> "$L/abenv_$b.txt"
+            env $sets timeout 200 python3 "bench/$b.py" >> "$L/abenv_$b.txt" 2>&1
+            echo "rc=$?" >> "$L/abenv_$b.txt"
         done ;;
     lib=*)
         d=${step#lib=}

@@ -135,3 +135,27 @@ def test_an_ab_step_runs_the_variants_it_names_or_every_one(bash, tmp_path, only
     assert log.count("libraries: tree") == 3
     for v in expected[1:]:
         assert log.count("libraries: %s/.whl/%s/" % (tree, v)) == 3, log
+
+
+def test_an_abenv_step_alternates_the_tree_with_and_without_the_variables(bash, tmp_path):
+    """`abenv=NAME:VAR=V,...` runs bench/NAME.py three rounds, each first as the environment has
+    it, then with the variables set (a switch the library reads: no second library to build)."""
+    if shutil.which("make") is None or shutil.which("sha256sum") is None:
+        pytest.skip("make or sha256sum is not installed")
+    tree, _ = _tree(tmp_path)
+    (tree / "bench" / "probe.py").write_text(
+        "import os\nprint('seen:', os.environ.get('MT_PROBE_A', '-'), os.environ.get('MT_PROBE_B', '-'))\n")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    env = dict(os.environ, OUT=str(out_dir))
+    env.pop("MT_PROBE_A", None)
+    env.pop("MT_PROBE_B", None)
+    out = subprocess.run([bash, str(tree / "bench" / "device_steps.sh"), "abenv=probe:MT_PROBE_A=0,MT_PROBE_B=x"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with tarfile.open(out_dir / "logs.tgz") as t:
+        log = t.extractfile("logs/abenv_probe.txt").read().decode()
+    seen = [line for line in log.splitlines() if line.startswith(("== round", "seen:"))]
+    assert seen == ["== round %d tree" % r if i == 0 else "seen: - -" if i == 1 else
+                    "== round %d MT_PROBE_A=0,MT_PROBE_B=x" % r if i == 2 else "seen: 0 x"
+                    for r in (1, 2, 3) for i in range(4)], log
