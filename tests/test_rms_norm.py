@@ -117,6 +117,16 @@ def test_a_nonfinite_input_of_a_backward_of_many_leaves_is_refused(rms_norm_mode
     assert_nonfinite_refused("rms_norm_backward", arg, _rb, rms_norm_mode.numeric_mode, d, bad)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize("arg", ["x", "w"])
+def test_a_nonfinite_input_of_a_forward_of_many_rows_is_refused(rms_norm_mode, arg, bad):
+    """7169 rows: a GPU block takes many rows, and looks at a row's x one by one only when its
+    sum of squares is not finite, at w in its first row only; the poison sits in a late row."""
+    d = {"x": mat((7169, 128), 24), "w": mat((128,), 25)}
+    at = 7000 * 128 + 77 if arg == "x" else 77
+    assert_nonfinite_refused("rms_norm_forward", arg, _rf, rms_norm_mode.numeric_mode, d, bad, at)
+
+
 @pytest.mark.parametrize("zero", ["x", "w"])
 def test_an_inf_dy_against_a_zero_is_refused_as_dy(rms_norm_mode, zero):
     """dy = inf where x or the weight is 0 makes the row's dot NaN, not inf (CUDA's one-pass
@@ -170,15 +180,18 @@ def test_cudas_backward_of_many_leaves_takes_the_one_pass_kernel(rms_norm_identi
 def test_sums_that_overflow_from_finite_values_are_not_refused(rms_norm_mode, big, monkeypatch):
     """A row of x at 1e30 (its squares overflow to inf) or of dy at 3e38 (dy * w overflows) is
     finite input: no refusal, and the oracle's bits (7169 x 128: CUDA's one-pass backward, whose
-    window with such a row then looks at every value)."""
+    window with such a row then looks at every value; and the forward, which looks at a row's x
+    one by one only when its sum is not finite)."""
     x, dy, w = mat((7169, 128), 21), mat((7169, 128), 22), mat((128,), 23, 0.5, 1.5)
     row = (x if big == "x" else dy).reshape(-1)
     for c in range(128):
         row[3000 * 128 + c] = 1e30 if big == "x" else 3e38
-    got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=rms_norm_mode.numeric_mode))
-    if rms_norm_mode.numeric_mode == "identical":
+    mode = rms_norm_mode.numeric_mode
+    got = sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode=mode), mt.rms_norm_forward(x, w, 1e-5, numeric_mode=mode))
+    if mode == "identical":
         monkeypatch.setenv("MOJO_TRAIN_VENDOR", "cpu")
-        assert got == sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"))
+        assert got == sha(*mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical"),
+                          mt.rms_norm_forward(x, w, 1e-5, numeric_mode="identical"))
 
 
 @pytest.mark.parametrize("rows", [0, 3])

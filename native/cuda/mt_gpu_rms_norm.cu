@@ -87,14 +87,18 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
         mt_rows_fold<1>(ss, dim, [&](int64_t c) { return rms_step<STAGED || VEC, VEC, 1>{xr + c * MT_CHUNK, nullptr, nullptr}; },
                         part, part2, MT_SAB_RMS_NORM);
         const float rs = mt_rms_rstd(ss[0], dimf, eps);
+        /* Finiteness, as the one-pass backward: a NaN or inf in x makes the row's sum of squares
+         * NaN or inf, so x is looked at one by one only in a row whose sum is not (finite values
+         * can overflow it too); w, the same for every row, in the block's first row only. */
+        const bool look_x = !mt_is_finite(ss[0]), look_w = r == (int64_t)blockIdx.x;
         mt_rows_walk<VEC>(
             dim,
             [&](int64_t i) {
                 float4 q = *(const float4 *)(xr + i), o;
-                bx |= mt_norm_bad4(q);
+                if (look_x) bx |= mt_norm_bad4(q);
                 if (w) {
                     float4 g = *(const float4 *)(w + i);
-                    bw |= mt_norm_bad4(g);
+                    if (look_w) bw |= mt_norm_bad4(g);
                     o = make_float4(mt_rms_y(q.x, rs, g.x), mt_rms_y(q.y, rs, g.y), mt_rms_y(q.z, rs, g.z),
                                     mt_rms_y(q.w, rs, g.w));
                 } else {
@@ -105,9 +109,9 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
             },
             [&](int64_t i) {
                 float v = xr[i];
-                bx |= !mt_is_finite(v);
+                if (look_x) bx |= !mt_is_finite(v);
                 if (w) {
-                    bw |= !mt_is_finite(w[i]);
+                    if (look_w) bw |= !mt_is_finite(w[i]);
                     out[i] = mt_rms_y(v, rs, w[i]);
                 } else {
                     out[i] = mt_rms_y(v, rs, 1.0f);
