@@ -281,11 +281,22 @@ __host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows, 
            2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 2;
 }
 
-/* The cluster barrier's two halves (PTX ISA 7.8, sm_90): every thread of the cluster arrives,
+/* The cluster barrier's two halves (PTX ISA 8.0, sm_90): every thread of the cluster arrives,
  * releasing its earlier reads and writes at cluster scope; a wait returns once all have arrived
- * at the phase, acquiring theirs. One phase is open at a time: arrive, wait, arrive, ... */
+ * at the phase, acquiring theirs. One phase is open at a time: arrive, wait, arrive, ... And
+ * where block `rank` of the cluster keeps `p` of its shared memory. (Built for an older GPU
+ * (CUDA_ARCH), they trap: the host never launches a cluster where the device has none.) */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+__device__ __forceinline__ void rms_cluster_arrive() { __trap(); }
+__device__ __forceinline__ void rms_cluster_wait() { __trap(); }
+__device__ __forceinline__ const float *rms_cluster_at(const float *p, unsigned) { __trap(); return p; }
+#else
 __device__ __forceinline__ void rms_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
 __device__ __forceinline__ void rms_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ const float *rms_cluster_at(const float *p, unsigned rank) {
+    return cg::this_cluster().map_shared_rank(p, rank);
+}
+#endif
 
 /* CLUSTER: the group's 8 blocks are a thread-block cluster (grid blocks 8 g .. 8 g + 7, so a
  * block's rank is blockIdx.x % 8 either way). A block publishes its lanes into its own shared
@@ -332,7 +343,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     /* CLUSTER: where this thread reads a row's 128 lanes in stats, 4 of them a thread: block
      * lane / 4's lanes 4 (lane % 4) .. + 3 */
     const float *theirs = nullptr;
-    if constexpr (CLUSTER) theirs = cg::this_cluster().map_shared_rank(mine, (unsigned)(tid & 31) / 4) + 4 * (tid & 3);
+    if constexpr (CLUSTER) theirs = rms_cluster_at(mine, (unsigned)(tid & 31) / 4) + 4 * (tid & 3);
     int64_t seq = 0;   /* windows the group walked before this leaf: window w's lanes sit in ring slot (seq + w) % RMS_RING */
     for (int64_t L = group; L < A.leaves; L += groups) {
         const int64_t r_leaf = L * MT_TOKEN_LEAF;
@@ -647,12 +658,19 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     a.wrows = cluster ? cwrows : wrows;
     a.pub = nullptr;
     a.count = nullptr;
+    bool launched = false;
     if (cluster) {
         cfg.gridDim = dim3((unsigned)(clusters * RMS_GROUPS));
-        cudaError_t err = cudaLaunchKernelEx(&cfg, k_rms_backward_leaves<true>, a);
-        MT_GPU_CHECK(err, "rms_norm backward (one pass, clusters)");
-        groups = clusters;
-    } else {
+        launched = cudaLaunchKernelEx(&cfg, k_rms_backward_leaves<true>, a) == cudaSuccess;
+        if (launched) {
+            groups = clusters;
+        } else {
+            gpuGetLastError();   /* a launch error is not sticky: the cooperative launch, else the three kernels */
+            if (groups < 1) return MT_OK;
+            a.wrows = wrows;
+        }
+    }
+    if (!launched) {
         const int64_t windows = leaves * (MT_TOKEN_LEAF / wrows);
         if ((rc = b.arena.alloc((void **)&a.pub, groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 4)) ||
             (rc = b.arena.alloc((void **)&a.count, windows * 4)))
