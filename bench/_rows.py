@@ -67,13 +67,13 @@ def gpu_report(op, what, r):
 
 def gpu_main(doc, op, what, bench):
     """The command line of a GPU benchmark of op: bench(torch, gpu, rows, dim, repeat, bw) at
-    GPU_SHAPE on the identical CUDA library, printed, recorded (--write) to <op>_cuda.jsonl."""
-    args = bench_args(doc, 20)
+    GPU_SHAPE (or --rows of its width) on the identical CUDA library, printed, recorded (--write) to <op>_cuda.jsonl."""
+    args = bench_args(doc, 20, ("--rows", GPU_SHAPE[0], "rows (the record's key names the shape)"))
     import torch
     gpu = _native.load("identical", "cuda")
     bw = copy_bandwidth(torch)
     print("copy bandwidth %.2f TB/s (read + write)" % (bw / 1e12))
-    rows, dim = GPU_SHAPE
+    rows, dim = args.rows, GPU_SHAPE[1]
     row = bench(torch, gpu, rows, dim, max(args.repeat, 10), bw)
     gpu_report(op, what, row)
     gpu_record(args, op + "_cuda", {"copy_TBps": bw / 1e12, "%s_%dx%d" % (op, rows, dim): row}, torch)

@@ -1,6 +1,6 @@
 """RMSNorm on a GPU, side by side with torch in one process (identical numeric mode).
 
-    python bench/rms_norm_cuda.py [--repeat N] [--write]
+    python bench/rms_norm_cuda.py [--repeat N] [--rows N] [--write]
 
 Every buffer lives on the GPU: allocated by the library (mt_device_alloc, bench/loss_cuda.py's
 DeviceBuffer), filled by its own Philox (mt_uniform_fill) and viewed by torch without a copy,
