@@ -323,42 +323,11 @@ def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_bloc
         lib.mt_set_launch_geometry(256, 0)
 
 
-_ONE_GROUP_WALKS_EVERY_LEAF = """
-import hashlib, os, mojo_train as mt
-from mojo_train import _native
-lib = _native.load("identical").lib
-g = mt.Generator(5, numeric_mode="identical")
-x, dy, w = g.uniform((8300, 256), -1.0, 1.0), g.uniform((8300, 256), -1.0, 1.0), g.uniform((256,), 0.5, 1.5)
-digest = lambda outs: hashlib.sha256(b"".join(o.tobytes() for o in outs)).hexdigest()
-if os.environ["MOJO_TRAIN_VENDOR"] != "cpu":   # on the CPU the "geometry" is the thread count
-    assert lib.mt_set_launch_geometry(256, 8) == 0
-print(digest(mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")))
-"""
-
-
-def test_the_cooperative_one_pass_backward_with_one_group_gives_the_oracles_bits(rms_norm_identical):
-    """MOJO_TRAIN_RMS_CLUSTER=0 and at most 8 blocks: CUDA's cooperative launch walks the 9 leaves
-    of 8300 x 256 with one group (the default, clusters, is what the other tests see); the CPU
-    oracle's bits. In processes of their own: the variable is read once."""
-    need_device(rms_norm_identical)
-    digests = []
-    for vendor, extra in (("cpu", {}), (rms_norm_identical.vendor, {"MOJO_TRAIN_RMS_CLUSTER": "0"})):
-        env = dict(os.environ, MOJO_TRAIN_VENDOR=vendor, **extra)
-        out = subprocess.run([sys.executable, "-c", _ONE_GROUP_WALKS_EVERY_LEAF], env=env, capture_output=True,
-                             text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        digests.append(out.stdout.strip())
-    assert digests[0] == digests[1] and len(digests[0]) == 64
-
-
-@pytest.mark.parametrize("variable", ["MOJO_TRAIN_RMS_ONE_PASS", "MOJO_TRAIN_RMS_CLUSTER"])
-def test_the_other_backward_paths_still_give_the_cards_bits(rms_norm_identical, variable):
+def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical):
     """MOJO_TRAIN_RMS_ONE_PASS=0 keeps CUDA's row kernel and dweight leaves where the one-pass
-    kernel would run (the card's lines of 8 leaves and more); MOJO_TRAIN_RMS_CLUSTER=0 keeps the
-    one-pass kernel's groups as blocks of a cooperative launch where they would be thread-block
-    clusters. Other vendors read neither. In a process of its own: the variables are read once."""
-    env = dict(os.environ, MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
-    env[variable] = "0"
+    kernel would run (the card's lines of 8 leaves and more); other vendors read nothing of it.
+    In a process of its own: the variable is read once."""
+    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "rms_norm"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

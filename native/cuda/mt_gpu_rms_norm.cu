@@ -16,12 +16,7 @@
  * oracle. Host buffers are staged through device memory and downloaded only on success (the
  * host side LayerNorm shares: mt_gpu_norm.cuh).
  */
-#include <map>
 #include "mt_gpu_norm.cuh"
-#if !defined(MT_HIP) && !defined(__HIPCC__)
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-#endif
 
 uint64_t mt_rms_norm_features(void) { return MT_FEATURE_RMS_NORM; }
 
@@ -246,7 +241,6 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
 #define RMS_RING 4                              /* windows of lanes in flight per group */
 #define RMS_FUSED_MIN_LEAVES 8                  /* fewer leaves would leave most SMs idle */
 #define RMS_FUSED_MAX_W 32
-#define RMS_CLUSTER_SLOTS 2                     /* windows of lanes a cluster block keeps (below) */
 
 #if RMS_FUSED
 struct rms_fused_args {
@@ -266,45 +260,13 @@ __host__ __device__ inline int64_t rms_fused_pitch(int64_t dim) {
     return cols % 32 ? cols : cols + 16;
 }
 
-/* One window of a block's published lane chains, (row, sum, chunk) by its RMS_GLANES lanes: in
- * shared memory when the group is a cluster (below). */
-__host__ __device__ inline int64_t rms_cluster_slot(int64_t dim, int64_t wrows) {
-    return wrows * 2 * mt_chunk_count(dim) * RMS_GLANES;
-}
-
-/* Shared floats of one block: three windows of x and dy (a cluster's block: and its published
- * lanes), w and the chains of its columns, r and k of a window's rows, their chunk roots, and
- * two windows' flags (below). */
-__host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows, bool cluster) {
+/* Shared floats of one block: three windows of x and dy, w and the chains of its columns, r and
+ * k of a window's rows, their chunk roots, and a window's flag (below). */
+__host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows) {
     int64_t cols = dim / MT_LANES * RMS_GLANES;
-    return 3 * 2 * wrows * rms_fused_pitch(dim) + (cluster ? RMS_CLUSTER_SLOTS * rms_cluster_slot(dim, wrows) : 0) +
-           2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 2;
+    return 3 * 2 * wrows * rms_fused_pitch(dim) + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 1;
 }
 
-/* The cluster barrier's two halves (PTX ISA 8.0, sm_90): every thread of the cluster arrives,
- * releasing its earlier reads and writes at cluster scope; a wait returns once all have arrived
- * at the phase, acquiring theirs. One phase is open at a time: arrive, wait, arrive, ... And
- * where block `rank` of the cluster keeps `p` of its shared memory. (Built for an older GPU
- * (CUDA_ARCH), they trap: the host never launches a cluster where the device has none.) */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-__device__ __forceinline__ void rms_cluster_arrive() { __trap(); }
-__device__ __forceinline__ void rms_cluster_wait() { __trap(); }
-__device__ __forceinline__ const float *rms_cluster_at(const float *p, unsigned) { __trap(); return p; }
-#else
-__device__ __forceinline__ void rms_cluster_arrive() { asm volatile("barrier.cluster.arrive.release;" ::: "memory"); }
-__device__ __forceinline__ void rms_cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
-__device__ __forceinline__ const float *rms_cluster_at(const float *p, unsigned rank) {
-    return cg::this_cluster().map_shared_rank(p, rank);
-}
-#endif
-
-/* CLUSTER: the group's 8 blocks are a thread-block cluster (grid blocks 8 g .. 8 g + 7, so a
- * block's rank is blockIdx.x % 8 either way). A block publishes its lanes into its own shared
- * memory and reads the others' there (distributed shared memory), and the cluster's hardware
- * barrier replaces the window counters in L2 and their spin: per window, wait (every block
- * published it), the stats, publish the next window, arrive, apply. A block's lanes of window w
- * + 1 overwrite those of w - 1, which every block read before it arrived for w. */
-template <bool CLUSTER>
 __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(const rms_fused_args A) {
     extern __shared__ float4 smem4[];
     const int s = blockIdx.x % RMS_GROUPS, group = blockIdx.x / RMS_GROUPS, groups = gridDim.x / RMS_GROUPS;
@@ -313,13 +275,9 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     /* 32-bit sizes (dim < 2^22 here: a window's shared memory bounds it) */
     const int segs = (int)(dim / MT_LANES), cols = segs * RMS_GLANES, chunks = (int)mt_chunk_count(dim), q4 = cols / 4;
     const int pitch = (int)rms_fused_pitch(dim), tile = 2 * W * pitch, ring = W * 2 * chunks * MT_LANES;
-    const int slot = 2 * W * chunks * RMS_GLANES;   /* a window of the block's lanes (CLUSTER) */
-    float *tiles = (float *)smem4, *mine = tiles + 3 * tile, *ws = mine + (CLUSTER ? RMS_CLUSTER_SLOTS * slot : 0),
-          *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W, *roots = kv + W;
-    /* a row of the window has a sum that is not finite: CLUSTER, one flag for even windows and
-     * one for odd (a block may start a window's stats while another's warps still read the
-     * last window's flag); else one */
-    int *suspects = (int *)(roots + 2 * W * chunks);
+    float *tiles = (float *)smem4, *ws = tiles + 3 * tile, *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W,
+          *roots = kv + W;
+    int *suspect = (int *)(roots + 2 * W * chunks);   /* a row of the window has a sum that is not finite */
     const float dimf = (float)dim;
     bool bx = false, bdy = false, bw = false;
     /* A thread's float4 of a window: rows my_i, my_i + rpp, ..., float4 columns my_k, my_k + kstep, ... */
@@ -339,11 +297,6 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         ws[k] = v;
         acc[k] = 0.0f;
     }
-    if (tid < 2) suspects[tid] = 0;   /* the first window's barriers come before any use */
-    /* CLUSTER: where this thread reads a row's 128 lanes in stats, 4 of them a thread: block
-     * lane / 4's lanes 4 (lane % 4) .. + 3 */
-    const float *theirs = nullptr;
-    if constexpr (CLUSTER) theirs = rms_cluster_at(mine, (unsigned)(tid & 31) / 4) + 4 * (tid & 3);
     int64_t seq = 0;   /* windows the group walked before this leaf: window w's lanes sit in ring slot (seq + w) % RMS_RING */
     for (int64_t L = group; L < A.leaves; L += groups) {
         const int64_t r_leaf = L * MT_TOKEN_LEAF;
@@ -392,33 +345,23 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                         const int j = (MT_SAB_RMS_NORM ? steps - 1 - v : v) * RMS_GLANES;
                         a = fmaf(xr[j], xr[j], a);           /* MT_STEP_SUMSQ */
                     }
-                if constexpr (CLUSTER)
-                    mine[((seq + w) % RMS_CLUSTER_SLOTS) * slot + ((i * 2 + q) * chunks + c) * RMS_GLANES + o] = a;
-                else
-                    pub[((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o] = a;
+                pub[((i * 2 + q) * chunks + c) * MT_LANES + RMS_GLANES * s + o] = a;
             }
-            if constexpr (!CLUSTER) {
-                __syncthreads();   /* then one release at gpu scope publishes the block's writes (cumulative) */
-                if (tid == 0) mt_add_release_gpu(count + w, 1);
-            }
+            __syncthreads();   /* then one release at gpu scope publishes the block's writes (cumulative) */
+            if (tid == 0) mt_add_release_gpu(count + w, 1);
         };
-        auto suspect_of = [&](int w) { return suspects + (CLUSTER ? (seq + w) & 1 : 0); };
         auto stats = [&](int w) {   /* r and k of window w's rows (a warp a row), once every block published */
-            int *suspect = suspect_of(w);
-            if constexpr (!CLUSTER) {
-                if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
-                    while (mt_load_acquire_gpu(count + w) < RMS_GROUPS) mt_spin_pause();
-                    *suspect = 0;   /* the last window's apply read it before its barrier */
-                }
-                __syncthreads();
+            if (tid == 0) {   /* an acquire at gpu scope, then the barrier orders everyone's reads after it */
+                while (mt_load_acquire_gpu(count + w) < RMS_GROUPS) mt_spin_pause();
+                *suspect = 0;   /* the last window's apply read it before its barrier */
             }
-            const float *pub = CLUSTER ? theirs + ((seq + w) % RMS_CLUSTER_SLOTS) * slot : lanes_of(w);
+            __syncthreads();
+            const float *pub = lanes_of(w);
             const int n = rows_of(w), lane = tid & 31;
             for (int i = tid / 32; i < n; i += nt / 32) {
                 float *rt = roots + 2 * i * chunks;   /* the row's chunk roots: squares, then the dot */
                 for (int item = 0; item < 2 * chunks; ++item) {
-                    const float4 v = CLUSTER ? *(const float4 *)(pub + (2 * i * chunks + item) * RMS_GLANES)
-                                             : __ldcg((const float4 *)(pub + (2 * i * chunks + item) * MT_LANES) + lane);   /* L2: never a stale L1 line */
+                    const float4 v = __ldcg((const float4 *)(pub + (2 * i * chunks + item) * MT_LANES) + lane);   /* L2: never a stale L1 line */
                     float a[4] = {v.x, v.y, v.z, v.w};
                     const float root = mt_warp_lane_tree(a);
                     if (lane == 0) rt[item] = root;
@@ -448,10 +391,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         auto apply = [&](int w) {   /* window w's dx, and its rows' steps of the dweight chains */
             const float *xs = tiles + (w % 3) * tile, *dys = xs + W * pitch;
             const int n = rows_of(w);
-            if (*suspect_of(w)) look(xs, dys, n);
-            /* CLUSTER: window w + 1's flag was last read in apply(w - 1), before its barrier; its
-             * stats come after this apply's barrier */
-            if (CLUSTER && tid == 0) *suspect_of(w + 1) = 0;
+            if (*suspect) look(xs, dys, n);
             if (A.dx && walks) {
                 float *dxr = A.dx + first(w);
                 const float *xt = xs + my_s;
@@ -475,29 +415,19 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
             mt_cp_async_wait<0>();   /* window w + 2 (issued a window ago) */
             __syncthreads();         /* ... is in for everyone, and window w's third of the tiles is free */
         };
-        /* Four barriers a window: publish's (before its release), two in stats, apply's last.
-         * CLUSTER: the cluster's, stats' last and apply's last. */
+        /* Four barriers a window: publish's (before its release), two in stats, apply's last. */
         issue(0);
         issue(1);
         mt_cp_async_wait<0>();
         __syncthreads();
         publish(0);
-        if constexpr (CLUSTER) rms_cluster_arrive();
         issue(2);
         for (int w = 0; w < nwin; ++w) {
-            if constexpr (CLUSTER) {
-                rms_cluster_wait();   /* every block published window w */
-                stats(w);
-                if (w + 1 < nwin) publish(w + 1);
-                rms_cluster_arrive();   /* after this block's reads of window w's lanes, too */
-            } else {
-                if (w + 1 < nwin) publish(w + 1);
-                stats(w);
-            }
+            if (w + 1 < nwin) publish(w + 1);
+            stats(w);
             apply(w);
             issue(w + 3);   /* into the third window w used */
         }
-        if constexpr (CLUSTER) rms_cluster_wait();   /* the phase of the last stats: every block read its lanes */
         for (int k = tid; k < cols; k += nt) {
             A.part[gcol(k) * A.leaves + L] = acc[k];
             acc[k] = 0.0f;
@@ -546,19 +476,22 @@ int rms_dweight_fold(const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves) {
     return mt_rows_launched("rms_norm dweight fold");
 }
 
+/* The one-pass backward (k_rms_backward_leaves) when it applies: *done says whether it ran.
+ * It needs dweight, dim % 128 == 0, 16-byte aligned rows, at least RMS_FUSED_MIN_LEAVES leaves
+ * and shared memory for a window; MOJO_TRAIN_RMS_ONE_PASS=0 switches it off (an A/B switch:
+ * the same bits either way). */
+int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
+    *done = false;
 #if RMS_FUSED
-/* The most rows a window (a power of two, at most RMS_FUSED_MAX_W) whose block fits in `optin`
- * bytes of shared memory, and the block's bytes; 0 when not even one row fits. */
-int rms_fused_plan(int64_t dim, bool cluster, size_t optin, size_t *smem) {
+    static const bool off = getenv("MOJO_TRAIN_RMS_ONE_PASS") && getenv("MOJO_TRAIN_RMS_ONE_PASS")[0] == '0';
+    const int64_t leaves = mt_token_leaves(rows);
+    if (off || !b.dweight || !b.w || dim % MT_LANES || !mt_norm_bwd_vec(b, dim) || leaves < RMS_FUSED_MIN_LEAVES)
+        return MT_OK;
+    const size_t optin = (size_t)mt_rows_limits().smem_optin;
     int wrows = RMS_FUSED_MAX_W;
-    while (wrows > 1 && (size_t)rms_fused_floats(dim, wrows, cluster) * 4 > optin) wrows /= 2;
-    *smem = (size_t)rms_fused_floats(dim, wrows, cluster) * 4;
-    return *smem > optin ? 0 : wrows;
-}
-
-/* Groups of k_rms_backward_leaves<false> resident at once (a cooperative launch: every block
- * resident), or 0 where the device has no cooperative launch. */
-int rms_cooperative_groups(size_t smem, int64_t *groups) {
+    while (wrows > 1 && (size_t)rms_fused_floats(dim, wrows) * 4 > optin) wrows /= 2;
+    const size_t smem = (size_t)rms_fused_floats(dim, wrows) * 4;
+    if (smem > optin) return MT_OK;
     static std::once_flag once;
     static int cooperative = -1;   /* the device can launch cooperative kernels (read once) */
     if (cooperative < 0) {
@@ -567,125 +500,32 @@ int rms_cooperative_groups(size_t smem, int64_t *groups) {
                       cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
         gpuGetLastError();
     }
-    *groups = 0;
     if (!cooperative) return MT_OK;
     int rc, per_sm = 0;
-    if ((rc = mt_rows_allow_smem(k_rms_backward_leaves<false>, once))) return rc;
-    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves<false>, RMS_FUSED_THREADS,
-                                                               smem),
+    if ((rc = mt_rows_allow_smem(k_rms_backward_leaves, once))) return rc;
+    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves, RMS_FUSED_THREADS, smem),
                  "occupancy");
-    *groups = (int64_t)per_sm * mt_rows_limits().sms / RMS_GROUPS;
-    return MT_OK;
-}
-
-/* The launch of k_rms_backward_leaves<true>: clusters of RMS_GROUPS blocks of smem bytes; *groups:
- * how many clusters the device holds at once (0: it has no cluster launch, or cannot place one;
- * the placement is asked once per size). */
-int rms_cluster_groups(size_t smem, cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int64_t *groups) {
-    static std::once_flag once, probe;
-    static bool can_cluster = false;
-    static std::mutex lock;
-    static std::map<size_t, int> resident;   /* shared bytes -> clusters */
-    std::call_once(probe, [] {
-        int v = 0, dev = 0;
-        can_cluster = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, dev) == cudaSuccess && v != 0;
-        gpuGetLastError();
-    });
-    *groups = 0;
-    if (!can_cluster) return MT_OK;
-    int rc;
-    if ((rc = mt_rows_allow_smem(k_rms_backward_leaves<true>, once))) return rc;
-    attr->id = cudaLaunchAttributeClusterDimension;
-    attr->val.clusterDim.x = RMS_GROUPS;
-    attr->val.clusterDim.y = 1;
-    attr->val.clusterDim.z = 1;
-    *cfg = cudaLaunchConfig_t{};
-    cfg->blockDim = dim3(RMS_FUSED_THREADS);
-    cfg->dynamicSmemBytes = smem;
-    cfg->stream = MT_STREAM;
-    cfg->attrs = attr;
-    cfg->numAttrs = 1;
-    std::lock_guard<std::mutex> hold(lock);
-    auto it = resident.find(smem);
-    if (it == resident.end()) {
-        int n = 0;
-        cfg->gridDim = dim3((unsigned)(RMS_GROUPS * mt_rows_limits().sms));
-        if (cudaOccupancyMaxActiveClusters(&n, k_rms_backward_leaves<true>, cfg) != cudaSuccess) n = 0;
-        gpuGetLastError();
-        it = resident.emplace(smem, n).first;
-    }
-    *groups = it->second;
-    return MT_OK;
-}
-#endif
-
-/* The one-pass backward (k_rms_backward_leaves) when it applies: *done says whether it ran.
- * It needs dweight, dim % 128 == 0, 16-byte aligned rows, at least RMS_FUSED_MIN_LEAVES leaves
- * and shared memory for a window; MOJO_TRAIN_RMS_ONE_PASS=0 switches it off (an A/B switch:
- * the same bits either way). Its groups are clusters where the device places as many of them at
- * once as will serve the leaves in no more rounds than a cooperative launch's groups, else
- * blocks of a cooperative launch; MOJO_TRAIN_RMS_CLUSTER=0 keeps the cooperative launch (an A/B
- * switch too). */
-int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
-    *done = false;
-#if RMS_FUSED
-    static const bool off = getenv("MOJO_TRAIN_RMS_ONE_PASS") && getenv("MOJO_TRAIN_RMS_ONE_PASS")[0] == '0';
-    static const bool no_cluster = getenv("MOJO_TRAIN_RMS_CLUSTER") && getenv("MOJO_TRAIN_RMS_CLUSTER")[0] == '0';
-    const int64_t leaves = mt_token_leaves(rows);
-    if (off || !b.dweight || !b.w || dim % MT_LANES || !mt_norm_bwd_vec(b, dim) || leaves < RMS_FUSED_MIN_LEAVES)
-        return MT_OK;
-    const size_t optin = (size_t)mt_rows_limits().smem_optin;
-    const int64_t cap = mt_gpu_blocks(INT64_MAX / 2, 1) / RMS_GROUPS;   /* mt_set_launch_geometry's cap, in groups */
-    auto fit = [&](int64_t g) { return g < cap ? (g < leaves ? g : leaves) : (cap < leaves ? cap : leaves); };
-    auto rounds = [&](int64_t g) { return g < 1 ? INT64_MAX : (leaves + g - 1) / g; };
-    size_t smem = 0, csmem = 0;
-    const int wrows = rms_fused_plan(dim, false, optin, &smem), cwrows = rms_fused_plan(dim, true, optin, &csmem);
-    int rc = MT_OK;
-    int64_t groups = 0, clusters = 0;
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute attr[1];
-    if ((wrows && (rc = rms_cooperative_groups(smem, &groups))) ||
-        (cwrows && !no_cluster && (rc = rms_cluster_groups(csmem, &cfg, attr, &clusters))))
-        return rc;
-    groups = fit(groups);
-    clusters = fit(clusters);
-    const bool cluster = clusters >= 1 && rounds(clusters) <= rounds(groups);
-    if (!cluster && groups < 1) return MT_OK;
+    int64_t groups = (int64_t)per_sm * mt_rows_limits().sms / RMS_GROUPS, cap = mt_gpu_blocks(INT64_MAX / 2, 1) / RMS_GROUPS;
+    if (groups > cap) groups = cap;
+    if (groups > leaves) groups = leaves;
+    if (groups < 1) return MT_OK;
     rms_fused_args a;
     a.dx = b.dx; a.part = b.pw; a.dy = b.dy; a.x = b.x; a.w = b.w;
-    a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves;
-    a.wrows = cluster ? cwrows : wrows;
-    a.pub = nullptr;
-    a.count = nullptr;
-    bool launched = false;
-    if (cluster) {
-        cfg.gridDim = dim3((unsigned)(clusters * RMS_GROUPS));
-        launched = cudaLaunchKernelEx(&cfg, k_rms_backward_leaves<true>, a) == cudaSuccess;
-        if (launched) {
-            groups = clusters;
-        } else {
-            gpuGetLastError();   /* a launch error is not sticky: the cooperative launch, else the three kernels */
-            if (groups < 1) return MT_OK;
-            a.wrows = wrows;
-        }
+    a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves; a.wrows = wrows;
+    const int64_t windows = leaves * (MT_TOKEN_LEAF / wrows);
+    if ((rc = b.arena.alloc((void **)&a.pub, groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 4)) ||
+        (rc = b.arena.alloc((void **)&a.count, windows * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
+    void *args[1] = {&a};
+    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves,
+                                                  dim3((unsigned)(groups * RMS_GROUPS)), dim3(RMS_FUSED_THREADS), args,
+                                                  smem, MT_STREAM);
+    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
+        gpuGetLastError();   /* e.g. another device than the one sized above: the three kernels instead */
+        return MT_OK;
     }
-    if (!launched) {
-        const int64_t windows = leaves * (MT_TOKEN_LEAF / wrows);
-        if ((rc = b.arena.alloc((void **)&a.pub, groups * RMS_RING * (int64_t)wrows * 2 * mt_chunk_count(dim) * MT_LANES * 4)) ||
-            (rc = b.arena.alloc((void **)&a.count, windows * 4)))
-            return rc;
-        MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
-        void *args[1] = {&a};
-        cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves<false>,
-                                                      dim3((unsigned)(groups * RMS_GROUPS)), dim3(RMS_FUSED_THREADS),
-                                                      args, smem, MT_STREAM);
-        if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
-            gpuGetLastError();   /* e.g. another device than the one sized above: the three kernels instead */
-            return MT_OK;
-        }
-        MT_GPU_CHECK(err, "rms_norm backward (one pass)");
-    }
+    MT_GPU_CHECK(err, "rms_norm backward (one pass)");
     mt_gpu_record_launch(RMS_FUSED_THREADS, (int)(groups * RMS_GROUPS));   /* what mt_launch_geometry reads back */
     if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
     *done = true;
