@@ -39,7 +39,7 @@
 #                        its own in .whl/vX/native/build/ with its native/include/, for another ABI)
 #     abenv=NAME:VAR=V[,VAR=V...]  bench/NAME.py (no --write) in three rounds of alternating processes
 #                        over the tree's libraries: as the environment has it, then with the
-#                        variables set (an A/B switch the library reads, e.g. MOJO_TRAIN_RMS_CLUSTER=0),
+#                        variables set (an A/B switch the library reads, e.g. MOJO_TRAIN_RMS_ONE_PASS=0),
 #                        into abenv_NAME.txt
 #     lib=DIR            the steps after it load DIR's libraries first (MOJO_TRAIN_LIBRARY_PATH; "-" ends
 #                        that); ncu's tables then carry DIR's name (ab='s tree rounds never do)
