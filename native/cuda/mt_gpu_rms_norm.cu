@@ -218,8 +218,8 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
  * r, k of every row itself (the same arithmetic in every block), writes its columns of dx and
  * carries its columns' dweight chains down the leaf in shared memory:
  * acc = fma(dy, x * r, acc), rows ascending. Same bits as the three kernels, one read of x
- * and dy. Windows of W rows are staged by cp.async three deep: window w + 1's lanes are
- * published before window w's wait: a block's lanes go out with one release at gpu scope
+ * and dy. Windows of W rows are staged by cp.async RMS_TILES deep: window w + RMS_AHEAD's lanes
+ * are published before window w's wait: a block's lanes go out with one release at gpu scope
  * (after a barrier: cumulative) on the window's counter, and thread 0 of each reader acquires
  * it before a barrier. (Every thread's fence instead: 417 us; each lane tagged with its window
  * in one 64-bit store, no counter: 421 us; this: 380 us; the release by a warp that stores no
@@ -238,9 +238,23 @@ __global__ void __launch_bounds__(RMS_COL_THREADS)
 #define RMS_GROUPS 8                            /* blocks of one leaf */
 #define RMS_GLANES (MT_LANES / RMS_GROUPS)      /* lanes of one block: 64-byte pieces */
 #define RMS_FUSED_THREADS 512                   /* a window's lane chains: one job a thread at W = 16 */
-#define RMS_RING 4                              /* windows of lanes in flight per group */
+/* The slack between a leaf's blocks: RMS_TILES windows of x and dy staged in shared memory,
+ * of which a block publishes up to RMS_AHEAD windows beyond the one it waits on (so a peer
+ * holds it up only when RMS_AHEAD windows behind); the rest are loads in flight. The lanes'
+ * ring then needs 2 RMS_AHEAD + 2 slots: a block publishing window w + A has seen every peer
+ * publish w - 1, so a peer may still read window w - 1 - A's slot, not an older one. */
+#ifndef RMS_TILES
+#define RMS_TILES 3
+#endif
+#ifndef RMS_AHEAD
+#define RMS_AHEAD 1
+#endif
+static_assert(RMS_AHEAD >= 1 && RMS_AHEAD + 2 <= RMS_TILES, "RMS_AHEAD windows published ahead need loads behind them");
+#define RMS_RING (2 * RMS_AHEAD + 2)            /* windows of lanes in flight per group */
 #define RMS_FUSED_MIN_LEAVES 8                  /* fewer leaves would leave most SMs idle */
+#ifndef RMS_FUSED_MAX_W
 #define RMS_FUSED_MAX_W 32
+#endif
 
 #if RMS_FUSED
 struct rms_fused_args {
@@ -260,11 +274,11 @@ __host__ __device__ inline int64_t rms_fused_pitch(int64_t dim) {
     return cols % 32 ? cols : cols + 16;
 }
 
-/* Shared floats of one block: three windows of x and dy, w and the chains of its columns, r and
- * k of a window's rows, their chunk roots, and a window's flag (below). */
+/* Shared floats of one block: RMS_TILES windows of x and dy, w and the chains of its columns, r
+ * and k of a window's rows, their chunk roots, and a window's flag (below). */
 __host__ __device__ inline int64_t rms_fused_floats(int64_t dim, int64_t wrows) {
     int64_t cols = dim / MT_LANES * RMS_GLANES;
-    return 3 * 2 * wrows * rms_fused_pitch(dim) + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 1;
+    return RMS_TILES * 2 * wrows * rms_fused_pitch(dim) + 2 * cols + 2 * wrows + 2 * wrows * mt_chunk_count(dim) + 1;
 }
 
 __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(const rms_fused_args A) {
@@ -275,7 +289,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     /* 32-bit sizes (dim < 2^22 here: a window's shared memory bounds it) */
     const int segs = (int)(dim / MT_LANES), cols = segs * RMS_GLANES, chunks = (int)mt_chunk_count(dim), q4 = cols / 4;
     const int pitch = (int)rms_fused_pitch(dim), tile = 2 * W * pitch, ring = W * 2 * chunks * MT_LANES;
-    float *tiles = (float *)smem4, *ws = tiles + 3 * tile, *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W,
+    float *tiles = (float *)smem4, *ws = tiles + RMS_TILES * tile, *acc = ws + cols, *rsv = acc + cols, *kv = rsv + W,
           *roots = kv + W;
     int *suspect = (int *)(roots + 2 * W * chunks);   /* a row of the window has a sum that is not finite */
     const float dimf = (float)dim;
@@ -307,9 +321,9 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
         auto lanes_of = [&](int w) { return A.pub + ((int64_t)group * RMS_RING + (seq + w) % RMS_RING) * ring; };
         /* the offset of the thread's first float of window w in x, dy and dx */
         auto first = [&](int w) { return (r_leaf + (int64_t)w * W + my_i) * dim + my_gcol; };
-        auto issue = [&](int w) {   /* window w's x and dy into its third of the tiles (one group) */
+        auto issue = [&](int w) {   /* window w's x and dy into its tile (one cp.async group) */
             if (w < nwin && walks) {
-                float *t = tiles + (w % 3) * tile + my_s;
+                float *t = tiles + (w % RMS_TILES) * tile + my_s;
                 const int n = rows_of(w);
                 const float *xr = A.x + first(w), *dr = A.dy + first(w);
                 for (int i = my_i; i < n; i += rpp, xr += rstep, dr += rstep, t += rpp * pitch) {
@@ -323,7 +337,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
             mt_cp_async_commit();
         };
         auto publish = [&](int w) {   /* window w's lane chains: RMS_GLANES threads per (sum, chunk, row) */
-            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * pitch;
+            const float *xs = tiles + (w % RMS_TILES) * tile, *dys = xs + W * pitch;
             float *pub = lanes_of(w);
             const int n = rows_of(w), o = tid % RMS_GLANES;
             /* rows vary fastest: a warp's two jobs are rows i and i + 1 (conflict-free by the pitch)
@@ -389,7 +403,7 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                 }
         };
         auto apply = [&](int w) {   /* window w's dx, and its rows' steps of the dweight chains */
-            const float *xs = tiles + (w % 3) * tile, *dys = xs + W * pitch;
+            const float *xs = tiles + (w % RMS_TILES) * tile, *dys = xs + W * pitch;
             const int n = rows_of(w);
             if (*suspect) look(xs, dys, n);
             if (A.dx && walks) {
@@ -412,21 +426,23 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
                 for (int i = 0; i < n; ++i) a = MT_DOT_STEP(dys[i * pitch + k], xs[i * pitch + k] * rsv[i], a);
                 acc[k] = a;
             }
-            mt_cp_async_wait<0>();   /* window w + 2 (issued a window ago) */
-            __syncthreads();         /* ... is in for everyone, and window w's third of the tiles is free */
+            /* window w + A + 1 (the next publish's): the groups issued after it may stay out */
+            mt_cp_async_wait<RMS_TILES - RMS_AHEAD - 2>();
+            __syncthreads();   /* ... is in for everyone, and window w's tile is free */
         };
-        /* Four barriers a window: publish's (before its release), two in stats, apply's last. */
-        issue(0);
-        issue(1);
+        /* Four barriers a window: publish's (before its release), two in stats, apply's last.
+         * Windows 0..A in first; the loop publishes w + A, waits on w, applies w and reloads
+         * w's tile with w + RMS_TILES (an empty group past the leaf's end keeps the count). */
+        for (int w = 0; w <= RMS_AHEAD; ++w) issue(w);
         mt_cp_async_wait<0>();
         __syncthreads();
-        publish(0);
-        issue(2);
+        for (int w = 0; w < RMS_AHEAD && w < nwin; ++w) publish(w);
+        for (int w = RMS_AHEAD + 1; w < RMS_TILES; ++w) issue(w);
         for (int w = 0; w < nwin; ++w) {
-            if (w + 1 < nwin) publish(w + 1);
+            if (w + RMS_AHEAD < nwin) publish(w + RMS_AHEAD);
             stats(w);
             apply(w);
-            issue(w + 3);   /* into the third window w used */
+            issue(w + RMS_TILES);   /* into the tile w used */
         }
         for (int k = tid; k < cols; k += nt) {
             A.part[gcol(k) * A.leaves + L] = acc[k];

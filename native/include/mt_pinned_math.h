@@ -132,16 +132,20 @@ MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD int *k
     float e0 = (1.0f - s) + rhi;                     /* 1 + rhi = s + e0 */
     float r2 = rhi * rhi;
     float r2lo = fmaf(rhi, rhi, -r2);                /* rhi^2 = r2 + r2lo */
-    float h = 0.5f * r2;
-    float s2 = s + h;
-    float e1 = h - (s2 - s);                         /* s + h = s2 + e1 */
+    /* h = 0.5 r2 never formed: s2 = s + h, e1 = h - (s2 - s) and 0.5 r2lo + (e0 + e1) each as
+     * one fmaf of the halving, the same bits as math.md's separate steps: the halving is exact
+     * unless r2 or r2lo is subnormal (a tiny rhi), and there the half lies far below half an ulp
+     * of what it meets (s >= 0.65; e0 + e1 = rhi) or is the result itself (e1 = h when s2 = s).
+     * bench/expf_identity.c checks every float. Two operations fewer an exp. */
+    float s2 = fmaf(0.5f, r2, s);                    /* s + h */
+    float e1 = fmaf(0.5f, r2, s - s2);               /* s + h = s2 + e1 (s - s2 exact) */
     float p = P5;
     p = fmaf(p, rhi, P4);
     p = fmaf(p, rhi, P3);
     p = fmaf(p, rhi, P2);
     p = fmaf(p, rhi, P1);
     p = fmaf(p, rhi, P0);
-    float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
+    float lo = (r2 * rhi) * p + fmaf(0.5f, r2lo, e0 + e1);
     *lo_out = lo + corr * (s2 + lo);
     *kf_out = kf;
     *k_out = mt_math_k(shifted, kf);
