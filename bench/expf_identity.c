@@ -14,8 +14,9 @@
  * verbatim (only renamed). Inputs in [MT_EXPF_MID_LO, MT_EXPF_MID_HI] also go through
  * mt_expf_mid (the softmax rows' shortcut), which must give the same bits there; every input
  * also goes through mt_expf_ranged (mt_pinned_elementwise.h: mt_expf_mid inside that range,
- * mt_expf outside, the GPU maps' exp), scalar, on the host. Exit status 0 only if every input
- * agrees in every build.
+ * mt_expf outside, the GPU maps' exp), scalar, on the host; and mt_math_exp_pair's unrounded
+ * pair is compared with v1's, and under the identical_ftz flush rule (below). Exit status 0
+ * only if every input agrees in every build.
  * -s STEP > 1 checks only the first BLOCK inputs of every STEP-th block (a quick run); the
  * default is the exhaustive one (about 4 minutes on 2 idle cores).
  * Run 2026-11-30 on the 2-core development machine (gcc 12.2, AVX-512), with the branch-free
@@ -25,8 +26,13 @@
  * all 2237464578 inputs of [-86.5, 88] (3.5 minutes).
  * Run 2026-12-02 (sixth session, an Intel Xeon with AVX-512), with mt_expf_ranged added: 4294967296
  * inputs, 0 differing in each of the six builds (11.6 minutes, the machine shared with a build).
+ * Run 2026-12-07 (thirty-ninth session) with the pair's halvings folded into fmafs: 4294967296
+ * inputs, 0 differing in each of the six builds (6 min 46 s). The pair checks (the unrounded s2,
+ * lo and k against v1's steps; v1's and the folded steps under the flush rule's emulation)
+ * were added after that run; see the record of their first run in bench/results/NOTES.md.
  */
 #include "mt_pinned.h"
+#include "mt_ftz.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -80,6 +86,81 @@ static float ref_expf_v1(float x) {
     return (y0 * mt_math_pow2i(k / 2)) * mt_math_pow2i(k - k / 2);   /* both steps normal */
 }
 
+/* ---- the pair itself (mt_math_exp_pair: s2, lo and k, which mt_erff and mt_tanhf use
+ * unrounded), against math v1's steps 1-2 above, for every input clamped as mt_expf clamps.
+ * Since 2026-12-07 the pair folds its halvings into fmafs (h = 0.5 r2 is never formed). The
+ * identical_ftz tier runs the same source under the flush rule (native/contracts/ftz.md; the
+ * CPU by mt_ftz_ir.py), so the two step sequences are also compared under mt_ftz.h's emulation
+ * of each operation: v1's (pair_ftz(x, 0)) against the folded one (pair_ftz(x, 1)), a copy of
+ * mt_math_exp_pair's steps -- on a sample of every input and on every float whose half square
+ * crosses FLT_MIN (|x| in [2^-66, 2^-60): where the flushes could part). */
+typedef struct { float s2, lo; int k; } exp_pair;
+
+static exp_pair ref_exp_pair_v1(float xs) {
+    const float INV_LN2 = 1.44269502162933349609375f, SHIFT = 12582912.0f;
+    const float P0 = 0.16666667163372039794921875f, P1 = 0.0416666679084300994873046875f,
+                P2 = 0.008333198726177215576171875f, P3 = 0.001388860284350812435150146484375f,
+                P4 = 0.000199524001800455152988433837890625f, P5 = 0.000024987515644170343875885009765625f;
+    float kf = fmaf(xs, INV_LN2, SHIFT) - SHIFT;
+    float rhi = fmaf(-kf, MT_LN2_HI, xs), corr = -kf * MT_LN2_LO;
+    float s = 1.0f + rhi, e0 = (1.0f - s) + rhi;
+    float r2 = rhi * rhi, r2lo = fmaf(rhi, rhi, -r2);
+    float h = 0.5f * r2, s2 = s + h, e1 = h - (s2 - s);
+    float p = fmaf(fmaf(fmaf(fmaf(fmaf(P5, rhi, P4), rhi, P3), rhi, P2), rhi, P1), rhi, P0);
+    float lo = (r2 * rhi) * p + (0.5f * r2lo + (e0 + e1));
+    exp_pair r = {s2, lo + corr * (s2 + lo), (int)kf};
+    return r;
+}
+
+static exp_pair pair_ftz(float xs, int folded) {
+    const float INV_LN2 = 1.44269502162933349609375f, SHIFT = 12582912.0f;
+    const float P[6] = {0.16666667163372039794921875f, 0.0416666679084300994873046875f,
+                        0.008333198726177215576171875f, 0.001388860284350812435150146484375f,
+                        0.000199524001800455152988433837890625f, 0.000024987515644170343875885009765625f};
+    float kf = mt_ftz_sub(mt_ftz_fma(xs, INV_LN2, SHIFT), SHIFT);
+    float rhi = mt_ftz_fma(mt_ftz_neg(kf), MT_LN2_HI, xs), corr = mt_ftz_mul(mt_ftz_neg(kf), MT_LN2_LO);
+    float s = mt_ftz_add(1.0f, rhi), e0 = mt_ftz_add(mt_ftz_sub(1.0f, s), rhi);
+    float r2 = mt_ftz_mul(rhi, rhi), r2lo = mt_ftz_fma(rhi, rhi, mt_ftz_neg(r2));
+    float s2, e1, tail;
+    if (folded) {
+        s2 = mt_ftz_fma(0.5f, r2, s);
+        e1 = mt_ftz_fma(0.5f, r2, mt_ftz_sub(s, s2));
+    } else {
+        float h = mt_ftz_mul(0.5f, r2);
+        s2 = mt_ftz_add(s, h);
+        e1 = mt_ftz_sub(h, mt_ftz_sub(s2, s));
+    }
+    float p = P[5];
+    for (int i = 4; i >= 0; --i) p = mt_ftz_fma(p, rhi, P[i]);
+    tail = folded ? mt_ftz_fma(0.5f, r2lo, mt_ftz_add(e0, e1)) : mt_ftz_add(mt_ftz_mul(0.5f, r2lo), mt_ftz_add(e0, e1));
+    float lo = mt_ftz_add(mt_ftz_mul(mt_ftz_mul(r2, rhi), p), tail);
+    exp_pair r = {s2, mt_ftz_add(lo, mt_ftz_mul(corr, mt_ftz_add(s2, lo))), (int)kf};
+    return r;
+}
+
+static int pair_differs(exp_pair a, exp_pair b) {
+    return mt_f32_bits(a.s2) != mt_f32_bits(b.s2) || mt_f32_bits(a.lo) != mt_f32_bits(b.lo) || a.k != b.k;
+}
+
+/* mt_expf's clamp (NaN and -inf to -104) */
+static float clamp_exp(float x) {
+    float xs = x > -104.0f ? x : -104.0f;
+    return xs < 89.0f ? xs : 89.0f;
+}
+
+static int pair_case(float x) {   /* 1 if the library's pair differs from v1's */
+    float xs = clamp_exp(x), kf, lo;
+    int k;
+    float s2 = mt_math_exp_pair(xs, &kf, &k, &lo);
+    exp_pair got = {s2, lo, k};
+    return pair_differs(got, ref_exp_pair_v1(xs));
+}
+
+static int pair_ftz_case(float x) {   /* 1 if the two sequences part under the flush rule */
+    float xs = clamp_exp(x);
+    return pair_differs(pair_ftz(xs, 0), pair_ftz(xs, 1));
+}
+
 /* ---- the builds under test ------------------------------------------------------------ */
 __attribute__((noinline)) static float scalar_expf(float x) { return mt_expf(x); }
 __attribute__((noinline)) static float scalar_expf_mid(float x) { return mt_expf_mid(x); }
@@ -105,7 +186,8 @@ static uint64_t g_step = 1;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_v3, g_v4;
 
-#define BUILDS 6
+#define BUILDS 8
+#define FTZ_SAMPLE 61   /* the flush check's stride over the inputs (it emulates each operation) */
 typedef struct { uint64_t checked, mid, differ[BUILDS]; uint32_t first_bad[BUILDS]; } tally;
 
 static void compare(tally *t, int which, const uint32_t *in, const float *ref, const float *got, int n) {
@@ -146,6 +228,12 @@ static void *work(void *arg) {
                 if (in_mid(x[i])) { in[m] = in[i]; ref[m] = ref[i]; got[m] = scalar_expf_mid(x[i]); ++m; }
             compare(t, 4, in, ref, got, m);
             t->mid += (uint64_t)m;
+            for (int i = 0; i < BLOCK; ++i) {
+                uint32_t u = (uint32_t)(b + i);
+                float xi = mt_bits_f32(u);
+                if (pair_case(xi) && !t->differ[6]++) t->first_bad[6] = u;
+                if (u % FTZ_SAMPLE == 0 && pair_ftz_case(xi) && !t->differ[7]++) t->first_bad[7] = u;
+            }
             t->checked += BLOCK;
         }
     }
@@ -177,12 +265,22 @@ int main(int argc, char **argv) {
             ++edge_mid;
             if (mt_f32_bits(ref_expf_v1(x)) != mt_f32_bits(scalar_expf_mid(x)) && !edge_differ++) edge_first = (uint32_t)b;
         }
+    /* the flush rule's crossing: every float with |x| in [2^-66, 2^-60), both signs (every
+     * STEP-th with -s) */
+    uint64_t ftz_dense = 0, ftz_dense_differ = 0;
+    uint32_t ftz_dense_first = 0;
+    for (uint32_t sign = 0; sign < 2; ++sign)
+        for (uint32_t u = (uint32_t)(127 - 66) << 23; u < (uint32_t)(127 - 60) << 23; u += (uint32_t)g_step) {
+            uint32_t v = u | sign << 31;
+            ++ftz_dense;
+            if (pair_ftz_case(mt_bits_f32(v)) && !ftz_dense_differ++) ftz_dense_first = v;
+        }
     pthread_t tid[256];
     tally t[256];
     memset(t, 0, sizeof t);
     for (int i = 0; i < threads; ++i) pthread_create(&tid[i], NULL, work, &t[i]);
-    uint64_t checked = 0, mid = 0, differ[BUILDS] = {0, 0, 0, 0, 0, 0};
-    uint32_t first[BUILDS] = {0, 0, 0, 0, 0, 0};
+    uint64_t checked = 0, mid = 0, differ[BUILDS] = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint32_t first[BUILDS] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < threads; ++i) {
         pthread_join(tid[i], NULL);
         checked += t[i].checked;
@@ -193,14 +291,18 @@ int main(int argc, char **argv) {
         }
     }
     static const char *names[BUILDS] = {"scalar call", "loop, default ISA", "loop, x86-64-v3", "loop, x86-64-v4",
-                                        "mt_expf_mid", "mt_expf_ranged"};
-    int ran[BUILDS] = {1, 1, g_v3, g_v4, 1, 1}, bad = (g_step <= 1 && checked != (1ull << 32)) || mid == 0;
+                                        "mt_expf_mid", "mt_expf_ranged", "pair (s2, lo, k)", "pair, flushed"};
+    int ran[BUILDS] = {1, 1, g_v3, g_v4, 1, 1, 1, 1}, bad = (g_step <= 1 && checked != (1ull << 32)) || mid == 0;
     printf("expf_identity: %llu inputs%s, %d threads; reference: the branching mt_expf of math v1\n",
            (unsigned long long)checked, g_step > 1 ? " (sampled)" : "", threads);
     printf("  (mt_expf_mid: the %llu inputs in [%g, %g], and %llu around its edges)\n", (unsigned long long)mid,
            (double)MT_EXPF_MID_LO, (double)MT_EXPF_MID_HI, (unsigned long long)edge_mid);
     if (edge_differ) first[4] = edge_first;
     differ[4] += edge_differ;
+    if (ftz_dense_differ && !differ[7]) first[7] = ftz_dense_first;
+    differ[7] += ftz_dense_differ;
+    printf("  (the pair: every input checked; flushed: every %dth of them and %llu with |x| in [2^-66, 2^-60))\n",
+           FTZ_SAMPLE, (unsigned long long)ftz_dense);
     for (int w = 0; w < BUILDS; ++w) {
         if (!ran[w]) { printf("  %-20s not run (the CPU lacks the ISA)\n", names[w]); continue; }
         printf("  %-20s %llu differing", names[w], (unsigned long long)differ[w]);

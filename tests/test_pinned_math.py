@@ -493,16 +493,20 @@ def test_sweep_program_builds_and_passes_on_a_sample(tmp_path):
 def test_expf_mid_gives_mt_expf_bits_on_its_range(tmp_path):
     """mt_expf_mid (the softmax rows' shortcut) against the reference mt_expf on a sample of
     its range [-86.5, 88] and densely around its edges, and mt_expf_ranged (the GPU maps' exp:
-    mt_expf_mid inside that range) on the same sample of every float (bench/expf_identity.c:
-    without -s it checks every input; its record is in that file's header)."""
+    mt_expf_mid inside that range) on the same sample of every float, and the unrounded pair
+    (s2, lo, k) against math v1's steps, also under the identical_ftz flush rule's emulation
+    (bench/expf_identity.c: without -s it checks every input; its record is in that file's
+    header)."""
     cc = c_compiler()
     exe = str(tmp_path / "expf_identity")
     src = os.path.join(REPO, "bench", "expf_identity.c")
     subprocess.run([cc, "-O2", "-ffp-contract=off", "-I", INCLUDE, "-pthread", src, "-o", exe, "-lm"], check=True)
     done = subprocess.run([exe, "-t", "2", "-s", "257"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    row = [l for l in done.stdout.splitlines() if l.strip().startswith(("mt_expf_mid ", "mt_expf_ranged "))]
-    assert row == ["  mt_expf_mid          0 differing", "  mt_expf_ranged       0 differing"], done.stdout
+    row = [l for l in done.stdout.splitlines()
+           if l.strip().startswith(("mt_expf_mid ", "mt_expf_ranged ", "pair (s2, lo, k) ", "pair, flushed "))]
+    assert row == ["  mt_expf_mid          0 differing", "  mt_expf_ranged       0 differing",
+                   "  pair (s2, lo, k)     0 differing", "  pair, flushed        0 differing"], done.stdout
     edges = re.search(r"and (\d+) around its edges", done.stdout)
     assert edges and int(edges.group(1)) == 4 * 65537, done.stdout   # the inner side of each edge
 

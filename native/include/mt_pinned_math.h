@@ -134,7 +134,7 @@ MT_HD float mt_math_exp_pair(float xs, MT_THREAD float *kf_out, MT_THREAD int *k
     float r2lo = fmaf(rhi, rhi, -r2);                /* rhi^2 = r2 + r2lo */
     /* h = 0.5 r2 never formed: s2 = s + h, e1 = h - (s2 - s) and 0.5 r2lo + (e0 + e1) each as
      * one fmaf of the halving, the same bits as math.md's separate steps: the halving is exact
-     * unless r2 or r2lo is subnormal (a tiny rhi), and there the half lies far below half an ulp
+     * unless r2 or r2lo is below 2^-125 (a tiny rhi), and there the half lies far below half an ulp
      * of what it meets (s >= 0.65; e0 + e1 = rhi) or is the result itself (e1 = h when s2 = s).
      * bench/expf_identity.c checks every float. Two operations fewer an exp. */
     float s2 = fmaf(0.5f, r2, s);                    /* s + h */
