@@ -778,8 +778,9 @@ def _torch32(torch, x, kw, group):
     return [a.detach().numpy() for a in (out, torch.logsumexp(s, dim=-1), t["q"].grad, t["k"].grad, t["v"].grad)]
 
 
-def attention_vs_torch(case, numeric_mode, dtype=None):
-    """{output: (ours or torch's in dtype, torch float64, unit)}; lse over rows with a live key."""
+def attention_vs_torch(case, numeric_mode, dtype=None, floors=False):
+    """{output: (ours or torch's in dtype, torch float64, unit)}; lse over rows with a live key;
+    with ``floors``, each tuple ends with the output's floor in a flushing mode as well."""
     torch = pytest.importorskip("torch")
     x, kw = _case_inputs(case)
     group = case["h"] // case["hkv"]
@@ -792,25 +793,32 @@ def attention_vs_torch(case, numeric_mode, dtype=None):
     mask_abs = 0.0 if mask is None or mask.dtype == np.bool_ else np.abs(np.where(mask == -np.inf, 0, mask))
     units = tol.attention_units(x["q"], x["k"], x["v"], x["dout"], out, p, live,
                                 1 / math.sqrt(case["d"]), mask_abs)
+    floors = tol.attention_flush_floors(x["q"], x["k"], x["v"], x["dout"], out, live, 1 / math.sqrt(case["d"]))
     ref = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     pick = {"lse": live.any(axis=-1)}                     # -inf on fully masked rows (tested apart)
     result = {}
     for name in got:
         sel = pick.get(name)
-        ours, want, unit = got[name], ref[name], np.broadcast_to(units[name], ref[name].shape)
+        ours, want = got[name], ref[name]
+        unit, floor = (np.broadcast_to(a[name], ref[name].shape) for a in (units, floors))
         if sel is not None:
-            ours, want, unit = ours[sel], want[sel], unit[sel]
-        result[name] = (ours, want, unit.ravel())
+            ours, want, unit, floor = ours[sel], want[sel], unit[sel], floor[sel]
+        result[name] = (ours, want, unit.ravel(), floor.ravel()) if floors else (ours, want, unit.ravel())
     return result
 
 
 @settings(max_examples=25, **HYPOTHESIS)
 @given(case=attention_cases())
 @example(case={"b": 2, "h": 1, "hkv": 1, "tq": 2, "tk": 4, "d": 1, "exp": 3, "mask": "none", "seed": 0})  # flushed dk, dv
+@example(case={"b": 2, "h": 1, "hkv": 1, "tq": 1, "tk": 14, "d": 2, "exp": 3, "mask": "none", "seed": 0})  # flushed p, dk normal
 def test_attention_stays_within_the_bound_of_torch_float64(attention_mode, case):
-    outputs = attention_vs_torch(case, attention_mode.numeric_mode)
-    for name, (ours, ref, unit) in outputs.items():
-        tol.assert_close_to_reference(ours, ref, "%r attention %r: %s" % (attention_mode, case, name), unit=unit)
+    """Within the bound of torch's float64 (tests/tolerances.py); in a mode that flushes, each
+    output's floor is the flush's own error carried through (attention_flush_floors)."""
+    outputs = attention_vs_torch(case, attention_mode.numeric_mode, floors=True)
+    flushes = tol.floor_of_the_mode_under_test() == tol.FLUSHED_GRID_AT_ZERO
+    for name, (ours, ref, unit, floor) in outputs.items():
+        tol.assert_close_to_reference(ours, ref, "%r attention %r: %s" % (attention_mode, case, name), unit=unit,
+                                      floor=floor if flushes else None)
 
 
 def test_a_comparisons_floor_near_zero_is_the_grid_of_the_mode_under_test(attention_mode):

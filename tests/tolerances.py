@@ -213,7 +213,7 @@ def bound_used(ours, ref64, unit, bound_of=None, floor=FLOAT32_GRID_AT_ZERO):
     # class weights that sum below zero) is negative, and a negative bound passed every error
     # (err / bound < 0) until the floor below made it fail (2026-12-03)
     bound = ATOL * np.abs(unit) + RTOL * np.abs(ref64) if bound_of is None else np.ravel(bound_of(unit))
-    bound = np.maximum(bound, max(floor, FLOAT32_GRID_AT_ZERO))
+    bound = np.maximum(bound, np.maximum(np.ravel(floor), FLOAT32_GRID_AT_ZERO))
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(err == 0, 0.0, err / bound)
     ratio = np.where(np.isnan(ours), np.inf, ratio)
@@ -403,6 +403,38 @@ def attention_units(q, k, v, dout, out, p, live, scale, mask_abs):
              "dk": abs(scale) * per_kv(np.swapaxes(w, -1, -2) @ np.abs(q)),
              "dv": per_kv(np.swapaxes(p * s, -1, -2) @ np.abs(dout))}
     return {name: np.maximum(u, ATT_SUBNORMAL_FLOOR) for name, u in units.items()}
+
+
+def attention_flush_floors(q, k, v, dout, out, live, scale):
+    """In a mode that flushes (identical_ftz's rule, a GPU fast mode), the floors of out, lse, dq,
+    dk, dv (float64 arrays; shapes as attention_units'): every p_ij, ds_ij and chain partial below
+    2^-126 may become 0, so each loses up to F = 2^-126, times what multiplies it afterwards:
+
+        out_id  F * sum_j (|v_jd| + 1)            dv_jd  F * sum_(h,i) (|dout_id| + 1)
+        dq_id   |scale| F * sum_j ((E_ij + 1) |k_jd| + 1)
+        dk_jd   |scale| F * sum_(h,i) ((E_ij + 1) |q_id| + 1)
+
+    (a flushed p_ij moves ds_ij by F E_ij, a flushed ds_ij by F; live pairs only). Found by
+    hypothesis in 2026-12-07's fresh-clone CI: a dk of -1.2456e-38 in float64 (1.06 x 2^-126)
+    came out 0 on identical_ftz (cpu and metal_emulated alike, before and after that session's
+    change): its p_ij near 1e-39 were flushed, then multiplied by E_ij |q_id| |scale| > 1. The
+    single floor 2^-126 of FLUSHED_GRID_AT_ZERO covered only outputs that are themselves tiny."""
+    q, k, v, dout, out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout, out))
+    b, hkv, tk, d = k.shape
+    group = q.shape[1] // hkv
+    ke, ve = np.repeat(np.abs(k), group, axis=1), np.repeat(np.abs(v), group, axis=1)
+    e = np.abs(dout) @ np.swapaxes(ve, -1, -2) + (np.abs(dout) * np.abs(out)).sum(axis=-1, keepdims=True)
+    f = FLUSHED_GRID_AT_ZERO
+    lv = live.astype(np.float64)
+    g = lv * (e + 1.0)
+
+    def per_kv(x):   # (B, H, Tk, D) summed over each kv head's query heads
+        return x.reshape(b, hkv, group, tk, d).sum(axis=2)
+    floors = {"out": f * (lv @ (ve + 1.0)), "lse": np.full(q.shape[:-1], f),
+              "dq": abs(scale) * f * (g @ ke + lv.sum(axis=-1, keepdims=True)),
+              "dk": abs(scale) * f * per_kv(np.swapaxes(g, -1, -2) @ np.abs(q) + np.swapaxes(lv, -1, -2).sum(axis=-1, keepdims=True)),
+              "dv": f * per_kv(np.swapaxes(lv, -1, -2) @ (np.abs(dout) + 1.0))}
+    return {name: np.maximum(x, f) for name, x in floors.items()}
 
 
 # ---- GELU (tests/test_elementwise.py) ---------------------------------------------------------------
