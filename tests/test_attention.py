@@ -793,7 +793,7 @@ def attention_vs_torch(case, numeric_mode, dtype=None, floors=False):
     mask_abs = 0.0 if mask is None or mask.dtype == np.bool_ else np.abs(np.where(mask == -np.inf, 0, mask))
     units = tol.attention_units(x["q"], x["k"], x["v"], x["dout"], out, p, live,
                                 1 / math.sqrt(case["d"]), mask_abs)
-    floors = tol.attention_flush_floors(x["q"], x["k"], x["v"], x["dout"], out, live, 1 / math.sqrt(case["d"]))
+    floors = tol.attention_flush_floors(x["q"], x["k"], x["v"], x["dout"], out, p, live, 1 / math.sqrt(case["d"]))
     ref = {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
     pick = {"lse": live.any(axis=-1)}                     # -inf on fully masked rows (tested apart)
     result = {}

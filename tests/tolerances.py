@@ -384,56 +384,65 @@ ATT_ELEMENTS = 2 ** 21           # B * H * Tq * Tk * D at most (shapes are redra
 ATT_SUBNORMAL_FLOOR = 8 * 2.0 ** -149 / ATOL
 
 
+class _AttentionMagnitudes:
+    """What attention_units and attention_flush_floors share: the inputs in float64, |k| and |v|
+    repeated over each kv head's query heads, E_ij (below) and the sum over a kv head's group."""
+
+    def __init__(self, q, k, v, dout, out):
+        self.q, self.k, self.v, self.dout, self.out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout, out))
+        self.b, self.hkv, self.tk, self.d = self.k.shape
+        self.group = self.q.shape[1] // self.hkv
+        self.ke, self.ve = (np.repeat(np.abs(x), self.group, axis=1) for x in (self.k, self.v))
+        self.e = (np.abs(self.dout) @ np.swapaxes(self.ve, -1, -2)
+                  + (np.abs(self.dout) * np.abs(self.out)).sum(axis=-1, keepdims=True))
+
+    def per_kv(self, x):   # (B, H, Tk, D) summed over each kv head's query heads
+        return x.reshape(self.b, self.hkv, self.group, self.tk, self.d).sum(axis=2)
+
+
 def attention_units(q, k, v, dout, out, p, live, scale, mask_abs):
     """The units of out, lse, dq, dk, dv (float64 arrays): q, dout, out (B, H, Tq, D); k, v
     (B, Hkv, Tk, D); p the reference's probabilities and live the kept pairs (B, H, Tq, Tk);
     mask_abs |float mask| broadcast to (B, H, Tq, Tk), or 0."""
-    q, k, v, dout, out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout, out))
-    b, hkv, tk, d = k.shape
-    group = q.shape[1] // hkv
-    ke, ve = np.repeat(np.abs(k), group, axis=1), np.repeat(np.abs(v), group, axis=1)
-    a = abs(scale) * (np.abs(q) @ np.swapaxes(ke, -1, -2)) + mask_abs
+    m = _AttentionMagnitudes(q, k, v, dout, out)
+    a = abs(scale) * (np.abs(m.q) @ np.swapaxes(m.ke, -1, -2)) + mask_abs
     s = 1.0 + np.where(live, a, 0.0).max(axis=-1, initial=0.0)[..., None]
-    e = np.abs(dout) @ np.swapaxes(ve, -1, -2) + (np.abs(dout) * np.abs(out)).sum(axis=-1, keepdims=True)
-    w = p * e * s
-
-    def per_kv(x):   # (B, H, Tk, D) summed over each kv head's query heads
-        return x.reshape(b, hkv, group, tk, d).sum(axis=2)
-    units = {"out": s * (p @ ve), "lse": s[..., 0], "dq": abs(scale) * (w @ ke),
-             "dk": abs(scale) * per_kv(np.swapaxes(w, -1, -2) @ np.abs(q)),
-             "dv": per_kv(np.swapaxes(p * s, -1, -2) @ np.abs(dout))}
+    w = p * m.e * s
+    units = {"out": s * (p @ m.ve), "lse": s[..., 0], "dq": abs(scale) * (w @ m.ke),
+             "dk": abs(scale) * m.per_kv(np.swapaxes(w, -1, -2) @ np.abs(m.q)),
+             "dv": m.per_kv(np.swapaxes(p * s, -1, -2) @ np.abs(m.dout))}
     return {name: np.maximum(u, ATT_SUBNORMAL_FLOOR) for name, u in units.items()}
 
 
-def attention_flush_floors(q, k, v, dout, out, live, scale):
+def attention_flush_floors(q, k, v, dout, out, p, live, scale):
     """In a mode that flushes (identical_ftz's rule, a GPU fast mode), the floors of out, lse, dq,
-    dk, dv (float64 arrays; shapes as attention_units'): every p_ij, ds_ij and chain partial below
-    2^-126 may become 0, so each loses up to F = 2^-126, times what multiplies it afterwards:
+    dk, dv (float64 arrays; shapes as attention_units'). A p_ij or ds_ij = p_ij (dp_ij - delta_i)
+    below 2^-126 may become 0 and so lose up to F = 2^-126, times what multiplies it afterwards;
+    a product or chain partial below 2^-126 loses up to F once. With P_ij = 1 where the
+    reference's p_ij < 2F, D_ij = 1 where its |ds_ij| < 2F (twice F: ours may round across it),
+    and every sum over live pairs:
 
-        out_id  F * sum_j (|v_jd| + 1)            dv_jd  F * sum_(h,i) (|dout_id| + 1)
-        dq_id   |scale| F * sum_j ((E_ij + 1) |k_jd| + 1)
-        dk_jd   |scale| F * sum_(h,i) ((E_ij + 1) |q_id| + 1)
+        out_id  F * sum_j (P_ij |v_jd| + 1)           dv_jd  F * sum_(h,i) (P_ij |dout_id| + 1)
+        dq_id   |scale| F * sum_j ((P_ij |dp_ij - delta_i| + D_ij) |k_jd| + 1)
+        dk_jd   |scale| F * sum_(h,i) ((P_ij |dp_ij - delta_i| + D_ij) |q_id| + 1)
 
-    (a flushed p_ij moves ds_ij by F E_ij, a flushed ds_ij by F; live pairs only). Found by
-    hypothesis in 2026-12-07's fresh-clone CI: a dk of -1.2456e-38 in float64 (1.06 x 2^-126)
-    came out 0 on identical_ftz (cpu and metal_emulated alike, before and after that session's
-    change): its p_ij near 1e-39 were flushed, then multiplied by E_ij |q_id| |scale| > 1. The
-    single floor 2^-126 of FLUSHED_GRID_AT_ZERO covered only outputs that are themselves tiny."""
-    q, k, v, dout, out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout, out))
-    b, hkv, tk, d = k.shape
-    group = q.shape[1] // hkv
-    ke, ve = np.repeat(np.abs(k), group, axis=1), np.repeat(np.abs(v), group, axis=1)
-    e = np.abs(dout) @ np.swapaxes(ve, -1, -2) + (np.abs(dout) * np.abs(out)).sum(axis=-1, keepdims=True)
+    Found by hypothesis in 2026-12-07's fresh-clone CI: a dk of -1.2456e-38 in float64 (1.06 x
+    2^-126) came out 0 on identical_ftz (cpu and metal_emulated alike, before and after that
+    session's change): its p_ij near 1e-39 were flushed, then multiplied by |dp_ij - delta_i|
+    |q_id| |scale| > 1. The single floor 2^-126 of FLUSHED_GRID_AT_ZERO covered only outputs that
+    are themselves tiny. Where nothing is near 2^-126 this adds at most (Tq or Tk) x F."""
+    m = _AttentionMagnitudes(q, k, v, dout, out)
     f = FLUSHED_GRID_AT_ZERO
     lv = live.astype(np.float64)
-    g = lv * (e + 1.0)
-
-    def per_kv(x):   # (B, H, Tk, D) summed over each kv head's query heads
-        return x.reshape(b, hkv, group, tk, d).sum(axis=2)
-    floors = {"out": f * (lv @ (ve + 1.0)), "lse": np.full(q.shape[:-1], f),
-              "dq": abs(scale) * f * (g @ ke + lv.sum(axis=-1, keepdims=True)),
-              "dk": abs(scale) * f * per_kv(np.swapaxes(g, -1, -2) @ np.abs(q) + np.swapaxes(lv, -1, -2).sum(axis=-1, keepdims=True)),
-              "dv": f * per_kv(np.swapaxes(lv, -1, -2) @ (np.abs(dout) + 1.0))}
+    vr = np.repeat(m.v, m.group, axis=1)
+    gap = m.dout @ np.swapaxes(vr, -1, -2) - (m.dout * m.out).sum(axis=-1, keepdims=True)   # dp_ij - delta_i
+    flushed_p = lv * (p < 2 * f)
+    c = flushed_p * np.abs(gap) + lv * (np.abs(p * gap) < 2 * f)   # a ds_ij's loss, in units of F
+    steps_q, steps_k = lv.sum(axis=-1, keepdims=True), np.swapaxes(lv, -1, -2).sum(axis=-1, keepdims=True)
+    floors = {"out": f * (flushed_p @ m.ve + steps_q), "lse": np.full(m.q.shape[:-1], f),
+              "dq": abs(scale) * f * (c @ m.ke + steps_q),
+              "dk": abs(scale) * f * m.per_kv(np.swapaxes(c, -1, -2) @ np.abs(m.q) + steps_k),
+              "dv": f * m.per_kv(np.swapaxes(flushed_p, -1, -2) @ np.abs(m.dout) + steps_k)}
     return {name: np.maximum(x, f) for name, x in floors.items()}
 
 
