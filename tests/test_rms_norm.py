@@ -323,15 +323,42 @@ def test_the_backward_of_many_leaves_gives_the_same_bits_with_any_number_of_bloc
         lib.mt_set_launch_geometry(256, 0)
 
 
-def test_the_three_kernel_backward_still_gives_the_cards_bits(rms_norm_identical):
+@pytest.mark.parametrize("switch", [("MOJO_TRAIN_RMS_ONE_PASS", "0"), ("MOJO_TRAIN_RMS_RELAY", "1")],
+                         ids=["three_kernels", "relay"])
+def test_the_other_backward_paths_still_give_the_cards_bits(rms_norm_identical, switch):
     """MOJO_TRAIN_RMS_ONE_PASS=0 keeps CUDA's row kernel and dweight leaves where the one-pass
-    kernel would run (the card's lines of 8 leaves and more); other vendors read nothing of it.
-    In a process of its own: the variable is read once."""
-    env = dict(os.environ, MOJO_TRAIN_RMS_ONE_PASS="0", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    kernel would run (the card's lines of 8 leaves and more); MOJO_TRAIN_RMS_RELAY=1 runs the relay
+    (row blocks handing r to column walkers) there instead. Other vendors read neither. In a
+    process of its own: the variables are read once."""
+    env = dict(os.environ, MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    env[switch[0]] = switch[1]
     out = subprocess.run([sys.executable, "-m", "mojo_train", "selfcheck", "--card", "rms_norm"], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert re.search(r"^rms_norm\s+%s\s+(\d+)/\1\b" % rms_norm_identical.vendor, out.stdout, re.M), out.stdout
+    # which kernel ran: the launch geometry after a map's, then after a backward of 8 leaves
+    probe = subprocess.run([sys.executable, "-c", _PATH_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    before, after = [tuple(map(int, line.split())) for line in probe.stdout.split("\n")[:2]]
+    if rms_norm_identical.vendor == "cuda" and switch[0] == "MOJO_TRAIN_RMS_RELAY":
+        assert after[0] == 128 and after[1] > 8 and after != before   # 8 walkers (dim 128) and row blocks
+    elif rms_norm_identical.vendor == "cuda":
+        assert after == before   # CUDA's three kernels record no launch
+
+
+_PATH_PROBE = """
+import mojo_train as mt
+from mojo_train._native import ffi, load
+lib, seen = load("identical").lib, ffi.new("int32_t[2]")
+g = mt.Generator(5, numeric_mode="identical")
+mt.add(g.uniform((1000,), -1.0, 1.0), g.uniform((1000,), -1.0, 1.0))
+assert lib.mt_launch_geometry(seen) == 0
+print(seen[0], seen[1])
+x, dy, w = g.uniform((7169, 128), -1.0, 1.0), g.uniform((7169, 128), -1.0, 1.0), g.uniform((128,), 0.5, 1.5)
+mt.rms_norm_backward(dy, x, w, 1e-5, numeric_mode="identical")
+assert lib.mt_launch_geometry(seen) == 0
+print(seen[0], seen[1])
+"""
 
 
 def _c_backward_on_device(lib, host, rows, dim, with_dx=True):

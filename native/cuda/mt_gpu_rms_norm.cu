@@ -118,6 +118,43 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
     if (bw) bad[BAD_W] = 1;
 }
 
+/* One row's backward from xr and dyr (shared memory, or global when not STAGED): its two
+ * sums by the chunk tree, r to rstd[r] (thread 0; rstd NULL: not kept), dx (NULL: not written),
+ * and the finiteness of what it read raised in bx, bdy, bw. Ends with the row's shared memory
+ * still in use: the caller's barrier frees it. */
+template <bool STAGED, bool VEC>
+__device__ __forceinline__ void rms_backward_row(int64_t r, const float *xr, const float *dyr, float *dx, float *rstd,
+                                                 const float *w, float eps, int64_t dim, float *part, float *part2,
+                                                 bool &bx, bool &bdy, bool &bw) {
+    float sums[2];
+    mt_rows_fold<2>(sums, dim, [&](int64_t c) {
+        return rms_step<STAGED || VEC, VEC, 2>{xr + c * MT_CHUNK, dyr + c * MT_CHUNK, w ? w + c * MT_CHUNK : nullptr};
+    }, part, part2, MT_SAB_RMS_NORM);
+    const float dimf = (float)dim, rs = mt_rms_rstd(sums[0], dimf, eps), k = mt_rms_k(sums[1], dimf, rs);
+    if (rstd && threadIdx.x == 0) rstd[r] = rs;
+    float *out = dx ? dx + r * dim : nullptr;
+    mt_rows_walk<VEC>(
+        dim,
+        [&](int64_t i) {
+            float4 q = *(const float4 *)(xr + i), g = *(const float4 *)(dyr + i);
+            float4 wv = w ? *(const float4 *)(w + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            bx |= mt_norm_bad4(q);
+            bdy |= mt_norm_bad4(g);
+            bw |= mt_norm_bad4(wv);
+            if (out)
+                MT_STCS((float4 *)(out + i),
+                        make_float4(mt_rms_dx(g.x, wv.x, q.x, rs, k), mt_rms_dx(g.y, wv.y, q.y, rs, k),
+                                    mt_rms_dx(g.z, wv.z, q.z, rs, k), mt_rms_dx(g.w, wv.w, q.w, rs, k)));
+        },
+        [&](int64_t i) {
+            float q = xr[i], g = dyr[i], wv = w ? w[i] : 1.0f;
+            bx |= !mt_is_finite(q);
+            bdy |= !mt_is_finite(g);
+            bw |= !mt_is_finite(wv);
+            if (out) out[i] = mt_rms_dx(g, wv, q, rs, k);
+        });
+}
+
 /* dx (or NULL) and r per row (or NULL) of every row; flags to both the device copy (read by
  * the dweight fold) and the mapped status. */
 template <bool STAGED, bool VEC>
@@ -128,7 +165,6 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
     const int64_t pitch = (dim + 3) / 4 * 4;
     float *xs = (float *)smem4, *dys = xs + (STAGED ? pitch : 0), *part = dys + (STAGED ? pitch : 0);
     float *part2 = part + 2 * mt_chunk_count(dim);
-    const float dimf = (float)dim;
     bool bx = false, bdy = false, bw = false;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *xg = x + r * dim, *dyg = dy + r * dim;
@@ -137,34 +173,8 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
             mt_rows_stage<VEC>(dys, dyg, dim);
             __syncthreads();
         }
-        const float *xr = STAGED ? xs : xg, *dyr = STAGED ? dys : dyg;
-        float sums[2];
-        mt_rows_fold<2>(sums, dim, [&](int64_t c) {
-            return rms_step<STAGED || VEC, VEC, 2>{xr + c * MT_CHUNK, dyr + c * MT_CHUNK, w ? w + c * MT_CHUNK : nullptr};
-        }, part, part2, MT_SAB_RMS_NORM);
-        const float rs = mt_rms_rstd(sums[0], dimf, eps), k = mt_rms_k(sums[1], dimf, rs);
-        if (rstd && threadIdx.x == 0) rstd[r] = rs;
-        float *out = dx ? dx + r * dim : nullptr;
-        mt_rows_walk<VEC>(
-            dim,
-            [&](int64_t i) {
-                float4 q = *(const float4 *)(xr + i), g = *(const float4 *)(dyr + i);
-                float4 wv = w ? *(const float4 *)(w + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-                bx |= mt_norm_bad4(q);
-                bdy |= mt_norm_bad4(g);
-                bw |= mt_norm_bad4(wv);
-                if (out)
-                    MT_STCS((float4 *)(out + i),
-                            make_float4(mt_rms_dx(g.x, wv.x, q.x, rs, k), mt_rms_dx(g.y, wv.y, q.y, rs, k),
-                                        mt_rms_dx(g.z, wv.z, q.z, rs, k), mt_rms_dx(g.w, wv.w, q.w, rs, k)));
-            },
-            [&](int64_t i) {
-                float q = xr[i], g = dyr[i], wv = w ? w[i] : 1.0f;
-                bx |= !mt_is_finite(q);
-                bdy |= !mt_is_finite(g);
-                bw |= !mt_is_finite(wv);
-                if (out) out[i] = mt_rms_dx(g, wv, q, rs, k);
-            });
+        rms_backward_row<STAGED, VEC>(r, STAGED ? xs : xg, STAGED ? dys : dyg, dx, rstd, w, eps, dim, part, part2, bx,
+                                      bdy, bw);
         __syncthreads();
     }
     if (bx) bad[BAD_X] = bad_dev[BAD_X] = 1;
@@ -455,6 +465,120 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
     if (bdy) A.bad[BAD_DY] = A.bad_dev[BAD_DY] = 1;
     if (bw) A.bad[BAD_W] = A.bad_dev[BAD_W] = 1;
 }
+
+/* ---- the backward with dweight as a relay: row blocks hand r to column walkers -------------
+ * One cooperative kernel, two roles. Row blocks run k_rms_backward's row (the same function:
+ * both sums, r, dx) over rows in window-major order -- window v (RMS_RELAY_W rows) of every
+ * leaf before window v + 1 of any -- and after each row thread 0, which wrote its r, releases
+ * the window's counter at gpu scope. Walker blocks own a leaf's columns, four a thread, and
+ * carry k_rms_dweight_leaves' chains down the leaf (acc = fma(dy, x * r, acc), rows ascending):
+ * they wait for a window's counter (thread 0's acquire, then a barrier), then read its r through
+ * L2 and its x and dy, which the row blocks read a moment before (loaded into L2 with normal
+ * priority here, not streamed: the walkers' reads are meant to hit there). Row blocks never
+ * wait, so nothing waits on a walker; the launch is cooperative because walkers spin on row
+ * blocks that must be resident. The same arithmetic in the same order as the three kernels:
+ * the card's bits. Against the lockstep above, no block waits for a peer's lanes: a walker
+ * trails the rows by the window, and x and dy come from DRAM once if L2 holds that lag. */
+#ifndef RMS_RELAY_W
+#define RMS_RELAY_W 16          /* rows a window: the walkers' unit of waiting */
+#endif
+#ifndef RMS_RELAY_BATCH
+#define RMS_RELAY_BATCH 8       /* rows whose loads a walker thread has in flight */
+#endif
+#ifndef RMS_RELAY_ROWS_PER_SM
+#define RMS_RELAY_ROWS_PER_SM 0 /* row blocks an SM at most (0: as many as fit) */
+#endif
+static_assert(MT_TOKEN_LEAF % RMS_RELAY_W == 0 && RMS_RELAY_W % RMS_RELAY_BATCH == 0, "whole windows and batches");
+
+struct rms_relay_args {
+    float *dx, *rstd, *part;
+    const float *dy, *x, *w;
+    int32_t *count, *bad_dev, *bad;   /* count: rows done of each (leaf, window) */
+    float eps;
+    int64_t rows, dim, leaves;
+    int walkers, per_leaf;            /* walker blocks (the first ones), and of one leaf */
+};
+
+__device__ __forceinline__ int64_t rms_relay_rows_of(int64_t rows, int64_t leaf, int64_t win) {
+    const int64_t first = leaf * MT_TOKEN_LEAF + win * RMS_RELAY_W, n = rows - first;
+    return n < RMS_RELAY_W ? n : RMS_RELAY_W;
+}
+
+__global__ void __launch_bounds__(32 * RMS_MAX_WARPS) k_rms_backward_relay(const rms_relay_args A) {
+    extern __shared__ float4 smem4[];
+    const int64_t dim = A.dim, wins = MT_TOKEN_LEAF / RMS_RELAY_W;
+    const int tid = threadIdx.x, nt = blockDim.x;
+    if ((int)blockIdx.x < A.walkers) {
+        const int64_t leaf = blockIdx.x / A.per_leaf, c = ((int64_t)(blockIdx.x % A.per_leaf) * nt + tid) * 4;
+        const int64_t r0 = leaf * MT_TOKEN_LEAF, n_leaf = A.rows - r0 < MT_TOKEN_LEAF ? A.rows - r0 : MT_TOKEN_LEAF;
+        const bool mine = c < dim;   /* dim % 4 == 0: whole float4 */
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int64_t v = 0; v * RMS_RELAY_W < n_leaf; ++v) {
+            const int64_t n = rms_relay_rows_of(A.rows, leaf, v), ra = r0 + v * RMS_RELAY_W;
+            if (tid == 0)
+                while (mt_load_acquire_gpu(A.count + leaf * wins + v) < n) mt_spin_pause();
+            __syncthreads();
+            if (!mine) continue;
+            const float *xp = A.x + ra * dim + c, *dp = A.dy + ra * dim + c;
+            int64_t i = 0;
+            for (; i + RMS_RELAY_BATCH <= n; i += RMS_RELAY_BATCH) {
+                float4 xv[RMS_RELAY_BATCH], dv[RMS_RELAY_BATCH];
+                float s[RMS_RELAY_BATCH];
+#pragma unroll
+                for (int u = 0; u < RMS_RELAY_BATCH; ++u) {
+                    xv[u] = __ldcs((const float4 *)(xp + (i + u) * dim));
+                    dv[u] = __ldcs((const float4 *)(dp + (i + u) * dim));
+                    s[u] = __ldcg(A.rstd + ra + i + u);   /* L2: never a stale L1 line */
+                }
+#pragma unroll
+                for (int u = 0; u < RMS_RELAY_BATCH; ++u) {
+                    acc.x = MT_DOT_STEP(dv[u].x, xv[u].x * s[u], acc.x);
+                    acc.y = MT_DOT_STEP(dv[u].y, xv[u].y * s[u], acc.y);
+                    acc.z = MT_DOT_STEP(dv[u].z, xv[u].z * s[u], acc.z);
+                    acc.w = MT_DOT_STEP(dv[u].w, xv[u].w * s[u], acc.w);
+                }
+            }
+            for (; i < n; ++i) {
+                const float4 xv = __ldcs((const float4 *)(xp + i * dim)), dv = __ldcs((const float4 *)(dp + i * dim));
+                const float s = __ldcg(A.rstd + ra + i);
+                acc.x = MT_DOT_STEP(dv.x, xv.x * s, acc.x);
+                acc.y = MT_DOT_STEP(dv.y, xv.y * s, acc.y);
+                acc.z = MT_DOT_STEP(dv.z, xv.z * s, acc.z);
+                acc.w = MT_DOT_STEP(dv.w, xv.w * s, acc.w);
+            }
+        }
+        if (mine) {
+            A.part[c * A.leaves + leaf] = acc.x;
+            A.part[(c + 1) * A.leaves + leaf] = acc.y;
+            A.part[(c + 2) * A.leaves + leaf] = acc.z;
+            A.part[(c + 3) * A.leaves + leaf] = acc.w;
+        }
+        return;
+    }
+    /* a row block: k_rms_backward's staged, aligned row, its copies all in flight at once */
+    float *xs = (float *)smem4, *dys = xs + dim, *part = dys + dim, *part2 = part + 2 * mt_chunk_count(dim);
+    bool bx = false, bdy = false, bw = false;
+    const int64_t producers = gridDim.x - A.walkers, tasks = A.leaves * MT_TOKEN_LEAF, q4 = dim / 4;
+    for (int64_t t = blockIdx.x - A.walkers; t < tasks; t += producers) {
+        const int64_t i = t % RMS_RELAY_W, lv = t / RMS_RELAY_W, leaf = lv % A.leaves, v = lv / A.leaves;
+        const int64_t r = leaf * MT_TOKEN_LEAF + v * RMS_RELAY_W + i;
+        if (r >= A.rows) continue;   /* the last leaf's missing rows: the same for the whole block */
+        const float *xg = A.x + r * dim, *dyg = A.dy + r * dim;
+        for (int64_t q = tid; q < q4; q += nt) {
+            mt_cp_async16(xs + 4 * q, xg + 4 * q, 16);
+            mt_cp_async16(dys + 4 * q, dyg + 4 * q, 16);
+        }
+        mt_cp_async_commit();
+        mt_cp_async_wait<0>();
+        __syncthreads();
+        rms_backward_row<true, true>(r, xs, dys, A.dx, A.rstd, A.w, A.eps, dim, part, part2, bx, bdy, bw);
+        __syncthreads();   /* the row's shared memory is free; thread 0 wrote r before it */
+        if (tid == 0) mt_add_release_gpu(A.count + leaf * wins + v, 1);
+    }
+    if (bx) A.bad[BAD_X] = A.bad_dev[BAD_X] = 1;
+    if (bdy) A.bad[BAD_DY] = A.bad_dev[BAD_DY] = 1;
+    if (bw) A.bad[BAD_W] = A.bad_dev[BAD_W] = 1;
+}
 #endif
 
 /* ---- host ---- */
@@ -492,6 +616,20 @@ int rms_dweight_fold(const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves) {
     return mt_rows_launched("rms_norm dweight fold");
 }
 
+#if RMS_FUSED
+/* Whether the device can launch cooperative kernels (asked once). */
+bool mt_rows_cooperative() {
+    static int cooperative = -1;
+    if (cooperative < 0) {
+        int v = 0, dev = 0;
+        cooperative = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
+        gpuGetLastError();
+    }
+    return cooperative;
+}
+#endif
+
 /* The one-pass backward (k_rms_backward_leaves) when it applies: *done says whether it ran.
  * It needs dweight, dim % 128 == 0, 16-byte aligned rows, at least RMS_FUSED_MIN_LEAVES leaves
  * and shared memory for a window; MOJO_TRAIN_RMS_ONE_PASS=0 switches it off (an A/B switch:
@@ -509,14 +647,7 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     const size_t smem = (size_t)rms_fused_floats(dim, wrows) * 4;
     if (smem > optin) return MT_OK;
     static std::once_flag once;
-    static int cooperative = -1;   /* the device can launch cooperative kernels (read once) */
-    if (cooperative < 0) {
-        int v = 0, dev = 0;
-        cooperative = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&v, cudaDevAttrCooperativeLaunch, dev) == cudaSuccess && v;
-        gpuGetLastError();
-    }
-    if (!cooperative) return MT_OK;
+    if (!mt_rows_cooperative()) return MT_OK;
     int rc, per_sm = 0;
     if ((rc = mt_rows_allow_smem(k_rms_backward_leaves, once))) return rc;
     MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_leaves, RMS_FUSED_THREADS, smem),
@@ -551,11 +682,60 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
     return MT_OK;
 }
 
+/* The relay backward (k_rms_backward_relay) when it applies: *done says whether it ran. It needs
+ * dweight, 16-byte aligned rows, a staged row pair that fits, at least RMS_FUSED_MIN_LEAVES
+ * leaves, a cooperative launch, and room for every walker and some row blocks at once. Opt-in
+ * for now: MOJO_TRAIN_RMS_RELAY=1 (an A/B switch: the same bits either way). */
+int rms_bwd_relay(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
+    *done = false;
+#if RMS_FUSED
+    static const bool on = getenv("MOJO_TRAIN_RMS_RELAY") && getenv("MOJO_TRAIN_RMS_RELAY")[0] == '1';
+    const int64_t leaves = mt_token_leaves(rows);
+    if (!on || !b.dweight || !mt_norm_bwd_vec(b, dim) || leaves < RMS_FUSED_MIN_LEAVES) return MT_OK;
+    const mt_norm_plan p = mt_norm_plan_rows(2, 2, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);
+    if (!p.staged || !mt_rows_cooperative()) return MT_OK;
+    static std::once_flag once;
+    int rc, per_sm = 0;
+    if ((rc = mt_rows_allow_smem(k_rms_backward_relay, once))) return rc;
+    MT_GPU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_rms_backward_relay, p.threads, p.smem),
+                 "occupancy");
+    const int64_t sms = mt_rows_limits().sms, per_leaf = (dim / 4 + p.threads - 1) / p.threads, walkers = leaves * per_leaf;
+    int64_t producers = (int64_t)per_sm * sms - walkers, cap = mt_gpu_blocks(INT64_MAX / 2, 1) - walkers;
+    if (RMS_RELAY_ROWS_PER_SM > 0 && producers > RMS_RELAY_ROWS_PER_SM * sms) producers = RMS_RELAY_ROWS_PER_SM * sms;
+    if (producers > cap) producers = cap;
+    if (producers < 1 || walkers + producers > INT32_MAX) return MT_OK;
+    rms_relay_args a;
+    a.dx = b.dx; a.part = b.pw; a.dy = b.dy; a.x = b.x; a.w = b.w;
+    a.bad_dev = b.flags; a.bad = st->bad; a.eps = eps; a.rows = rows; a.dim = dim; a.leaves = leaves;
+    a.walkers = (int)walkers; a.per_leaf = (int)per_leaf;
+    const int64_t windows = leaves * (MT_TOKEN_LEAF / RMS_RELAY_W);
+    if ((rc = b.arena.alloc((void **)&a.rstd, rows * 4)) || (rc = b.arena.alloc((void **)&a.count, windows * 4)))
+        return rc;
+    MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
+    void *args[1] = {&a};
+    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_relay,
+                                                  dim3((unsigned)(walkers + producers)), dim3(p.threads), args, p.smem,
+                                                  MT_STREAM);
+    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
+        gpuGetLastError();   /* e.g. another device than the one sized above: the other paths instead */
+        return MT_OK;
+    }
+    MT_GPU_CHECK(err, "rms_norm backward (relay)");
+    mt_gpu_record_launch(p.threads, (int)(walkers + producers));
+    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
+    *done = true;
+#else
+    (void)b; (void)eps; (void)rows; (void)dim; (void)st;
+#endif
+    return MT_OK;
+}
+
 /* The backward's kernels (b.pw: dweight's leaf partials; the three kernels' b.stats, r per row,
  * allocated here: the one-pass kernel keeps r in shared memory). */
 int rms_bwd_launch(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st) {
     bool done = false;
-    int rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
+    int rc0 = rms_bwd_relay(b, eps, rows, dim, st, &done);
+    if (!rc0 && !done) rc0 = rms_bwd_one_pass(b, eps, rows, dim, st, &done);
     if (rc0 || done) return rc0;
     static std::once_flag once[4];
     mt_norm_plan p = mt_norm_plan_rows(2, 2, dim, RMS_MIN_WARPS, RMS_MAX_WARPS);
