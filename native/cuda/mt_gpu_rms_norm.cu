@@ -62,6 +62,12 @@ struct rms_step {
     }
 };
 
+/* RMS_FWD_ASYNC 1: the forward stages an aligned row with every copy in flight at once
+ * (mt_rows_stage_async) instead of mt_rows_stage's batches (an A/B switch: the same bits). */
+#ifndef RMS_FWD_ASYNC
+#define RMS_FWD_ASYNC 0
+#endif
+
 template <bool STAGED, bool VEC>
 __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
     k_rms_forward(float *y, const float *x, const float *w, float eps, int64_t rows, int64_t dim, int32_t *bad) {
@@ -73,7 +79,12 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS)
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const float *src = x + r * dim;
         float *out = y + r * dim;
-        if (STAGED) {
+        if (STAGED && VEC && RMS_FWD_ASYNC) {
+            mt_rows_stage_async(row, src, dim);
+            mt_cp_async_commit();
+            mt_cp_async_wait<0>();
+            __syncthreads();
+        } else if (STAGED) {
             mt_rows_stage<VEC>(row, src, dim);
             __syncthreads();
         }
@@ -558,16 +569,13 @@ __global__ void __launch_bounds__(32 * RMS_MAX_WARPS) k_rms_backward_relay(const
     /* a row block: k_rms_backward's staged, aligned row, its copies all in flight at once */
     float *xs = (float *)smem4, *dys = xs + dim, *part = dys + dim, *part2 = part + 2 * mt_chunk_count(dim);
     bool bx = false, bdy = false, bw = false;
-    const int64_t producers = gridDim.x - A.walkers, tasks = A.leaves * MT_TOKEN_LEAF, q4 = dim / 4;
+    const int64_t producers = gridDim.x - A.walkers, tasks = A.leaves * MT_TOKEN_LEAF;
     for (int64_t t = blockIdx.x - A.walkers; t < tasks; t += producers) {
         const int64_t i = t % RMS_RELAY_W, lv = t / RMS_RELAY_W, leaf = lv % A.leaves, v = lv / A.leaves;
         const int64_t r = leaf * MT_TOKEN_LEAF + v * RMS_RELAY_W + i;
         if (r >= A.rows) continue;   /* the last leaf's missing rows: the same for the whole block */
-        const float *xg = A.x + r * dim, *dyg = A.dy + r * dim;
-        for (int64_t q = tid; q < q4; q += nt) {
-            mt_cp_async16(xs + 4 * q, xg + 4 * q, 16);
-            mt_cp_async16(dys + 4 * q, dyg + 4 * q, 16);
-        }
+        mt_rows_stage_async(xs, A.x + r * dim, dim);
+        mt_rows_stage_async(dys, A.dy + r * dim, dim);
         mt_cp_async_commit();
         mt_cp_async_wait<0>();
         __syncthreads();

@@ -228,6 +228,15 @@ __device__ __forceinline__ void mt_rows_stage(float *dst, const float *src, int6
     mt_rows_copy<1>(dst, src, n, i, step, see);
 }
 
+/* Issue the copy of a row of n floats (n % 4 == 0; dst and src 16-byte aligned) into shared
+ * memory, every piece in flight at once (cp.async; a plain copy where there is none); the
+ * caller then commits, waits and holds a barrier. One round trip of the memory a row, where
+ * mt_rows_stage's batches take several; the data lands in L2 with normal priority
+ * (mt_rows_stage streams it). */
+__device__ __forceinline__ void mt_rows_stage_async(float *dst, const float *src, int64_t n) {
+    for (int64_t q = threadIdx.x; q < n / 4; q += blockDim.x) mt_cp_async16(dst + 4 * q, src + 4 * q, 16);
+}
+
 /* Ask L2 for the n floats at p (one request per 128-byte line, spread over the block), so
  * that a block's next row arrives while it computes on this one. A hint: CUDA only. */
 __device__ __forceinline__ void mt_rows_prefetch_l2(const float *p, int64_t n) {
