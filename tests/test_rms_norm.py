@@ -9,6 +9,7 @@ shared memory; in the identical numeric mode each row is the contract's arithmet
 every numeric mode stays within tests/tolerances.py's bound of torch in float64.
 ``PYTHONPATH=. python tests/test_rms_norm.py N`` prints the bound figures of tolerances.py.
 """
+import json
 import math
 import os
 import re
@@ -345,6 +346,35 @@ def test_the_other_backward_paths_still_give_the_cards_bits(rms_norm_identical, 
     elif rms_norm_identical.vendor == "cuda":
         assert after == before   # CUDA's three kernels record no launch
 
+
+
+def test_the_relay_gives_the_oracles_bits_with_one_row_block_and_refuses_without_writing(rms_norm_identical):
+    """MOJO_TRAIN_RMS_RELAY=1 (a process of its own, tests/_rms_relay_probe.py): the CPU oracle's
+    bits at widths only the relay takes on CUDA (132, 1028: not multiples of 128), also under a
+    launch cap of walkers + 1 (one row block feeds every walker); a NaN in x, dy or weight is
+    refused by name and leaves a device dweight untouched. On CUDA the recorded geometry shows the
+    relay ran: 128 threads, the cap's blocks where capped, more than the walkers otherwise."""
+    need_device(rms_norm_identical)
+    env = dict(os.environ, MOJO_TRAIN_RMS_RELAY="1", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "_rms_relay_probe.py")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(found) == 9, out.stdout
+    walkers = {128: 8, 132: 8, 1028: 27}
+    for f in found:
+        cuda = rms_norm_identical.vendor == "cuda"
+        if f["case"] == "bits":
+            assert f["same"], f
+            if cuda and f["cap"]:
+                assert f["geometry"] == [128, f["cap"]], f
+            elif cuda:
+                assert f["geometry"][0] == 128 and f["geometry"][1] > walkers[f["dim"]], f
+        else:
+            assert f["rc"] == ENONFINITE and f["dweight_untouched"], f
+            assert f["message"].startswith(("weight" if f["bad"] == "w" else f["bad"]) + " holds NaN"), f
+            if cuda:
+                assert f["geometry"][0] == 128 and f["geometry"][1] > 8, f
 
 _PATH_PROBE = """
 import mojo_train as mt
