@@ -356,6 +356,10 @@ def test_the_relay_gives_the_oracles_bits_with_one_row_block_and_refuses_without
     relay ran: 128 threads, the cap's blocks where capped, more than the walkers otherwise."""
     need_device(rms_norm_identical)
     env = dict(os.environ, MOJO_TRAIN_RMS_RELAY="1", MOJO_TRAIN_VENDOR=rms_norm_identical.vendor)
+    # the mojo_train this process imported (a source tree or an installed package): a script's own
+    # folder, not the working directory, heads its path
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(mt.__file__)))] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "_rms_relay_probe.py")], env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

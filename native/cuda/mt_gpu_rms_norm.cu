@@ -63,9 +63,11 @@ struct rms_step {
 };
 
 /* RMS_FWD_ASYNC 1: the forward stages an aligned row with every copy in flight at once
- * (mt_rows_stage_async) instead of mt_rows_stage's batches (an A/B switch: the same bits). */
+ * (mt_rows_stage_async) instead of mt_rows_stage's batches of loads (0; a compile-time A/B
+ * switch: the same bits). On the H200 the forward went 0.161-0.164 -> 0.153-0.157 ms at
+ * 16384 x 4096 (fortieth session, bench/results/NOTES.md). */
 #ifndef RMS_FWD_ASYNC
-#define RMS_FWD_ASYNC 0
+#define RMS_FWD_ASYNC 1
 #endif
 
 template <bool STAGED, bool VEC>

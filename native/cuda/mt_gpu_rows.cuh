@@ -230,9 +230,10 @@ __device__ __forceinline__ void mt_rows_stage(float *dst, const float *src, int6
 
 /* Issue the copy of a row of n floats (n % 4 == 0; dst and src 16-byte aligned) into shared
  * memory, every piece in flight at once (cp.async; a plain copy where there is none); the
- * caller then commits, waits and holds a barrier. One round trip of the memory a row, where
- * mt_rows_stage's batches take several; the data lands in L2 with normal priority
- * (mt_rows_stage streams it). */
+ * caller then commits, waits and holds a barrier. One round trip of the memory for every row
+ * issued before the wait, where mt_rows_stage takes one per batch of MT_STAGE_BATCH loads a
+ * thread; no registers or shared stores on the way, and the data lands in L2 with normal
+ * priority (mt_rows_stage's loads are evict-first). */
 __device__ __forceinline__ void mt_rows_stage_async(float *dst, const float *src, int64_t n) {
     for (int64_t q = threadIdx.x; q < n / 4; q += blockDim.x) mt_cp_async16(dst + 4 * q, src + 4 * q, 16);
 }
