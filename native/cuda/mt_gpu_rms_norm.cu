@@ -2,7 +2,8 @@
  * bits as the CPU oracle (native/cpu_oracle/mt_cpu_rms_norm.c) in the identical numeric mode.
  *
  * RMSNorm forward, one kernel: each block takes rows in turn, stages the row in shared memory
- * (or, when it does not fit, reads it from global memory twice), folds the squares by the
+ * (cp.async where aligned: RMS_FWD_ASYNC; or, when it does not fit, reads it from global memory
+ * twice), folds the squares by the
  * chunk tree (one warp per 4096-chunk, mt_warp_chunk_fold, then mt_block_tree_fold), forms
  * r = mt_rms_rstd and writes y.
  * Backward, up to three kernels: k_rms_backward stages x and dy, folds the squares and the
@@ -10,6 +11,9 @@
  * k_rms_dweight_leaves runs the token rule's leaves (one thread per column walks a leaf's rows
  * in ascending order: acc = fma(dy, x * r, acc), coalesced across columns) into partials laid
  * out (column, leaf), and k_rms_dweight_fold folds each column's partials (mt_token_tree).
+ * Where it applies, one kernel replaces the first two: k_rms_backward_leaves (the default, one
+ * read of x and dy, a leaf's blocks in lockstep), or k_rms_backward_relay (opt-in, row blocks
+ * handing r to column walkers). Each is described at its code; all give the same bits.
  * Finiteness rides along (no pre-pass): kernels raise per-input flags, the host refuses after
  * the synchronization; y and dx are undefined then (mojo_train.h), dweight is never written
  * (its fold kernel reads the flags first). Argument checks and refusal order follow the
@@ -491,7 +495,10 @@ __global__ void __launch_bounds__(RMS_FUSED_THREADS, 1) k_rms_backward_leaves(co
  * wait, so nothing waits on a walker; the launch is cooperative because walkers spin on row
  * blocks that must be resident. The same arithmetic in the same order as the three kernels:
  * the card's bits. Against the lockstep above, no block waits for a peer's lanes: a walker
- * trails the rows by the window, and x and dy come from DRAM once if L2 holds that lag. */
+ * trails the rows by the window, and x and dy come from DRAM once if L2 holds that lag.
+ * Measured slower on an H200 (fortieth session: backward 0.455-0.465 ms against the lockstep's
+ * 0.391-0.393 at 16384 x 4096), most likely because the walkers miss L2 (not yet profiled):
+ * kept opt-in, the same bits, for the profile that says why (bench/results/NOTES.md). */
 #ifndef RMS_RELAY_W
 #define RMS_RELAY_W 16          /* rows a window: the walkers' unit of waiting */
 #endif
@@ -694,8 +701,9 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
 
 /* The relay backward (k_rms_backward_relay) when it applies: *done says whether it ran. It needs
  * dweight, 16-byte aligned rows, a staged row pair that fits, at least RMS_FUSED_MIN_LEAVES
- * leaves, a cooperative launch, and room for every walker and some row blocks at once. Opt-in
- * for now: MOJO_TRAIN_RMS_RELAY=1 (an A/B switch: the same bits either way). */
+ * leaves, a cooperative launch, and room for every walker and some row blocks at once. Opt-in,
+ * being slower than the lockstep kernel where measured: MOJO_TRAIN_RMS_RELAY=1 (an A/B switch:
+ * the same bits either way). */
 int rms_bwd_relay(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_rows_status *st, bool *done) {
     *done = false;
 #if RMS_FUSED
