@@ -634,6 +634,26 @@ int rms_dweight_fold(const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves) {
 }
 
 #if RMS_FUSED
+/* A one-pass backward kernel launched cooperatively (its only argument: *args), then dweight's
+ * fold; *done says whether it ran. A launch the device refuses for its size (e.g. another
+ * device than the one sized for) leaves *done false: the other paths instead. */
+template <class Args>
+int rms_cooperative_then_fold(const void *kernel, int blocks, int threads, Args *args, size_t smem,
+                              const mt_norm_bwd_bufs &b, int64_t dim, int64_t leaves, const char *what, bool *done) {
+    void *argv[1] = {args};
+    cudaError_t err = cudaLaunchCooperativeKernel(kernel, dim3((unsigned)blocks), dim3(threads), argv, smem, MT_STREAM);
+    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
+        gpuGetLastError();
+        return MT_OK;
+    }
+    MT_GPU_CHECK(err, what);
+    mt_gpu_record_launch(threads, blocks);   /* what mt_launch_geometry reads back */
+    int rc;
+    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
+    *done = true;
+    return MT_OK;
+}
+
 /* Whether the device can launch cooperative kernels (asked once). */
 bool mt_rows_cooperative() {
     static int cooperative = -1;
@@ -681,18 +701,8 @@ int rms_bwd_one_pass(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, 
         (rc = b.arena.alloc((void **)&a.count, windows * 4)))
         return rc;
     MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
-    void *args[1] = {&a};
-    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_leaves,
-                                                  dim3((unsigned)(groups * RMS_GROUPS)), dim3(RMS_FUSED_THREADS), args,
-                                                  smem, MT_STREAM);
-    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
-        gpuGetLastError();   /* e.g. another device than the one sized above: the three kernels instead */
-        return MT_OK;
-    }
-    MT_GPU_CHECK(err, "rms_norm backward (one pass)");
-    mt_gpu_record_launch(RMS_FUSED_THREADS, (int)(groups * RMS_GROUPS));   /* what mt_launch_geometry reads back */
-    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
-    *done = true;
+    return rms_cooperative_then_fold((const void *)k_rms_backward_leaves, (int)(groups * RMS_GROUPS), RMS_FUSED_THREADS,
+                                     &a, smem, b, dim, leaves, "rms_norm backward (one pass)", done);
 #else
     (void)b; (void)eps; (void)rows; (void)dim; (void)st;
 #endif
@@ -730,18 +740,8 @@ int rms_bwd_relay(mt_norm_bwd_bufs &b, float eps, int64_t rows, int64_t dim, mt_
     if ((rc = b.arena.alloc((void **)&a.rstd, rows * 4)) || (rc = b.arena.alloc((void **)&a.count, windows * 4)))
         return rc;
     MT_GPU_CHECK(gpuMemsetAsync(a.count, 0, (size_t)windows * 4, MT_STREAM), "window counters");
-    void *args[1] = {&a};
-    cudaError_t err = cudaLaunchCooperativeKernel((const void *)k_rms_backward_relay,
-                                                  dim3((unsigned)(walkers + producers)), dim3(p.threads), args, p.smem,
-                                                  MT_STREAM);
-    if (err == cudaErrorCooperativeLaunchTooLarge || err == cudaErrorNotSupported) {
-        gpuGetLastError();   /* e.g. another device than the one sized above: the other paths instead */
-        return MT_OK;
-    }
-    MT_GPU_CHECK(err, "rms_norm backward (relay)");
-    mt_gpu_record_launch(p.threads, (int)(walkers + producers));
-    if ((rc = rms_dweight_fold(b, dim, leaves))) return rc;
-    *done = true;
+    return rms_cooperative_then_fold((const void *)k_rms_backward_relay, (int)(walkers + producers), p.threads, &a, p.smem,
+                                     b, dim, leaves, "rms_norm backward (relay)", done);
 #else
     (void)b; (void)eps; (void)rows; (void)dim; (void)st;
 #endif
