@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import subprocess
 import sys
 
 import pytest
@@ -693,3 +694,46 @@ def test_the_silu_division_sweep_covers_its_range_once():
             start += count
         assert start == sweep.HI_BITS + 1
     assert (sweep.LO_BITS, sweep.HI_BITS) == (bits(2.0 ** -64), bits(64.0))
+
+
+# ---- the ring walk (MOJO_TRAIN_MAP_RING=1) -------------------------------------------------------
+_RING_TESTS = ("bytes_do_not_depend_on_the_thread_count or unaligned_views or silu_fast_groups or device_inputs "
+               "or out_may_be_any_input or out_viewing_exactly or nonfinite_input_is_refused")
+
+_RING_GEOMETRY = """
+import sys
+import mojo_train
+from mojo_train import elementwise as ew
+from mojo_train._native import ffi, load
+lib = load(sys.argv[1], sys.argv[2]).lib
+x = mojo_train.Generator(1, numeric_mode=sys.argv[1]).uniform((1 << 22,), -4.0, 4.0)
+ew.silu_forward(x, numeric_mode=sys.argv[1])
+seen = ffi.new("int32_t[2]")
+assert lib.mt_launch_geometry(seen) == 0
+print(seen[0], seen[1])
+"""
+
+
+def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode):
+    """MOJO_TRAIN_MAP_RING=1 (read once, so in processes of their own) puts CUDA's maps (SiLU,
+    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu: a resident
+    grid whose threads keep their next float4 groups in flight as asynchronous copies. This
+    file's tests of launch geometry (a one-thread grid walks every group through one thread's
+    ring), unaligned views, the fast groups, device buffers, in place and refusals run again
+    under it, in this mode; on CUDA a 2^22 SiLU must have taken a resident grid, fewer blocks
+    than its groups over the block's threads (the lean launch's count). Other vendors read nothing
+    of the variable: there the run repeats theirs."""
+    env = dict(os.environ, MOJO_TRAIN_MAP_RING="1", MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
+               MOJO_TRAIN_TEST_NUMERIC_MODES=elementwise_mode.numeric_mode)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          os.path.abspath(__file__), "-k", _RING_TESTS], env=env, cwd=os.path.dirname(__file__),
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    passed = re.search(r"(\d+) passed", out.stdout)
+    assert passed and int(passed.group(1)) >= 40 and "failed" not in out.stdout, out.stdout[-2000:]
+    if elementwise_mode.vendor == "cuda":
+        seen = subprocess.run([sys.executable, "-c", _RING_GEOMETRY, elementwise_mode.numeric_mode, "cuda"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert seen.returncode == 0, seen.stderr[-3000:]
+        threads, blocks = map(int, seen.stdout.split())
+        assert blocks < (1 << 20) // threads, (threads, blocks)

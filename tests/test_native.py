@@ -284,7 +284,8 @@ BAD_ENVIRONMENT = [("MOJO_TRAIN_NUMERIC_MODE", "bogus", "one of identical, deter
                    ("MOJO_TRAIN_CE_GLOBAL", "true", "one of 0, 1"),
                    ("MOJO_TRAIN_LM_ONE_STREAM", "2", "one of 0, 1"),
                    ("MOJO_TRAIN_RMS_ONE_PASS", "no", "one of 0, 1"),
-                   ("MOJO_TRAIN_RMS_RELAY", "on", "one of 0, 1")]
+                   ("MOJO_TRAIN_RMS_RELAY", "on", "one of 0, 1"),
+                   ("MOJO_TRAIN_MAP_RING", "yes", "one of 0, 1")]
 
 
 @pytest.mark.parametrize("variable, value, allowed", BAD_ENVIRONMENT)
@@ -324,7 +325,8 @@ def test_allowed_environment_values_import_and_take_effect(mode):
     """, {"MOJO_TRAIN_NUMERIC_MODE": " %s " % mode.numeric_mode.title(), "MOJO_TRAIN_VENDOR": mode.vendor.upper(),
           "MOJO_TRAIN_NUM_THREADS": "3", "MOJO_TRAIN_CPU_GEMM": "scalar", "MOJO_TRAIN_LR_EXACT_ONLY": "0",
           "MOJO_TRAIN_CE_GLOBAL": "0", "MOJO_TRAIN_CE_CLUSTER": "0", "MOJO_TRAIN_LM_ONE_STREAM": "1",
-          "MOJO_TRAIN_RMS_ONE_PASS": "0", "MOJO_TRAIN_RMS_RELAY": "0"})
+          "MOJO_TRAIN_RMS_ONE_PASS": "0", "MOJO_TRAIN_RMS_RELAY": "0",
+          "MOJO_TRAIN_MAP_RING": "0"})
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert (info["vendor"], info["numeric_mode"]) == (mode.vendor, mode.numeric_mode)

@@ -206,6 +206,20 @@ __device__ __forceinline__ float4 elt4(float4 qa, float4 qb, bool &bad_a, bool &
     return make_float4(elt<OP>(qa.x, qb.x), elt<OP>(qa.y, qb.y), elt<OP>(qa.z, qb.z), elt<OP>(qa.w, qb.w));
 }
 
+/* The elements [i, n) a grid stride apart, one by one (the tail past the float4 groups). */
+template <int OP, bool FUSED>
+__device__ __forceinline__ void elt_tail(float *out, const float *a, const float *b, int64_t i, int64_t n,
+                                         int64_t stride, bool &bad_a, bool &bad_b) {
+    for (; i < n; i += stride) {
+        float x = a[i], y = unary(OP) ? x : b[i];
+        if (FUSED) {
+            bad_a |= !mt_is_finite(x);
+            if (!unary(OP)) bad_b |= !mt_is_finite(y);
+        }
+        out[i] = elt<OP>(x, y);
+    }
+}
+
 /* float4 groups first (VEC: every pointer 16-byte aligned), then the tail one by one. A
  * thread of the capped grid (not LEAN) loads MT_MAP_UNROLL groups (a grid stride apart, so a
  * warp's loads stay coalesced) before it computes and stores any: the compiler cannot move a
@@ -249,15 +263,73 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
         float4 qb = unary(OP) ? qa : ((const float4 *)b)[g];
         ((float4 *)out)[g] = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
     }
-    for (int64_t i = 4 * groups + start; i < n; i += stride) {
-        float x = a[i], y = unary(OP) ? x : b[i];
-        if (FUSED) {
-            bad_a |= !mt_is_finite(x);
-            if (!unary(OP)) bad_b |= !mt_is_finite(y);
-        }
-        out[i] = elt<OP>(x, y);
-    }
+    elt_tail<OP, FUSED>(out, a, b, 4 * groups + start, n, stride, bad_a, bad_b);
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
+}
+
+/* The ring walk (MOJO_TRAIN_MAP_RING=1, read once; an A/B switch for every map of launch_elt
+ * below, the same bits): a persistent grid, as many blocks as
+ * fit at once, and each thread keeps its next MT_MAP_RING_DEPTH float4 groups (a grid stride
+ * apart) in flight as cp.async copies into its own slots of shared memory while it computes
+ * on the current one. The lean launch has a load in flight only while a thread waits for it,
+ * so where the arithmetic is long (SiLU's ~42 instructions an element on the H200) few bytes
+ * are in flight at once; here the copies do not wait on the arithmetic, nor hold registers.
+ * A thread reads only its own slots (no barrier: its own wait makes its copies visible), and
+ * it refills a slot only after the arithmetic that used the slot's value; each element is
+ * read before the same thread writes it, so an in-place call reads what it was given. Where
+ * there is no cp.async (HIP), the copies are plain loads and stores to the same slots. */
+#ifndef MT_MAP_RING_DEPTH
+#define MT_MAP_RING_DEPTH 4
+#endif
+template <int OP, bool FUSED>
+__global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, const float *a, const float *b, int64_t n,
+                                                             mt_gpu_flag flag) {
+    if (!FUSED && mt_map_refused(flag)) return;
+    constexpr int D = MT_MAP_RING_DEPTH, IN = unary(OP) ? 1 : 2;
+    extern __shared__ float4 ring4[];   /* [D][IN][blockDim.x] */
+    float4 *mine = ring4 + threadIdx.x;
+    const int bd = blockDim.x;
+    bool bad_a = false, bad_b = false;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t groups = n / 4;
+    auto issue = [&](int64_t g, int slot) {
+        if (g < groups) {
+            mt_cp_async16((float *)(mine + slot * IN * bd), a + 4 * g, 16);
+            if (IN == 2) mt_cp_async16((float *)(mine + (slot * IN + 1) * bd), b + 4 * g, 16);
+        }
+        mt_cp_async_commit();   /* an empty group past the end completes at once */
+    };
+#pragma unroll
+    for (int k = 0; k < D; k++) issue(start + k * stride, k);
+    int slot = 0;
+    for (int64_t g = start; g < groups; g += stride) {
+        mt_cp_async_wait<D - 1>();   /* group g's copies (the oldest of the D in flight) are in */
+        const float4 qa = mine[slot * IN * bd], qb = IN == 2 ? mine[(slot * IN + 1) * bd] : qa;
+        const float4 r = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
+        ((float4 *)out)[g] = r;
+        issue(g + D * stride, slot);
+        slot = slot + 1 == D ? 0 : slot + 1;
+    }
+    elt_tail<OP, FUSED>(out, a, b, 4 * groups + start, n, stride, bad_a, bad_b);
+    if (FUSED) mt_map_report(flag, bad_a, bad_b);
+}
+
+/* Shared memory of a ring block of `threads` threads. */
+__host__ __device__ constexpr size_t ring_smem(int op, int threads) {
+    return (size_t)MT_MAP_RING_DEPTH * (unary(op) ? 1 : 2) * threads * sizeof(float4);
+}
+
+template <int OP, bool FUSED>
+int launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
+    static std::once_flag once;
+    const int threads = mt_gpu_threads();
+    const size_t smem = ring_smem(OP, threads);
+    int blocks = 0, rc;
+    if ((rc = mt_rows_allow_smem(mt_k_elt_ring<OP, FUSED>, once)) || (rc = mt_rows_grid(&blocks, mt_k_elt_ring<OP, FUSED>, threads, smem, (n / 4 + threads - 1) / threads)))
+        return rc;
+    mt_gpu_record_launch(threads, blocks);
+    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag);
+    return MT_OK;
 }
 
 /* The memory-bound maps take the lean kernel (above). */
@@ -282,6 +354,9 @@ int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt
     constexpr bool LEAN = lean_map(OP);
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
+    static const bool ring = getenv("MOJO_TRAIN_MAP_RING") && getenv("MOJO_TRAIN_MAP_RING")[0] == '1';
+    if (ring && vec && ring_smem(OP, threads) <= (size_t)mt_rows_limits().smem_optin)
+        return flag.fused ? launch_ring<OP, true>(out, a, b, n, flag) : launch_ring<OP, false>(out, a, b, n, flag);
     int64_t items = vec ? (n + 3) / 4 : n;
     int blocks = LEAN ? mt_gpu_blocks_each(items, threads) : mt_gpu_blocks(items, threads);
     mt_gpu_record_launch(threads, blocks);
