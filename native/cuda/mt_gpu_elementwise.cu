@@ -267,11 +267,12 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
-/* The ring walk (MOJO_TRAIN_MAP_RING=1, read once; an A/B switch for every map of launch_elt
- * below, the same bits): a persistent grid, as many blocks as
- * fit at once, and each thread keeps its next MT_MAP_RING_DEPTH float4 groups (a grid stride
- * apart) in flight as cp.async copies into its own slots of shared memory while it computes
- * on the current one. The lean launch has a load in flight only while a thread waits for it,
+/* The ring walk (MOJO_TRAIN_MAP_RING=1 or 2, read once; an A/B switch for every map of
+ * launch_elt below, the same bits): each thread keeps its next MT_MAP_RING_DEPTH float4 groups
+ * in flight as cp.async copies into its own slots of shared memory while it computes on the
+ * current one. 1: a resident grid (as many blocks as fit at once), its groups a grid stride
+ * apart; 2: a grid over the data once, each block a contiguous span of tiles (launch_ring).
+ * On an H100 (forty-first session) 1 was 5-10% slower than the lean launch for SiLU and add. The lean launch has a load in flight only while a thread waits for it,
  * so where the arithmetic is long (SiLU's ~42 instructions an element on the H200) few bytes
  * are in flight at once; here the copies do not wait on the arithmetic, nor hold registers.
  * A thread reads only its own slots (no barrier: its own wait makes its copies visible), and
@@ -283,7 +284,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
 #endif
 template <int OP, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, const float *a, const float *b, int64_t n,
-                                                             mt_gpu_flag flag) {
+                                                             mt_gpu_flag flag, bool spans) {
     if (!FUSED && mt_map_refused(flag)) return;
     constexpr int D = MT_MAP_RING_DEPTH, IN = unary(OP) ? 1 : 2;
     extern __shared__ float4 ring4[];   /* [D][IN][blockDim.x] */
@@ -292,22 +293,29 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
     bool bad_a = false, bad_b = false;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = n / 4;
+    /* spans: the block's own run of whole tiles (a tile: a group a thread), walked tile by tile;
+     * else every block's tile a grid stride apart */
+    const int64_t per = (groups + stride - 1) / stride;   /* tiles a block, in spans */
+    const int64_t first = spans ? blockIdx.x * per * bd + threadIdx.x : start, step = spans ? bd : stride;
+    const int64_t end = spans ? ((int64_t)blockIdx.x + 1) * per * bd < groups ? ((int64_t)blockIdx.x + 1) * per * bd
+                                                                           : groups
+                              : groups;
     auto issue = [&](int64_t g, int slot) {
-        if (g < groups) {
+        if (g < end) {
             mt_cp_async16((float *)(mine + slot * IN * bd), a + 4 * g, 16);
             if (IN == 2) mt_cp_async16((float *)(mine + (slot * IN + 1) * bd), b + 4 * g, 16);
         }
         mt_cp_async_commit();   /* an empty group past the end completes at once */
     };
 #pragma unroll
-    for (int k = 0; k < D; k++) issue(start + k * stride, k);
+    for (int k = 0; k < D; k++) issue(first + k * step, k);
     int slot = 0;
-    for (int64_t g = start; g < groups; g += stride) {
+    for (int64_t g = first; g < end; g += step) {
         mt_cp_async_wait<D - 1>();   /* group g's copies (the oldest of the D in flight) are in */
         const float4 qa = mine[slot * IN * bd], qb = IN == 2 ? mine[(slot * IN + 1) * bd] : qa;
         const float4 r = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
         ((float4 *)out)[g] = r;
-        issue(g + D * stride, slot);
+        issue(g + D * step, slot);
         slot = slot + 1 == D ? 0 : slot + 1;
     }
     elt_tail<OP, FUSED>(out, a, b, 4 * groups + start, n, stride, bad_a, bad_b);
@@ -319,16 +327,26 @@ __host__ __device__ constexpr size_t ring_smem(int op, int threads) {
     return (size_t)MT_MAP_RING_DEPTH * (unary(op) ? 1 : 2) * threads * sizeof(float4);
 }
 
+/* Tiles (a float4 group a thread) a block walks in the span layout. */
+#ifndef MT_MAP_RING_SPAN
+#define MT_MAP_RING_SPAN 8
+#endif
+
+/* spans false: a resident grid (as many blocks as fit at once) walking grid-stride; true: a
+ * grid over the data once, each block a contiguous span of MT_MAP_RING_SPAN tiles (a test's
+ * launch cap makes the spans longer, never leaves a group out). */
 template <int OP, bool FUSED>
-int launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
+int launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag, bool spans) {
     static std::once_flag once;
     const int threads = mt_gpu_threads();
     const size_t smem = ring_smem(OP, threads);
+    const int64_t tiles = (n / 4 + threads - 1) / threads;
     int blocks = 0, rc;
-    if ((rc = mt_rows_allow_smem(mt_k_elt_ring<OP, FUSED>, once)) || (rc = mt_rows_grid(&blocks, mt_k_elt_ring<OP, FUSED>, threads, smem, (n / 4 + threads - 1) / threads)))
-        return rc;
+    if ((rc = mt_rows_allow_smem(mt_k_elt_ring<OP, FUSED>, once))) return rc;
+    if (spans) blocks = mt_gpu_blocks_each(tiles, MT_MAP_RING_SPAN);
+    else if ((rc = mt_rows_grid(&blocks, mt_k_elt_ring<OP, FUSED>, threads, smem, tiles))) return rc;
     mt_gpu_record_launch(threads, blocks);
-    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag);
+    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag, spans);
     return MT_OK;
 }
 
@@ -354,9 +372,12 @@ int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt
     constexpr bool LEAN = lean_map(OP);
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
-    static const bool ring = getenv("MOJO_TRAIN_MAP_RING") && getenv("MOJO_TRAIN_MAP_RING")[0] == '1';
-    if (ring && vec && ring_smem(OP, threads) <= (size_t)mt_rows_limits().smem_optin)
-        return flag.fused ? launch_ring<OP, true>(out, a, b, n, flag) : launch_ring<OP, false>(out, a, b, n, flag);
+    static const char ring = getenv("MOJO_TRAIN_MAP_RING") ? getenv("MOJO_TRAIN_MAP_RING")[0] : '0';
+    if ((ring == '1' || ring == '2') && vec && ring_smem(OP, threads) <= (size_t)mt_rows_limits().smem_optin) {
+        const bool spans = ring == '2';
+        return flag.fused ? launch_ring<OP, true>(out, a, b, n, flag, spans)
+                          : launch_ring<OP, false>(out, a, b, n, flag, spans);
+    }
     int64_t items = vec ? (n + 3) / 4 : n;
     int blocks = LEAN ? mt_gpu_blocks_each(items, threads) : mt_gpu_blocks(items, threads);
     mt_gpu_record_launch(threads, blocks);
