@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
 #endif
 template <int OP, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, const float *a, const float *b, int64_t n,
-                                                             mt_gpu_flag flag, bool spans) {
+                                                             mt_gpu_flag flag, int64_t span) {
     if (!FUSED && mt_map_refused(flag)) return;
     constexpr int D = MT_MAP_RING_DEPTH, IN = unary(OP) ? 1 : 2;
     extern __shared__ float4 ring4[];   /* [D][IN][blockDim.x] */
@@ -293,30 +293,37 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
     bool bad_a = false, bad_b = false;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t groups = n / 4;
-    /* spans: the block's own run of whole tiles (a tile: a group a thread), walked tile by tile;
-     * else every block's tile a grid stride apart */
-    const int64_t per = (groups + stride - 1) / stride;   /* tiles a block, in spans */
-    const int64_t first = spans ? blockIdx.x * per * bd + threadIdx.x : start, step = spans ? bd : stride;
-    const int64_t end = spans ? ((int64_t)blockIdx.x + 1) * per * bd < groups ? ((int64_t)blockIdx.x + 1) * per * bd
-                                                                           : groups
-                              : groups;
-    auto issue = [&](int64_t g, int slot) {
-        if (g < end) {
-            mt_cp_async16((float *)(mine + slot * IN * bd), a + 4 * g, 16);
-            if (IN == 2) mt_cp_async16((float *)(mine + (slot * IN + 1) * bd), b + 4 * g, 16);
+    /* span > 0: the block's own run of `span` whole tiles (a tile: a group a thread), walked
+     * tile by tile; 0: every block's tile a grid stride apart */
+    const int64_t step = span ? bd : stride, first = span ? (int64_t)blockIdx.x * span * bd + threadIdx.x : start;
+    const int64_t end = span && ((int64_t)blockIdx.x + 1) * span * bd < groups ? ((int64_t)blockIdx.x + 1) * span * bd
+                                                                               : groups;
+    const int64_t last_refill = end - D * step;   /* a group g below it refills its slot with g + D steps */
+    /* unrolled by D, so that every slot's address is fixed (hoisted out of the loop) */
+    const float4 *next_a = (const float4 *)a + first, *next_b = (const float4 *)b + first;
+    float4 *o = (float4 *)out + first;
+    auto issue = [&](bool live, int slot) {
+        if (live) {
+            mt_cp_async16((float *)(mine + slot * IN * bd), (const float *)next_a, 16);
+            if (IN == 2) mt_cp_async16((float *)(mine + (slot * IN + 1) * bd), (const float *)next_b, 16);
         }
         mt_cp_async_commit();   /* an empty group past the end completes at once */
+        next_a += step;
+        if (IN == 2) next_b += step;
     };
 #pragma unroll
-    for (int k = 0; k < D; k++) issue(first + k * step, k);
-    int slot = 0;
-    for (int64_t g = first; g < end; g += step) {
-        mt_cp_async_wait<D - 1>();   /* group g's copies (the oldest of the D in flight) are in */
-        const float4 qa = mine[slot * IN * bd], qb = IN == 2 ? mine[(slot * IN + 1) * bd] : qa;
-        const float4 r = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
-        ((float4 *)out)[g] = r;
-        issue(g + D * step, slot);
-        slot = slot + 1 == D ? 0 : slot + 1;
+    for (int k = 0; k < D; k++) issue(first + k * step < end, k);
+    for (int64_t g = first; g < end;) {
+#pragma unroll
+        for (int k = 0; k < D; k++) {
+            if (g >= end) break;
+            mt_cp_async_wait<D - 1>();   /* this group's copies (the oldest of the D in flight) are in */
+            const float4 qa = mine[k * IN * bd], qb = IN == 2 ? mine[(k * IN + 1) * bd] : qa;
+            *o = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
+            o += step;
+            issue(g < last_refill, k);   /* refills slot k only after the arithmetic that read it */
+            g += step;
+        }
     }
     elt_tail<OP, FUSED>(out, a, b, 4 * groups + start, n, stride, bad_a, bad_b);
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
@@ -345,8 +352,9 @@ int launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_fl
     if ((rc = mt_rows_allow_smem(mt_k_elt_ring<OP, FUSED>, once))) return rc;
     if (spans) blocks = mt_gpu_blocks_each(tiles, MT_MAP_RING_SPAN);
     else if ((rc = mt_rows_grid(&blocks, mt_k_elt_ring<OP, FUSED>, threads, smem, tiles))) return rc;
+    const int64_t span = spans ? (tiles + blocks - 1) / blocks : 0;   /* a capped grid: longer spans */
     mt_gpu_record_launch(threads, blocks);
-    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag, spans);
+    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag, span);
     return MT_OK;
 }
 
