@@ -82,7 +82,7 @@ _ENVIRONMENT = {
     "MOJO_TRAIN_LM_ONE_STREAM": _one_of("0", "1"),                  # mt_gpu_lm_head.cu
     "MOJO_TRAIN_RMS_ONE_PASS": _one_of("0", "1"),                   # mt_gpu_rms_norm.cu
     "MOJO_TRAIN_RMS_RELAY": _one_of("0", "1"),                      # mt_gpu_rms_norm.cu
-    "MOJO_TRAIN_MAP_RING": _one_of("0", "1", "2"),                  # mt_gpu_elementwise.cu
+    "MOJO_TRAIN_MAP_RING": _one_of("0", "1"),                       # mt_gpu_elementwise.cu
     "MOJO_TRAIN_HOST_CACHE_MB": (lambda v: v.isdigit() and v.isascii(),
                                  "a whole number of MiB >= 0 (0: no cache)"),   # _host_blocks.py
 }

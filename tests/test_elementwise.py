@@ -714,18 +714,16 @@ print(seen[0], seen[1])
 """
 
 
-@pytest.mark.parametrize("layout", ["1", "2"])
-def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode, layout):
-    """MOJO_TRAIN_MAP_RING=1 or 2 (read once, so in processes of their own) puts CUDA's maps
-    (SiLU, its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu: threads
-    that keep their next float4 groups in flight as asynchronous copies, in a resident grid (1)
-    or in blocks of contiguous spans (2). This file's tests of launch geometry (a one-thread grid
-    walks every group through one thread's ring; capped grids lengthen the spans), unaligned
-    views, the fast groups, device buffers, in place and refusals run again under it, in this
-    mode; on CUDA a 2^22 SiLU must have launched fewer blocks than its groups over the block's
-    threads (the lean launch's count). Other vendors read nothing of the variable: there the run
-    repeats theirs."""
-    env = dict(os.environ, MOJO_TRAIN_MAP_RING=layout, MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
+def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode):
+    """MOJO_TRAIN_MAP_RING=1 (read once, so in processes of their own) puts CUDA's maps (SiLU,
+    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu: blocks of
+    contiguous spans whose threads keep their next float4 groups in flight in a ring of
+    registers. This file's tests of launch geometry (a one-thread grid walks every group through
+    one thread's ring; capped grids lengthen the spans), unaligned views, the fast groups, device
+    buffers, in place and refusals run again under it, in this mode; on CUDA a 2^22 SiLU must
+    have launched fewer blocks than its groups over the block's threads (the lean launch's
+    count). Other vendors read nothing of the variable: there the run repeats theirs."""
+    env = dict(os.environ, MOJO_TRAIN_MAP_RING="1", MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
                MOJO_TRAIN_TEST_NUMERIC_MODES=elementwise_mode.numeric_mode)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           os.path.abspath(__file__), "-k", _RING_TESTS], env=env, cwd=os.path.dirname(__file__),

@@ -285,7 +285,7 @@ BAD_ENVIRONMENT = [("MOJO_TRAIN_NUMERIC_MODE", "bogus", "one of identical, deter
                    ("MOJO_TRAIN_LM_ONE_STREAM", "2", "one of 0, 1"),
                    ("MOJO_TRAIN_RMS_ONE_PASS", "no", "one of 0, 1"),
                    ("MOJO_TRAIN_RMS_RELAY", "on", "one of 0, 1"),
-                   ("MOJO_TRAIN_MAP_RING", "3", "one of 0, 1, 2")]
+                   ("MOJO_TRAIN_MAP_RING", "2", "one of 0, 1")]
 
 
 @pytest.mark.parametrize("variable, value, allowed", BAD_ENVIRONMENT)

@@ -267,95 +267,77 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
-/* The ring walk (MOJO_TRAIN_MAP_RING=1 or 2, read once; an A/B switch for every map of
- * launch_elt below, the same bits): each thread keeps its next MT_MAP_RING_DEPTH float4 groups
- * in flight as cp.async copies into its own slots of shared memory while it computes on the
- * current one. 1: a resident grid (as many blocks as fit at once), its groups a grid stride
- * apart; 2: a grid over the data once, each block a contiguous span of tiles (launch_ring).
- * On an H100 (forty-first session) 1 was 5-10% slower than the lean launch for SiLU and add. The lean launch has a load in flight only while a thread waits for it,
- * so where the arithmetic is long (SiLU's ~42 instructions an element on the H200) few bytes
- * are in flight at once; here the copies do not wait on the arithmetic, nor hold registers.
- * A thread reads only its own slots (no barrier: its own wait makes its copies visible), and
- * it refills a slot only after the arithmetic that used the slot's value; each element is
- * read before the same thread writes it, so an in-place call reads what it was given. Where
- * there is no cp.async (HIP), the copies are plain loads and stores to the same slots. */
+/* The ring walk (MOJO_TRAIN_MAP_RING=1, read once; an A/B switch for every map of launch_elt
+ * below, the same bits). A grid over the data once, each block a contiguous span of tiles (a
+ * tile: a float4 group a thread), and each thread keeps its next MT_MAP_RING_DEPTH groups in
+ * flight in a ring of registers while it computes on the current one: the load of group i + D
+ * is issued before group i's arithmetic and store. The lean launch has a load in flight only
+ * while a thread waits for it, so where the arithmetic is long (SiLU's ~42 instructions an
+ * element) few bytes are in flight an SM; and its per-thread set-up is paid for every group,
+ * where here it is paid once a span. The offsets within a span are 32-bit. Each element is read
+ * before the same thread writes it, so an in-place call reads what it was given.
+ * (The forty-first session measured two earlier forms on an H100: a ring of cp.async copies
+ * in shared memory in a resident grid, 5-10% slower than the lean launch for SiLU and add --
+ * the capped grid's loss -- and in spans, level with it but with as many instructions a group
+ * as the lean kernel: three placeholder instructions a cp.async and 64-bit index moves.) */
 #ifndef MT_MAP_RING_DEPTH
-#define MT_MAP_RING_DEPTH 4
+#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (SiLU: 40 registers, 1,536 threads an SM) */
+#endif
+#ifndef MT_MAP_RING_SPAN
+#define MT_MAP_RING_SPAN 8   /* tiles a block */
 #endif
 template <int OP, bool FUSED>
 __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, const float *a, const float *b, int64_t n,
-                                                             mt_gpu_flag flag, int64_t span) {
+                                                             mt_gpu_flag flag, int span) {
     if (!FUSED && mt_map_refused(flag)) return;
-    constexpr int D = MT_MAP_RING_DEPTH, IN = unary(OP) ? 1 : 2;
-    extern __shared__ float4 ring4[];   /* [D][IN][blockDim.x] */
-    float4 *mine = ring4 + threadIdx.x;
+    constexpr int D = MT_MAP_RING_DEPTH;
     const int bd = blockDim.x;
     bool bad_a = false, bad_b = false;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    const int64_t groups = n / 4;
-    /* span > 0: the block's own run of `span` whole tiles (a tile: a group a thread), walked
-     * tile by tile; 0: every block's tile a grid stride apart */
-    const int64_t step = span ? bd : stride, first = span ? (int64_t)blockIdx.x * span * bd + threadIdx.x : start;
-    const int64_t end = span && ((int64_t)blockIdx.x + 1) * span * bd < groups ? ((int64_t)blockIdx.x + 1) * span * bd
-                                                                               : groups;
-    const int64_t last_refill = end - D * step;   /* a group g below it refills its slot with g + D steps */
-    /* unrolled by D, so that every slot's address is fixed (hoisted out of the loop) */
-    const float4 *next_a = (const float4 *)a + first, *next_b = (const float4 *)b + first;
-    float4 *o = (float4 *)out + first;
-    auto issue = [&](bool live, int slot) {
-        if (live) {
-            mt_cp_async16((float *)(mine + slot * IN * bd), (const float *)next_a, 16);
-            if (IN == 2) mt_cp_async16((float *)(mine + (slot * IN + 1) * bd), (const float *)next_b, 16);
-        }
-        mt_cp_async_commit();   /* an empty group past the end completes at once */
-        next_a += step;
-        if (IN == 2) next_b += step;
-    };
+    const int64_t groups = n / 4, mine = (int64_t)blockIdx.x * span * bd + threadIdx.x;
+    /* my groups: mine + i * bd for i < trips (a span's tiles, fewer in the last block) */
+    const int64_t left = groups - mine;
+    const int trips = left <= 0 ? 0 : left >= (int64_t)span * bd ? span : (int)((left + bd - 1) / bd);
+    const float4 *pa = (const float4 *)a + mine, *pb = (const float4 *)b + mine;
+    float4 *po = (float4 *)out + mine;
+    float4 ra[D], rb[D];
 #pragma unroll
-    for (int k = 0; k < D; k++) issue(first + k * step < end, k);
-    for (int64_t g = first; g < end;) {
+    for (int k = 0; k < D; k++)
+        if (k < trips) {
+            ra[k] = pa[k * bd];
+            if (!unary(OP)) rb[k] = pb[k * bd];
+        }
+    for (int t = 0; t < trips; t += D) {
 #pragma unroll
         for (int k = 0; k < D; k++) {
-            if (g >= end) break;
-            mt_cp_async_wait<D - 1>();   /* this group's copies (the oldest of the D in flight) are in */
-            const float4 qa = mine[k * IN * bd], qb = IN == 2 ? mine[(k * IN + 1) * bd] : qa;
-            *o = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
-            o += step;
-            issue(g < last_refill, k);   /* refills slot k only after the arithmetic that read it */
-            g += step;
+            const int i = t + k;
+            if (i >= trips) break;
+            const float4 qa = ra[k], qb = unary(OP) ? qa : rb[k];
+            if (i + D < trips) {
+                ra[k] = pa[(i + D) * bd];
+                if (!unary(OP)) rb[k] = pb[(i + D) * bd];
+            }
+            asm volatile("" ::: "memory");   /* the next load stays ahead of this group's work */
+            po[i * bd] = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
         }
     }
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     elt_tail<OP, FUSED>(out, a, b, 4 * groups + start, n, stride, bad_a, bad_b);
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
-/* Shared memory of a ring block of `threads` threads. */
-__host__ __device__ constexpr size_t ring_smem(int op, int threads) {
-    return (size_t)MT_MAP_RING_DEPTH * (unary(op) ? 1 : 2) * threads * sizeof(float4);
-}
-
-/* Tiles (a float4 group a thread) a block walks in the span layout. */
-#ifndef MT_MAP_RING_SPAN
-#define MT_MAP_RING_SPAN 8
-#endif
-
-/* spans false: a resident grid (as many blocks as fit at once) walking grid-stride; true: a
- * grid over the data once, each block a contiguous span of MT_MAP_RING_SPAN tiles (a test's
- * launch cap makes the spans longer, never leaves a group out). */
+/* The ring's launch: a grid of spans of MT_MAP_RING_SPAN tiles (a test's launch cap makes the
+ * spans longer, never leaves a group out); false when a span's offsets would not fit 32 bits
+ * (then the caller launches the lean or unrolled kernel). */
 template <int OP, bool FUSED>
-int launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag, bool spans) {
-    static std::once_flag once;
+bool launch_ring(float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
     const int threads = mt_gpu_threads();
-    const size_t smem = ring_smem(OP, threads);
     const int64_t tiles = (n / 4 + threads - 1) / threads;
-    int blocks = 0, rc;
-    if ((rc = mt_rows_allow_smem(mt_k_elt_ring<OP, FUSED>, once))) return rc;
-    if (spans) blocks = mt_gpu_blocks_each(tiles, MT_MAP_RING_SPAN);
-    else if ((rc = mt_rows_grid(&blocks, mt_k_elt_ring<OP, FUSED>, threads, smem, tiles))) return rc;
-    const int64_t span = spans ? (tiles + blocks - 1) / blocks : 0;   /* a capped grid: longer spans */
+    const int blocks = mt_gpu_blocks_each(tiles, MT_MAP_RING_SPAN);
+    const int64_t span = (tiles + blocks - 1) / blocks;
+    if ((span + MT_MAP_RING_DEPTH) * threads > INT32_MAX) return false;
     mt_gpu_record_launch(threads, blocks);
-    mt_k_elt_ring<OP, FUSED><<<blocks, threads, smem, MT_STREAM>>>(out, a, b, n, flag, span);
-    return MT_OK;
+    mt_k_elt_ring<OP, FUSED><<<blocks, threads, 0, MT_STREAM>>>(out, a, b, n, flag, (int)span);
+    return true;
 }
 
 /* The memory-bound maps take the lean kernel (above). */
@@ -380,12 +362,10 @@ int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt
     constexpr bool LEAN = lean_map(OP);
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
-    static const char ring = getenv("MOJO_TRAIN_MAP_RING") ? getenv("MOJO_TRAIN_MAP_RING")[0] : '0';
-    if ((ring == '1' || ring == '2') && vec && ring_smem(OP, threads) <= (size_t)mt_rows_limits().smem_optin) {
-        const bool spans = ring == '2';
-        return flag.fused ? launch_ring<OP, true>(out, a, b, n, flag, spans)
-                          : launch_ring<OP, false>(out, a, b, n, flag, spans);
-    }
+    static const bool ring = getenv("MOJO_TRAIN_MAP_RING") && getenv("MOJO_TRAIN_MAP_RING")[0] == '1';
+    if (ring && vec &&
+        (flag.fused ? launch_ring<OP, true>(out, a, b, n, flag) : launch_ring<OP, false>(out, a, b, n, flag)))
+        return MT_OK;
     int64_t items = vec ? (n + 3) / 4 : n;
     int blocks = LEAN ? mt_gpu_blocks_each(items, threads) : mt_gpu_blocks(items, threads);
     mt_gpu_record_launch(threads, blocks);
