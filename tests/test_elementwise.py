@@ -369,7 +369,7 @@ def test_the_bytes_do_not_depend_on_the_thread_count_or_launch_geometry(elementw
     before = lib.mt_num_threads()   # the threads later launches take (not the last launch's: 0 at first)
     results = []
     try:
-        for threads, blocks in ((1, 1), (2, 3), (3, 0), (64, 7), (256, 0)):
+        for threads, blocks in ((1, 1), (2, 3), (3, 0), (32, 1), (64, 7), (96, 5), (256, 0)):
             if lib.mt_set_launch_geometry(threads, blocks) != 0:
                 continue
             t = elementwise_mode.numeric_mode
