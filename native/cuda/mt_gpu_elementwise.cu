@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
  * the capped grid's loss -- and in spans, level with it but with as many instructions a group
  * as the lean kernel: three placeholder instructions a cp.async and 64-bit index moves.) */
 #ifndef MT_MAP_RING_DEPTH
-#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (SiLU: 40 registers, 1,536 threads an SM) */
+#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (ptxas: SiLU 36-40 registers, its gradient 46-51) */
 #endif
 #ifndef MT_MAP_RING_SPAN
 #define MT_MAP_RING_SPAN 8   /* tiles a block */
@@ -297,8 +297,9 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
     /* my groups: mine + i * bd for i < trips (a span's tiles, fewer in the last block) */
     const int64_t left = groups - mine;
     const int trips = left <= 0 ? 0 : left >= (int64_t)span * bd ? span : (int)((left + bd - 1) / bd);
-    const float4 *pa = (const float4 *)a + mine, *pb = (const float4 *)b + mine;
-    float4 *po = (float4 *)out + mine;
+    const int64_t first = trips ? mine : 0;   /* no pointer past the end for a thread with no groups */
+    const float4 *pa = (const float4 *)a + first, *pb = (const float4 *)b + first;
+    float4 *po = (float4 *)out + first;
     float4 ra[D], rb[D];
 #pragma unroll
     for (int k = 0; k < D; k++)
