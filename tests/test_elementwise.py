@@ -718,8 +718,8 @@ def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwi
     """MOJO_TRAIN_MAP_RING=1 (read once, so in processes of their own) puts CUDA's maps (SiLU,
     its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu: blocks of
     contiguous spans whose threads keep their next float4 groups in flight in a ring of
-    registers. This file's tests of launch geometry (a one-thread grid walks every group through
-    one thread's ring; capped grids lengthen the spans), unaligned views, the fast groups, device
+    registers. This file's tests of launch geometry (one block of 32 threads walks every group in
+    one span; other capped grids lengthen the spans and shorten the last), unaligned views, the fast groups, device
     buffers, in place and refusals run again under it, in this mode; on CUDA a 2^22 SiLU must
     have launched fewer blocks than its groups over the block's threads (the lean launch's
     count). Other vendors read nothing of the variable: there the run repeats theirs."""

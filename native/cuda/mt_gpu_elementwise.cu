@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
  * where here it is paid once a span. The offsets within a span are 32-bit. Each element is read
  * before the same thread writes it, so an in-place call reads what it was given.
  * (The forty-first session measured two earlier forms on an H100: a ring of cp.async copies
- * in shared memory in a resident grid, 5-10% slower than the lean launch for SiLU and add --
+ * in shared memory in a resident grid, 3-15% slower than the lean launch for SiLU and add --
  * the capped grid's loss -- and in spans, level with it but with as many instructions a group
  * as the lean kernel: three placeholder instructions a cp.async and 64-bit index moves.) */
 #ifndef MT_MAP_RING_DEPTH
