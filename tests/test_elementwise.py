@@ -696,9 +696,9 @@ def test_the_silu_division_sweep_covers_its_range_once():
     assert (sweep.LO_BITS, sweep.HI_BITS) == (bits(2.0 ** -64), bits(64.0))
 
 
-# ---- the ring walk (MOJO_TRAIN_MAP_RING=1) -------------------------------------------------------
+# ---- the ring walk (GELU 'none' by default; MOJO_TRAIN_MAP_RING=1 every map, 0 none) -------------
 _RING_TESTS = ("bytes_do_not_depend_on_the_thread_count or unaligned_views or silu_fast_groups or device_inputs "
-               "or out_may_be_any_input or out_viewing_exactly or nonfinite_input_is_refused")
+               "or out_may_be_any_input or out_viewing_exactly or nonfinite_input_is_refused or (gelu and not float64)")
 
 _RING_GEOMETRY = """
 import sys
@@ -707,23 +707,43 @@ from mojo_train import elementwise as ew
 from mojo_train._native import ffi, load
 lib = load(sys.argv[1], sys.argv[2]).lib
 x = mojo_train.Generator(1, numeric_mode=sys.argv[1]).uniform((1 << 22,), -4.0, 4.0)
-ew.silu_forward(x, numeric_mode=sys.argv[1])
 seen = ffi.new("int32_t[2]")
-assert lib.mt_launch_geometry(seen) == 0
-print(seen[0], seen[1])
+for call in (ew.silu_forward, ew.gelu_forward):
+    call(x, numeric_mode=sys.argv[1])
+    assert lib.mt_launch_geometry(seen) == 0
+    print(seen[0], seen[1])
 """
 
 
-def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode):
-    """MOJO_TRAIN_MAP_RING=1 (read once, so in processes of their own) puts CUDA's maps (SiLU,
-    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu: blocks of
-    contiguous spans whose threads keep their next float4 groups in flight in a ring of
-    registers. This file's tests of launch geometry (one block of 32 threads walks every group in
-    one span; other capped grids lengthen the spans and shorten the last), unaligned views, the fast groups, device
-    buffers, in place and refusals run again under it, in this mode; on CUDA a 2^22 SiLU must
-    have launched fewer blocks than its groups over the block's threads (the lean launch's
-    count). Other vendors read nothing of the variable: there the run repeats theirs."""
-    env = dict(os.environ, MOJO_TRAIN_MAP_RING="1", MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
+def _ring_geometry(mode, ring):
+    """(threads, SiLU's blocks, GELU 'none''s blocks) of a 2^22 call on CUDA, with
+    MOJO_TRAIN_MAP_RING set to `ring` (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "MOJO_TRAIN_MAP_RING"}
+    if ring is not None:
+        env["MOJO_TRAIN_MAP_RING"] = ring
+    seen = subprocess.run([sys.executable, "-c", _RING_GEOMETRY, mode, "cuda"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert seen.returncode == 0, seen.stderr[-3000:]
+    (threads, silu), (threads_again, gelu) = [map(int, line.split()) for line in seen.stdout.split("\n")[:2]]
+    assert threads == threads_again, seen.stdout
+    return threads, silu, gelu
+
+
+@pytest.mark.parametrize("ring", ["1", "0"])
+def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode, ring):
+    """MOJO_TRAIN_MAP_RING (read once, so in processes of their own) puts every CUDA map (SiLU,
+    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu ("1": blocks
+    of contiguous spans whose threads keep their next float4 groups in flight in a ring of
+    registers) or none ("0": GELU 'none', the ring's by default, then takes the capped,
+    unrolled walk). This file's tests of launch geometry (one block of 32 threads walks every
+    group in one span; other capped grids lengthen the spans and shorten the last), unaligned
+    views, the fast groups, device buffers, in place, refusals and GELU's bits run again under
+    it, in this mode. On CUDA a 2^22 call launches: SiLU, with "1", fewer blocks than its
+    groups over the block's threads (the lean launch's count) and GELU 'none' as many as SiLU;
+    unset, SiLU the lean count and GELU 'none' the ring's; with "0", SiLU the lean count and
+    GELU 'none' not the ring's. Other vendors read nothing of the variable: there the run
+    repeats theirs."""
+    env = dict(os.environ, MOJO_TRAIN_MAP_RING=ring, MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
                MOJO_TRAIN_TEST_NUMERIC_MODES=elementwise_mode.numeric_mode)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
                           os.path.abspath(__file__), "-k", _RING_TESTS], env=env, cwd=os.path.dirname(__file__),
@@ -732,8 +752,10 @@ def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwi
     passed = re.search(r"(\d+) passed", out.stdout)
     assert passed and int(passed.group(1)) >= 40 and "failed" not in out.stdout, out.stdout[-2000:]
     if elementwise_mode.vendor == "cuda":
-        seen = subprocess.run([sys.executable, "-c", _RING_GEOMETRY, elementwise_mode.numeric_mode, "cuda"],
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert seen.returncode == 0, seen.stderr[-3000:]
-        threads, blocks = map(int, seen.stdout.split())
-        assert blocks < (1 << 20) // threads, (threads, blocks)
+        mode = elementwise_mode.numeric_mode
+        threads, silu_ring, gelu_ring = _ring_geometry(mode, "1")
+        lean = (1 << 20) // threads
+        assert silu_ring < lean and gelu_ring == silu_ring, (threads, silu_ring, gelu_ring)
+        threads, silu, gelu = _ring_geometry(mode, None if ring == "1" else ring)
+        assert silu == lean, (threads, silu)
+        assert (gelu == gelu_ring) == (ring == "1"), (ring, threads, gelu, gelu_ring)

@@ -267,19 +267,19 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
     if (FUSED) mt_map_report(flag, bad_a, bad_b);
 }
 
-/* The ring walk (MOJO_TRAIN_MAP_RING=1, read once; an A/B switch for every map of launch_elt
- * below, the same bits). A grid over the data once, each block a contiguous span of tiles (a
- * tile: a float4 group a thread), and each thread keeps its next MT_MAP_RING_DEPTH groups in
- * flight in a ring of registers while it computes on the current one: the load of group i + D
- * is issued before group i's arithmetic and store. The lean launch has a load in flight only
- * while a thread waits for it, so where the arithmetic is long (SiLU's ~42 instructions an
- * element) few bytes are in flight an SM; and its per-thread set-up is paid for every group,
- * where here it is paid once a span. The offsets within a span are 32-bit. Each element is read
- * before the same thread writes it, so an in-place call reads what it was given.
- * (The forty-first session measured two earlier forms on an H100: a ring of cp.async copies
- * in shared memory in a resident grid, 3-15% slower than the lean launch for SiLU and add --
- * the capped grid's loss -- and in spans, level with it but with as many instructions a group
- * as the lean kernel: three placeholder instructions a cp.async and 64-bit index moves.) */
+/* The ring walk (GELU 'none' and its gradient: ring_map below; MOJO_TRAIN_MAP_RING puts every
+ * map of launch_elt on it, or none; the same bits every way). A grid over the data once, each
+ * block a contiguous span of tiles (a tile: a float4 group a thread), and each thread keeps its
+ * next MT_MAP_RING_DEPTH groups in flight in a ring of registers while it computes on the
+ * current one: the load of group i + D is issued before group i's arithmetic and store. The
+ * lean launch has a load in flight only while a thread waits for it, and pays its per-thread
+ * set-up for every group, where here it is paid once a span. The offsets within a span are
+ * 32-bit. Each element is read before the same thread writes it, so an in-place call reads what
+ * it was given. On an H100 (forty-first and forty-second sessions): SiLU's kernel issues 192
+ * warp instructions a float4 group here against the lean kernel's 209 and runs level with it
+ * (both at ~89% of DRAM's bandwidth); a depth of 4 ran GELU 7-15% slower (74-85 registers);
+ * earlier forms -- cp.async copies into shared memory, in a resident grid or in spans -- were
+ * 3-15% slower or level, with three placeholder instructions a cp.async. */
 #ifndef MT_MAP_RING_DEPTH
 #define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (ptxas: SiLU 36-40 registers, its gradient 46-51) */
 #endif
@@ -358,13 +358,29 @@ __host__ __device__ constexpr bool lean_map(int op) {
     return (MT_MAP_LEAN_ADD && op == OP_ADD) || (MT_MAP_LEAN_SILU && exp_map(op));
 }
 
+/* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 7-8% faster than the
+ * capped, unrolled walk, where SiLU, add and GELU 'tanh' were level or 1-3% slower
+ * (bench/results/NOTES.md, forty-second session). 0 keeps them on the unrolled walk. */
+#ifndef MT_MAP_RING_GELU
+#define MT_MAP_RING_GELU 1
+#endif
+__host__ __device__ constexpr bool ring_map(int op) {
+    return MT_MAP_RING_GELU && (op == OP_GELU || op == OP_GELU_GRAD);
+}
+
+/* MOJO_TRAIN_MAP_RING (read once): "1" puts every map on the ring walk, "0" none, unset each
+ * map where ring_map puts it (an A/B switch; the same bits every way). */
+bool ring_walk(bool by_default) {
+    static const char *const set = getenv("MOJO_TRAIN_MAP_RING");
+    return set ? set[0] == '1' : by_default;
+}
+
 template <int OP>
 int launch_elt(void *, float *out, const float *a, const float *b, int64_t n, mt_gpu_flag flag) {
     constexpr bool LEAN = lean_map(OP);
     int threads = mt_gpu_threads();
     bool vec = mt_gpu_aligned16(out) && mt_gpu_aligned16(a) && (unary(OP) || mt_gpu_aligned16(b));
-    static const bool ring = getenv("MOJO_TRAIN_MAP_RING") && getenv("MOJO_TRAIN_MAP_RING")[0] == '1';
-    if (ring && vec &&
+    if (ring_walk(ring_map(OP)) && vec &&
         (flag.fused ? launch_ring<OP, true>(out, a, b, n, flag) : launch_ring<OP, false>(out, a, b, n, flag)))
         return MT_OK;
     int64_t items = vec ? (n + 3) / 4 : n;
