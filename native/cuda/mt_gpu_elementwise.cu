@@ -273,15 +273,16 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
  * next MT_MAP_RING_DEPTH groups in flight in a ring of registers while it computes on the
  * current one: the load of group i + D is issued before group i's arithmetic and store. The
  * lean launch has a load in flight only while a thread waits for it, and pays its per-thread
- * set-up for every group, where here it is paid once a span. The offsets within a span are
- * 32-bit. Each element is read before the same thread writes it, so an in-place call reads what
- * it was given. On an H100 (forty-first and forty-second sessions): SiLU's kernel issues 192
- * warp instructions a float4 group here against the lean kernel's 209 and runs level with it
- * (both at ~89% of DRAM's bandwidth); a depth of 4 ran GELU 7-15% slower (74-85 registers);
+ * set-up for every group, where here it is paid once a span. A whole span steps its pointers;
+ * a part span's offsets are 32-bit. Each element is read before the same thread writes it, so an in-place call reads what
+ * it was given. On an H100 (forty-first and forty-second sessions): SiLU's kernel issues 171
+ * warp instructions a float4 group here (192 before whole spans were unrolled) against the lean
+ * kernel's 209 and runs level with it (both at ~89% of DRAM's bandwidth), GELU 'none' 5-9%
+ * faster than its unrolled walk; a depth of 4 ran GELU 7-15% slower (74-85 registers);
  * earlier forms -- cp.async copies into shared memory, in a resident grid or in spans -- were
  * 3-15% slower or level, with three placeholder instructions a cp.async. */
 #ifndef MT_MAP_RING_DEPTH
-#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (ptxas: SiLU 36-40 registers, its gradient 46-51) */
+#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (ptxas, identical: SiLU and GELU 40 registers, the gradients 52-61) */
 #endif
 #ifndef MT_MAP_RING_SPAN
 #define MT_MAP_RING_SPAN 8   /* tiles a block */
@@ -300,25 +301,47 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
     const int64_t first = trips ? mine : 0;   /* no pointer past the end for a thread with no groups */
     const float4 *pa = (const float4 *)a + first, *pb = (const float4 *)b + first;
     float4 *po = (float4 *)out + first;
-    float4 ra[D], rb[D];
+    if (trips == MT_MAP_RING_SPAN) {
+        /* a whole span (every block's but the last): each index known when compiled, so no bound
+         * test, no ring copy, and pointers stepped a block's threads at a time inside the span */
+        constexpr int S = MT_MAP_RING_SPAN;
+        float4 qa[S], qb[S];
+        const float4 *la = pa, *lb = pb;
 #pragma unroll
-    for (int k = 0; k < D; k++)
-        if (k < trips) {
-            ra[k] = pa[k * bd];
-            if (!unary(OP)) rb[k] = pb[k * bd];
-        }
-    for (int t = 0; t < trips; t += D) {
-#pragma unroll
-        for (int k = 0; k < D; k++) {
-            const int i = t + k;
-            if (i >= trips) break;
-            const float4 qa = ra[k], qb = unary(OP) ? qa : rb[k];
-            if (i + D < trips) {
-                ra[k] = pa[(i + D) * bd];
-                if (!unary(OP)) rb[k] = pb[(i + D) * bd];
+        for (int i = -D; i < S; i++) {
+            if (i + D < S) {
+                qa[i + D] = *la;
+                if (!unary(OP)) qb[i + D] = *lb;
+                if (i + D + 1 < S) la += bd, lb += bd;
             }
+            if (i < 0) continue;
             asm volatile("" ::: "memory");   /* the next load stays ahead of this group's work */
-            po[i * bd] = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
+            *po = elt4<OP, FUSED>(qa[i], unary(OP) ? qa[i] : qb[i], bad_a, bad_b);
+            if (i + 1 < S) po += bd;
+        }
+    } else {
+        /* a part span (the last block's, or any under a test's launch cap): the ring's D
+         * registers reloaded as they are freed, each index tested against the span's end */
+        float4 ra[D], rb[D];
+#pragma unroll
+        for (int k = 0; k < D; k++)
+            if (k < trips) {
+                ra[k] = pa[k * bd];
+                if (!unary(OP)) rb[k] = pb[k * bd];
+            }
+        for (int t = 0; t < trips; t += D) {
+#pragma unroll
+            for (int k = 0; k < D; k++) {
+                const int i = t + k;
+                if (i >= trips) break;
+                const float4 qa = ra[k], qb = unary(OP) ? qa : rb[k];
+                if (i + D < trips) {
+                    ra[k] = pa[(i + D) * bd];
+                    if (!unary(OP)) rb[k] = pb[(i + D) * bd];
+                }
+                asm volatile("" ::: "memory");   /* the next load stays ahead of this group's work */
+                po[i * bd] = elt4<OP, FUSED>(qa, qb, bad_a, bad_b);
+            }
         }
     }
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, start = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -358,7 +381,7 @@ __host__ __device__ constexpr bool lean_map(int op) {
     return (MT_MAP_LEAN_ADD && op == OP_ADD) || (MT_MAP_LEAN_SILU && exp_map(op));
 }
 
-/* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 7-8% faster than the
+/* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 5-9% faster than the
  * capped, unrolled walk, where SiLU, add and GELU 'tanh' were level or 1-3% slower
  * (bench/results/NOTES.md, forty-second session). 0 keeps them on the unrolled walk. */
 #ifndef MT_MAP_RING_GELU
