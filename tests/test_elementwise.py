@@ -12,6 +12,7 @@ itself (in place, the out-of-place bits) or disjoint from every input; dtypes ar
 """
 import array
 import functools
+import itertools
 import math
 import os
 import random
@@ -459,13 +460,15 @@ def test_device_inputs_give_device_outputs_with_the_host_bytes(elementwise_mode)
 # ---- out= and refusals -------------------------------------------------------------------------
 @pytest.mark.parametrize("op, slot", SLOTS)
 def test_out_may_be_any_input_itself_and_gives_the_out_of_place_bits(elementwise_mode, op, slot):
+    """At 1031 elements, and at 2^18 + 5, where CUDA's ring walk (GELU 'none''s, every map's under
+    MOJO_TRAIN_MAP_RING=1) has whole spans of 8 tiles at 256 and at 512 threads a block."""
     t = elementwise_mode.numeric_mode
-    for side in _sides(elementwise_mode):
-        ins = [_on(side, _inputs(1031, 11) if k == 0 else f32_array(1031, 12 + k), elementwise_mode)
+    for n, side in itertools.product((1031, 2**18 + 5), _sides(elementwise_mode)):
+        ins = [_on(side, _inputs(n, 11) if k == 0 else f32_array(n, 12 + k), elementwise_mode)
                for k in range(len(_OPS[op]))]
         expected = _bytes(getattr(ew, op)(*ins, numeric_mode=t))
         assert getattr(ew, op)(*ins, out=ins[slot], numeric_mode=t) is ins[slot]
-        assert _bytes(ins[slot]) == expected, side
+        assert _bytes(ins[slot]) == expected, (n, side)
 
 
 @pytest.mark.parametrize("op, slot", SLOTS)
@@ -705,44 +708,33 @@ import sys
 import mojo_train
 from mojo_train import elementwise as ew
 from mojo_train._native import ffi, load
-lib = load(sys.argv[1], sys.argv[2]).lib
-x = mojo_train.Generator(1, numeric_mode=sys.argv[1]).uniform((1 << 22,), -4.0, 4.0)
+t = sys.argv[1]
+lib = load(t, sys.argv[2]).lib
+x = mojo_train.Generator(1, numeric_mode=t).uniform((1 << 22,), -4.0, 4.0)
 seen = ffi.new("int32_t[2]")
-for call in (ew.silu_forward, ew.gelu_forward):
-    call(x, numeric_mode=sys.argv[1])
+for call in (lambda: ew.silu_forward(x, numeric_mode=t), lambda: ew.gelu_forward(x, numeric_mode=t),
+             lambda: ew.gelu_backward(x, x, numeric_mode=t), lambda: ew.gelu_forward(x, "tanh", numeric_mode=t)):
+    call()
     assert lib.mt_launch_geometry(seen) == 0
     print(seen[0], seen[1])
 """
 
 
 def _ring_geometry(mode, ring):
-    """(threads, SiLU's blocks, GELU 'none''s blocks) of a 2^22 call on CUDA, with
-    MOJO_TRAIN_MAP_RING set to `ring` (None: unset)."""
+    """Blocks a block's threads launched for a 2^22 SiLU, GELU 'none', its gradient and GELU
+    'tanh' on CUDA, in that order, with MOJO_TRAIN_MAP_RING set to `ring` (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k != "MOJO_TRAIN_MAP_RING"}
     if ring is not None:
         env["MOJO_TRAIN_MAP_RING"] = ring
     seen = subprocess.run([sys.executable, "-c", _RING_GEOMETRY, mode, "cuda"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert seen.returncode == 0, seen.stderr[-3000:]
-    (threads, silu), (threads_again, gelu) = [map(int, line.split()) for line in seen.stdout.split("\n")[:2]]
-    assert threads == threads_again, seen.stdout
-    return threads, silu, gelu
+    launches = [tuple(map(int, line.split())) for line in seen.stdout.strip().splitlines()]
+    assert len(launches) == 4 and len({threads for threads, _ in launches}) == 1, seen.stdout
+    return launches[0][0], [blocks for _, blocks in launches]
 
 
-@pytest.mark.parametrize("ring", ["1", "0"])
-def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode, ring):
-    """MOJO_TRAIN_MAP_RING (read once, so in processes of their own) puts every CUDA map (SiLU,
-    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu ("1": blocks
-    of contiguous spans whose threads keep their next float4 groups in flight in a ring of
-    registers) or none ("0": GELU 'none', the ring's by default, then takes the capped,
-    unrolled walk). This file's tests of launch geometry (one block of 32 threads walks every
-    group in one span; other capped grids lengthen the spans and shorten the last), unaligned
-    views, the fast groups, device buffers, in place, refusals and GELU's bits run again under
-    it, in this mode. On CUDA a 2^22 call launches: SiLU, with "1", fewer blocks than its
-    groups over the block's threads (the lean launch's count) and GELU 'none' as many as SiLU;
-    unset, SiLU the lean count and GELU 'none' the ring's; with "0", SiLU the lean count and
-    GELU 'none' not the ring's. Other vendors read nothing of the variable: there the run
-    repeats theirs."""
+def _ring_subset(elementwise_mode, ring):
     env = dict(os.environ, MOJO_TRAIN_MAP_RING=ring, MOJO_TRAIN_VENDOR=elementwise_mode.vendor,
                MOJO_TRAIN_TEST_NUMERIC_MODES=elementwise_mode.numeric_mode)
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
@@ -751,11 +743,33 @@ def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwi
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     passed = re.search(r"(\d+) passed", out.stdout)
     assert passed and int(passed.group(1)) >= 40 and "failed" not in out.stdout, out.stdout[-2000:]
-    if elementwise_mode.vendor == "cuda":
-        mode = elementwise_mode.numeric_mode
-        threads, silu_ring, gelu_ring = _ring_geometry(mode, "1")
-        lean = (1 << 20) // threads
-        assert silu_ring < lean and gelu_ring == silu_ring, (threads, silu_ring, gelu_ring)
-        threads, silu, gelu = _ring_geometry(mode, None if ring == "1" else ring)
-        assert silu == lean, (threads, silu)
-        assert (gelu == gelu_ring) == (ring == "1"), (ring, threads, gelu, gelu_ring)
+
+
+def test_the_ring_walk_gives_the_same_bits_and_refuses_without_writing(elementwise_mode):
+    """MOJO_TRAIN_MAP_RING (read once, so in processes of their own) puts every CUDA map (SiLU,
+    its gradient, add, GELU) on the ring walk of native/cuda/mt_gpu_elementwise.cu ("1": blocks
+    of contiguous spans whose threads keep their next float4 groups in flight in a ring of
+    registers) or none ("0": GELU 'none', the ring's by default, then takes the capped,
+    unrolled walk). This file's tests of launch geometry (one block of 32 threads walks every
+    group in one span; other capped grids lengthen the spans and shorten the last), unaligned
+    views, the fast groups, device buffers, in place (with whole spans), refusals and GELU's bits
+    run again under "1" and, on CUDA, under "0", in this mode. On CUDA a 2^22 call launches:
+    with "1", SiLU fewer blocks than its groups over the block's threads (the lean launch's
+    count) and every GELU as many as SiLU; unset, SiLU the lean count, GELU 'none' and its
+    gradient the ring's, GELU 'tanh' what it launches with "0"; with "0", SiLU the lean count
+    and every GELU the same count (the unrolled walk's). Other vendors read nothing of the
+    variable: there the run under "1" repeats theirs."""
+    _ring_subset(elementwise_mode, "1")
+    if elementwise_mode.vendor != "cuda":
+        return
+    _ring_subset(elementwise_mode, "0")
+    mode = elementwise_mode.numeric_mode
+    threads, (silu, gelu, gelu_grad, tanh) = _ring_geometry(mode, "1")
+    lean = (1 << 20) // threads
+    assert silu < lean and gelu == gelu_grad == tanh == silu, (threads, silu, gelu, gelu_grad, tanh)
+    ring = silu
+    threads, (silu, gelu, gelu_grad, tanh) = _ring_geometry(mode, "0")
+    assert silu == lean and gelu == gelu_grad == tanh, (threads, silu, gelu, gelu_grad, tanh)
+    unrolled = gelu
+    threads, (silu, gelu, gelu_grad, tanh) = _ring_geometry(mode, None)
+    assert (silu, gelu, gelu_grad, tanh) == (lean, ring, ring, unrolled), (threads, silu, gelu, gelu_grad, tanh)

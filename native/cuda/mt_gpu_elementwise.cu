@@ -302,8 +302,9 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
     const float4 *pa = (const float4 *)a + first, *pb = (const float4 *)b + first;
     float4 *po = (float4 *)out + first;
     if (trips == MT_MAP_RING_SPAN) {
-        /* a whole span (every block's but the last): each index known when compiled, so no bound
-         * test, no ring copy, and pointers stepped a block's threads at a time inside the span */
+        /* a thread with a whole span of groups (at 2^28 floats, every thread but the last
+         * block's): each index known when compiled, so no bound test, no ring copy, and pointers
+         * stepped a block's threads at a time inside the span */
         constexpr int S = MT_MAP_RING_SPAN;
         float4 qa[S], qb[S];
         const float4 *la = pa, *lb = pb;
@@ -320,8 +321,9 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt_ring(float *out, cons
             if (i + 1 < S) po += bd;
         }
     } else {
-        /* a part span (the last block's, or any under a test's launch cap): the ring's D
-         * registers reloaded as they are freed, each index tested against the span's end */
+        /* any other count of groups (a short last block, spans under 8 tiles in a small grid,
+         * longer ones under a test's launch cap): the ring's D registers reloaded as they are
+         * freed, each index tested against the thread's count */
         float4 ra[D], rb[D];
 #pragma unroll
         for (int k = 0; k < D; k++)
@@ -394,8 +396,8 @@ __host__ __device__ constexpr bool ring_map(int op) {
 /* MOJO_TRAIN_MAP_RING (read once): "1" puts every map on the ring walk, "0" none, unset each
  * map where ring_map puts it (an A/B switch; the same bits every way). */
 bool ring_walk(bool by_default) {
-    static const char *const set = getenv("MOJO_TRAIN_MAP_RING");
-    return set ? set[0] == '1' : by_default;
+    static const int set = getenv("MOJO_TRAIN_MAP_RING") ? getenv("MOJO_TRAIN_MAP_RING")[0] == '1' : -1;
+    return set < 0 ? by_default : set == 1;
 }
 
 template <int OP>
