@@ -721,8 +721,8 @@ for call in (lambda: ew.silu_forward(x, numeric_mode=t), lambda: ew.gelu_forward
 
 
 def _ring_geometry(mode, ring):
-    """Blocks a block's threads launched for a 2^22 SiLU, GELU 'none', its gradient and GELU
-    'tanh' on CUDA, in that order, with MOJO_TRAIN_MAP_RING set to `ring` (None: unset)."""
+    """(threads a block, [blocks]) of a 2^22 SiLU, GELU 'none', its gradient and GELU 'tanh'
+    on CUDA, the blocks in that order, with MOJO_TRAIN_MAP_RING set to `ring` (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k != "MOJO_TRAIN_MAP_RING"}
     if ring is not None:
         env["MOJO_TRAIN_MAP_RING"] = ring

@@ -274,15 +274,17 @@ __global__ void __launch_bounds__(MT_MAX_THREADS) mt_k_elt(float *out, const flo
  * current one: the load of group i + D is issued before group i's arithmetic and store. The
  * lean launch has a load in flight only while a thread waits for it, and pays its per-thread
  * set-up for every group, where here it is paid once a span. A whole span steps its pointers;
- * a part span's offsets are 32-bit. Each element is read before the same thread writes it, so an in-place call reads what
- * it was given. On an H100 (forty-first and forty-second sessions): SiLU's kernel issues 171
- * warp instructions a float4 group here (192 before whole spans were unrolled) against the lean
- * kernel's 209 and runs level with it (both at ~89% of DRAM's bandwidth), GELU 'none' 5-9%
- * faster than its unrolled walk; a depth of 4 ran GELU 7-15% slower (74-85 registers);
- * earlier forms -- cp.async copies into shared memory, in a resident grid or in spans -- were
- * 3-15% slower or level, with three placeholder instructions a cp.async. */
+ * a part span's offsets are 32-bit. Each element is read before the same thread writes it, so
+ * an in-place call reads what it was given. On an H100 (forty-first and forty-second
+ * sessions): SiLU's kernel issues 171 warp instructions a float4 group here (192 before whole
+ * spans were unrolled) against the lean kernel's 209 and runs level with it (both at ~89% of
+ * DRAM's bandwidth), GELU 'none' 3-9% faster than its unrolled walk; a depth of 4 ran GELU
+ * 7-15% slower (74-85 registers); earlier forms -- cp.async copies into shared memory, in a
+ * resident grid or in spans -- were 3-15% slower or level, with three placeholder
+ * instructions a cp.async. */
 #ifndef MT_MAP_RING_DEPTH
-#define MT_MAP_RING_DEPTH 2   /* groups in flight a thread (ptxas, identical: SiLU and GELU 40 registers, the gradients 52-61) */
+/* groups in flight a thread (ptxas, identical: SiLU and GELU 40 registers, the gradients 52-61) */
+#define MT_MAP_RING_DEPTH 2
 #endif
 #ifndef MT_MAP_RING_SPAN
 #define MT_MAP_RING_SPAN 8   /* tiles a block */
@@ -383,7 +385,7 @@ __host__ __device__ constexpr bool lean_map(int op) {
     return (MT_MAP_LEAN_ADD && op == OP_ADD) || (MT_MAP_LEAN_SILU && exp_map(op));
 }
 
-/* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 5-9% faster than the
+/* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 3-9% faster than the
  * capped, unrolled walk, where SiLU, add and GELU 'tanh' were level or 1-3% slower
  * (bench/results/NOTES.md, forty-second session). 0 keeps them on the unrolled walk. */
 #ifndef MT_MAP_RING_GELU
