@@ -11,6 +11,8 @@ finiteness check rides along in the one pass), and into a preallocated ``out=``
 are timed a third way: with deferred refusals (``silu_deferred_ms``, ``add_deferred_ms``; each
 call followed by ``mt.synchronize()``, as torch's by ``torch.cuda.synchronize()``), where the
 call does not wait for the GPU itself and the output's allocation and free do not synchronize.
+SiLU's backward (``silu_backward_ms``, against ``torch.ops.aten.silu_backward``, its first 2**20
+outputs checked against the CPU oracle) into a new output only.
 Bytes, fresh: as torch's, SiLU and GELU forward 8 per element (read x, write y), add and the
 backwards 12; with out= one more read of each input: 12 and 20. Before timing, the first 2**20
 SiLU outputs are checked against the CPU oracle. GELU (both approximations, x in [-6, 6)):
@@ -97,6 +99,29 @@ def _same(torch, ours, theirs):
     return bool(torch.equal(torch.as_tensor(ours, device="cuda").view(torch.int32), theirs.view(torch.int32)))
 
 
+def silu_backward_matches_cpu(torch, dy, x, dx_dev):
+    """The first CHECK outputs of a device silu_backward equal the CPU oracle's."""
+    try:
+        cpu = load("identical", "cpu")
+    except mt.BackendError:
+        return "no cpu library (run make)"
+    dyh, xh = dy[:CHECK].cpu().contiguous(), x[:CHECK].cpu().contiguous()
+    out = torch.empty_like(xh)
+    cpu.check(cpu.lib.mt_silu_backward(fp(out), fp(dyh), fp(xh), CHECK, 0), "silu_backward")
+    return bool(torch.equal(out.view(torch.int32), dx_dev[:CHECK].cpu().view(torch.int32)))
+
+
+def bench_silu_backward(torch, x, n, repeat, bw):
+    """silu_backward(dy, x) into a new output against torch.ops.aten.silu_backward (12 bytes an element)."""
+    dy = torch.rand(n, device="cuda") * 2 - 1
+    dx = ew.silu_backward(dy, x)
+    ours = timed(lambda: ew.silu_backward(dy, x), repeat)
+    theirs = timed(lambda: torch.ops.aten.silu_backward(dy, x), repeat, sync=torch.cuda.synchronize)
+    return {"silu_backward_ms": ours * 1e3, "silu_backward_torch_ms": theirs * 1e3,
+            "silu_backward_of_copy_bw": 12 * n / ours / bw,
+            "silu_backward_matches_cpu": silu_backward_matches_cpu(torch, dy, x, torch.as_tensor(dx, device="cuda"))}
+
+
 def bench(torch, n, repeat, bw):
     x = torch.rand(n, device="cuda") * 4 - 2
     y, dx = torch.empty_like(x), torch.empty_like(x)
@@ -120,6 +145,7 @@ def bench(torch, n, repeat, bw):
                            "add_of_copy_bw": 12 * n / add / bw,
                            "silu_deferred_ms": silu_d * 1e3, "add_deferred_ms": add_d * 1e3,
                            "silu_deferred_equals_out": same_d}
+    rows["elementwise"].update(bench_silu_backward(torch, x, n, repeat, bw))
     rows.update(bench_gelu(torch, n, repeat, bw))
     return rows
 
@@ -132,6 +158,9 @@ def main():
           % (args.log2n, o["silu_ms"], 100 * o["silu_of_copy_bw"], o["silu_out_ms"], o["silu_torch_ms"],
              rows["silu_matches_cpu"] and o["silu_fresh_equals_out"], o["add_ms"], 100 * o["add_of_copy_bw"],
              o["add_out_ms"], o["add_torch_ms"]))
+    print("silu_backward over 2^%d: %.3f ms new output (%.0f%%); torch %.3f ms; matches the cpu oracle: %s"
+          % (args.log2n, o["silu_backward_ms"], 100 * o["silu_backward_of_copy_bw"], o["silu_backward_torch_ms"],
+             o["silu_backward_matches_cpu"]))
     print("deferred refusals (each call then mt.synchronize()): silu %.3f ms, add %.3f ms; same bits: %s"
           % (o["silu_deferred_ms"], o["add_deferred_ms"], o["silu_deferred_equals_out"]))
     for a in _APPROXIMATE:
