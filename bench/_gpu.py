@@ -57,15 +57,16 @@ def fp(t):
     return ffi.cast("float *", t.data_ptr())
 
 
-def matches_cpu_oracle(torch, x, y_dev, fn, *args):
+def matches_cpu_oracle(torch, x, y_dev, fn, *args, more=(), after=()):
     """The first CHECK outputs of a device call equal the CPU oracle's identical numeric mode on the
-    same inputs (fn is the C entry point's name, one of the maps: args follow (out, x) and precede
-    n; flags 0)."""
+    same inputs. fn is the C entry point's name, one of the maps, called as (out, x, more...,
+    args..., n, after..., 0): x and the tensors `more` are the device inputs it read (a backward's
+    dy, then x), args precede n (dropout's p and stream), after follows it (GELU's approximation)."""
     try:
         cpu = load("identical", "cpu")
     except mt.BackendError:
         return "no cpu library (run make)"
-    xh = x[:CHECK].cpu().contiguous()
-    yh = torch.empty_like(xh)
-    cpu.check(getattr(cpu.lib, fn)(fp(yh), fp(xh), *args, CHECK, 0), fn)
+    hosts = [t[:CHECK].cpu().contiguous() for t in (x, *more)]
+    yh = torch.empty_like(hosts[0])
+    cpu.check(getattr(cpu.lib, fn)(fp(yh), *[fp(h) for h in hosts], *args, CHECK, *after, 0), fn)
     return bool(torch.equal(yh.view(torch.int32), y_dev[:CHECK].cpu().view(torch.int32)))

@@ -46,25 +46,16 @@ from _gpu import CHECK, fp, gpu_record, matches_cpu_oracle, over_floats, timed  
 
 import mojo_train as mt  # noqa: E402
 from mojo_train import elementwise as ew  # noqa: E402
-from mojo_train._native import load  # noqa: E402
 
 _APPROXIMATE = {"none": 0, "tanh": 1}   # mojo_train.h enum mt_gelu_approximate
 
 
 def gelu_matches_cpu(torch, x, dy, out_dev, approximate):
     """The first CHECK outputs of a device GELU call (forward when dy is None) equal the CPU oracle's."""
-    try:
-        cpu = load("identical", "cpu")
-    except mt.BackendError:
-        return "no cpu library (run make)"
-    xh, code = x[:CHECK].cpu().contiguous(), _APPROXIMATE[approximate]
-    out = torch.empty_like(xh)
+    code = (_APPROXIMATE[approximate],)
     if dy is None:
-        rc = cpu.lib.mt_gelu_forward(fp(out), fp(xh), CHECK, code, 0)
-    else:
-        rc = cpu.lib.mt_gelu_backward(fp(out), fp(dy[:CHECK].cpu().contiguous()), fp(xh), CHECK, code, 0)
-    cpu.check(rc, "gelu")
-    return bool(torch.equal(out.view(torch.int32), out_dev[:CHECK].cpu().view(torch.int32)))
+        return matches_cpu_oracle(torch, x, out_dev, "mt_gelu_forward", after=code)
+    return matches_cpu_oracle(torch, dy, out_dev, "mt_gelu_backward", more=[x], after=code)
 
 
 def bench_gelu(torch, n, repeat, bw):
@@ -99,18 +90,6 @@ def _same(torch, ours, theirs):
     return bool(torch.equal(torch.as_tensor(ours, device="cuda").view(torch.int32), theirs.view(torch.int32)))
 
 
-def silu_backward_matches_cpu(torch, dy, x, dx_dev):
-    """The first CHECK outputs of a device silu_backward equal the CPU oracle's."""
-    try:
-        cpu = load("identical", "cpu")
-    except mt.BackendError:
-        return "no cpu library (run make)"
-    dyh, xh = dy[:CHECK].cpu().contiguous(), x[:CHECK].cpu().contiguous()
-    out = torch.empty_like(xh)
-    cpu.check(cpu.lib.mt_silu_backward(fp(out), fp(dyh), fp(xh), CHECK, 0), "silu_backward")
-    return bool(torch.equal(out.view(torch.int32), dx_dev[:CHECK].cpu().view(torch.int32)))
-
-
 def bench_silu_backward(torch, x, n, repeat, bw):
     """silu_backward(dy, x) into a new output against torch.ops.aten.silu_backward (12 bytes an element)."""
     dy = torch.rand(n, device="cuda") * 2 - 1
@@ -119,7 +98,8 @@ def bench_silu_backward(torch, x, n, repeat, bw):
     theirs = timed(lambda: torch.ops.aten.silu_backward(dy, x), repeat, sync=torch.cuda.synchronize)
     return {"silu_backward_ms": ours * 1e3, "silu_backward_torch_ms": theirs * 1e3,
             "silu_backward_of_copy_bw": 12 * n / ours / bw,
-            "silu_backward_matches_cpu": silu_backward_matches_cpu(torch, dy, x, torch.as_tensor(dx, device="cuda"))}
+            "silu_backward_matches_cpu": matches_cpu_oracle(torch, dy, torch.as_tensor(dx, device="cuda"),
+                                                            "mt_silu_backward", more=[x])}
 
 
 def bench(torch, n, repeat, bw):
