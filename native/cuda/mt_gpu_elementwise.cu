@@ -386,8 +386,9 @@ __host__ __device__ constexpr bool lean_map(int op) {
 }
 
 /* GELU 'none' and its gradient take the ring walk: on an H100 it ran them 3-9% faster than the
- * capped, unrolled walk, where SiLU, add and GELU 'tanh' were level or 1-3% slower
- * (bench/results/NOTES.md, forty-second session). 0 keeps them on the unrolled walk. */
+ * capped, unrolled walk, where SiLU, its gradient and add were level and GELU 'tanh' 1-7%
+ * slower (bench/results/NOTES.md, forty-second and forty-third sessions). 0 keeps them on the
+ * unrolled walk. */
 #ifndef MT_MAP_RING_GELU
 #define MT_MAP_RING_GELU 1
 #endif
@@ -398,7 +399,10 @@ __host__ __device__ constexpr bool ring_map(int op) {
 /* MOJO_TRAIN_MAP_RING (read once): "1" puts every map on the ring walk, "0" none, unset each
  * map where ring_map puts it (an A/B switch; the same bits every way). */
 bool ring_walk(bool by_default) {
-    static const int set = getenv("MOJO_TRAIN_MAP_RING") ? getenv("MOJO_TRAIN_MAP_RING")[0] == '1' : -1;
+    static const int set = [] {
+        const char *v = getenv("MOJO_TRAIN_MAP_RING");
+        return v ? v[0] == '1' : -1;
+    }();
     return set < 0 ? by_default : set == 1;
 }
 
